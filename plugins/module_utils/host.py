@@ -1,0 +1,218 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""HostRoot: every node-side file access goes through a root prefix.
+
+On a real node the root is ``/``; inside an agent container it is the host
+mount (``/host``); in tests and on the local cluster it is a simulated MetaX
+node created by :mod:`.sim`.
+
+A HostRoot has two faces:
+
+* ``path`` -- where this process reads and writes (e.g. ``/host``);
+* ``host_prefix`` -- the prefix of paths handed to the kubelet/containerd
+  (device nodes in ``Allocate``): ``/`` on a real node, the simulated root's
+  directory on the local cluster.
+
+Writes to kernel attributes (``write_attribute``) are the one narrow seam
+where a simulated root emulates the kernel's reaction (for example creating
+VFs when ``sriov_numvfs`` is written). Callers never know which it is.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from typing import List, Optional, Sequence, Tuple
+
+# Marker directory a simulated root carries; its presence switches attribute
+# writes to the kernel emulator.
+SIM_STATE_DIR = ".metax-sim"
+
+# Where mx-smi is installed on MetaX nodes (driver package and MACA SDK).
+MX_SMI_DIRS = ("usr/bin", "usr/local/bin", "opt/mxdriver/bin", "opt/maca/bin", "usr/sbin")
+
+
+class HostRootError(Exception):
+    """A node-side file or command could not be read or run."""
+
+
+class HostRoot:
+    """File access rooted at ``path``; see the module docstring."""
+
+    def __init__(self, path: str = "/", host_prefix: Optional[str] = None) -> None:
+        self.path = os.path.abspath(path or "/")
+        self.host_prefix = os.path.abspath(host_prefix) if host_prefix else self.path
+        self._kernel = None  # lazily created kernel emulator (simulated roots only)
+
+    def __repr__(self) -> str:
+        return "HostRoot(%r, host_prefix=%r)" % (self.path, self.host_prefix)
+
+    # -- path mapping -------------------------------------------------
+    def join(self, rel: str) -> str:
+        """Map a node path (``/sys/...`` or ``sys/...``) to a local path."""
+        rel = rel.lstrip("/")
+        return os.path.join(self.path, rel) if rel else self.path
+
+    def host_path(self, rel: str) -> str:
+        """Map a node path to the path the kubelet/containerd must use."""
+        rel = rel.lstrip("/")
+        return os.path.join(self.host_prefix, rel) if rel else self.host_prefix
+
+    def relative(self, local_path: str) -> str:
+        """Inverse of :meth:`join`: the node path (``/...``) of a local path."""
+        rel = os.path.relpath(os.path.abspath(local_path), self.path)
+        return "/" if rel == "." else "/" + rel
+
+    def check(self) -> None:
+        """Fail clearly when the root itself is missing."""
+        if not os.path.isdir(self.path):
+            raise HostRootError("host root %s does not exist or is not a directory" % self.path)
+
+    # -- reads --------------------------------------------------------
+    def exists(self, rel: str) -> bool:
+        return os.path.lexists(self.join(rel))
+
+    def isdir(self, rel: str) -> bool:
+        return os.path.isdir(self.join(rel))
+
+    def listdir(self, rel: str) -> List[str]:
+        try:
+            return sorted(os.listdir(self.join(rel)))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise HostRootError("cannot list %s: %s" % (self.join(rel), exc.strerror or exc))
+
+    def read_text(self, rel: str) -> str:
+        path = self.join(rel)
+        try:
+            with open(path, "r", encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except OSError as exc:
+            raise HostRootError("cannot read %s: %s" % (path, exc.strerror or exc))
+
+    def read_attribute(self, rel: str, default: Optional[str] = None) -> Optional[str]:
+        """Read a one-line sysfs attribute, stripped; ``default`` when absent."""
+        if default is not None and not self.exists(rel):
+            return default
+        return self.read_text(rel).strip()
+
+    def read_int(self, rel: str, default: Optional[int] = None, base: int = 0) -> Optional[int]:
+        """Read an integer attribute (``0x``-prefixed hex accepted)."""
+        if not self.exists(rel):
+            if default is not None:
+                return default
+            raise HostRootError("cannot read %s: no such file" % self.join(rel))
+        raw = self.read_text(rel).strip()
+        try:
+            return int(raw, base)
+        except ValueError:
+            raise HostRootError("%s: expected an integer, got %r" % (self.join(rel), raw[:80]))
+
+    def readlink(self, rel: str) -> Optional[str]:
+        try:
+            return os.readlink(self.join(rel))
+        except OSError:
+            return None
+
+    def realpath(self, rel: str) -> str:
+        """Resolve symlinks inside the root; returns a node path (``/...``).
+
+        Absolute link targets are re-rooted, so a link to ``/sys/devices/x``
+        in a simulated root resolves inside that root.
+        """
+        parts = [p for p in rel.split("/") if p]
+        resolved: List[str] = []
+        hops = 0
+        while parts:
+            part = parts.pop(0)
+            if part == ".":
+                continue
+            if part == "..":
+                if resolved:
+                    resolved.pop()
+                continue
+            candidate = "/".join(resolved + [part])
+            target = self.readlink(candidate)
+            if target is None:
+                resolved.append(part)
+                continue
+            hops += 1
+            if hops > 40:
+                raise HostRootError("too many levels of symbolic links at %s" % self.join(candidate))
+            if target.startswith("/"):
+                resolved = []
+            parts = [p for p in target.split("/") if p] + parts
+        return "/" + "/".join(resolved)
+
+    # -- writes -------------------------------------------------------
+    def is_simulated(self) -> bool:
+        return os.path.isdir(self.join(SIM_STATE_DIR))
+
+    def write_attribute(self, rel: str, value: str) -> None:
+        """Write a kernel attribute (sysfs). The kernel reacts; so does the simulator."""
+        if self.is_simulated():
+            if self._kernel is None:
+                from .sim.kernel import SimulatedKernel  # the one seam; real nodes never load it
+
+                self._kernel = SimulatedKernel(self)
+            self._kernel.write_attribute(rel, value)
+            return
+        path = self.join(rel)
+        try:
+            with open(path, "w") as handle:
+                handle.write(value)
+        except OSError as exc:
+            raise HostRootError("cannot write %r to %s: %s" % (value, path, exc.strerror or exc))
+
+    def write_file_atomic(self, rel: str, content: bytes, mode: int = 0o644,
+                          tmp_dir: Optional[str] = None) -> None:
+        """Replace a regular file atomically (temp file + rename).
+
+        ``tmp_dir`` lets callers keep the temporary file out of watched
+        directories (e.g. the kubelet's static-pod path, where a stray file
+        would be run as a pod); it must be on the same filesystem.
+        """
+        path = self.join(rel)
+        directory = tmp_dir or os.path.dirname(path)
+        fd, tmp = tempfile.mkstemp(prefix=".metax-tmp-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(content)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    # -- commands -----------------------------------------------------
+    def which(self, name: str, dirs: Sequence[str] = MX_SMI_DIRS) -> Optional[str]:
+        """Find an executable under the root; returns the local path."""
+        for directory in dirs:
+            candidate = self.join(os.path.join(directory, name))
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return candidate
+        return None
+
+    def run(self, argv: Sequence[str], timeout: float = 30.0) -> Tuple[int, str, str]:
+        """Run a command found under the root; never raises for a non-zero exit."""
+        try:
+            proc = subprocess.run(
+                list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                timeout=timeout, check=False,
+                env=dict(os.environ, METAX_HOST_ROOT=self.path, LC_ALL="C"),
+            )
+        except FileNotFoundError:
+            raise HostRootError("command not found: %s" % argv[0])
+        except PermissionError:
+            raise HostRootError("command not executable: %s" % argv[0])
+        except subprocess.TimeoutExpired:
+            raise HostRootError("command timed out after %ss: %s" % (timeout, " ".join(argv)))
+        return (proc.returncode,
+                proc.stdout.decode("utf-8", "replace"),
+                proc.stderr.decode("utf-8", "replace"))

@@ -1,0 +1,79 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""CLI: ``python -m ansible_collections.metax.gpu.plugins.module_utils.sim``.
+
+create --preset NAME DIR     write a simulated MetaX node
+fail DIR --gpu N [--mode]    a GPU falls off the bus (bus) or turns unavailable (smi)
+recover DIR --gpu N          undo ``fail``
+unload DIR | load DIR        unload / load the kernel driver
+status DIR                   print the node state as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from ..host import HostRoot
+from . import generator
+from .spec import PRESETS, preset
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="metax-sim", description="Simulated MetaX GPU node")
+    sub = parser.add_subparsers(dest="command", required=True)
+    create = sub.add_parser("create", help="create a simulated node root")
+    create.add_argument("--preset", default="8xC500", choices=sorted(PRESETS))
+    create.add_argument("--force", action="store_true", help="replace an existing simulated root")
+    create.add_argument("root")
+    for name in ("fail", "recover"):
+        cmd = sub.add_parser(name, help="%s one GPU" % name)
+        cmd.add_argument("root")
+        cmd.add_argument("--gpu", type=int, required=True, help="GPU index as created (PCI order)")
+        if name == "fail":
+            cmd.add_argument("--mode", choices=("bus", "smi"), default="bus")
+    for name in ("load", "unload", "status"):
+        sub.add_parser(name, help="%s the driver" % name if name != "status" else "show state").add_argument("root")
+    version = sub.add_parser("set-driver-version", help="change the installed driver version")
+    version.add_argument("root")
+    version.add_argument("version")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "create":
+            host = generator.create(args.root, preset(args.preset), force=args.force)
+            state = generator.load_state(host)
+            print("created %s: %d GPUs (%s), driver %s" % (
+                host.path, len(state["gpus"]), args.preset, state["driver_version"]))
+            return 0
+        host = HostRoot(args.root)
+        if args.command == "fail":
+            generator.fail_gpu(host, args.gpu, args.mode)
+        elif args.command == "recover":
+            generator.recover_gpu(host, args.gpu)
+        elif args.command == "load":
+            generator.load_driver(host)
+        elif args.command == "unload":
+            generator.unload_driver(host)
+        elif args.command == "set-driver-version":
+            generator.set_driver_version(host, args.version)
+        else:
+            state = generator.load_state(host)
+            json.dump({"driver_loaded": state["driver_loaded"], "driver_version": state["driver_version"],
+                       "gpus": [{k: g[k] for k in ("index", "bdf", "product", "failed", "numvfs")}
+                                for g in state["gpus"]]}, sys.stdout, indent=2)
+            print()
+        return 0
+    except (generator.SimError, ValueError, OSError) as exc:
+        sys.stderr.write("metax-sim: error: %s\n" % exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,431 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Write a simulated MetaX node (a host root) from a :class:`NodeSpec`.
+
+The tree mirrors what the product reads on a real node: a sysfs PCI
+hierarchy whose parent bridges reveal PCIe switches, MetaX functions with
+vendor 0x9999, ``numa_node``, ``sriov_*``, ``driver`` and DRM children; the
+driver module version; ``/dev`` nodes; and an ``mx-smi`` executable.
+
+Dynamic state (failed GPUs, driver loaded, VF counts) lives in
+``.metax-sim/state.json``; fault injection and the kernel emulator change
+the tree and that state together, and ``mx-smi`` prints from the state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from dataclasses import asdict
+from typing import Dict, List, Optional, Tuple
+
+from ..gpu.model import METAX_VENDOR_ID, PRODUCTS_BY_NAME, VF_DEVICE_ID_FLAG
+from ..host import SIM_STATE_DIR, HostRoot
+from .spec import GpuSpec, NodeSpec, expected_link
+
+STATE_FILE = SIM_STATE_DIR + "/state.json"
+MX_SMI_PATH = "usr/bin/mx-smi"
+DRIVER_DIR = "sys/bus/pci/drivers/metax"
+MXCD_MAJOR = 240          # a dynamic char major, as the MetaX driver gets on real nodes
+DRM_MAJOR = 226
+RENDER_MINOR_BASE = 128
+PCI_BRIDGE_CLASS = "0x060400"
+GPU_CLASS = "0x038000"    # display controller, "other"
+
+
+class SimError(Exception):
+    """A simulated-node operation was invalid (unknown GPU, bad directory...)."""
+
+
+def canonical_gpus(spec: NodeSpec) -> List[GpuSpec]:
+    """GPUs in PCI address order: the order discovery and mx-smi index them.
+
+    Sorting by placement makes every subtree contiguous, so the depth-first
+    bus numbering below yields increasing addresses in exactly this order.
+    """
+    order = sorted(range(len(spec.gpus)),
+                   key=lambda i: (spec.gpus[i].root_complex, spec.gpus[i].root_port,
+                                  spec.gpus[i].switch_path, i))
+    return [spec.gpus[i] for i in order]
+
+
+def vf_bdf(pf_bdf: str, k: int) -> str:
+    """BDF of VF number ``k`` (1-based) of a PF at function 0."""
+    domain, bus, _ = pf_bdf.split(":")
+    return "%s:%s:%02x.%d" % (domain, bus, k >> 3, k & 7)
+
+
+def _bdf(domain: int, bus: int, dev: int, fn: int = 0) -> str:
+    return "%04x:%02x:%02x.%d" % (domain, bus, dev, fn)
+
+
+class _Layout:
+    """Assigns bus numbers depth-first and records each GPU's sysfs path."""
+
+    def __init__(self, gpus: List[GpuSpec]) -> None:
+        self.gpus = gpus
+        self.bridges: List[Tuple[str, str]] = []   # (sysfs dir, bdf)
+        self.gpu_dirs: List[str] = [""] * len(gpus)
+
+    def build(self) -> None:
+        complexes = sorted({g.root_complex for g in self.gpus})
+        for rc in complexes:
+            domain, base = rc // 4, (rc % 4) * 0x40
+            rc_dir = "sys/devices/pci%04x:%02x" % (domain, base)
+            next_bus = [base + 1]
+            members = [i for i, g in enumerate(self.gpus) if g.root_complex == rc]
+            ports = sorted({self.gpus[i].root_port for i in members})
+            for port in ports:
+                port_bdf = _bdf(domain, base, port + 1)
+                port_dir = "%s/%s" % (rc_dir, port_bdf)
+                self.bridges.append((port_dir, port_bdf))
+                under = [i for i in members if self.gpus[i].root_port == port]
+                self._subtree(port_dir, under, 0, domain, next_bus, base)
+
+    def _subtree(self, parent_dir: str, members: List[int], depth: int, domain: int,
+                 next_bus: List[int], base: int) -> None:
+        # children in first-appearance order: a GPU ending here, or a switch one level down
+        children: List[Tuple[str, object]] = []
+        seen = set()
+        for i in members:
+            path = self.gpus[i].switch_path
+            if len(path) == depth:
+                children.append(("gpu", i))
+            elif path[depth] not in seen:
+                seen.add(path[depth])
+                children.append(("switch", path[depth]))
+        if depth > 0:
+            # inside a switch: the upstream port sits on its own bus, downstream ports on the next
+            up_bus = self._take_bus(next_bus, base)
+            up_bdf = _bdf(domain, up_bus, 0)
+            up_dir = "%s/%s" % (parent_dir, up_bdf)
+            self.bridges.append((up_dir, up_bdf))
+            down_bus = self._take_bus(next_bus, base)
+            for slot, child in enumerate(children):
+                down_bdf = _bdf(domain, down_bus, slot)
+                down_dir = "%s/%s" % (up_dir, down_bdf)
+                self.bridges.append((down_dir, down_bdf))
+                self._place(down_dir, child, members, depth, domain, next_bus, base)
+        else:
+            if len(children) != 1 and any(kind == "gpu" for kind, _ in children):
+                raise SimError("a GPU attached directly to a root port must be alone there")
+            for child in children:
+                self._place(parent_dir, child, members, depth, domain, next_bus, base)
+
+    def _place(self, parent_dir, child, members, depth, domain, next_bus, base) -> None:
+        kind, value = child
+        if kind == "gpu":
+            bus = self._take_bus(next_bus, base)
+            self.gpu_dirs[value] = "%s/%s" % (parent_dir, _bdf(domain, bus, 0))
+        else:
+            sub = [i for i in members if len(self.gpus[i].switch_path) > depth
+                   and self.gpus[i].switch_path[depth] == value]
+            self._subtree(parent_dir, sub, depth + 1, domain, next_bus, base)
+
+    @staticmethod
+    def _take_bus(next_bus: List[int], base: int) -> int:
+        bus = next_bus[0]
+        if bus >= base + 0x40:
+            raise SimError("too many buses under one root complex in this spec")
+        next_bus[0] += 1
+        return bus
+
+
+def _write(path: str, content: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(content)
+
+
+def _symlink(target_abs: str, link_abs: str) -> None:
+    """Relative symlink, so the tree resolves wherever the root is mounted."""
+    os.makedirs(os.path.dirname(link_abs), exist_ok=True)
+    if os.path.lexists(link_abs):
+        os.unlink(link_abs)
+    os.symlink(os.path.relpath(target_abs, os.path.dirname(link_abs)), link_abs)
+
+
+def make_char_device(path: str, major: int, minor: int) -> bool:
+    """A real character device when we may (root), else a plain file.
+
+    containerd refuses device specs that are not device nodes, so the local
+    cluster (run as root) gets real ones; unprivileged unit tests get files.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.lexists(path):
+        os.unlink(path)
+    if os.geteuid() == 0:
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            return True
+        except OSError:
+            pass
+    _write(path, "")
+    return False
+
+
+def _uuid(node_name: str, index: int) -> str:
+    # deterministic, UUID-shaped, distinct per node and GPU
+    seed = sum(ord(c) * (i + 1) for i, c in enumerate(node_name)) & 0xFFFFFFFF
+    return "GPU-%08x-%04x-%04x-%04x-%012x" % (seed, 0x4d58, index, 0x8000 | index, 0x5e000000 + index)
+
+
+def create(root: str, spec: NodeSpec, force: bool = False) -> HostRoot:
+    """Create a simulated node at ``root`` (must be empty unless ``force``)."""
+    spec.validate()
+    if os.path.exists(root) and os.listdir(root):
+        if not force and not os.path.isdir(os.path.join(root, SIM_STATE_DIR)):
+            raise SimError("%s is not empty and is not a simulated node; refusing to write there" % root)
+        for entry in os.listdir(root):
+            target = os.path.join(root, entry)
+            if os.path.isdir(target) and not os.path.islink(target):
+                shutil.rmtree(target)
+            else:
+                os.unlink(target)
+    os.makedirs(os.path.join(root, SIM_STATE_DIR), exist_ok=True)
+    gpus = canonical_gpus(spec)
+    layout = _Layout(gpus)
+    layout.build()
+
+    for bridge_dir, _bdf_unused in layout.bridges:
+        base = os.path.join(root, bridge_dir)
+        _write(os.path.join(base, "class"), PCI_BRIDGE_CLASS + "\n")
+        _write(os.path.join(base, "vendor"), "0x8086\n")
+    gpu_states = []
+    for index, (gpu, gdir) in enumerate(zip(gpus, layout.gpu_dirs)):
+        product = PRODUCTS_BY_NAME[gpu.product]
+        gpu_states.append({
+            "index": index,
+            "bdf": os.path.basename(gdir),
+            "sysfs": gdir,
+            "product": gpu.product,
+            "family": product.family,
+            "memory_mib": product.memory_gib * 1024,
+            "device_id": product.pci_device_id,
+            "numa_node": gpu.numa_node,
+            "sriov_totalvfs": gpu.sriov_totalvfs,
+            "uuid": _uuid(spec.name, index),
+            "serial": "MX%010d" % (index + 1),
+            "card": index,
+            "failed": None,
+            "numvfs": 0,
+            "vf_cards": [],
+        })
+    matrix = [[None if a == b else expected_link(gpus[a], gpus[b]).legend
+               for b in range(len(gpus))] for a in range(len(gpus))]
+    state = {
+        "spec": asdict(spec),
+        "gpus": gpu_states,
+        "links": matrix,
+        "driver_loaded": True,
+        "driver_version": spec.driver_version,
+        "maca_version": spec.maca_version,
+        "mx_smi_version": spec.mx_smi_version,
+        "next_card": len(gpus),
+    }
+    host = HostRoot(root)
+    for gpu_state in gpu_states:
+        _write_function(host, gpu_state["sysfs"], gpu_state["device_id"], gpu_state["numa_node"],
+                        gpu_state["sriov_totalvfs"])
+    _install_mx_smi(root)
+    save_state(host, state)
+    load_driver(host)
+    return host
+
+
+def _write_function(host: HostRoot, sysfs_dir: str, device_id: int, numa_node: int,
+                    totalvfs: int, physfn: Optional[str] = None) -> None:
+    base = host.join(sysfs_dir)
+    bdf = os.path.basename(sysfs_dir)
+    _write(os.path.join(base, "vendor"), "0x%04x\n" % METAX_VENDOR_ID)
+    _write(os.path.join(base, "device"), "0x%04x\n" % device_id)
+    _write(os.path.join(base, "class"), GPU_CLASS + "\n")
+    _write(os.path.join(base, "numa_node"), "%d\n" % numa_node)
+    if physfn is None:
+        _write(os.path.join(base, "sriov_totalvfs"), "%d\n" % totalvfs)
+        _write(os.path.join(base, "sriov_numvfs"), "0\n")
+    else:
+        _symlink(host.join(physfn), os.path.join(base, "physfn"))
+    _symlink(base, host.join("sys/bus/pci/devices/" + bdf))
+
+
+def _install_mx_smi(root: str) -> None:
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mx_smi.py")
+    with open(source) as handle:
+        body = handle.read()
+    target = os.path.join(root, MX_SMI_PATH)
+    _write(target, "#!/usr/bin/env python3\n" + body)
+    os.chmod(target, 0o755)
+
+
+# -- state ------------------------------------------------------------------
+def load_state(host: HostRoot) -> dict:
+    path = host.join(STATE_FILE)
+    if not os.path.isfile(path):
+        raise SimError("%s is not a simulated MetaX node (no %s)" % (host.path, STATE_FILE))
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def save_state(host: HostRoot, state: dict) -> None:
+    host.write_file_atomic(STATE_FILE, json.dumps(state, indent=1, sort_keys=True).encode())
+
+
+def _gpu(state: dict, index: int) -> dict:
+    for gpu in state["gpus"]:
+        if gpu["index"] == index:
+            return gpu
+    raise SimError("no GPU %d on this simulated node (it has %d)" % (index, len(state["gpus"])))
+
+
+# -- DRM and driver binding ---------------------------------------------------
+def _bind(host: HostRoot, sysfs_dir: str, card: int) -> None:
+    base = host.join(sysfs_dir)
+    _symlink(host.join(DRIVER_DIR), os.path.join(base, "driver"))
+    for name in ("card%d" % card, "renderD%d" % (RENDER_MINOR_BASE + card)):
+        drm = os.path.join(base, "drm", name)
+        os.makedirs(drm, exist_ok=True)
+        minor = card if name.startswith("card") else RENDER_MINOR_BASE + card
+        _write(os.path.join(drm, "dev"), "%d:%d\n" % (DRM_MAJOR, minor))
+        make_char_device(host.join("dev/dri/" + name), DRM_MAJOR, minor)
+        _symlink(drm, host.join("sys/class/drm/" + name))
+
+
+def _unbind(host: HostRoot, sysfs_dir: str, card: int) -> None:
+    base = host.join(sysfs_dir)
+    if os.path.lexists(os.path.join(base, "driver")):
+        os.unlink(os.path.join(base, "driver"))
+    shutil.rmtree(os.path.join(base, "drm"), ignore_errors=True)
+    for name in ("card%d" % card, "renderD%d" % (RENDER_MINOR_BASE + card)):
+        for path in (host.join("dev/dri/" + name), host.join("sys/class/drm/" + name)):
+            if os.path.lexists(path):
+                os.unlink(path)
+
+
+def _functions(gpu: dict) -> List[Tuple[str, int]]:
+    """(sysfs dir, card) of a GPU's PF and its VFs."""
+    funcs = [(gpu["sysfs"], gpu["card"])]
+    parent = os.path.dirname(gpu["sysfs"])
+    for k, card in enumerate(gpu["vf_cards"], start=1):
+        funcs.append(("%s/%s" % (parent, vf_bdf(gpu["bdf"], k)), card))
+    return funcs
+
+
+def load_driver(host: HostRoot) -> None:
+    state = load_state(host)
+    _write(host.join("sys/module/metax/version"), state["driver_version"] + "\n")
+    _write(host.join("sys/module/metax/refcnt"), "0\n")
+    os.makedirs(host.join(DRIVER_DIR), exist_ok=True)
+    make_char_device(host.join("dev/mxcd"), MXCD_MAJOR, 0)
+    for gpu in state["gpus"]:
+        if gpu["failed"] != "bus":
+            for sysfs_dir, card in _functions(gpu):
+                _bind(host, sysfs_dir, card)
+    state["driver_loaded"] = True
+    save_state(host, state)
+
+
+def unload_driver(host: HostRoot) -> None:
+    state = load_state(host)
+    for gpu in state["gpus"]:
+        for sysfs_dir, card in _functions(gpu):
+            _unbind(host, sysfs_dir, card)
+    shutil.rmtree(host.join("sys/module/metax"), ignore_errors=True)
+    shutil.rmtree(host.join(DRIVER_DIR), ignore_errors=True)
+    if os.path.lexists(host.join("dev/mxcd")):
+        os.unlink(host.join("dev/mxcd"))
+    state["driver_loaded"] = False
+    save_state(host, state)
+
+
+def set_driver_version(host: HostRoot, version: str) -> None:
+    """What a driver upgrade leaves behind (used by driver tests and the demo)."""
+    state = load_state(host)
+    state["driver_version"] = version
+    save_state(host, state)
+    if state["driver_loaded"]:
+        _write(host.join("sys/module/metax/version"), version + "\n")
+
+
+# -- faults -------------------------------------------------------------------
+def fail_gpu(host: HostRoot, index: int, mode: str = "bus") -> None:
+    """``bus``: the GPU falls off the bus; ``smi``: mx-smi reports it unavailable."""
+    if mode not in ("bus", "smi"):
+        raise SimError("fault mode must be 'bus' or 'smi', not %r" % mode)
+    state = load_state(host)
+    gpu = _gpu(state, index)
+    if gpu["failed"]:
+        raise SimError("GPU %d has already failed (%s)" % (index, gpu["failed"]))
+    if mode == "bus":
+        stash = host.join(SIM_STATE_DIR + "/removed/%d" % index)
+        shutil.rmtree(stash, ignore_errors=True)
+        os.makedirs(stash)
+        for sysfs_dir, card in _functions(gpu):
+            _unbind(host, sysfs_dir, card)
+            bdf = os.path.basename(sysfs_dir)
+            link = host.join("sys/bus/pci/devices/" + bdf)
+            if os.path.lexists(link):
+                os.unlink(link)
+            shutil.move(host.join(sysfs_dir), os.path.join(stash, bdf))
+    gpu["failed"] = mode
+    save_state(host, state)
+
+
+def recover_gpu(host: HostRoot, index: int) -> None:
+    state = load_state(host)
+    gpu = _gpu(state, index)
+    if not gpu["failed"]:
+        raise SimError("GPU %d has not failed" % index)
+    if gpu["failed"] == "bus":
+        stash = host.join(SIM_STATE_DIR + "/removed/%d" % index)
+        for sysfs_dir, card in _functions(gpu):
+            bdf = os.path.basename(sysfs_dir)
+            shutil.move(os.path.join(stash, bdf), host.join(sysfs_dir))
+            _symlink(host.join(sysfs_dir), host.join("sys/bus/pci/devices/" + bdf))
+            if state["driver_loaded"]:
+                _bind(host, sysfs_dir, card)
+        shutil.rmtree(stash, ignore_errors=True)
+    gpu["failed"] = None
+    save_state(host, state)
+
+
+# -- SR-IOV (called by the kernel emulator) -------------------------------------
+def set_numvfs(host: HostRoot, pf_sysfs_dir: str, numvfs: int) -> None:
+    """Create or remove VFs below a PF, as the kernel does on ``sriov_numvfs`` writes."""
+    state = load_state(host)
+    gpu = next((g for g in state["gpus"] if g["sysfs"] == pf_sysfs_dir), None)
+    if gpu is None:
+        raise SimError("%s is not a MetaX physical function" % pf_sysfs_dir)
+    parent = os.path.dirname(pf_sysfs_dir)
+    base = host.join(pf_sysfs_dir)
+    for k in range(len(gpu["vf_cards"]), 0, -1):
+        vf_dir = "%s/%s" % (parent, vf_bdf(gpu["bdf"], k))
+        _unbind(host, vf_dir, gpu["vf_cards"][k - 1])
+        link = host.join("sys/bus/pci/devices/" + vf_bdf(gpu["bdf"], k))
+        if os.path.lexists(link):
+            os.unlink(link)
+        if os.path.lexists(os.path.join(base, "virtfn%d" % (k - 1))):
+            os.unlink(os.path.join(base, "virtfn%d" % (k - 1)))
+        shutil.rmtree(host.join(vf_dir), ignore_errors=True)
+    gpu["vf_cards"] = []
+    for k in range(1, numvfs + 1):
+        vf_dir = "%s/%s" % (parent, vf_bdf(gpu["bdf"], k))
+        _write_function(host, vf_dir, gpu["device_id"] | VF_DEVICE_ID_FLAG, gpu["numa_node"], 0,
+                        physfn=pf_sysfs_dir)
+        _symlink(host.join(vf_dir), os.path.join(base, "virtfn%d" % (k - 1)))
+        card = state["next_card"]
+        state["next_card"] += 1
+        gpu["vf_cards"].append(card)
+        if state["driver_loaded"]:
+            _bind(host, vf_dir, card)
+    gpu["numvfs"] = numvfs
+    _write(os.path.join(base, "sriov_numvfs"), "%d\n" % numvfs)
+    save_state(host, state)
+
+
+def gpu_sysfs_dirs(host: HostRoot) -> Dict[str, str]:
+    """BDF -> sysfs dir of every PF (for tests and the kernel emulator)."""
+    return {g["bdf"]: g["sysfs"] for g in load_state(host)["gpus"]}

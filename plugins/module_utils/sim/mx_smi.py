@@ -1,0 +1,119 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The ``mx-smi`` of a simulated node (copied to ``usr/bin/mx-smi``).
+
+Standalone (standard library only, Python 3.6+): it runs wherever the
+simulated root is mounted, including inside agent containers, and finds the
+node state relative to its own location. Output follows the MetaX tool:
+the device table, ``-L`` (one line per GPU with UUID) and ``topo -m``.
+"""
+
+import json
+import os
+import sys
+import time
+
+LEGEND = [
+    ("X", "Self"),
+    ("MX", "Connection traversing MetaXLink"),
+    ("SYS", "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes"),
+    ("NODE", "Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node"),
+    ("PHB", "Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)"),
+    ("PXB", "Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)"),
+    ("PIX", "Connection traversing at most a single PCIe bridge"),
+]
+
+
+def _root():
+    here = os.path.dirname(os.path.realpath(os.path.abspath(__file__)))
+    return os.path.dirname(os.path.dirname(here))  # <root>/usr/bin/mx-smi
+
+
+def _state():
+    with open(os.path.join(_root(), ".metax-sim", "state.json")) as handle:
+        return json.load(handle)
+
+
+def _visible(state):
+    return [g for g in state["gpus"] if g["failed"] != "bus"]
+
+
+def _table(state):
+    gpus = _visible(state)
+    out = ["mx-smi  version: %s" % state["mx_smi_version"], "",
+           "=================== MetaX System Management Interface Log ===================",
+           "Timestamp                                         : %s" % time.strftime("%a %b %d %H:%M:%S %Y"),
+           "", "Attached GPUs                                     : %d" % len(gpus)]
+    sep = "+------------------------------------+---------------------+----------------------+"
+    out.append("+---------------------------------------------------------------------------------+")
+    out.append("| %-35s %-43s |" % ("MX-SMI %s" % state["mx_smi_version"],
+                                     "Kernel Mode Driver Version: %s" % state["driver_version"]))
+    out.append("| %-35s %-43s |" % ("MACA Version: %s" % state["maca_version"], "BIOS Version: 1.22.3.0"))
+    out.append("|------------------------------------+---------------------+----------------------|")
+    out.append("| GPU         NAME                   | Bus-id              | GPU-Util             |")
+    out.append("| Temp        Pwr:Usage/Cap          | Memory-Usage        | GPU-State            |")
+    out.append("|====================================+=====================+======================|")
+    for pos, gpu in enumerate(gpus):
+        name = "MX" + gpu["product"]
+        status = "Unavailable" if gpu["failed"] else "Available"
+        out.append("| %-11d %-22s | %-19s | %-20s |" % (pos, name, gpu["bdf"], "0%"))
+        out.append("| %-11s %-22s | %-19s | %-20s |" % ("36C", "52W / 350W",
+                                                       "858/%d MiB" % gpu["memory_mib"], status))
+        out.append(sep)
+    out.append("")
+    out.append("End of Log")
+    return "\n".join(out)
+
+
+def _list(state):
+    return "\n".join("GPU %d: MX%s (UUID: %s, SN: %s)" % (pos, g["product"], g["uuid"], g["serial"])
+                     for pos, g in enumerate(_visible(state)))
+
+
+def _topo(state):
+    gpus = _visible(state)
+    rows = []
+    header = [""] + ["GPU%d" % i for i in range(len(gpus))] + ["CPU Affinity", "NUMA Affinity"]
+    rows.append(header)
+    for i, a in enumerate(gpus):
+        cells = ["GPU%d" % i]
+        for j, b in enumerate(gpus):
+            cells.append("X" if i == j else state["links"][a["index"]][b["index"]])
+        numa = a["numa_node"]
+        cells.append("%d-%d" % (numa * 32, numa * 32 + 31))
+        cells.append(str(numa))
+        rows.append(cells)
+    widths = [max(len(r[c]) for r in rows) + 2 for c in range(len(header))]
+    lines = ["".join(cell.ljust(widths[c]) for c, cell in enumerate(r)).rstrip() for r in rows]
+    lines += ["", "Legend:", ""]
+    lines += ["  %-4s = %s" % item for item in LEGEND]
+    return "\n".join(lines)
+
+
+def main(argv):
+    try:
+        state = _state()
+    except (OSError, ValueError) as exc:
+        sys.stderr.write("mx-smi: cannot read device state: %s\n" % exc)
+        return 2
+    if not state["driver_loaded"]:
+        sys.stderr.write("mx-smi: failed to initialize MetaX management library: driver not loaded\n")
+        return 9
+    args = [a for a in argv if a]
+    if not args:
+        print(_table(state))
+    elif args[0] in ("-L", "--list"):
+        print(_list(state))
+    elif args[0] == "topo" and args[1:2] in (["-m"], ["--matrix"]):
+        print(_topo(state))
+    elif args[0] in ("-v", "--version"):
+        print("mx-smi version: %s" % state["mx_smi_version"])
+    else:
+        sys.stderr.write("mx-smi: unsupported arguments: %s\n" % " ".join(args))
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
