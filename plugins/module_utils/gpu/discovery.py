@@ -1,0 +1,212 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Discover a node's MetaX GPUs: PCI scan + mx-smi -> one :class:`Inventory`.
+
+PCI gives presence, placement (NUMA, switch, host bridge), SR-IOV and the
+DRM nodes; ``mx-smi`` adds MetaXLink, health and UUIDs. Without ``mx-smi``
+(or with the driver unloaded) discovery still answers from PCI and marks
+MetaXLink as unknown.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from ..host import HostRoot
+from . import mxsmi, pci
+from .model import (
+    Device, DriverState, Gpu, Inventory, LinkClass, LinkGroup, SriovState,
+    build_topology, pair_key, product_for_device_id,
+)
+
+DRIVER_MODULE = "sys/module/metax"
+MX_SMI = "mx-smi"
+
+
+class DiscoveryError(Exception):
+    """Discovery failed; the message names the file or command and the line."""
+
+
+def read_driver(host: HostRoot) -> DriverState:
+    if not host.isdir(DRIVER_MODULE):
+        return DriverState(loaded=False)
+    version = host.read_attribute(DRIVER_MODULE + "/version", default="") or None
+    return DriverState(loaded=True, version=version)
+
+
+class _MxSmiView:
+    """What mx-smi said, keyed by PCI address."""
+
+    def __init__(self) -> None:
+        self.available = False
+        self.by_bdf: Dict[str, mxsmi.MxSmiGpu] = {}
+        self.ids: Dict[str, Dict[str, str]] = {}
+        self.links: Optional[Dict[Tuple[str, str], LinkClass]] = None
+        self.maca_version: Optional[str] = None
+        self.driver_version: Optional[str] = None
+
+
+def _run(host: HostRoot, binary: str, args: List[str], warnings: List[str]) -> Optional[str]:
+    rc, out, err = host.run([binary] + args)
+    if rc != 0:
+        detail = (err.strip() or out.strip() or "no output").splitlines()[0][:200]
+        warnings.append("`mx-smi %s` exited %d: %s" % (" ".join(args), rc, detail))
+        return None
+    return out
+
+
+def query_mx_smi(host: HostRoot, warnings: List[str], topology: bool = True) -> _MxSmiView:
+    view = _MxSmiView()
+    binary = host.which(MX_SMI)
+    if binary is None:
+        warnings.append("mx-smi not found under %s: health and MetaXLink are unknown" % host.path)
+        return view
+    try:
+        table_out = _run(host, binary, [], warnings)
+        if table_out is None:
+            return view
+        table = mxsmi.parse_table(table_out)
+        view.available = True
+        view.maca_version = table.maca_version
+        view.driver_version = table.driver_version
+        view.by_bdf = {g.bdf: g for g in table.gpus}
+        bdf_of = {g.index: g.bdf for g in table.gpus}
+        list_out = _run(host, binary, ["-L"], warnings)
+        if list_out is not None:
+            view.ids = {bdf_of[i]: f for i, f in mxsmi.parse_list(list_out).items() if i in bdf_of}
+        if topology:
+            topo_out = _run(host, binary, ["topo", "-m"], warnings)
+            if topo_out is not None:
+                links = mxsmi.parse_topology(topo_out)
+                unknown = {i for pair in links for i in pair} - set(bdf_of)
+                if unknown:
+                    raise DiscoveryError("`%s topo -m` lists GPUs %s that the device table does not"
+                                         % (binary, sorted(unknown)))
+                view.links = {(bdf_of[a], bdf_of[b]): link for (a, b), link in links.items()}
+    except mxsmi.MxSmiParseError as exc:
+        raise DiscoveryError("%s: %s" % (binary, exc))
+    return view
+
+
+def _gpu_link(a: Gpu, b: Gpu, view: _MxSmiView) -> LinkClass:
+    if view.links is not None:
+        key = (a.bdf, b.bdf) if a.bdf < b.bdf else (b.bdf, a.bdf)
+        found = view.links.get(key) or view.links.get((key[1], key[0]))
+        if found is not None:
+            return found
+    return pci.pci_link(a.pci_path, a.numa_node, b.pci_path, b.numa_node)
+
+
+def _link_groups(gpus: List[Gpu], link) -> List[LinkGroup]:
+    """MetaXLink groups (connected components); other GPUs group by PCIe switch."""
+    component = {g.index: g.index for g in gpus}
+
+    def root(index: int) -> int:
+        while component[index] != index:
+            index = component[index]
+        return index
+
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1:]:
+            if link(a, b) == LinkClass.MX:
+                component[root(b.index)] = root(a.index)
+    members: Dict[object, List[int]] = {}
+    kinds: Dict[object, str] = {}
+    for gpu in gpus:
+        key: object = ("mx", root(gpu.index))
+        if sum(1 for g in gpus if root(g.index) == root(gpu.index)) > 1:
+            kinds[key] = "metaxlink"
+        elif gpu.switch is not None:
+            key, kinds[("sw", gpu.switch)] = ("sw", gpu.switch), "pcie-switch"
+        else:
+            kinds[key] = "none"
+        members.setdefault(key, []).append(gpu.index)
+    groups = [LinkGroup(kinds[key], tuple(sorted(idx))) for key, idx in members.items()]
+    return sorted(groups, key=lambda g: g.gpu_indices[0])
+
+
+def discover(host: HostRoot, topology: bool = True) -> Inventory:
+    """Read the node behind ``host``; raises DiscoveryError with a clear message."""
+    if not host.isdir("/"):
+        raise DiscoveryError("host root %s does not exist or is not a directory" % host.path)
+    if not host.isdir(pci.PCI_DEVICES):
+        raise DiscoveryError("%s is missing: is %s a Linux root with sysfs?"
+                             % (host.join(pci.PCI_DEVICES), host.path))
+    warnings: List[str] = []
+    try:
+        functions = pci.scan(host)
+    except pci.PciScanError as exc:
+        raise DiscoveryError(str(exc))
+    driver = read_driver(host)
+    view = _MxSmiView()
+    if functions:
+        if driver.loaded:
+            view = query_mx_smi(host, warnings, topology=topology)
+        else:
+            warnings.append("MetaX driver not loaded (%s missing): GPUs are unhealthy"
+                            % host.join(DRIVER_MODULE))
+    pfs = [f for f in functions if f.physfn is None]
+    vfs_of: Dict[str, List[pci.PciFunction]] = {}
+    for function in functions:
+        if function.physfn is not None:
+            vfs_of.setdefault(function.physfn, []).append(function)
+
+    gpus: List[Gpu] = []
+    for index, pf in enumerate(pfs):
+        product = product_for_device_id(pf.device_id)
+        smi = view.by_bdf.get(pf.bdf)
+        ids = view.ids.get(pf.bdf, {})
+        healthy = driver.loaded and pf.driver is not None and (
+            not view.available or (smi is not None and smi.available))
+        memory = product.memory_gib if product else (
+            smi.memory_total_mib // 1024 if smi and smi.memory_total_mib else 0)
+        gpus.append(Gpu(
+            index=index, bdf=pf.bdf, pci_device_id=pf.device_id,
+            product=product.name if product else "unknown",
+            family=product.family if product else "unknown",
+            memory_gib=memory, numa_node=pf.numa_node, pci_path=pf.path,
+            driver_bound=pf.driver is not None, uuid=ids.get("uuid"), serial=ids.get("serial"),
+            healthy=healthy, drm_card=pf.drm_card, drm_render=pf.drm_render,
+            sriov_totalvfs=pf.sriov_totalvfs, sriov_numvfs=pf.sriov_numvfs,
+            vf_bdfs=tuple(v.bdf for v in vfs_of.get(pf.bdf, [])),
+        ))
+
+    devices: List[Device] = []
+    for gpu in gpus:
+        vfs = vfs_of.get(gpu.bdf, [])
+        if vfs:
+            for vf in vfs:
+                devices.append(Device(
+                    id=vf.bdf, index=len(devices), gpu_index=gpu.index, bdf=vf.bdf, is_vf=True,
+                    numa_node=vf.numa_node, healthy=gpu.healthy and vf.driver is not None,
+                    drm_card=vf.drm_card, drm_render=vf.drm_render))
+        else:
+            devices.append(Device(
+                id=gpu.bdf, index=len(devices), gpu_index=gpu.index, bdf=gpu.bdf, is_vf=False,
+                numa_node=gpu.numa_node, healthy=gpu.healthy, drm_card=gpu.drm_card,
+                drm_render=gpu.drm_render, uuid=gpu.uuid))
+
+    gpu_links = {}
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1:]:
+            gpu_links[pair_key(a.index, b.index)] = _gpu_link(a, b, view)
+
+    def gpu_link(a: Gpu, b: Gpu) -> LinkClass:
+        return gpu_links[pair_key(a.index, b.index)]
+
+    def device_link(x: int, y: int) -> LinkClass:
+        gx, gy = devices[x].gpu_index, devices[y].gpu_index
+        return LinkClass.SAME_GPU if gx == gy else gpu_links[pair_key(gx, gy)]
+
+    topo = build_topology((d.index for d in devices), device_link,
+                          _link_groups(gpus, gpu_link), metaxlink_known=view.links is not None)
+    sriov = SriovState(capable=any(g.sriov_totalvfs > 0 for g in gpus),
+                       totalvfs=max((g.sriov_totalvfs for g in gpus), default=0),
+                       numvfs=max((g.sriov_numvfs for g in gpus), default=0))
+    if view.driver_version and driver.version and view.driver_version != driver.version:
+        warnings.append("mx-smi reports driver %s but the loaded module is %s"
+                        % (view.driver_version, driver.version))
+    return Inventory(gpus=tuple(gpus), devices=tuple(devices), topology=topo, driver=driver,
+                     sriov=sriov, mx_smi_available=view.available, maca_version=view.maca_version,
+                     warnings=tuple(warnings))

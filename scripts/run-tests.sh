@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The project's one test command (called by `make test` and so by .ci/run).
+# Phases: unit + integration tests (pytest), ansible-test sanity, ansible-lint
+# and yamllint. Every phase runs; the script fails if any phase failed, and
+# prints phase timings and a closing "N passed, N failed" line.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${VENV:-$ROOT/.venv}
+export PATH="$VENV/bin:$PATH"
+export PYTHONPATH="$ROOT/.build/collections${PYTHONPATH:+:$PYTHONPATH}"
+export ANSIBLE_COLLECTIONS_PATH="$ROOT/.build/collections"
+OUT="$ROOT/tests/output"
+mkdir -p "$OUT"
+what=${1:-all}
+
+declare -a PHASES=() RESULTS=() SECONDS_TAKEN=()
+failed=0
+
+run_phase() {   # name, command...
+  local name=$1; shift
+  local start=$SECONDS rc
+  echo "=== phase: $name"
+  "$@"; rc=$?
+  PHASES+=("$name"); SECONDS_TAKEN+=($((SECONDS - start)))
+  if [ "$rc" -eq 0 ]; then RESULTS+=("ok"); else RESULTS+=("FAILED (exit $rc)"); failed=1; fi
+}
+
+pytest_phase() {   # junit name, pytest args...
+  local junit=$1; shift
+  python -m pytest -p no:cacheprovider --junitxml="$OUT/$junit.xml" "$@"
+  local rc=$?
+  # exit 5 = nothing collected: not a failure of this phase (the total is checked at the end)
+  if [ "$rc" -eq 5 ]; then echo "(no tests collected in this phase)"; return 0; fi
+  return "$rc"
+}
+
+sanity_phase() {
+  # ansible-test needs the collection at ansible_collections/metax/gpu; copy the
+  # tracked and untracked-but-not-ignored files there (no Docker engine: --venv).
+  local tree="$OUT/sanity-tree/ansible_collections/metax/gpu"
+  rm -rf "$OUT/sanity-tree"; mkdir -p "$tree"
+  git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -C "$tree" -xf -
+  (cd "$tree" && git init -q && git add -A >/dev/null 2>&1 && \
+    ansible-test sanity --venv --python 3.11 --color no --junit)
+  local rc=$?
+  return "$rc"
+}
+
+lint_phase() {
+  local rc=0
+  yamllint --strict . || rc=1
+  ansible-lint --profile production --offline || rc=1
+  antsibull-changelog lint || rc=1
+  return "$rc"
+}
+
+case "$what" in
+  unit) run_phase unit pytest_phase unit tests/unit ;;
+  integration) run_phase integration pytest_phase integration -m cluster tests/integration ;;
+  sanity) run_phase sanity sanity_phase ;;
+  lint) run_phase lint lint_phase ;;
+  all)
+    run_phase unit pytest_phase unit tests/unit
+    run_phase integration pytest_phase integration tests/integration
+    run_phase sanity sanity_phase
+    run_phase lint lint_phase
+    ;;
+  *) echo "usage: $0 [all|unit|integration|sanity|lint]" >&2; exit 2 ;;
+esac
+
+echo
+echo "=== phase timings"
+for i in "${!PHASES[@]}"; do
+  printf '  %-12s %6ss  %s\n' "${PHASES[$i]}" "${SECONDS_TAKEN[$i]}" "${RESULTS[$i]}"
+done
+# One closing count over every pytest phase that ran.
+counts=$(python - "$OUT" <<'PY'
+import glob, sys
+import xml.etree.ElementTree as ET
+passed = failed = skipped = 0
+for path in glob.glob(sys.argv[1] + "/*.xml"):
+    if path.endswith(("unit.xml", "integration.xml")):
+        root = ET.parse(path).getroot()
+        for suite in root.iter("testsuite"):
+            total = int(suite.get("tests", 0))
+            f = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+            s = int(suite.get("skipped", 0))
+            passed += total - f - s; failed += f; skipped += s
+print(passed, failed, skipped)
+PY
+)
+read -r npassed nfailed nskipped <<<"$counts"
+if [ "$what" = all ] && [ "${npassed:-0}" -eq 0 ]; then
+  echo "no test passed: treating the run as failed"; failed=1
+fi
+if [ "$failed" -ne 0 ] && [ "${nfailed:-0}" -eq 0 ]; then nfailed=1; fi   # a sanity/lint failure counts
+echo "tests: ${npassed:-0} passed, ${nfailed:-0} failed, ${nskipped:-0} skipped"
+exit "$failed"

@@ -1,0 +1,150 @@
+"""The simulated node: tree shape, mx-smi, faults and the kernel emulator."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot, HostRootError
+from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
+from ansible_collections.metax.gpu.plugins.module_utils.sim.__main__ import main as sim_main
+from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import GpuSpec, NodeSpec
+
+PCI = "sys/bus/pci/devices"
+
+
+def mx_smi(host, *args):
+    return subprocess.run([host.join("usr/bin/mx-smi")] + list(args), capture_output=True, text=True)
+
+
+def test_8xc500_tree_has_switches_numa_and_drm(make_node):
+    host = make_node("8xC500")
+    bdfs = host.listdir(PCI)
+    assert len(bdfs) == 8
+    for bdf in bdfs:
+        base = "%s/%s" % (PCI, bdf)
+        assert host.read_attribute(base + "/vendor") == "0x9999"
+        assert host.readlink(base + "/driver").endswith("drivers/metax")
+        assert host.listdir(base + "/drm")[0].startswith("card")
+        real = host.realpath(base)
+        # root complex / root port / switch upstream / switch downstream / gpu
+        assert real.startswith("/sys/devices/pci0000:") and len(real.split("/")) == 8
+    numa = sorted(host.read_int("%s/%s/numa_node" % (PCI, b)) for b in bdfs)
+    assert numa == [0] * 4 + [1] * 4
+    assert host.read_attribute("sys/module/metax/version") == "2.14.6"
+    assert host.exists("dev/mxcd") and len(host.listdir("dev/dri")) == 16
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="device nodes need root")
+def test_device_nodes_are_real_character_devices_as_root(make_node):
+    host = make_node("1xC500")
+    mode = os.stat(host.join("dev/dri/card0")).st_mode
+    assert stat.S_ISCHR(mode)
+    assert os.major(os.stat(host.join("dev/dri/renderD128")).st_rdev) == 226
+
+
+def test_mx_smi_prints_table_list_and_topology(make_node):
+    host = make_node("4xN100")
+    table = mx_smi(host)
+    assert table.returncode == 0 and table.stdout.count("MXN100") == 4
+    assert "Kernel Mode Driver Version: 2.14.6" in table.stdout
+    topo = mx_smi(host, "topo", "-m").stdout
+    assert "PIX" in topo and "PHB" in topo and "MX " not in topo.split("Legend")[0]
+    assert "UUID: GPU-" in mx_smi(host, "-L").stdout
+    bad = mx_smi(host, "--frobnicate")
+    assert bad.returncode == 2 and "unsupported" in bad.stderr
+
+
+def test_fail_and_recover_on_the_bus(make_node):
+    host = make_node("8xC500")
+    generator.fail_gpu(host, 3)
+    assert len(host.listdir(PCI)) == 7
+    assert mx_smi(host).stdout.count("MXC500") == 7
+    with pytest.raises(generator.SimError, match="already failed"):
+        generator.fail_gpu(host, 3)
+    generator.recover_gpu(host, 3)
+    assert len(host.listdir(PCI)) == 8
+    assert host.exists("dev/dri/card3")
+
+
+def test_fail_smi_keeps_the_gpu_on_the_bus(make_node):
+    host = make_node("8xC500")
+    generator.fail_gpu(host, 5, mode="smi")
+    assert len(host.listdir(PCI)) == 8
+    assert mx_smi(host).stdout.count("Unavailable") == 1
+
+
+def test_unload_and_load_driver(make_node):
+    host = make_node("8xC500")
+    generator.unload_driver(host)
+    assert not host.exists("sys/module/metax") and not host.exists("dev/mxcd")
+    assert host.listdir("dev/dri") == []
+    result = mx_smi(host)
+    assert result.returncode != 0 and "driver not loaded" in result.stderr
+    generator.load_driver(host)
+    assert mx_smi(host).returncode == 0 and len(host.listdir("dev/dri")) == 16
+
+
+def test_sriov_numvfs_write_creates_and_removes_vfs(make_node):
+    host = make_node("2xC550-sriov")
+    pf = host.listdir(PCI)[0]
+    host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "4")
+    assert len(host.listdir(PCI)) == 2 + 4
+    vf = host.readlink("%s/%s/virtfn0" % (PCI, pf))
+    assert vf is not None
+    assert host.readlink("%s/%s/physfn" % (PCI, host.listdir(PCI)[1])).endswith(pf)
+    # the kernel rule: a non-zero value can only replace 0
+    with pytest.raises(HostRootError, match="busy"):
+        host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "2")
+    with pytest.raises(HostRootError, match="result"):
+        host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "0")
+        host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "16")
+    assert len(host.listdir(PCI)) == 2
+    host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "8")
+    assert host.read_int("%s/%s/sriov_numvfs" % (PCI, pf)) == 8
+
+
+def test_sriov_refused_on_gpus_without_sriov(make_node):
+    host = make_node("1xC500")
+    pf = host.listdir(PCI)[0]
+    with pytest.raises(HostRootError, match="Invalid argument"):
+        host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "2")
+
+
+def test_create_refuses_foreign_non_empty_dir(tmp_path):
+    (tmp_path / "precious").write_text("x")
+    with pytest.raises(generator.SimError, match="refusing"):
+        generator.create(str(tmp_path), NodeSpec("x", (GpuSpec("C500"),)))
+    assert (tmp_path / "precious").exists()
+
+
+def test_spec_validation_rejects_impossible_layouts():
+    with pytest.raises(ValueError, match="two parents"):
+        NodeSpec("bad", (GpuSpec("C500", root_port=0, switch_path=(1,)),
+                         GpuSpec("C500", root_port=1, switch_path=(1,)))).validate()
+    with pytest.raises(ValueError, match="spans NUMA"):
+        NodeSpec("bad", (GpuSpec("C500", numa_node=0, switch_path=(1,)),
+                         GpuSpec("C500", numa_node=1, switch_path=(1,)))).validate()
+
+
+def test_cli_round_trip_and_errors(tmp_path, capsys):
+    root = str(tmp_path / "n")
+    assert sim_main(["create", "--preset", "4xN100", root]) == 0
+    assert "4 GPUs" in capsys.readouterr().out
+    assert sim_main(["fail", root, "--gpu", "1", "--mode", "smi"]) == 0
+    assert sim_main(["fail", root, "--gpu", "9"]) == 2
+    assert "no GPU 9" in capsys.readouterr().err
+    assert sim_main(["status", str(tmp_path)]) == 2
+    assert "not a simulated MetaX node" in capsys.readouterr().err
+
+
+def test_cli_runs_as_a_module(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, "-m", "ansible_collections.metax.gpu.plugins.module_utils.sim",
+                             "create", "--preset", "8xC500", str(tmp_path / "n")],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "8 GPUs" in result.stdout
