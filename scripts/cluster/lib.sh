@@ -1,0 +1,134 @@
+# shellcheck shell=bash
+# Shared settings and helpers for scripts/cluster/*. Source it; do not run it.
+#
+# Everything here can be overridden from the environment; the defaults are the
+# contract documented in docs/local-cluster.md.
+
+# ---------------------------------------------------------------- locations
+CLUSTER_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd "${CLUSTER_SCRIPTS}/../.." && pwd)
+
+# Pinned versions. KUBE_VERSION must exist on the Go module proxy
+# (`go list -m -versions k8s.io/kubernetes`).
+: "${KUBE_VERSION:=v1.36.3}"
+: "${GO:=$(command -v go 2>/dev/null || echo /usr/local/go/bin/go)}"
+
+: "${METAX_CACHE_DIR:=${XDG_CACHE_HOME:-$HOME/.cache}/metax-gpu}"
+# Cluster runtime state (PKI, etcd data, containerd root, logs, PID files).
+: "${METAX_CLUSTER_DIR:=/var/lib/metax-gpu-cluster}"
+# The simulated MetaX node root carried by the node; agent pods mount it with
+# hostPath. Fixed path: tests and charts rely on it.
+: "${METAX_SIM_ROOT:=/var/lib/metax-sim/root}"
+: "${METAX_SIM_PRESET:=8xC500}"
+# Where kubeadm-style files live. Real paths, as on a kubeadm control plane:
+# a later issue patches /etc/kubernetes/manifests/kube-scheduler.yaml.
+: "${METAX_KUBE_ETC:=/etc/kubernetes}"
+: "${METAX_KUBELET_DIR:=/var/lib/kubelet}"
+
+# Loopback ports.
+: "${METAX_ETCD_PORT:=2379}"
+: "${METAX_ETCD_PEER_PORT:=2380}"
+: "${METAX_APISERVER_PORT:=6443}"
+: "${METAX_REGISTRY_PORT:=5000}"
+: "${METAX_REGISTRY_AUTH_PORT:=5443}"
+: "${METAX_KUBELET_PORT:=10250}"
+
+: "${METAX_REGISTRY_USER:=metax}"
+
+export KUBE_VERSION GO METAX_CACHE_DIR METAX_CLUSTER_DIR METAX_SIM_ROOT \
+  METAX_SIM_PRESET METAX_KUBE_ETC METAX_KUBELET_DIR
+
+# ---------------------------------------------------------------- derived
+go_version() { "${GO}" env GOVERSION 2>/dev/null || echo unknown; }
+
+# Binary cache: keyed by Kubernetes version + Go version.
+k8s_bin_dir() { echo "${METAX_CACHE_DIR}/k8s/${KUBE_VERSION}-$(go_version)/bin"; }
+
+KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+
+# ---------------------------------------------------------------- output
+_ts() { date +%H:%M:%S; }
+log() { printf '[%s] %s\n' "$(_ts)" "$*" >&2; }
+warn() { printf '[%s] WARNING: %s\n' "$(_ts)" "$*" >&2; }
+die() {
+  printf '[%s] ERROR: %s\n' "$(_ts)" "$*" >&2
+  exit 1
+}
+
+# Phase timing: phase_start NAME ... phase_end; phase_report prints all.
+PHASE_NAMES=()
+PHASE_SECS=()
+_PHASE_NAME=""
+_PHASE_T0=0
+phase_start() {
+  phase_end
+  _PHASE_NAME=$1
+  _PHASE_T0=$(date +%s)
+  log "== ${_PHASE_NAME}"
+}
+phase_end() {
+  if [[ -n ${_PHASE_NAME} ]]; then
+    PHASE_NAMES+=("${_PHASE_NAME}")
+    PHASE_SECS+=($(($(date +%s) - _PHASE_T0)))
+    _PHASE_NAME=""
+  fi
+}
+phase_report() {
+  phase_end
+  local i total=0
+  ((${#PHASE_NAMES[@]})) || return 0
+  printf '\nPhase timings (%s):\n' "${1:-cluster}" >&2
+  for i in "${!PHASE_NAMES[@]}"; do
+    printf '  %-34s %5ss\n' "${PHASE_NAMES[$i]}" "${PHASE_SECS[$i]}" >&2
+    total=$((total + PHASE_SECS[i]))
+  done
+  printf '  %-34s %5ss\n' "total" "${total}" >&2
+}
+
+require_root() {
+  [[ ${EUID} -eq 0 ]] || die "this must run as root (it starts kubelet/containerd, mounts and writes ${METAX_KUBE_ETC})."
+}
+
+# ---------------------------------------------------------------- containers
+# podman/buildah/skopeo: project configuration through environment variables
+# only (see scripts/cluster/containers/*.conf); global config is untouched.
+export CONTAINERS_CONF=${CONTAINERS_CONF:-${CLUSTER_SCRIPTS}/containers/containers.conf}
+export CONTAINERS_REGISTRIES_CONF=${CONTAINERS_REGISTRIES_CONF:-${CLUSTER_SCRIPTS}/containers/registries.conf}
+
+# Image names (contract: docs/local-cluster.md).
+: "${METAX_REGISTRY:=127.0.0.1:${METAX_REGISTRY_PORT}}"
+: "${METAX_REGISTRY_AUTH:=127.0.0.1:${METAX_REGISTRY_AUTH_PORT}}"
+: "${METAX_PAUSE_IMAGE:=${METAX_REGISTRY}/metax-gpu/pause:3.10}"
+: "${METAX_SCHEDULER_IMAGE:=${METAX_REGISTRY}/metax-gpu/kube-scheduler:${KUBE_VERSION}}"
+: "${METAX_BASE_IMAGE:=localhost/metax-gpu/base:bookworm}"
+: "${METAX_BASE_SUITE:=bookworm}"
+export METAX_REGISTRY METAX_REGISTRY_AUTH METAX_PAUSE_IMAGE METAX_SCHEDULER_IMAGE METAX_BASE_IMAGE
+
+# ---------------------------------------------------------------- python
+# The collection is importable as ansible_collections.metax.gpu through the
+# symlink tree `make venv` creates; create it when run outside make.
+METAX_COLLECTIONS=${REPO_ROOT}/.build/collections
+ensure_collection_path() {
+  local link=${METAX_COLLECTIONS}/ansible_collections/metax/gpu
+  if [[ ! -e ${link} ]]; then
+    mkdir -p "$(dirname "${link}")"
+    ln -sfn ../../../.. "${link}"
+  fi
+  case ":${PYTHONPATH:-}:" in
+    *":${METAX_COLLECTIONS}:"*) ;;
+    *) export PYTHONPATH=${METAX_COLLECTIONS}${PYTHONPATH:+:${PYTHONPATH}} ;;
+  esac
+}
+project_python() {
+  if [[ -x ${REPO_ROOT}/.venv/bin/python ]]; then
+    echo "${REPO_ROOT}/.venv/bin/python"
+  else
+    command -v python3
+  fi
+}
+
+# Port owner, e.g. `users:(("etcd",pid=123,fd=7))`; empty when free.
+port_owner() {
+  ss -Hltnp "( sport = :$1 )" 2>/dev/null | sed -n 's/.*users:\(.*\)$/\1/p' | head -n1
+}
+port_in_use() { [[ -n $(ss -Hltn "( sport = :$1 )" 2>/dev/null) ]]; }

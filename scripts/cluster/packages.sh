@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Install the Debian packages the local cluster, the registries and the image
+# builds need, when missing (after `apt-get update`). Does nothing when all are
+# present. Services shipped by those packages are NOT started (policy-rc.d):
+# the cluster runs its own instances on its own ports and state dirs.
+#
+# Usage: packages.sh [--check]   (--check: list what is missing, exit 1 if any)
+set -euo pipefail
+# shellcheck source=scripts/cluster/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+PACKAGES=(
+  etcd-server containerd runc containernetworking-plugins
+  podman buildah skopeo docker-registry debootstrap openssl
+  iptables apache2-utils gcc libc6-dev ca-certificates curl iproute2
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "${p}" 2>/dev/null || true)
+  [[ ${status} == installed ]] || missing+=("${p}")
+done
+
+if ((${#missing[@]} == 0)); then
+  log "Debian packages: all present."
+  exit 0
+fi
+if [[ ${1:-} == --check ]]; then
+  echo "missing Debian packages: ${missing[*]}"
+  exit 1
+fi
+
+[[ ${EUID} -eq 0 ]] || die "missing Debian packages: ${missing[*]}
+  Run as root, or install them: apt-get update && apt-get install -y ${missing[*]}"
+
+log "installing Debian packages: ${missing[*]}"
+# Keep package maintainer scripts from starting etcd, containerd or
+# docker-registry services on the ports the cluster uses.
+created_policy=0
+if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+  chmod 755 /usr/sbin/policy-rc.d
+  created_policy=1
+fi
+cleanup() { ((created_policy)) && rm -f /usr/sbin/policy-rc.d; }
+trap cleanup EXIT
+
+export DEBIAN_FRONTEND=noninteractive
+if ! apt-get update -qq; then
+  die "apt-get update failed: no access to the Debian mirror? Fix apt sources/network, or install by hand:
+  apt-get install -y ${missing[*]}"
+fi
+if ! apt-get install -y -qq "${missing[@]}" >"${TMPDIR:-/tmp}/metax-apt.log" 2>&1; then
+  tail -n 30 "${TMPDIR:-/tmp}/metax-apt.log" >&2
+  die "apt-get install failed (full log: ${TMPDIR:-/tmp}/metax-apt.log). Install by hand:
+  apt-get install -y ${missing[*]}"
+fi
+log "Debian packages installed."
