@@ -1,0 +1,387 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Topology-aware GPU allocation: the preferred set for a request, and the
+per-count score/loss tables published as node annotations.
+
+Pure functions over a :class:`~.model.Topology` keyed by device index; the
+device plugin maps kubelet device IDs (PCI addresses) with
+:func:`preferred_allocation`. The objective is in :mod:`.scoring`, the exact
+tree search in :mod:`.alloc_tree`; ``docs/allocator.md`` has the reasoning.
+
+Command line (JSON on stdout)::
+
+    python -m ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator \\
+        --host-root DIR [--exclude 0,1] [--must-include 2] --size N
+    python -m ... --host-root DIR [--exclude 0,1] --tables
+    python -m ... --preset 8xC500 [--vfs 4] ...      # a simulator preset, no host root
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+
+from .alloc_tree import Hierarchy, hierarchy, tree_allocate, tree_candidates, tree_tables
+from .model import Inventory, LinkClass, Topology
+from .scoring import (ANNOTATION_LOSSES, ANNOTATION_SCORES, PAIR_WEIGHTS, SetMetrics, annotation_score,
+                      combinations_count, evaluate, exhaustive_best, link_class)
+
+# Non-ultrametric topologies (see alloc_tree) are searched exhaustively up to
+# this many candidate sets (C(12, 6) = 924 fits: every request on 12 devices
+# is exact), beyond it by a bounded local search.
+EXHAUSTIVE_LIMIT = 3000
+# Swap evaluations the local search may spend per request.
+SEARCH_BUDGET = 40000
+
+__all__ = [
+    "ANNOTATION_LOSSES", "ANNOTATION_SCORES", "PAIR_WEIGHTS", "Allocation", "AllocationError",
+    "allocate", "per_count_tables", "topology_annotations", "preferred_allocation", "evaluate",
+]
+
+
+class AllocationError(ValueError):
+    """The request cannot be served as asked (bad size, unknown or unavailable devices)."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The chosen set and why it was chosen."""
+
+    devices: Tuple[int, ...]             # sorted device indices
+    score: int                           # annotation scale (scoring.annotation_score)
+    loss: int                            # pair weight lost to the devices left free
+    bottleneck: Optional[LinkClass]      # worst link inside the set; None for one device
+    pair_sum: int
+    method: str                          # "tree" | "exhaustive" | "search"
+
+    @property
+    def exact(self) -> bool:
+        """True when the set is proven optimal for the objective."""
+        return self.method != "search"
+
+    def to_dict(self) -> dict:
+        return {
+            "devices": list(self.devices),
+            "size": len(self.devices),
+            "score": self.score,
+            "loss": self.loss,
+            "bottleneck": None if self.bottleneck is None else self.bottleneck.legend,
+            "pair_sum": self.pair_sum,
+            "method": self.method,
+        }
+
+
+def _as_index_set(values: Iterable[int], what: str, known: FrozenSet[int]) -> FrozenSet[int]:
+    out = set()
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise AllocationError("%s: device index %r is not an integer" % (what, value))
+        out.add(value)
+    unknown = sorted(out - known)
+    if unknown:
+        raise AllocationError("%s: unknown device index(es) %s (this node has %s)"
+                              % (what, _fmt(unknown), _fmt(sorted(known))))
+    return frozenset(out)
+
+
+def _fmt(indices: Sequence[int]) -> str:
+    return ",".join(str(i) for i in indices) or "none"
+
+
+def _validate(topology: Topology, available: Iterable[int], size: int,
+              must_include: Iterable[int]) -> Tuple[FrozenSet[int], FrozenSet[int]]:
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise AllocationError("size must be an integer, got %r" % (size,))
+    known = frozenset(topology.device_indices)
+    free = _as_index_set(available, "available", known)
+    must = _as_index_set(must_include, "must-include", known)
+    if size < 1:
+        raise AllocationError("size must be at least 1, got %d" % size)
+    missing = sorted(must - free)
+    if missing:
+        raise AllocationError("must-include device(s) %s are not available (available: %s)"
+                              % (_fmt(missing), _fmt(sorted(free))))
+    if len(must) > size:
+        raise AllocationError("%d must-include devices do not fit in a request of %d" % (len(must), size))
+    if size > len(free):
+        raise AllocationError("cannot allocate %d devices: only %d available (%s)"
+                              % (size, len(free), _fmt(sorted(free))))
+    return free, must
+
+
+def allocate(topology: Topology, available: Iterable[int], size: int,
+             must_include: Iterable[int] = ()) -> Allocation:
+    """The preferred ``size`` devices out of ``available``, containing ``must_include``.
+
+    Raises :class:`AllocationError` on bad input. Deterministic: the same
+    input always gives the same set.
+    """
+    free, must = _validate(topology, available, size, must_include)
+    tree = hierarchy(topology)
+    if tree.ultrametric:
+        res = tree_allocate(tree, free, must, size)
+        bottleneck = None if size == 1 else LinkClass(res.level)
+        metrics = SetMetrics(size, bottleneck, res.pair_sum, res.loss)
+        return _result(res.devices, metrics, "tree")
+    return _search(topology, tree, free, must, size)
+
+
+def _result(devices: Sequence[int], metrics: SetMetrics, method: str) -> Allocation:
+    return Allocation(tuple(sorted(devices)), metrics.score, metrics.loss, metrics.bottleneck,
+                      metrics.pair_sum, method)
+
+
+class _Dense:
+    """Free-set matrices for the bounded search on non-ultrametric topologies."""
+
+    def __init__(self, topology: Topology, free: FrozenSet[int]) -> None:
+        self.order = sorted(free)
+        size = len(self.order)
+        self.cls = [[len(LinkClass)] * size for _ in range(size)]
+        self.weight = [[0] * size for _ in range(size)]
+        for i, a in enumerate(self.order):
+            for j in range(i + 1, size):
+                cls = link_class(topology, a, self.order[j])
+                self.cls[i][j] = self.cls[j][i] = int(cls)
+                self.weight[i][j] = self.weight[j][i] = PAIR_WEIGHTS[cls]
+        self.degree = [sum(row) for row in self.weight]
+
+    def key(self, members: Sequence[int]) -> Tuple[int, int, int, int]:
+        """(level, P, -L, tie-break) of positions ``members``; larger is better."""
+        level = len(LinkClass)
+        pair_sum = 0
+        for x, i in enumerate(members):
+            crow, wrow = self.cls[i], self.weight[i]
+            for j in members[x + 1:]:
+                pair_sum += wrow[j]
+                if crow[j] < level:
+                    level = crow[j]
+        loss = sum(self.degree[i] for i in members) - 2 * pair_sum
+        top = len(self.order) - 1
+        return (level, pair_sum, -loss, sum(1 << (top - i) for i in members))
+
+
+def _search(topology: Topology, tree: Hierarchy, free: FrozenSet[int], must: FrozenSet[int],
+            size: int) -> Allocation:
+    """Exact by enumeration when small, else tree seeds improved by swaps."""
+    if combinations_count(len(free), len(must), size) <= EXHAUSTIVE_LIMIT:
+        devices, metrics = exhaustive_best(topology, free, size, must)
+        return _result(devices, metrics, "exhaustive")
+    dense = _Dense(topology, free)
+    pos = {dev: i for i, dev in enumerate(dense.order)}
+    fixed = sorted(pos[d] for d in must)
+    seeds = [sorted(pos[d] for d in cand) for cand in tree_candidates(tree, free, must, size)]
+    seeds.extend(_greedy_seeds(dense, fixed, size))
+    best = max(seeds, key=dense.key)
+    best = _local_search(dense, best, frozenset(fixed))
+    devices = [dense.order[i] for i in best]
+    return _result(devices, evaluate(topology, devices, free), "search")
+
+
+def _greedy_seeds(dense: _Dense, fixed: List[int], size: int, max_seeds: int = 16) -> List[List[int]]:
+    """Sets grown greedily inside the graph of pairs of class >= t, for the largest t that works.
+
+    The bottleneck comes first in the objective, so look for the tightest
+    threshold at which some seed grows to a full set; each step adds the
+    device that keeps every pair >= t and adds the most pair weight (then the
+    least loss).
+    """
+    count = len(dense.order)
+    starts = [i for i in range(count) if i not in fixed][:max_seeds] if len(fixed) == 0 else [-1]
+    for threshold in range(len(LinkClass) - 1, -1, -1):
+        found: List[List[int]] = []
+        for start in starts:
+            members = list(fixed) + ([start] if start >= 0 else [])
+            if any(dense.cls[a][b] < threshold for x, a in enumerate(members) for b in members[x + 1:]):
+                continue
+            inside = set(members)
+            gain = [sum(dense.weight[i][m] for m in members) for i in range(count)]
+            worst = [min([dense.cls[i][m] for m in members if m != i], default=len(LinkClass))
+                     for i in range(count)]
+            while len(members) < size:
+                pick = -1
+                pick_key = None
+                for i in range(count):
+                    if i in inside or worst[i] < threshold:
+                        continue
+                    key = (gain[i], -(dense.degree[i] - 2 * gain[i]), -i)
+                    if pick_key is None or key > pick_key:
+                        pick, pick_key = i, key
+                if pick < 0:
+                    break
+                members.append(pick)
+                inside.add(pick)
+                for i in range(count):
+                    gain[i] += dense.weight[i][pick]
+                    if dense.cls[i][pick] < worst[i]:
+                        worst[i] = dense.cls[i][pick]
+            if len(members) == size:
+                found.append(sorted(members))
+        if found:
+            return found
+    return []
+
+
+def _local_search(dense: _Dense, start: List[int], fixed: FrozenSet[int]) -> List[int]:
+    """First-improvement swaps (one in, one out) until none helps or the budget is spent."""
+    current = sorted(start)
+    current_key = dense.key(current)
+    budget = SEARCH_BUDGET
+    improved = True
+    while improved and budget > 0:
+        improved = False
+        inside = set(current)
+        outside = [i for i in range(len(dense.order)) if i not in inside]
+        for out_pos in [i for i in current if i not in fixed]:
+            for in_pos in outside:
+                budget -= 1
+                trial = sorted([i for i in current if i != out_pos] + [in_pos])
+                trial_key = dense.key(trial)
+                if trial_key > current_key:
+                    current, current_key, improved = trial, trial_key, True
+                    break
+                if budget <= 0:
+                    break
+            if improved or budget <= 0:
+                break
+    return current
+
+
+def per_count_tables(topology: Topology, free: Iterable[int]) -> Tuple[Dict[int, int], Dict[int, int]]:
+    """For n = 1..len(free): the score and the loss of the preferred n-set.
+
+    The values of the annotations ``metax-tech.com/gpu.topology.scores`` and
+    ``.losses`` (keys are counts; serialise them with :func:`topology_annotations`).
+    Equal to ``allocate(topology, free, n).score`` / ``.loss`` for every n.
+    """
+    free_set = _as_index_set(free, "free", frozenset(topology.device_indices))
+    scores: Dict[int, int] = {}
+    losses: Dict[int, int] = {}
+    tree = hierarchy(topology)
+    if tree.ultrametric:
+        for n, (level, pair_sum, loss) in tree_tables(tree, free_set).items():
+            bottleneck = None if n == 1 else LinkClass(level)
+            scores[n] = annotation_score(n, bottleneck, pair_sum)
+            losses[n] = loss
+        return scores, losses
+    for n in range(1, len(free_set) + 1):
+        alloc = _search(topology, tree, free_set, frozenset(), n)
+        scores[n], losses[n] = alloc.score, alloc.loss
+    return scores, losses
+
+
+def topology_annotations(topology: Topology, free: Iterable[int]) -> Dict[str, str]:
+    """The two node annotations (JSON objects keyed "1".."N") for the free devices."""
+    scores, losses = per_count_tables(topology, free)
+    return {
+        ANNOTATION_SCORES: json.dumps({str(n): v for n, v in sorted(scores.items())}, separators=(",", ":")),
+        ANNOTATION_LOSSES: json.dumps({str(n): v for n, v in sorted(losses.items())}, separators=(",", ":")),
+    }
+
+
+def ids_to_indices(inventory: Inventory, ids: Iterable[str], what: str = "device") -> List[int]:
+    """Map kubelet device IDs (``Device.id``) to node-local indices."""
+    index_of = {dev.id: dev.index for dev in inventory.devices}
+    out = []
+    unknown = []
+    for dev_id in ids:
+        if dev_id in index_of:
+            out.append(index_of[dev_id])
+        else:
+            unknown.append(dev_id)
+    if unknown:
+        raise AllocationError("%s: unknown device id(s) %s" % (what, ", ".join(map(str, unknown))))
+    return out
+
+
+def indices_to_ids(inventory: Inventory, indices: Iterable[int]) -> List[str]:
+    id_of = {dev.index: dev.id for dev in inventory.devices}
+    return [id_of[i] for i in indices]
+
+
+def preferred_allocation(inventory: Inventory, available_ids: Iterable[str], must_include_ids: Iterable[str],
+                         size: int, topology: Optional[Topology] = None) -> List[str]:
+    """GetPreferredAllocation for the device plugin: device IDs in, device IDs out (by index)."""
+    topo = topology if topology is not None else inventory.topology
+    available = ids_to_indices(inventory, available_ids, "available")
+    must = ids_to_indices(inventory, must_include_ids, "must-include")
+    alloc = allocate(topo, available, size, must)
+    return indices_to_ids(inventory, alloc.devices)
+
+
+# -- command line ------------------------------------------------------------
+
+def _index_list(text: str) -> List[int]:
+    out = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def _load(args: argparse.Namespace) -> Tuple[Topology, List[int], Optional[Inventory]]:
+    """Topology, the healthy device indices, and the inventory when there is one."""
+    if args.preset:
+        from .alloc_synth import topology_from_spec
+        from ..sim.spec import preset
+        topo = topology_from_spec(preset(args.preset), args.vfs)
+        return topo, list(topo.device_indices), None
+    from ..host import HostRoot
+    try:
+        from .discovery import discover
+    except ImportError as exc:   # the discovery module ships with the foundation issue
+        raise AllocationError("inventory discovery is not available: %s" % exc)
+    inventory = discover(HostRoot(args.host_root))
+    healthy = [dev.index for dev in inventory.devices if dev.healthy]
+    return inventory.topology, healthy, inventory
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator",
+        description="Choose MetaX GPUs for a request, or print the per-count score/loss tables.")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--host-root", help="node root to discover (/ on a node, a simulated root in tests)")
+    where.add_argument("--preset", help="a simulator preset instead of a host root (e.g. 8xC500)")
+    parser.add_argument("--vfs", type=int, default=0, help="with --preset: VFs per GPU (SR-IOV)")
+    parser.add_argument("--exclude", type=_index_list, default=[],
+                        help="device indices already allocated, e.g. 0,1 or 0-3")
+    parser.add_argument("--must-include", type=_index_list, default=[], help="device indices the set must contain")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--size", type=int, help="number of devices to allocate")
+    what.add_argument("--tables", action="store_true", help="print the per-count score and loss tables")
+    args = parser.parse_args(argv)
+    try:
+        topology, healthy, inventory = _load(args)
+        known = frozenset(topology.device_indices)
+        _as_index_set(args.exclude, "exclude", known)
+        available = [i for i in healthy if i not in set(args.exclude)]
+        if args.tables:
+            scores, losses = per_count_tables(topology, available)
+            out: dict = {"available": available,
+                         "scores": {str(n): v for n, v in sorted(scores.items())},
+                         "losses": {str(n): v for n, v in sorted(losses.items())}}
+        else:
+            alloc = allocate(topology, available, args.size, args.must_include)
+            out = alloc.to_dict()
+            out["available"] = available
+            if inventory is not None:
+                out["ids"] = indices_to_ids(inventory, alloc.devices)
+    except (AllocationError, ValueError, OSError) as exc:
+        sys.stderr.write("error: %s\n" % exc)
+        return 2
+    sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
