@@ -38,6 +38,18 @@ pytest_phase() {   # junit name, pytest args...
 sanity_phase() {
   # ansible-test needs the collection at ansible_collections/metax/gpu; copy the
   # tracked and untracked-but-not-ignored files there (no Docker engine: --venv).
+  # Its pip bootstrap script lives on a host we cannot reach: seed its cache
+  # with our offline equivalent (ensurepip + PyPI).
+  local pip_version
+  pip_version=$(python - <<'PY'
+import re, ansible_test, os
+src = open(os.path.join(os.path.dirname(ansible_test.__file__), "_internal", "python_requirements.py")).read()
+print(re.search(r"pip='([0-9.]+)'", src).group(1))
+PY
+) || return 1
+  local cache="$HOME/.ansible/test/cache/get_pip_${pip_version//./_}.py"
+  mkdir -p "$(dirname "$cache")"
+  cmp -s "$ROOT/scripts/lib/ansible-test-get-pip.py" "$cache" || cp "$ROOT/scripts/lib/ansible-test-get-pip.py" "$cache"
   local tree="$OUT/sanity-tree/ansible_collections/metax/gpu"
   rm -rf "$OUT/sanity-tree"; mkdir -p "$tree"
   git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -C "$tree" -xf -

@@ -95,8 +95,8 @@ def parse_table(text: str) -> MxSmiTable:
                 memory = int(mem.group(2))
         if len(cells) >= 3:
             state = cells[2]
-        if memory is None and not state:
-            raise MxSmiParseError("mx-smi", "GPU %d has no memory/state line" % index, lineno, line)
+        if memory is None:
+            raise MxSmiParseError("mx-smi", "GPU %d (line %d) has no Memory-Usage line after it" % (index, first_lineno), lineno, line)
         gpus.append(MxSmiGpu(index, name, bdf, memory, state or "Available"))
         pending = None
     if pending is not None:

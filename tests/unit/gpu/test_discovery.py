@@ -1,0 +1,185 @@
+"""Discovery against simulated nodes: presets, faults, missing/broken mx-smi, random topologies."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import DiscoveryError, discover
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass
+from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
+from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
+from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import GpuSpec, NodeSpec, expected_link
+
+
+def groups(inv):
+    return [(g.kind, g.gpu_indices) for g in inv.topology.link_groups]
+
+
+def test_8xc500(make_node):
+    inv = discover(make_node("8xC500"))
+    assert inv.gpu_count == 8 and len(inv.devices) == 8
+    assert groups(inv) == [("metaxlink", (0, 1, 2, 3)), ("metaxlink", (4, 5, 6, 7))]
+    assert inv.topology.link(0, 1) == LinkClass.MX and inv.topology.link(3, 4) == LinkClass.SYS
+    assert inv.driver.loaded and inv.driver.version == "2.14.6"
+    assert inv.sriov.status == "forbidden" and inv.mx_smi_available and inv.maca_version
+    assert all(g.healthy and g.uuid and g.product == "C500" and g.memory_gib == 64 for g in inv.gpus)
+    assert [g.numa_node for g in inv.gpus] == [0] * 4 + [1] * 4
+    assert len({g.switch for g in inv.gpus}) == 2
+    assert inv.devices[2].drm_card == "card2" and inv.devices[2].drm_render == "renderD130"
+
+
+def test_4xn100_has_no_metaxlink(make_node):
+    inv = discover(make_node("4xN100"))
+    assert groups(inv) == [("pcie-switch", (0, 1)), ("pcie-switch", (2, 3))]
+    assert inv.topology.link(0, 1) == LinkClass.PIX and inv.topology.link(1, 2) == LinkClass.PHB
+    assert inv.gpus[0].family == "MXN" and inv.topology.metaxlink_known
+
+
+def test_sriov_vfs_become_devices(make_node):
+    host = make_node("2xC550-sriov")
+    inv = discover(host)
+    assert inv.sriov.status == "off" and inv.sriov.totalvfs == 8
+    for gpu in inv.gpus:
+        host.write_attribute("/sys/bus/pci/devices/%s/sriov_numvfs" % gpu.bdf, "4")
+    inv = discover(host)
+    assert inv.gpu_count == 2 and len(inv.devices) == 8
+    assert inv.sriov.status == "on" and inv.sriov.numvfs == 4
+    assert all(d.is_vf and d.drm_card for d in inv.devices)
+    assert inv.topology.link(0, 1) == LinkClass.SAME_GPU
+    assert inv.topology.link(0, 4) == LinkClass.MX
+
+
+def test_failed_gpu_disappears_or_turns_unhealthy(make_node):
+    host = make_node("8xC500")
+    generator.fail_gpu(host, 3)
+    generator.fail_gpu(host, 6, mode="smi")
+    inv = discover(host)
+    assert inv.gpu_count == 7
+    assert [g.healthy for g in inv.gpus].count(False) == 1
+    assert not next(g for g in inv.gpus if g.bdf == "0000:45:00.0").healthy
+
+
+def test_driver_unloaded_reports_pci_only(make_node):
+    host = make_node("8xC500")
+    generator.unload_driver(host)
+    inv = discover(host)
+    assert inv.gpu_count == 8 and not inv.driver.loaded
+    assert not any(g.healthy for g in inv.gpus)
+    assert not inv.topology.metaxlink_known
+    # without mx-smi, MetaXLink pairs fall back to their PCIe class
+    assert inv.topology.link(0, 1) == LinkClass.PIX
+    assert any("driver not loaded" in w for w in inv.warnings)
+
+
+def test_without_mx_smi_metaxlink_is_unknown(make_node):
+    host = make_node("8xC500")
+    os.unlink(host.join("usr/bin/mx-smi"))
+    inv = discover(host)
+    assert not inv.mx_smi_available and not inv.topology.metaxlink_known
+    assert groups(inv) == [("pcie-switch", (0, 1, 2, 3)), ("pcie-switch", (4, 5, 6, 7))]
+    assert all(g.healthy for g in inv.gpus)
+    assert any("mx-smi not found" in w for w in inv.warnings)
+
+
+def write_fake_mx_smi(host, script):
+    path = host.join("usr/bin/mx-smi")
+    with open(path, "w") as handle:
+        handle.write("#!/bin/sh\n" + script + "\n")
+    os.chmod(path, 0o755)
+
+
+def test_garbage_mx_smi_is_a_clear_error(make_node):
+    host = make_node("8xC500")
+    write_fake_mx_smi(host, "echo '| 0  MXC500 | not-a-bdf | 0% |'")
+    with pytest.raises(DiscoveryError) as err:
+        discover(host)
+    assert host.join("usr/bin/mx-smi") in str(err.value) and "not-a-bdf" in str(err.value)
+
+
+def test_failing_mx_smi_is_a_warning(make_node):
+    host = make_node("8xC500")
+    write_fake_mx_smi(host, "echo 'NVML-like init failure' >&2; exit 3")
+    inv = discover(host)
+    assert inv.gpu_count == 8 and not inv.mx_smi_available
+    assert any("exited 3: NVML-like init failure" in w for w in inv.warnings)
+
+
+def test_missing_root_and_missing_sysfs(tmp_path):
+    with pytest.raises(DiscoveryError, match="does not exist"):
+        discover(HostRoot(str(tmp_path / "nope")))
+    with pytest.raises(DiscoveryError, match="sys/bus/pci/devices is missing"):
+        discover(HostRoot(str(tmp_path)))
+
+
+def test_no_metax_gpu_is_not_an_error(tmp_path):
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
+    inv = discover(HostRoot(str(tmp_path)))
+    assert inv.gpu_count == 0 and inv.devices == () and not inv.driver.loaded
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads everything")
+def test_unreadable_sysfs_file_names_the_file(make_node):
+    host = make_node("1xC500")
+    bdf = host.listdir("sys/bus/pci/devices")[0]
+    os.chmod(host.join("sys/bus/pci/devices/%s/device" % bdf), 0)
+    with pytest.raises(DiscoveryError, match="device: Permission denied"):
+        discover(host)
+
+
+def test_garbage_sysfs_attribute_names_the_file(make_node):
+    host = make_node("1xC500")
+    bdf = host.listdir("sys/bus/pci/devices")[0]
+    with open(host.join("sys/bus/pci/devices/%s/numa_node" % bdf), "w") as handle:
+        handle.write("banana\n")
+    with pytest.raises(DiscoveryError, match="numa_node: expected an integer, got 'banana'"):
+        discover(host)
+
+
+# -- property: any generated topology is discovered exactly as generated --------------------
+@st.composite
+def node_specs(draw):
+    count = draw(st.integers(min_value=1, max_value=10))
+    gpus = []
+    for _ in range(count):
+        rc = draw(st.integers(0, 2))
+        port = draw(st.integers(0, 2))
+        depth = draw(st.integers(0, 2))
+        path = []
+        if depth >= 1:
+            path.append(1000 * rc + 100 * port + draw(st.integers(0, 1)))
+        if depth >= 2:
+            path.append(path[0] * 10 + draw(st.integers(0, 1)))
+        gpus.append(GpuSpec(draw(st.sampled_from(["C500", "C550", "N100"])), numa_node=rc % 2,
+                            root_complex=rc, root_port=port, switch_path=tuple(path),
+                            metaxlink_group=draw(st.one_of(st.none(), st.integers(0, 2)))))
+    spec = NodeSpec("random", tuple(gpus))
+    try:
+        spec.validate()
+    except ValueError:
+        assume(False)
+    return spec
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.filter_too_much])
+@given(spec=node_specs(), with_mx_smi=st.booleans())
+def test_any_generated_topology_is_discovered_as_generated(tmp_path_factory, spec, with_mx_smi):
+    root = str(tmp_path_factory.mktemp("node"))
+    host = generator.create(root, spec)
+    if not with_mx_smi:
+        os.unlink(host.join("usr/bin/mx-smi"))
+    inv = discover(host)
+    ordered = generator.canonical_gpus(spec)
+    assert inv.gpu_count == len(ordered)
+    assert [g.product for g in inv.gpus] == [g.product for g in ordered]
+    assert [g.numa_node for g in inv.gpus] == [g.numa_node for g in ordered]
+    for a in range(len(ordered)):
+        for b in range(a + 1, len(ordered)):
+            want = expected_link(ordered[a], ordered[b])
+            if not with_mx_smi and want == LinkClass.MX:
+                want = expected_link(ordered[a].__class__(**dict(ordered[a].__dict__, metaxlink_group=None)),
+                                     ordered[b])
+            assert inv.topology.link(a, b) == want, (a, b)
+    assert inv.topology.metaxlink_known == with_mx_smi

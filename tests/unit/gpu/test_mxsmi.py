@@ -1,0 +1,112 @@
+"""mx-smi parsers: realistic output, real-hardware variations, garbage."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ansible_collections.metax.gpu.plugins.module_utils.gpu import mxsmi
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass
+from ansible_collections.metax.gpu.plugins.module_utils.sim import mx_smi as fake
+
+TABLE = """mx-smi  version: 2.1.12
+
+=================== MetaX System Management Interface Log ===================
+Timestamp                                         : Sat Nov 21 13:17:46 2026
+
+Attached GPUs                                     : 2
++---------------------------------------------------------------------------------+
+| MX-SMI 2.1.12                       Kernel Mode Driver Version: 2.14.6          |
+| MACA Version: 2.29.0.19             BIOS Version: 1.22.3.0                      |
+|------------------------------------+---------------------+----------------------|
+| GPU         NAME                   | Bus-id              | GPU-Util             |
+| Temp        Pwr:Usage/Cap          | Memory-Usage        | GPU-State            |
+|====================================+=====================+======================|
+| 0           MXC500                 | 0000:03:00.0        | 0%                   |
+| 36C         52W / 350W             | 858/65536 MiB       | Available            |
++------------------------------------+---------------------+----------------------+
+| 1           MXC500                 | 00000000:04:00.0    | 12%                  |
+| 40C         90W / 350W             | 1024/65536 MiB      | Unavailable          |
++------------------------------------+---------------------+----------------------+
+
+End of Log
+"""
+
+TOPO = """
+\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity
+GPU0\t X \tMX2\tSYS\tPIX\t0-31\t0
+GPU1\tMX2\t X \tSYS\tPIX\t0-31\t0
+
+GPU2\tSYS\tSYS\t X \tSYS\t32-63\t1
+NIC0\tPIX\tPIX\tSYS\t X
+
+Legend:
+  X    = Self
+  MX   = Connection traversing MetaXLink
+"""
+
+
+def test_table_realistic_with_8_digit_domain_and_states():
+    table = mxsmi.parse_table(TABLE)
+    assert table.driver_version == "2.14.6" and table.maca_version == "2.29.0.19"
+    assert [(g.index, g.name, g.bdf, g.memory_total_mib) for g in table.gpus] == [
+        (0, "MXC500", "0000:03:00.0", 65536), (1, "MXC500", "0000:04:00.0", 65536)]
+    assert [g.available for g in table.gpus] == [True, False]
+
+
+def test_table_with_extra_columns_and_blank_lines():
+    text = TABLE.replace("| 0%                   |", "| 0%                   | ECC 0 |").replace("\n|", "\n\n|")
+    table = mxsmi.parse_table(text)
+    assert len(table.gpus) == 2
+
+
+@pytest.mark.parametrize("text, message", [
+    ("Segmentation fault\n", "no device table"),
+    ("", "no device table"),
+    (TABLE.replace("0000:03:00.0", "zz:zz"), "bad Bus-id"),
+    (TABLE.replace("| 36C         52W / 350W             | 858/65536 MiB       | Available            |\n", ""),
+     "without its second line|no Memory-Usage line"),
+    (TABLE.replace("| 1           MXC500", "| 0           MXC500"), "duplicate GPU indices"),
+])
+def test_table_garbage_is_a_clear_error(text, message):
+    with pytest.raises(mxsmi.MxSmiParseError, match=message) as err:
+        mxsmi.parse_table(text)
+    assert "mx-smi" in str(err.value)
+
+
+def test_list_parses_uuid_and_serial_and_rejects_garbage():
+    parsed = mxsmi.parse_list("GPU 0: MXC500 (UUID: GPU-1234, SN: MX01)\n\nGPU 1: MXC500 (UUID: GPU-5678)\n")
+    assert parsed[0] == {"name": "MXC500", "uuid": "GPU-1234", "serial": "MX01"}
+    assert parsed[1]["uuid"] == "GPU-5678"
+    with pytest.raises(mxsmi.MxSmiParseError, match="line 1"):
+        mxsmi.parse_list("No devices were found\n")
+
+
+def test_topology_with_nic_columns_tabs_and_link_counts():
+    links = mxsmi.parse_topology(TOPO)
+    assert links == {(0, 1): LinkClass.MX, (0, 2): LinkClass.SYS, (1, 2): LinkClass.SYS}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("garbage\n", "no GPU header"),
+    (TOPO.replace("MX2\tSYS\tPIX\t0-31", "QQ\tSYS\tPIX\t0-31"), "unknown link 'QQ'"),
+    (TOPO.replace("GPU1\tMX2\t X ", "GPU1\tPIX\t X "), "asymmetric"),
+    (TOPO.replace("GPU2\tSYS\tSYS\t X \tSYS\t32-63\t1\n", ""), "rows .* do not match"),
+    (TOPO.replace("GPU0\t X ", "GPU0\t SYS "), "diagonal"),
+])
+def test_topology_garbage_is_a_clear_error(text, message):
+    with pytest.raises(mxsmi.MxSmiParseError, match=message):
+        mxsmi.parse_topology(text)
+
+
+LINKS = st.sampled_from(["MX", "PIX", "PXB", "PHB", "NODE", "SYS"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=1, max_value=12).flatmap(
+    lambda n: st.tuples(st.just(n), st.lists(LINKS, min_size=n * n, max_size=n * n))))
+def test_topology_round_trips_through_the_printed_matrix(case):
+    n, cells = case
+    matrix = [[None if a == b else cells[min(a, b) * n + max(a, b)] for b in range(n)] for a in range(n)]
+    state = {"gpus": [{"index": i, "failed": None, "numa_node": i % 2} for i in range(n)], "links": matrix}
+    parsed = mxsmi.parse_topology(fake._topo(state))
+    assert parsed == {(a, b): LinkClass.from_legend(matrix[a][b]) for a in range(n) for b in range(a + 1, n)}
