@@ -18,15 +18,18 @@ the real classes from above; :attr:`Hierarchy.ultrametric` says which case
 holds and the allocator falls back to a bounded search when it is false.
 
 Decomposition (``u`` ranges over tree nodes, ``n_u`` = chosen devices under
-``u``, ``F_u`` = free devices under ``u``, ``D_u`` = weight(class u) - weight(
-class of u's parent), ``D_root`` = weight(class root)): the class of a pair is
-the class of its lowest common ancestor, and weights telescope along the path
-to the root, so::
+``u``, ``F_u`` = free devices under ``u``, ``D_u`` = f(class u) - f(class of
+u's parent), ``D_root`` = f(class root), for any per-class function ``f``):
+the class of a pair is the class of its lowest common ancestor, and ``f``
+telescopes along the path to the root, so the sum of ``f`` over the chosen
+pairs and over the cut pairs (chosen, left free) are::
 
-    P(A) = sum_u D_u * C(n_u, 2)          L(A) = sum_u D_u * n_u * (F_u - n_u)
+    sum_u D_u * C(n_u, 2)          sum_u D_u * n_u * (F_u - n_u)
 
-Both are sums of per-node terms that depend on ``n_u`` only, which is what
-makes the tree knapsack exact.
+With ``f`` = pair weight the first is P; with ``f(c) = base^c`` the second
+encodes the per-class cut, closest class most significant. Both are sums of
+per-node terms that depend on ``n_u`` only, which is what makes the tree
+knapsack exact.
 """
 
 from __future__ import annotations
@@ -162,9 +165,11 @@ def build_hierarchy(topology: Topology) -> Hierarchy:
 class _Solver:
     """Tree knapsack over one free set, with values encoded in one integer.
 
-    ``value = ALPHA * P - BETA * L + T`` where ``T = sum 2^(N-1-rank(d))``
-    over chosen devices: ``L < BIG`` and ``T < 2^N`` keep the terms apart, so
-    maximising the integer maximises ``(P, -L)`` lexicographically and then
+    ``value = ALPHA * P - BETA * C + T`` where ``C = sum_c cut_c * base^c``
+    is the per-class cut (every count is below ``base``, so comparing ``C``
+    compares the cut closest class first) and ``T = sum 2^(N-1-rank(d))``
+    over chosen devices: ``C < BIG`` and ``T < 2^N`` keep the terms apart, so
+    maximising the integer maximises ``(P, -cut)`` lexicographically and then
     prefers the lexicographically smallest index tuple (the first differing
     index carries the largest power of two). The encoding is linear, so sums
     of per-node values compose exactly.
@@ -179,12 +184,19 @@ class _Solver:
         n_all = len(tree.rank)
         self.shift = n_all if tiebreak else 0
         max_free = len(free)
-        # loss <= n * (F - n) * max weight <= F^2 / 4 * max weight
-        self.big = (max_free * max_free // 4 + 1) * max(WEIGHT_BY_CLASS) + 1
+        # a per-class cut count is at most n * (F - n) <= F^2 / 4
+        self.base = max_free * max_free // 4 + 1
+        self.power = [self.base ** c for c in range(LEAF_CLASS)]
+        self.big = self.base ** LEAF_CLASS
         self.alpha = self.big << self.shift
         self.beta = 1 << self.shift
         self.tiebreak = tiebreak
         nodes = tree.nodes
+        self.cut_delta = [0] * len(nodes)
+        for nid, node in enumerate(nodes):
+            if node.cls < LEAF_CLASS:
+                above = self.power[nodes[node.parent].cls] if node.parent >= 0 else 0
+                self.cut_delta[nid] = self.power[node.cls] - above
         self.free_count = [0] * len(nodes)
         self.must_count = [0] * len(nodes)
         for dev in free:
@@ -204,10 +216,11 @@ class _Solver:
         return 1 << (self.shift - 1 - self.tree.rank[dev])
 
     def own(self, nid: int, x: int) -> int:
-        node = self.tree.nodes[nid]
-        if node.delta == 0:
+        delta = self.tree.nodes[nid].delta
+        if delta == 0:
             return 0
-        return node.delta * (self.alpha * (x * (x - 1) // 2) - self.beta * x * (self.free_count[nid] - x))
+        return (self.alpha * delta * (x * (x - 1) // 2)
+                - self.beta * self.cut_delta[nid] * x * (self.free_count[nid] - x))
 
     def ancestors_value(self, nid: int, x: int) -> int:
         total = 0
@@ -297,11 +310,12 @@ class _Solver:
             remaining -= take
         return sorted(out)
 
-    def decode(self, value: int) -> Tuple[int, int]:
-        """(pair sum, loss) from a full objective value."""
+    def decode(self, value: int) -> Tuple[int, Tuple[int, ...]]:
+        """(pair sum, cut pairs per class) from a full objective value."""
         q = value >> self.shift
         pair_sum = -(-q // self.big)
-        return pair_sum, pair_sum * self.big - q
+        code = pair_sum * self.big - q
+        return pair_sum, tuple((code // p) % self.base for p in self.power)
 
 
 @dataclass(frozen=True)
@@ -309,7 +323,7 @@ class TreeResult:
     devices: Tuple[int, ...]
     level: int          # int(LinkClass) of the bottleneck, LEAF_CLASS for one device
     pair_sum: int
-    loss: int
+    cut: Tuple[int, ...]
 
 
 def _candidates(tree: Hierarchy, solver: _Solver, size: int, need_must: int) -> Tuple[int, List[int]]:
@@ -338,8 +352,8 @@ def tree_allocate(tree: Hierarchy, free: FrozenSet[int], must: FrozenSet[int], s
             best_val, best_node = val, nid
     if best_val is None:
         raise AssertionError("no candidate group for %d devices" % size)
-    pair_sum, loss = solver.decode(best_val)
-    return TreeResult(tuple(solver.choose(best_node, size)), level, pair_sum, loss)
+    pair_sum, cut = solver.decode(best_val)
+    return TreeResult(tuple(solver.choose(best_node, size)), level, pair_sum, cut)
 
 
 def tree_candidates(tree: Hierarchy, free: FrozenSet[int], must: FrozenSet[int], size: int,
@@ -360,8 +374,8 @@ def tree_candidates(tree: Hierarchy, free: FrozenSet[int], must: FrozenSet[int],
     return out
 
 
-def tree_tables(tree: Hierarchy, free: FrozenSet[int]) -> Dict[int, Tuple[int, int, int]]:
-    """For every count n: (bottleneck level, pair sum, loss) of the optimum, one DP pass."""
+def tree_tables(tree: Hierarchy, free: FrozenSet[int]) -> Dict[int, Tuple[int, int, Tuple[int, ...]]]:
+    """For every count n: (bottleneck level, pair sum, cut per class) of the optimum, one DP pass."""
     if not free:
         return {}
     total = len(free)
@@ -373,7 +387,7 @@ def tree_tables(tree: Hierarchy, free: FrozenSet[int]) -> Dict[int, Tuple[int, i
         if solver.free_count[nid] > 0:
             by_level.setdefault(node.cls, []).append(nid)
     levels = sorted(by_level, reverse=True)
-    out: Dict[int, Tuple[int, int, int]] = {}
+    out: Dict[int, Tuple[int, int, Tuple[int, ...]]] = {}
     for n in range(1, total + 1):
         for level in levels:
             best: Optional[int] = None
@@ -384,8 +398,7 @@ def tree_tables(tree: Hierarchy, free: FrozenSet[int]) -> Dict[int, Tuple[int, i
                 if val is not None and (best is None or val > best):
                     best = val
             if best is not None:
-                pair_sum, loss = solver.decode(best)
-                out[n] = (level, pair_sum, loss)
+                out[n] = (level,) + solver.decode(best)   # type: ignore[assignment]
                 break
     return out
 

@@ -28,7 +28,7 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 from .alloc_tree import Hierarchy, hierarchy, tree_allocate, tree_candidates, tree_tables
 from .model import Inventory, LinkClass, Topology
 from .scoring import (ANNOTATION_LOSSES, ANNOTATION_SCORES, PAIR_WEIGHTS, SetMetrics, annotation_score,
-                      combinations_count, evaluate, exhaustive_best, link_class)
+                      combinations_count, evaluate, exhaustive_best, link_class, weighted_cut)
 
 # Non-ultrametric topologies (see alloc_tree) are searched exhaustively up to
 # this many candidate sets (C(12, 6) = 924 fits: every request on 12 devices
@@ -125,7 +125,7 @@ def allocate(topology: Topology, available: Iterable[int], size: int,
     if tree.ultrametric:
         res = tree_allocate(tree, free, must, size)
         bottleneck = None if size == 1 else LinkClass(res.level)
-        metrics = SetMetrics(size, bottleneck, res.pair_sum, res.loss)
+        metrics = SetMetrics(size, bottleneck, res.pair_sum, weighted_cut(res.cut), res.cut)
         return _result(res.devices, metrics, "tree")
     return _search(topology, tree, free, must, size)
 
@@ -148,21 +148,27 @@ class _Dense:
                 cls = link_class(topology, a, self.order[j])
                 self.cls[i][j] = self.cls[j][i] = int(cls)
                 self.weight[i][j] = self.weight[j][i] = PAIR_WEIGHTS[cls]
-        self.degree = [sum(row) for row in self.weight]
+        # per-class cut encoded closest class first (see alloc_tree._Solver)
+        base = size * size // 4 + 1
+        power = [base ** c for c in range(len(LinkClass))]
+        self.code = [[0 if i == j else power[self.cls[i][j]] for j in range(size)] for i in range(size)]
+        self.degree = [sum(row) for row in self.code]
 
     def key(self, members: Sequence[int]) -> Tuple[int, int, int, int]:
-        """(level, P, -L, tie-break) of positions ``members``; larger is better."""
+        """(level, P, -cut code, tie-break) of positions ``members``; larger is better."""
         level = len(LinkClass)
         pair_sum = 0
+        inside = 0
         for x, i in enumerate(members):
-            crow, wrow = self.cls[i], self.weight[i]
+            crow, wrow, krow = self.cls[i], self.weight[i], self.code[i]
             for j in members[x + 1:]:
                 pair_sum += wrow[j]
+                inside += krow[j]
                 if crow[j] < level:
                     level = crow[j]
-        loss = sum(self.degree[i] for i in members) - 2 * pair_sum
+        code = sum(self.degree[i] for i in members) - 2 * inside
         top = len(self.order) - 1
-        return (level, pair_sum, -loss, sum(1 << (top - i) for i in members))
+        return (level, pair_sum, -code, sum(1 << (top - i) for i in members))
 
 
 def _search(topology: Topology, tree: Hierarchy, free: FrozenSet[int], must: FrozenSet[int],
@@ -200,6 +206,7 @@ def _greedy_seeds(dense: _Dense, fixed: List[int], size: int, max_seeds: int = 1
                 continue
             inside = set(members)
             gain = [sum(dense.weight[i][m] for m in members) for i in range(count)]
+            kgain = [sum(dense.code[i][m] for m in members) for i in range(count)]
             worst = [min([dense.cls[i][m] for m in members if m != i], default=len(LinkClass))
                      for i in range(count)]
             while len(members) < size:
@@ -208,7 +215,7 @@ def _greedy_seeds(dense: _Dense, fixed: List[int], size: int, max_seeds: int = 1
                 for i in range(count):
                     if i in inside or worst[i] < threshold:
                         continue
-                    key = (gain[i], -(dense.degree[i] - 2 * gain[i]), -i)
+                    key = (gain[i], -(dense.degree[i] - 2 * kgain[i]), -i)
                     if pick_key is None or key > pick_key:
                         pick, pick_key = i, key
                 if pick < 0:
@@ -217,6 +224,7 @@ def _greedy_seeds(dense: _Dense, fixed: List[int], size: int, max_seeds: int = 1
                 inside.add(pick)
                 for i in range(count):
                     gain[i] += dense.weight[i][pick]
+                    kgain[i] += dense.code[i][pick]
                     if dense.cls[i][pick] < worst[i]:
                         worst[i] = dense.cls[i][pick]
             if len(members) == size:
@@ -263,10 +271,10 @@ def per_count_tables(topology: Topology, free: Iterable[int]) -> Tuple[Dict[int,
     losses: Dict[int, int] = {}
     tree = hierarchy(topology)
     if tree.ultrametric:
-        for n, (level, pair_sum, loss) in tree_tables(tree, free_set).items():
+        for n, (level, pair_sum, cut) in tree_tables(tree, free_set).items():
             bottleneck = None if n == 1 else LinkClass(level)
             scores[n] = annotation_score(n, bottleneck, pair_sum)
-            losses[n] = loss
+            losses[n] = weighted_cut(cut)
         return scores, losses
     for n in range(1, len(free_set) + 1):
         alloc = _search(topology, tree, free_set, frozenset(), n)

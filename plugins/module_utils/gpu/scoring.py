@@ -16,10 +16,14 @@ lexicographically (first difference wins):
    at the speed of its slowest hop, so this is also what a job feels first.
 2. **pair sum** ``P`` -- the sum of :data:`PAIR_WEIGHTS` over the pairs of the
    set (max): among sets with the same worst hop, more close pairs are better.
-3. **loss** ``L`` -- the sum of pair weights between the chosen devices and
-   the devices left free (min): every such link is communication potential the
-   free pool loses for good. Minimising it picks devices whose neighbours are
-   already taken (best fit) and keeps whole groups whole: the manual's rule (3).
+3. **damage** -- the pairs (chosen device, device left free) that the
+   allocation cuts, counted per link class and compared closest class first
+   (min): first break as few VF-sibling pairs as possible, then as few
+   MetaXLink pairs, then PIX, and so on. This is best fit from the bottom of
+   the hierarchy up: VFs pack onto GPUs that are already split, GPUs onto
+   groups that are already broken, and whole groups stay whole -- the manual's
+   rule (3). The published **loss** ``L`` is the same cut summed with the pair
+   weights: the communication potential the free pool loses for good.
 4. lowest device indices (a deterministic tie-break).
 """
 
@@ -64,17 +68,24 @@ class SetMetrics:
     size: int
     bottleneck: Optional[LinkClass]   # None for a single device
     pair_sum: int                     # P
-    loss: int                         # L
+    loss: int                         # L: sum of weights of the cut pairs
+    cut: Tuple[int, ...] = ()         # cut pairs per link class, indexed by int(LinkClass)
 
     @property
     def score(self) -> int:
         """The annotation-scale score (see :func:`annotation_score`)."""
         return annotation_score(self.size, self.bottleneck, self.pair_sum)
 
-    def key(self) -> Tuple[int, int, int]:
+    def key(self) -> Tuple[int, int, Tuple[int, ...]]:
         """Larger is better; the allocator maximises this (then lowest indices)."""
         level = len(LinkClass) if self.bottleneck is None else int(self.bottleneck)
-        return (level, self.pair_sum, -self.loss)
+        cut = self.cut or (0,) * len(LinkClass)
+        return (level, self.pair_sum, tuple(-cut[c] for c in range(len(cut) - 1, -1, -1)))
+
+
+def weighted_cut(cut: Sequence[int]) -> int:
+    """The published loss of a per-class cut."""
+    return sum(WEIGHT_BY_CLASS[c] * count for c, count in enumerate(cut))
 
 
 def annotation_score(size: int, bottleneck: Optional[LinkClass], pair_sum: int) -> int:
@@ -116,11 +127,11 @@ def evaluate(topology: Topology, devices: Iterable[int], free: Iterable[int]) ->
             pair_sum += PAIR_WEIGHTS[cls]
             if bottleneck is None or cls < bottleneck:
                 bottleneck = cls
-    loss = 0
+    cut = [0] * len(LinkClass)
     for a in chosen:
         for r in rest:
-            loss += PAIR_WEIGHTS[link_class(topology, a, r)]
-    return SetMetrics(len(chosen), bottleneck, pair_sum, loss)
+            cut[int(link_class(topology, a, r))] += 1
+    return SetMetrics(len(chosen), bottleneck, pair_sum, weighted_cut(cut), tuple(cut))
 
 
 @dataclass(frozen=True)
@@ -170,8 +181,13 @@ def exhaustive_best(topology: Topology, free: Iterable[int], size: int,
                          % (size, len(order), len(must)))
     mat = _matrix(topology, order)
     pos = {dev: i for i, dev in enumerate(order)}
-    # loss = sum over chosen of (weight to every free device) - 2 * pair sum
-    degree = [sum(row) for row in mat.weight]
+    # The per-class cut is compared closest class first: encode it in base
+    # ``base`` (a class count never reaches it), most significant = closest.
+    # cut code = sum over chosen of (code to every free device) - 2 * code inside.
+    base = len(order) * len(order) // 4 + 1
+    power = [base ** c for c in range(len(LinkClass))]
+    code_row = [[power[c] if c < len(LinkClass) else 0 for c in row] for row in mat.cls]
+    degree = [sum(row) for row in code_row]
     must_pos = sorted(pos[d] for d in must)
     others = [i for i in range(len(order)) if order[i] not in must]
     best_key: Optional[Tuple[int, int, int]] = None
@@ -181,19 +197,21 @@ def exhaustive_best(topology: Topology, free: Iterable[int], size: int,
         members = sorted(must_pos + list(extra))
         level = top_level
         pair_sum = 0
+        inside = 0
         for i, a in enumerate(members):
             crow = mat.cls[a]
             wrow = mat.weight[a]
+            krow = code_row[a]
             for b in members[i + 1:]:
                 pair_sum += wrow[b]
+                inside += krow[b]
                 if crow[b] < level:
                     level = crow[b]
-        loss = sum(degree[a] for a in members) - 2 * pair_sum
-        key = (level, pair_sum, -loss)
+        code = sum(degree[a] for a in members) - 2 * inside
+        key = (level, pair_sum, -code)
         if best_key is None or key > best_key:
             best_key = key
             best_set = tuple(members)
-    chosen = tuple(order[i] for i in best_set)
     assert best_key is not None
-    bottleneck = None if best_key[0] == top_level else LinkClass(best_key[0])
-    return chosen, SetMetrics(size, bottleneck, best_key[1], -best_key[2])
+    chosen = tuple(order[i] for i in best_set)
+    return chosen, evaluate(topology, chosen, order)

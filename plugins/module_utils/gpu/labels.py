@@ -1,0 +1,123 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Node labels published by gpu-label (DESIGN section 3, manual Table 2.7).
+
+Pure: an :class:`~.model.Inventory` (or None when discovery found no MetaX
+GPU), the driver state and the driver management mode in, a label map out.
+The labeller owns exactly :data:`OWNED_LABEL_KEYS`; :func:`label_changes`
+turns a desired map into a merge patch that also removes stale owned labels
+(for example the version labels after the driver is unloaded).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from .model import DriverState, Inventory
+
+LABEL_PREFIX = "metax-tech.com/"
+
+GPU_INSTALLED = LABEL_PREFIX + "gpu.installed"
+DRIVER_READY = LABEL_PREFIX + "driver.ready"
+DRIVER_MAJOR = LABEL_PREFIX + "gpu.driver.major"
+DRIVER_MINOR = LABEL_PREFIX + "gpu.driver.minor"
+DRIVER_PATCH = LABEL_PREFIX + "gpu.driver.patch"
+DRIVER_MODE = LABEL_PREFIX + "gpu.driver.mode"
+GPU_FAMILY = LABEL_PREFIX + "gpu.family"
+GPU_MEMORY = LABEL_PREFIX + "gpu.memory"
+GPU_PRODUCT = LABEL_PREFIX + "gpu.product"
+GPU_SRIOV = LABEL_PREFIX + "gpu.sriov"
+GPU_VFNUM = LABEL_PREFIX + "gpu.vfnum"
+GPU_COUNT = LABEL_PREFIX + "gpu.count"     # extra: physical GPUs on the node
+
+# Every key the labeller may set, so it can delete the ones it no longer sets.
+OWNED_LABEL_KEYS: Tuple[str, ...] = (
+    GPU_INSTALLED, DRIVER_READY, DRIVER_MAJOR, DRIVER_MINOR, DRIVER_PATCH, DRIVER_MODE,
+    GPU_FAMILY, GPU_MEMORY, GPU_PRODUCT, GPU_SRIOV, GPU_VFNUM, GPU_COUNT,
+)
+
+DRIVER_MODES = ("native", "cloud")
+
+# Kubernetes label values: empty, or up to 63 characters of [A-Za-z0-9._-]
+# beginning and ending with an alphanumeric.
+_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_MAX_VALUE = 63
+
+
+def owned_label_keys() -> Tuple[str, ...]:
+    return OWNED_LABEL_KEYS
+
+
+def is_valid_label_value(value: str) -> bool:
+    return len(value) <= _MAX_VALUE and bool(_VALUE_RE.match(value))
+
+
+def label_value(text: str) -> str:
+    """Coerce free text (a product name from new hardware) into a valid label value."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip())[:_MAX_VALUE]
+    cleaned = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", cleaned)
+    return cleaned or "unknown"
+
+
+def _joined(values: List[str]) -> str:
+    """One value per node: the common one, or the distinct ones in GPU order joined by '_'.
+
+    A mixed node then matches no single-product selector, which is the truth.
+    """
+    distinct = list(Counter(values))
+    return label_value("_".join(label_value(v) for v in distinct))
+
+
+def node_labels(inventory: Optional[Inventory], driver_mode: str,
+                driver: Optional[DriverState] = None) -> Dict[str, str]:
+    """The label map for a node.
+
+    ``driver`` overrides ``inventory.driver`` (gpu-label may read the module
+    state separately). No GPU: only ``gpu.installed=false``. Driver not
+    loaded: ``driver.ready=false`` and no version labels (the version of a
+    module that is not loaded means nothing for scheduling). A loaded driver
+    whose version cannot be parsed keeps ``driver.ready=true`` and omits the
+    parts it cannot read.
+    """
+    if driver_mode not in DRIVER_MODES:
+        raise ValueError("driver mode must be one of %s, got %r" % ("/".join(DRIVER_MODES), driver_mode))
+    if inventory is None or not inventory.gpus:
+        return {GPU_INSTALLED: "false"}
+    state = driver if driver is not None else inventory.driver
+    gpus = inventory.gpus
+    labels = {
+        GPU_INSTALLED: "true",
+        DRIVER_READY: "true" if state.loaded else "false",
+        DRIVER_MODE: driver_mode,
+        GPU_FAMILY: _joined([g.family for g in gpus]),
+        GPU_PRODUCT: _joined([g.product for g in gpus]),
+        GPU_SRIOV: inventory.sriov.status,
+        GPU_VFNUM: str(inventory.sriov.numvfs) if inventory.sriov.numvfs > 0 else "0",
+        GPU_COUNT: str(len(gpus)),
+    }
+    memories = [g.memory_gib for g in gpus if g.memory_gib > 0]
+    if memories:
+        labels[GPU_MEMORY] = _joined(["%dGB" % m for m in memories])
+    if state.loaded:
+        for key, part in zip((DRIVER_MAJOR, DRIVER_MINOR, DRIVER_PATCH), state.version_parts):
+            if part is not None:
+                labels[key] = str(part)
+    return labels
+
+
+def label_changes(current: Mapping[str, str], desired: Mapping[str, str]) -> Dict[str, Optional[str]]:
+    """Merge patch for ``metadata.labels``: changed values, and None for owned keys to remove.
+
+    Labels this module does not own are never touched. Empty when nothing changes.
+    """
+    patch: Dict[str, Optional[str]] = {}
+    for key, value in desired.items():
+        if current.get(key) != value:
+            patch[key] = value
+    for key in OWNED_LABEL_KEYS:
+        if key in current and key not in desired:
+            patch[key] = None
+    return patch
