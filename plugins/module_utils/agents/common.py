@@ -1,0 +1,172 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""What every in-cluster agent shares: flags, logging, Kubernetes client, backoff.
+
+Logging follows the charts' Log Options (manual Table 2.5): ``dir``,
+``level`` (debug|info|warning|error|fatal), ``format`` (json|text),
+``rotationTime`` and ``maxAge`` (durations in w/d/h). Logs always go to
+stderr (``kubectl logs``) and, when a directory is given, to a rotated file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import logging.handlers
+import os
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+try:
+    from kubernetes import client as k8s_client, config as k8s_config
+    HAS_KUBERNETES = True
+except ImportError:
+    k8s_client = k8s_config = None
+    HAS_KUBERNETES = False
+
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+              "error": logging.ERROR, "fatal": logging.CRITICAL}
+_DURATION = re.compile(r"^\s*(\d+)\s*([wdh])\s*$")
+_UNIT_SECONDS = {"w": 7 * 86400, "d": 86400, "h": 3600}
+
+
+class UsageError(Exception):
+    """A flag or configuration value is invalid; the agent exits with this message."""
+
+
+def parse_duration(text: str, option: str = "duration") -> int:
+    """``1w`` / ``26w`` / ``3d`` / ``12h`` -> seconds (the charts' units)."""
+    match = _DURATION.match(str(text))
+    if not match or int(match.group(1)) == 0:
+        raise UsageError("%s: %r is not a duration like 12h, 3d or 1w" % (option, text))
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+class JsonFormatter(logging.Formatter):
+    def __init__(self, component: str) -> None:
+        super().__init__()
+        self.component = component
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + "Z",
+            "level": record.levelname.lower(),
+            "component": self.component,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        extra = getattr(record, "fields", None)
+        if isinstance(extra, dict):
+            entry.update(extra)
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry, sort_keys=False, default=str)
+
+
+def add_common_flags(parser: argparse.ArgumentParser, host_root: bool = True) -> None:
+    """Flags every agent accepts (the chart passes the Log Options as these)."""
+    if host_root:
+        parser.add_argument("--host-root", default="/",
+                            help="where the node's root is mounted (default /)")
+        parser.add_argument("--host-prefix", default=None,
+                            help="prefix of host paths handed to the kubelet (default: --host-root)")
+    parser.add_argument("--kubeconfig", default=None,
+                        help="kubeconfig file; in-cluster configuration when absent")
+    parser.add_argument("--log-dir", default="", help="directory for log files ('' = stderr only)")
+    parser.add_argument("--log-level", default="info", choices=sorted(LOG_LEVELS))
+    parser.add_argument("--log-format", default="json", choices=("json", "text"))
+    parser.add_argument("--log-rotation-time", default="1w", help="rotate log files after (w/d/h)")
+    parser.add_argument("--log-max-age", default="26w", help="delete rotated files older than (w/d/h)")
+
+
+def setup_logging(component: str, args: argparse.Namespace) -> logging.Logger:
+    rotation = parse_duration(args.log_rotation_time, "--log-rotation-time")
+    max_age = parse_duration(args.log_max_age, "--log-max-age")
+    if max_age < rotation:
+        raise UsageError("--log-max-age (%s) is shorter than --log-rotation-time (%s)"
+                         % (args.log_max_age, args.log_rotation_time))
+    if args.log_format == "json":
+        formatter: logging.Formatter = JsonFormatter(component)
+    else:
+        formatter = logging.Formatter("%(asctime)s %(levelname)s " + component + " %(name)s: %(message)s")
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(formatter)
+    root.addHandler(stream)
+    if args.log_dir:
+        try:
+            os.makedirs(args.log_dir, exist_ok=True)
+            handler = logging.handlers.TimedRotatingFileHandler(
+                os.path.join(args.log_dir, component + ".log"), when="S", interval=rotation,
+                backupCount=max(1, max_age // rotation), utc=True)
+        except OSError as exc:
+            raise UsageError("--log-dir %s: %s" % (args.log_dir, exc.strerror or exc))
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(LOG_LEVELS[args.log_level])
+    return logging.getLogger(component)
+
+
+def kube_api_client(kubeconfig: Optional[str]) -> Any:
+    """An ApiClient from a kubeconfig file, or the in-cluster service account."""
+    if not HAS_KUBERNETES:
+        raise UsageError("the 'kubernetes' Python package is required (requirements/agents.txt)")
+    if kubeconfig:
+        if not os.path.isfile(kubeconfig):
+            raise UsageError("--kubeconfig %s: no such file" % kubeconfig)
+        configuration = k8s_client.Configuration()
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        configuration = k8s_client.Configuration()
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except k8s_config.ConfigException as exc:
+            raise UsageError("no --kubeconfig given and not running in a cluster: %s" % exc)
+    return k8s_client.ApiClient(configuration)
+
+
+class Backoff:
+    """Exponential backoff with jitter, capped; ``reset`` after a success."""
+
+    def __init__(self, initial: float = 0.5, cap: float = 30.0) -> None:
+        self.initial = initial
+        self.cap = cap
+        self.current = initial
+
+    def next_delay(self) -> float:
+        delay = self.current
+        self.current = min(self.cap, self.current * 2)
+        return delay * (0.8 + 0.4 * random.random())
+
+    def reset(self) -> None:
+        self.current = self.initial
+
+
+def stop_event() -> threading.Event:
+    """An Event set on SIGTERM/SIGINT, for graceful shutdown loops."""
+    event = threading.Event()
+
+    def _handler(signum, frame):  # pylint: disable=unused-argument
+        event.set()
+
+    signal.signal(signal.SIGTERM, _handler)
+    signal.signal(signal.SIGINT, _handler)
+    return event
+
+
+def run_main(component: str, main) -> None:
+    """Run an agent's main(); usage errors exit 2 with one clear line."""
+    try:
+        sys.exit(main())
+    except UsageError as exc:
+        sys.stderr.write("%s: error: %s\n" % (component, exc))
+        sys.exit(2)
