@@ -343,12 +343,12 @@ def _load(args: argparse.Namespace) -> Tuple[Topology, List[int], Optional[Inven
         from ..sim.spec import preset
         topo = topology_from_spec(preset(args.preset), args.vfs)
         return topo, list(topo.device_indices), None
-    from ..host import HostRoot
+    from ..host import HostRoot, HostRootError
+    from .discovery import DiscoveryError, discover
     try:
-        from .discovery import discover
-    except ImportError as exc:   # the discovery module ships with the foundation issue
-        raise AllocationError("inventory discovery is not available: %s" % exc)
-    inventory = discover(HostRoot(args.host_root))
+        inventory = discover(HostRoot(args.host_root))
+    except (DiscoveryError, HostRootError) as exc:
+        raise AllocationError(str(exc))
     healthy = [dev.index for dev in inventory.devices if dev.healthy]
     return inventory.topology, healthy, inventory
 
