@@ -3,8 +3,9 @@
 # Phases: unit + integration tests (pytest), ansible-test sanity, ansible-lint
 # and yamllint. Every phase runs; the script fails if any phase failed, and
 # prints phase timings and a closing "N passed, N failed" line.
+# shellcheck disable=SC2317  # phase functions are called through run_phase
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 VENV=${VENV:-$ROOT/.venv}
 export PATH="$VENV/bin:$PATH"

@@ -14,9 +14,9 @@ description:
   - Reports devices (whole GPUs, or SR-IOV VFs when virtualisation is on), the interconnect topology with
     a link class per pair and link groups, the kernel driver state and the SR-IOV state.
   - Without C(mx-smi), or with the driver unloaded, the facts come from PCI alone and MetaXLink is reported
-    as unknown (RV(ansible_facts.metax_gpu.topology.metaxlink_known=false)).
+    as unknown (C(metaxlink_known=false) in the topology).
 author:
-  - metax.gpu contributors
+  - MetaX GPU collection maintainers (@metax-gpu)
 extends_documentation_fragment:
   - metax.gpu.host_root
 attributes:
@@ -25,8 +25,10 @@ attributes:
     description: The module only reads; it behaves the same in check mode.
   diff_mode:
     support: none
+    description: The module changes nothing, so there is nothing to diff.
   facts:
     support: full
+    description: Sets the C(metax_gpu) fact.
 options:
   topology:
     description:

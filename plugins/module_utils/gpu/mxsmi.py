@@ -86,7 +86,7 @@ def parse_table(text: str) -> MxSmiTable:
                     raise MxSmiParseError("mx-smi", "bad Bus-id %r" % cells[1], lineno, line)
                 pending = (int(match.group(1)), match.group(2), bdf, lineno, line)
             continue
-        index, name, bdf, first_lineno, _ = pending
+        index, name, bdf, first_lineno = pending[:4]
         memory = None
         state = ""
         if len(cells) >= 2:
@@ -132,7 +132,7 @@ def parse_topology(text: str) -> Dict[Tuple[int, int], LinkClass]:
     """Parse ``mx-smi topo -m`` into {(i, j): LinkClass} for i < j (GPU indices)."""
     lines = [(n, l) for n, l in enumerate(text.splitlines(), start=1) if l.strip()]
     header_at = None
-    for pos, (_, line) in enumerate(lines):
+    for pos, (_lineno, line) in enumerate(lines):
         tokens = line.split()
         if tokens and tokens[0].startswith("GPU") and tokens[0][3:].isdigit() and \
                 not line.startswith(tokens[0]):

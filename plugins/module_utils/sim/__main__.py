@@ -49,7 +49,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "create":
             host = generator.create(args.root, preset(args.preset), force=args.force)
             state = generator.load_state(host)
-            print("created %s: %d GPUs (%s), driver %s" % (
+            sys.stdout.write("created %s: %d GPUs (%s), driver %s\n" % (
                 host.path, len(state["gpus"]), args.preset, state["driver_version"]))
             return 0
         host = HostRoot(args.root)
@@ -68,7 +68,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             json.dump({"driver_loaded": state["driver_loaded"], "driver_version": state["driver_version"],
                        "gpus": [{k: g[k] for k in ("index", "bdf", "product", "failed", "numvfs")}
                                 for g in state["gpus"]]}, sys.stdout, indent=2)
-            print()
+            sys.stdout.write("\n")
         return 0
     except (generator.SimError, ValueError, OSError) as exc:
         sys.stderr.write("metax-sim: error: %s\n" % exc)
@@ -76,4 +76,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

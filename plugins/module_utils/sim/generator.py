@@ -54,7 +54,7 @@ def canonical_gpus(spec: NodeSpec) -> List[GpuSpec]:
 
 def vf_bdf(pf_bdf: str, k: int) -> str:
     """BDF of VF number ``k`` (1-based) of a PF at function 0."""
-    domain, bus, _ = pf_bdf.split(":")
+    domain, bus = pf_bdf.split(":")[:2]
     return "%s:%s:%02x.%d" % (domain, bus, k >> 3, k & 7)
 
 
@@ -110,7 +110,7 @@ class _Layout:
                 self.bridges.append((down_dir, down_bdf))
                 self._place(down_dir, child, members, depth, domain, next_bus, base)
         else:
-            if len(children) != 1 and any(kind == "gpu" for kind, _ in children):
+            if len(children) != 1 and any(child[0] == "gpu" for child in children):
                 raise SimError("a GPU attached directly to a root port must be alone there")
             for child in children:
                 self._place(parent_dir, child, members, depth, domain, next_bus, base)

@@ -47,8 +47,8 @@ def _table(state):
            "", "Attached GPUs                                     : %d" % len(gpus)]
     sep = "+------------------------------------+---------------------+----------------------+"
     out.append("+---------------------------------------------------------------------------------+")
-    out.append("| %-35s %-43s |" % ("MX-SMI %s" % state["mx_smi_version"],
-                                     "Kernel Mode Driver Version: %s" % state["driver_version"]))
+    versions = ("MX-SMI %s" % state["mx_smi_version"], "Kernel Mode Driver Version: %s" % state["driver_version"])
+    out.append("| %-35s %-43s |" % versions)
     out.append("| %-35s %-43s |" % ("MACA Version: %s" % state["maca_version"], "BIOS Version: 1.22.3.0"))
     out.append("|------------------------------------+---------------------+----------------------|")
     out.append("| GPU         NAME                   | Bus-id              | GPU-Util             |")
@@ -58,8 +58,8 @@ def _table(state):
         name = "MX" + gpu["product"]
         status = "Unavailable" if gpu["failed"] else "Available"
         out.append("| %-11d %-22s | %-19s | %-20s |" % (pos, name, gpu["bdf"], "0%"))
-        out.append("| %-11s %-22s | %-19s | %-20s |" % ("36C", "52W / 350W",
-                                                       "858/%d MiB" % gpu["memory_mib"], status))
+        memory = "858/%d MiB" % gpu["memory_mib"]
+        out.append("| %-11s %-22s | %-19s | %-20s |" % ("36C", "52W / 350W", memory, status))
         out.append(sep)
     out.append("")
     out.append("End of Log")
@@ -102,13 +102,13 @@ def main(argv):
         return 9
     args = [a for a in argv if a]
     if not args:
-        print(_table(state))
+        sys.stdout.write(_table(state) + "\n")
     elif args[0] in ("-L", "--list"):
-        print(_list(state))
+        sys.stdout.write(_list(state) + "\n")
     elif args[0] == "topo" and args[1:2] in (["-m"], ["--matrix"]):
-        print(_topo(state))
+        sys.stdout.write(_topo(state) + "\n")
     elif args[0] in ("-v", "--version"):
-        print("mx-smi version: %s" % state["mx_smi_version"])
+        sys.stdout.write("mx-smi version: %s\n" % state["mx_smi_version"])
     else:
         sys.stderr.write("mx-smi: unsupported arguments: %s\n" % " ".join(args))
         return 2
@@ -116,4 +116,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    raise SystemExit(main(sys.argv[1:]))

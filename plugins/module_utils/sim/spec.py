@@ -79,18 +79,18 @@ PRESETS: Dict[str, NodeSpec] = {
     # Two MetaXLink groups of four, each behind its own PCIe switch on its
     # own socket: the manual's Figure 2.1.
     "8xC500": NodeSpec("8xC500", tuple(
-        [_c500(0, 0, 0, 0) for _ in range(4)] + [_c500(1, 1, 1, 1) for _ in range(4)])),
+        [_c500(0, 0, 0, 0)] * 4 + [_c500(1, 1, 1, 1)] * 4)),
     # No MetaXLink; two switches on two root ports of one root complex.
     "4xN100": NodeSpec("4xN100", tuple(
         GpuSpec("N100", numa_node=0, root_complex=0, root_port=port, switch_path=(port,))
         for port in (0, 0, 1, 1))),
     # SR-IOV capable C550s behind one switch.
-    "2xC550-sriov": NodeSpec("2xC550-sriov", tuple(
+    "2xC550-sriov": NodeSpec("2xC550-sriov", (
         GpuSpec("C550", numa_node=0, root_complex=0, root_port=0, switch_path=(0,),
-                metaxlink_group=0, sriov_totalvfs=8) for _ in range(2))),
+                metaxlink_group=0, sriov_totalvfs=8),) * 2),
     # Larger shapes for benchmarks and allocator tests.
     "16xC500": NodeSpec("16xC500", tuple(
-        _c500(q // 2, q // 2, q, q) for q in range(4) for _ in range(4))),
+        _c500(q // 2, q // 2, q, q) for q in range(4) for _slot in range(4))),
     "1xC500": NodeSpec("1xC500", (GpuSpec("C500", switch_path=(0,)),)),
 }
 

@@ -1,6 +1,7 @@
 """Discovery against simulated nodes: presets, faults, missing/broken mx-smi, random topologies."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -142,7 +143,7 @@ def test_garbage_sysfs_attribute_names_the_file(make_node):
 def node_specs(draw):
     count = draw(st.integers(min_value=1, max_value=10))
     gpus = []
-    for _ in range(count):
+    for _gpu in range(count):
         rc = draw(st.integers(0, 2))
         port = draw(st.integers(0, 2))
         depth = draw(st.integers(0, 2))
@@ -162,8 +163,8 @@ def node_specs(draw):
     return spec
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.filter_too_much])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(spec=node_specs(), with_mx_smi=st.booleans())
 def test_any_generated_topology_is_discovered_as_generated(tmp_path_factory, spec, with_mx_smi):
     root = str(tmp_path_factory.mktemp("node"))
@@ -179,7 +180,6 @@ def test_any_generated_topology_is_discovered_as_generated(tmp_path_factory, spe
         for b in range(a + 1, len(ordered)):
             want = expected_link(ordered[a], ordered[b])
             if not with_mx_smi and want == LinkClass.MX:
-                want = expected_link(ordered[a].__class__(**dict(ordered[a].__dict__, metaxlink_group=None)),
-                                     ordered[b])
+                want = expected_link(dataclasses.replace(ordered[a], metaxlink_group=None), ordered[b])
             assert inv.topology.link(a, b) == want, (a, b)
     assert inv.topology.metaxlink_known == with_mx_smi

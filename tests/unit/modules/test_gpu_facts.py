@@ -22,7 +22,7 @@ def run_module(args, check=False):
     env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS,
                ANSIBLE_LOAD_CALLBACK_PLUGINS="true", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
                ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     try:
         output = json.loads(proc.stdout)
     except ValueError:
@@ -51,7 +51,7 @@ def test_reports_8_gpus_two_groups_and_driver(node8):
 def test_check_mode_and_a_failed_gpu(node8):
     generator.fail_gpu(node8, 2)
     try:
-        rc, _, result = run_module("host_root=%s" % node8.path, check=True)
+        rc, _status, result = run_module("host_root=%s" % node8.path, check=True)
         assert rc == 0 and result["ansible_facts"]["metax_gpu"]["gpu_count"] == 7
     finally:
         generator.recover_gpu(node8, 2)
@@ -65,5 +65,5 @@ def test_missing_root_fails_with_a_clear_message(tmp_path):
 
 
 def test_unknown_option_is_rejected():
-    rc, _, result = run_module("host_rot=/")
+    rc, _status, result = run_module("host_rot=/")
     assert rc != 0 and "Unsupported parameters" in result["msg"]
