@@ -24,7 +24,7 @@ import random
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), ".build", "collections"))
@@ -45,7 +45,7 @@ def spec_32() -> NodeSpec:
     for quad in range(8):
         socket, rc, port = quad // 4, quad // 2, quad // 2
         gpus.extend(GpuSpec("C500", numa_node=socket, root_complex=rc, root_port=port,
-                            switch_path=(quad,), metaxlink_group=quad) for _ in range(4))
+                            switch_path=(quad,), metaxlink_group=quad) for _gpu in range(4))
     return NodeSpec("32xC500", tuple(gpus))
 
 
@@ -96,7 +96,7 @@ def bench_allocate(name: str, topo: Topology, per_size: int, rng: random.Random,
         sizes = sorted(set([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]) & set(sizes))
     for size in sizes:
         mine = []
-        for _ in range(per_size):
+        for _call in range(per_size):
             free = random_free(rng, devices, size)
             mine.append(time_call(allocator.allocate, topo, free, size))
         samples.extend(mine)
@@ -110,7 +110,7 @@ def bench_allocate(name: str, topo: Topology, per_size: int, rng: random.Random,
 def bench_tables(name: str, topo: Topology, calls: int, rng: random.Random, target: Optional[float]) -> LatencyRow:
     devices = list(topo.device_indices)
     hierarchy(topo)
-    samples = [time_call(allocator.per_count_tables, topo, random_free(rng, devices, 1)) for _ in range(calls)]
+    samples = [time_call(allocator.per_count_tables, topo, random_free(rng, devices, 1)) for _call in range(calls)]
     samples.append(time_call(allocator.per_count_tables, topo, devices))   # all free: the largest table
     return LatencyRow(name, len(devices), len(samples), statistics.median(samples), percentile(samples, 99),
                       "all free: %.3f" % samples[-1], target)
@@ -136,14 +136,14 @@ def quality(name: str, make, cases: int, rng: random.Random, max_devices: int = 
         ratios: List[float] = []
         loss_ratios: List[float] = []
         methods: Dict[str, int] = {}
-        for _ in range(cases):
+        for _case in range(cases):
             topo = make(rng, rng.randint(4, max_devices))
             devices = list(topo.device_indices)
             free = random_free(rng, devices, 2)
             size = rng.randint(1, len(free))
             must = [d for d in free if rng.random() < 0.1][:size]
             ours = allocator.allocate(topo, free, size, must)
-            _, best = exhaustive_best(topo, free, size, must)
+            best = exhaustive_best(topo, free, size, must)[1]
             mine = evaluate(topo, ours.devices, free)
             hits += mine.key() == best.key()
             ratios.append(mine.score / best.score if best.score else 1.0)
@@ -169,7 +169,7 @@ def unaligned_topology(rng: random.Random, count: int) -> Topology:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run, ~15 s)")
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--json", help="also write the results to this file")
@@ -199,7 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         quality("random SR-IOV nodes, <=16 VFs", vf_topology, cases // 2, rng),
         quality("random hierarchies, <=16 devices", random_ultrametric, cases // 2, rng),
         quality("non-hierarchical (fallback), <=16 GPUs", unaligned_topology, cases // 2, rng),
-        quality("non-hierarchical, local search only", lambda r, n: random_matrix(r, n), cases // 2, rng,
+        quality("non-hierarchical, local search only", random_matrix, cases // 2, rng,
                 exhaustive_limit=0),
     ]
     elapsed = time.perf_counter() - start
@@ -236,4 +236,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

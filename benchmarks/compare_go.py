@@ -101,7 +101,7 @@ def partitions(available: int, size: int) -> int:
     groups = padded // size
     count = 1
     remaining = padded
-    for _ in range(groups):
+    for _group in range(groups):
         # choose the rest of the group that holds the first remaining GPU
         count *= _comb(remaining - 1, size - 1)
         remaining -= size
@@ -355,4 +355,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -71,7 +71,7 @@ def random_spec(rng: random.Random, gpus: int, aligned: bool = True, product: st
             continue
         top = next(switch_ids)
         paths: List[Tuple[int, ...]] = [(top,)]
-        for _ in range(rng.randint(0, 2)):
+        for _extra in range(rng.randint(0, 2)):
             paths.append((top, next(switch_ids)))
         for path in paths:
             count = min(rng.randint(1, 4), gpus - len(specs))
@@ -79,7 +79,7 @@ def random_spec(rng: random.Random, gpus: int, aligned: bool = True, product: st
                 break
             switches.append([])
             switch_port.append(len(ports) - 1)
-            for _ in range(count):
+            for _slot in range(count):
                 switches[-1].append(len(specs))
                 ports[-1].append(len(specs))
                 specs.append(GpuSpec(product, numa_node=numa, root_complex=rc, root_port=port,
@@ -130,7 +130,7 @@ def random_ultrametric(rng: random.Random, devices: int, min_class: int = 0) -> 
             parts: List[List[int]] = [[m] for m in members]
         else:
             count = rng.randint(2, min(4, len(members)))
-            parts = [[] for _ in range(count)]
+            parts = [[] for _part in range(count)]
             for i, m in enumerate(members):
                 parts[i if i < count else rng.randrange(count)].append(m)
         for i, part in enumerate(parts):

@@ -105,7 +105,7 @@ def build_hierarchy(topology: Topology) -> Hierarchy:
 
     # Kruskal from the closest class down: the components that merge while
     # adding the pairs of class c become one node of class c.
-    by_class: List[List[Tuple[int, int]]] = [[] for _ in range(LEAF_CLASS)]
+    by_class: List[List[Tuple[int, int]]] = [[] for _cls in range(LEAF_CLASS)]
     for i, a in enumerate(devices):
         for b in devices[i + 1:]:
             by_class[int(link_class(topology, a, b))].append((a, b))
@@ -299,7 +299,7 @@ class _Solver:
             return []
         if node.cls == LEAF_CLASS:
             return [node.devices[0]]
-        _, _, splits = self.solved[nid]
+        splits = self.solved[nid][2]
         if not splits:
             return sorted(self._leaf_order(nid)[:x])
         out: List[int] = []
@@ -412,4 +412,3 @@ def leaf_groups(tree: Hierarchy, minimum: int) -> List[Tuple[int, Tuple[int, ...
             if parent < 0 or tree.nodes[parent].cls < minimum:
                 out.append((node.cls, node.devices))
     return out
-

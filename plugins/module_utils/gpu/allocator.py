@@ -141,8 +141,8 @@ class _Dense:
     def __init__(self, topology: Topology, free: FrozenSet[int]) -> None:
         self.order = sorted(free)
         size = len(self.order)
-        self.cls = [[len(LinkClass)] * size for _ in range(size)]
-        self.weight = [[0] * size for _ in range(size)]
+        self.cls = [[len(LinkClass)] * size for _row in range(size)]
+        self.weight = [[0] * size for _row in range(size)]
         for i, a in enumerate(self.order):
             for j in range(i + 1, size):
                 cls = link_class(topology, a, self.order[j])
@@ -392,4 +392,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -212,6 +212,5 @@ def exhaustive_best(topology: Topology, free: Iterable[int], size: int,
         if best_key is None or key > best_key:
             best_key = key
             best_set = tuple(members)
-    assert best_key is not None
     chosen = tuple(order[i] for i in best_set)
     return chosen, evaluate(topology, chosen, order)

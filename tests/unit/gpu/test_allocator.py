@@ -226,13 +226,13 @@ def _cli(args, capsys):
 
 def test_cli_manual_examples(make_node, capsys):
     host = make_node("8xC500")
-    rc, out, _ = _cli(["--host-root", host.path, "--exclude", "0,1", "--size", "4"], capsys)
+    rc, out, _err = _cli(["--host-root", host.path, "--exclude", "0,1", "--size", "4"], capsys)
     result = json.loads(out)
     assert rc == 0 and result["devices"] == [4, 5, 6, 7] and result["bottleneck"] == "MX"
     assert result["score"] == 670 and isinstance(result["loss"], int) and len(result["ids"]) == 4
-    rc, out, _ = _cli(["--host-root", host.path, "--exclude", "0,1", "--size", "2"], capsys)
+    rc, out, _err = _cli(["--host-root", host.path, "--exclude", "0,1", "--size", "2"], capsys)
     assert json.loads(out)["devices"] == [2, 3]
-    rc, out, _ = _cli(["--host-root", host.path, "--exclude", "0-1", "--tables"], capsys)
+    rc, out, _err = _cli(["--host-root", host.path, "--exclude", "0-1", "--tables"], capsys)
     tables = json.loads(out)
     assert rc == 0 and tables["available"] == [2, 3, 4, 5, 6, 7]
     assert tables["scores"]["2"] == 670 and tables["losses"]["2"] == 80
@@ -323,7 +323,7 @@ def test_tree_search_is_exact_on_hierarchies(problem):
 @SETTINGS
 @given(problems(max_devices=16))
 def test_tables_match_the_allocator(problem):
-    topo, free, _, _ = problem
+    topo, free = problem[0], problem[1]
     scores, losses = per_count_tables(topo, free)
     assert sorted(scores) == list(range(1, len(free) + 1))
     for n in scores:
