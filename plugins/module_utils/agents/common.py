@@ -166,7 +166,8 @@ def stop_event() -> threading.Event:
 def run_main(component: str, main) -> None:
     """Run an agent's main(); usage errors exit 2 with one clear line."""
     try:
-        sys.exit(main())
+        code = main()
     except UsageError as exc:
         sys.stderr.write("%s: error: %s\n" % (component, exc))
-        sys.exit(2)
+        code = 2
+    raise SystemExit(code)
