@@ -168,6 +168,14 @@ def unaligned_topology(rng: random.Random, count: int) -> Topology:
     return topology_from_spec(random_spec(rng, count, aligned=False))
 
 
+def non_hierarchical_vfs(rng: random.Random) -> Topology:
+    """16 GPUs x 8 VFs whose MetaXLink groups cut across the PCIe tree (the fallback path)."""
+    while True:
+        topo = topology_from_spec(random_spec(rng, 16, aligned=False), 8)
+        if not hierarchy(topo).ultrametric:
+            return topo
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run, ~15 s)")
@@ -184,6 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     vf_128 = topology_from_spec(preset("16xC500"), 8)
     c500_32 = topology_from_spec(spec_32())
     cold = time_call(build_hierarchy, vf_128)
+    odd_128 = non_hierarchical_vfs(random.Random(args.seed))
     latency = [
         bench_allocate("allocate 8xC500", c500_8, per_size, rng, 1.0),
         bench_allocate("allocate 16xC500", c500_16, per_size, rng, 10.0),
@@ -193,6 +202,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         bench_tables("tables 16xC500", c500_16, per_size, rng, None),
         bench_tables("tables 16xC500 x 8 VFs", vf_128, per_size // 2, rng, 50.0),
         bench_tables("tables 32xC500", c500_32, per_size // 2, rng, None),
+        bench_allocate("allocate non-hier. 16x8 VFs", odd_128, max(2, per_size // 20), rng, None),
+        bench_tables("tables non-hier. 16x8 VFs", odd_128, 3, rng, None),
     ]
     qual = [
         quality("random PCIe trees + MetaXLink, <=16 GPUs", gpu_spec_topology, cases, rng),

@@ -34,8 +34,8 @@ from .scoring import (ANNOTATION_LOSSES, ANNOTATION_SCORES, PAIR_WEIGHTS, SetMet
 # this many candidate sets (C(12, 6) = 924 fits: every request on 12 devices
 # is exact), beyond it by a bounded local search.
 EXHAUSTIVE_LIMIT = 3000
-# Swap evaluations the local search may spend per request.
-SEARCH_BUDGET = 40000
+# Swap trials the local search may spend per request (each costs O(link classes)).
+SEARCH_BUDGET = 200000
 
 __all__ = [
     "ANNOTATION_LOSSES", "ANNOTATION_SCORES", "PAIR_WEIGHTS", "Allocation", "AllocationError",
@@ -153,6 +153,7 @@ class _Dense:
         power = [base ** c for c in range(len(LinkClass))]
         self.code = [[0 if i == j else power[self.cls[i][j]] for j in range(size)] for i in range(size)]
         self.degree = [sum(row) for row in self.code]
+        self.orders: Optional[List[List[int]]] = None   # greedy growth orders, see _greedy_seeds
 
     def key(self, members: Sequence[int]) -> Tuple[int, int, int, int]:
         """(level, P, -cut code, tie-break) of positions ``members``; larger is better."""
@@ -172,91 +173,161 @@ class _Dense:
 
 
 def _search(topology: Topology, tree: Hierarchy, free: FrozenSet[int], must: FrozenSet[int],
-            size: int) -> Allocation:
-    """Exact by enumeration when small, else tree seeds improved by swaps."""
+            size: int, dense: Optional[_Dense] = None, all_sizes: bool = False) -> Allocation:
+    """Exact by enumeration when small, else seeds improved by swaps (bounded work)."""
     if combinations_count(len(free), len(must), size) <= EXHAUSTIVE_LIMIT:
         devices, metrics = exhaustive_best(topology, free, size, must)
         return _result(devices, metrics, "exhaustive")
-    dense = _Dense(topology, free)
+    if dense is None:
+        dense = _Dense(topology, free)
     pos = {dev: i for i, dev in enumerate(dense.order)}
     fixed = sorted(pos[d] for d in must)
-    seeds = [sorted(pos[d] for d in cand) for cand in tree_candidates(tree, free, must, size)]
-    seeds.extend(_greedy_seeds(dense, fixed, size))
+    cands = tree_candidates(tree, free, must, size)
+    seeds = [sorted(pos[d] for d in cand) for cand in cands]
+    seeds.extend(_greedy_seeds(dense, fixed, size, all_sizes))
     best = max(seeds, key=dense.key)
     best = _local_search(dense, best, frozenset(fixed))
     devices = [dense.order[i] for i in best]
     return _result(devices, evaluate(topology, devices, free), "search")
 
 
-def _greedy_seeds(dense: _Dense, fixed: List[int], size: int, max_seeds: int = 16) -> List[List[int]]:
-    """Sets grown greedily inside the graph of pairs of class >= t, for the largest t that works.
+def _greedy_seeds(dense: _Dense, fixed: List[int], size: int, all_sizes: bool = False) -> List[List[int]]:
+    """Sets grown greedily from a few seeds, keeping the worst link as high as possible.
 
-    The bottleneck comes first in the objective, so look for the tightest
-    threshold at which some seed grows to a full set; each step adds the
-    device that keeps every pair >= t and adds the most pair weight (then the
-    least loss).
+    The bottleneck comes first in the objective, so each step adds the device
+    whose worst link to the set is highest, then the one adding the most pair
+    weight, then the least damage. A step does not depend on the target size,
+    so for the per-count tables (``all_sizes``) the growth orders are computed
+    once per free set and every size takes a prefix: the same sets as growing
+    each size on its own.
     """
     count = len(dense.order)
-    starts = [i for i in range(count) if i not in fixed][:max_seeds] if len(fixed) == 0 else [-1]
-    for threshold in range(len(LinkClass) - 1, -1, -1):
-        found: List[List[int]] = []
-        for start in starts:
-            members = list(fixed) + ([start] if start >= 0 else [])
-            if any(dense.cls[a][b] < threshold for x, a in enumerate(members) for b in members[x + 1:]):
+    if fixed:
+        return [sorted(_grow(dense, list(fixed), size))]
+    starts = range(min(count, max(2, min(16, 512 // max(1, count)))))
+    if not all_sizes:
+        return [sorted(_grow(dense, [start], size)) for start in starts]
+    if dense.orders is None:
+        dense.orders = [_grow(dense, [start], count) for start in starts]
+    return [sorted(order[:size]) for order in dense.orders]
+
+
+def _grow(dense: _Dense, members: List[int], size: int) -> List[int]:
+    count = len(dense.order)
+    inside = set(members)
+    gain = [0] * count
+    kgain = [0] * count
+    worst = [len(LinkClass)] * count
+
+    def add(m: int) -> None:
+        wrow, krow, crow = dense.weight[m], dense.code[m], dense.cls[m]
+        for i in range(count):
+            gain[i] += wrow[i]
+            kgain[i] += krow[i]
+            if i != m and crow[i] < worst[i]:
+                worst[i] = crow[i]
+
+    for m in members:
+        add(m)
+    while len(members) < size:
+        pick = -1
+        pick_key = None
+        for i in range(count):
+            if i in inside:
                 continue
-            inside = set(members)
-            gain = [sum(dense.weight[i][m] for m in members) for i in range(count)]
-            kgain = [sum(dense.code[i][m] for m in members) for i in range(count)]
-            worst = [min([dense.cls[i][m] for m in members if m != i], default=len(LinkClass))
-                     for i in range(count)]
-            while len(members) < size:
-                pick = -1
-                pick_key = None
-                for i in range(count):
-                    if i in inside or worst[i] < threshold:
-                        continue
-                    key = (gain[i], -(dense.degree[i] - 2 * kgain[i]), -i)
-                    if pick_key is None or key > pick_key:
-                        pick, pick_key = i, key
-                if pick < 0:
-                    break
-                members.append(pick)
-                inside.add(pick)
-                for i in range(count):
-                    gain[i] += dense.weight[i][pick]
-                    kgain[i] += dense.code[i][pick]
-                    if dense.cls[i][pick] < worst[i]:
-                        worst[i] = dense.cls[i][pick]
-            if len(members) == size:
-                found.append(sorted(members))
-        if found:
-            return found
-    return []
+            key = (worst[i], gain[i], 2 * kgain[i] - dense.degree[i], -i)
+            if pick_key is None or key > pick_key:
+                pick, pick_key = i, key
+        members.append(pick)
+        inside.add(pick)
+        add(pick)
+    return members
 
 
 def _local_search(dense: _Dense, start: List[int], fixed: FrozenSet[int]) -> List[int]:
-    """First-improvement swaps (one in, one out) until none helps or the budget is spent."""
-    current = sorted(start)
-    current_key = dense.key(current)
+    """First-improvement swaps (one in, one out) until none helps or the budget is spent.
+
+    Each trial swap is scored in O(classes) from per-device sums over the
+    current set (pair weight, cut code, pairs per class), updated in O(F)
+    when a swap is taken.
+    """
+    count = len(dense.order)
+    classes = len(LinkClass)
+    top = count - 1
+    current = set(start)
+    weight, code, cls, degree = dense.weight, dense.code, dense.cls, dense.degree
+    sw = [sum(weight[x][m] for m in current) for x in range(count)]
+    sk = [sum(code[x][m] for m in current) for x in range(count)]
+    cc = [[0] * classes for _x in range(count)]
+    for x in range(count):
+        row = cc[x]
+        for m in current:
+            if m != x:
+                row[cls[x][m]] += 1
+    cnt = [sum(cc[m][c] for m in current) // 2 for c in range(classes)]
+    pair_sum = sum(sw[m] for m in current) // 2
+    inside = sum(sk[m] for m in current) // 2
+    deg_sum = sum(degree[m] for m in current)
+    tie = sum(1 << (top - m) for m in current)
+
+    def level_of(counts: List[int]) -> int:
+        for c in range(classes):
+            if counts[c] > 0:
+                return c
+        return classes
+
+    current_key = (level_of(cnt), pair_sum, -(deg_sum - 2 * inside), tie)
     budget = SEARCH_BUDGET
     improved = True
     while improved and budget > 0:
         improved = False
-        inside = set(current)
-        outside = [i for i in range(len(dense.order)) if i not in inside]
-        for out_pos in [i for i in current if i not in fixed]:
+        outside = [i for i in range(count) if i not in current]
+        level = current_key[0]
+        for out_pos in sorted(current - fixed):
+            cc_out = cc[out_pos]
+            w_out_row = weight[out_pos]
+            base_pairs = pair_sum - sw[out_pos]
+            # unless every worst pair involves out_pos, the worst link cannot
+            # rise, so a swap that loses pair weight cannot win
+            can_rise = level < classes and cnt[level] == cc_out[level]
             for in_pos in outside:
                 budget -= 1
-                trial = sorted([i for i in current if i != out_pos] + [in_pos])
-                trial_key = dense.key(trial)
+                trial_pairs = base_pairs + sw[in_pos] - w_out_row[in_pos]
+                if trial_pairs < pair_sum and not can_rise:
+                    if budget <= 0:
+                        break
+                    continue
+                link = cls[out_pos][in_pos]
+                cc_in = cc[in_pos]
+                trial_cnt = [cnt[c] - cc_out[c] + cc_in[c] for c in range(classes)]
+                trial_cnt[link] -= 1
+                trial_inside = inside - sk[out_pos] + sk[in_pos] - code[out_pos][in_pos]
+                trial_deg = deg_sum - degree[out_pos] + degree[in_pos]
+                trial_key = (level_of(trial_cnt), trial_pairs, -(trial_deg - 2 * trial_inside),
+                             tie - (1 << (top - out_pos)) + (1 << (top - in_pos)))
                 if trial_key > current_key:
-                    current, current_key, improved = trial, trial_key, True
+                    current.discard(out_pos)
+                    current.add(in_pos)
+                    cnt, pair_sum, inside, deg_sum = trial_cnt, trial_pairs, trial_inside, trial_deg
+                    tie = trial_key[3]
+                    current_key = trial_key
+                    w_in, w_out = weight[in_pos], weight[out_pos]
+                    k_in, k_out = code[in_pos], code[out_pos]
+                    c_in, c_out = cls[in_pos], cls[out_pos]
+                    for x in range(count):
+                        sw[x] += w_in[x] - w_out[x]
+                        sk[x] += k_in[x] - k_out[x]
+                        if x != in_pos:
+                            cc[x][c_in[x]] += 1
+                        if x != out_pos:
+                            cc[x][c_out[x]] -= 1
+                    improved = True
                     break
                 if budget <= 0:
                     break
             if improved or budget <= 0:
                 break
-    return current
+    return sorted(current)
 
 
 def per_count_tables(topology: Topology, free: Iterable[int]) -> Tuple[Dict[int, int], Dict[int, int]]:
@@ -276,8 +347,9 @@ def per_count_tables(topology: Topology, free: Iterable[int]) -> Tuple[Dict[int,
             scores[n] = annotation_score(n, bottleneck, pair_sum)
             losses[n] = weighted_cut(cut)
         return scores, losses
+    dense = _Dense(topology, free_set)
     for n in range(1, len(free_set) + 1):
-        alloc = _search(topology, tree, free_set, frozenset(), n)
+        alloc = _search(topology, tree, free_set, frozenset(), n, dense, all_sizes=True)
         scores[n], losses[n] = alloc.score, alloc.loss
     return scores, losses
 

@@ -344,3 +344,16 @@ def test_bounded_search_on_non_hierarchical_topologies_is_valid(seed, count):
     assert len(alloc.devices) == size and free[0] in alloc.devices
     assert alloc.method in ("search", "exhaustive")
     assert allocate(topo, free, size, must) == alloc
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2 ** 32))
+def test_tables_match_the_bounded_search(seed):
+    """The tables reuse greedy growth orders across sizes; allocate grows each size alone."""
+    rng = random.Random(seed)
+    topo = random_matrix(rng, 20)
+    free = [d for d in topo.device_indices if rng.random() < 0.9]
+    scores, losses = per_count_tables(topo, free)
+    for n in scores:
+        alloc = allocate(topo, free, n)
+        assert (scores[n], losses[n]) == (alloc.score, alloc.loss)
