@@ -402,13 +402,3 @@ def tree_tables(tree: Hierarchy, free: FrozenSet[int]) -> Dict[int, Tuple[int, i
                 break
     return out
 
-
-def leaf_groups(tree: Hierarchy, minimum: int) -> List[Tuple[int, Tuple[int, ...]]]:
-    """Groups whose class is at least ``minimum``, outermost first (for reports)."""
-    out = []
-    for node in tree.nodes:
-        if minimum <= node.cls < LEAF_CLASS:
-            parent = node.parent
-            if parent < 0 or tree.nodes[parent].cls < minimum:
-                out.append((node.cls, node.devices))
-    return out
