@@ -33,7 +33,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.gpu import allocator  # 
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_synth import (  # noqa: E402
     random_matrix, random_spec, random_ultrametric, topology_from_spec)
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_tree import build_hierarchy, hierarchy  # noqa: E402
-from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import Topology  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass, Topology, build_topology  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.scoring import evaluate, exhaustive_best  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import GpuSpec, NodeSpec, preset  # noqa: E402
 
@@ -168,6 +168,17 @@ def unaligned_topology(rng: random.Random, count: int) -> Topology:
     return topology_from_spec(random_spec(rng, count, aligned=False))
 
 
+def dual_board(_rng: Optional[random.Random] = None, _count: int = 16) -> Topology:
+    """Two 8-GPU MetaXLink boards, each spanning both sockets: not ultrametric
+    (a GPU is MX to its board, NODE to the other board's GPUs on its socket,
+    SYS to the rest), so it takes the fallback path."""
+    def link(a: int, b: int) -> LinkClass:
+        if a // 8 == b // 8:
+            return LinkClass.MX
+        return LinkClass.NODE if (a % 8) // 4 == (b % 8) // 4 else LinkClass.SYS
+    return build_topology(range(16), link)
+
+
 def non_hierarchical_vfs(rng: random.Random) -> Topology:
     """16 GPUs x 8 VFs whose MetaXLink groups cut across the PCIe tree (the fallback path)."""
     while True:
@@ -202,6 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         bench_tables("tables 16xC500", c500_16, per_size, rng, None),
         bench_tables("tables 16xC500 x 8 VFs", vf_128, per_size // 2, rng, 50.0),
         bench_tables("tables 32xC500", c500_32, per_size // 2, rng, None),
+        bench_allocate("allocate dual-board 16 GPUs", dual_board(), per_size, rng, 10.0),
         bench_allocate("allocate non-hier. 16x8 VFs", odd_128, max(2, per_size // 20), rng, None),
         bench_tables("tables non-hier. 16x8 VFs", odd_128, 3, rng, None),
     ]
@@ -210,6 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         quality("random SR-IOV nodes, <=16 VFs", vf_topology, cases // 2, rng),
         quality("random hierarchies, <=16 devices", random_ultrametric, cases // 2, rng),
         quality("non-hierarchical (fallback), <=16 GPUs", unaligned_topology, cases // 2, rng),
+        quality("dual-board 16 GPUs (fallback)", dual_board, cases // 2, rng),
         quality("non-hierarchical, local search only", random_matrix, cases // 2, rng,
                 exhaustive_limit=0),
     ]

@@ -33,7 +33,7 @@ from .scoring import (ANNOTATION_LOSSES, ANNOTATION_SCORES, PAIR_WEIGHTS, SetMet
 # Non-ultrametric topologies (see alloc_tree) are searched exhaustively up to
 # this many candidate sets (C(12, 6) = 924 fits: every request on 12 devices
 # is exact), beyond it by a bounded local search.
-EXHAUSTIVE_LIMIT = 3000
+EXHAUSTIVE_LIMIT = 1000
 # Swap trials the local search may spend per request (each costs O(link classes)).
 SEARCH_BUDGET = 200000
 
