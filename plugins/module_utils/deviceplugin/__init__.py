@@ -1,0 +1,16 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The kubelet device-plugin side of gpu-device.
+
+``api/``            kubelet APIs (device plugin v1beta1, pod resources v1):
+                    our .proto files and the committed generated stubs
+                    (``gen_protos.sh`` regenerates them)
+``constants``       names the kubelet and the cluster see
+``devices``         the advertised device list and its health
+``server``          the DevicePlugin gRPC service (Allocate & co.)
+``registration``    Register with the kubelet
+``podresources``    which devices the kubelet has assigned to containers
+``annotations``     the node annotations read by gpu-aware and HAMi
+``metrics``         Prometheus metrics and the /metrics, /healthz endpoint
+"""

@@ -1,0 +1,34 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Names shared with the kubelet and the rest of the cluster (DESIGN section 3)."""
+
+from __future__ import annotations
+
+RESOURCE_NAME = "metax-tech.com/gpu"
+
+# kubelet device-plugin API (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1)
+API_VERSION = "v1beta1"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_SOCKET_NAME = "kubelet.sock"
+# our socket, in the device-plugin directory
+PLUGIN_SOCKET_NAME = "metax-gpu.sock"
+
+# kubelet pod-resources API (k8s.io/kubelet/pkg/apis/podresources/v1)
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+# Node annotations published by gpu-device (read by gpu-aware and HAMi).
+ANNOTATION_SCORES = "metax-tech.com/gpu.topology.scores"
+ANNOTATION_LOSSES = "metax-tech.com/gpu.topology.losses"
+ANNOTATION_DEVICES = "metax-tech.com/gpu.devices"
+ANNOTATION_KEYS = (ANNOTATION_SCORES, ANNOTATION_LOSSES, ANNOTATION_DEVICES)
+
+# What a container gets from Allocate.
+DEVICE_MXCD = "/dev/mxcd"
+DRI_DIR = "/dev/dri"
+ENV_VISIBLE_DEVICES = "METAX_VISIBLE_DEVICES"      # device IDs (PCI addresses), comma separated
+ENV_DEVICE_INDICES = "METAX_DEVICE_INDICES"         # node-local device indices, same order
+ENV_DEVICE_UUIDS = "METAX_DEVICE_UUIDS"             # GPU UUIDs where mx-smi reported them
+DEVICE_PERMISSIONS = "rw"
