@@ -46,7 +46,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_synth import (
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_tree import hierarchy  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass, Topology  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.scoring import evaluate  # noqa: E402
-from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import NodeSpec, preset  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import GpuSpec, NodeSpec, preset  # noqa: E402
 from allocator_bench import spec_32  # noqa: E402
 
 GO_DIR = os.path.join(HERE, "go-gpuallocator")
@@ -144,6 +144,10 @@ def build_cases(rng: random.Random, random_nodes: int) -> List[Request]:
     c16 = Node("16xC500", preset("16xC500"))
     c32 = Node("32xC500", spec_32())
     vf128 = Node("16xC500 x8 VFs", preset("16xC500"), 8)
+    boards = Node("dual-board 16", NodeSpec("dual-board", tuple(
+        GpuSpec("C500", numa_node=socket, root_complex=2 * socket + board, root_port=0, switch_path=(2 * socket + board,),
+                metaxlink_group=board)
+        for board in (0, 1) for socket in (0, 1) for _gpu in range(4))))
     reqs = [
         Request(c8, "manual example 1 (0,1 taken)", range(2, 8), [4]),
         Request(c8, "manual example 2 (0,1 taken)", range(2, 8), [2]),
@@ -163,6 +167,7 @@ def build_cases(rng: random.Random, random_nodes: int) -> List[Request]:
     reqs += [Request(c16, "all free", range(16), [n]) for n in (1, 2, 3, 4, 8, 16)]
     reqs += [Request(c16, "0,1 taken", range(2, 16), [n]) for n in (2, 4, 8)]
     reqs += [Request(c16, "0,1,4,8,9,12 taken", [2, 3, 5, 6, 7, 10, 11, 13, 14, 15], [n]) for n in (2, 3, 4)]
+    reqs += [Request(boards, "0,1,8 taken", [d for d in range(16) if d not in (0, 1, 8)], [n]) for n in (2, 4, 8)]
     reqs += [Request(c32, "all free", range(32), [n]) for n in (2, 8)]
     reqs += [Request(vf128, "all free", range(128), [n]) for n in (1, 8)]
     for k in range(random_nodes):
