@@ -89,7 +89,16 @@ def _as_index_set(values: Iterable[int], what: str, known: FrozenSet[int]) -> Fr
 
 
 def _fmt(indices: Sequence[int]) -> str:
-    return ",".join(str(i) for i in indices) or "none"
+    """Sorted indices as runs ("0-3,6"), short even on 128-device nodes."""
+    parts: List[str] = []
+    run: List[int] = []
+    for index in list(indices) + [None]:   # type: ignore[list-item]
+        if run and (index is None or index != run[-1] + 1):
+            parts.append(str(run[0]) if len(run) == 1 else "%d-%d" % (run[0], run[-1]))
+            run = []
+        if index is not None:
+            run.append(index)
+    return ",".join(parts) or "none"
 
 
 def _validate(topology: Topology, available: Iterable[int], size: int,
