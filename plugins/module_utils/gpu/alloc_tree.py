@@ -388,8 +388,10 @@ def tree_tables(tree: Hierarchy, free: FrozenSet[int]) -> Dict[int, Tuple[int, i
             by_level.setdefault(node.cls, []).append(nid)
     levels = sorted(by_level, reverse=True)
     out: Dict[int, Tuple[int, int, Tuple[int, ...]]] = {}
+    first = 0
     for n in range(1, total + 1):
-        for level in levels:
+        for pos in range(first, len(levels)):
+            level = levels[pos]
             best: Optional[int] = None
             for nid in by_level[level]:
                 if solver.free_count[nid] < n:
@@ -399,6 +401,7 @@ def tree_tables(tree: Hierarchy, free: FrozenSet[int]) -> Dict[int, Tuple[int, i
                     best = val
             if best is not None:
                 out[n] = (level,) + solver.decode(best)   # type: ignore[assignment]
+                first = pos
                 break
     return out
 
