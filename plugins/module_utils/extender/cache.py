@@ -1,0 +1,283 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""State gpu-aware keeps from the Kubernetes API: the node cache and the weights.
+
+:class:`ListWatch` is a small reflector: list, then watch from the list's
+resourceVersion (with bookmarks); a watch that ends is resumed from the last
+resourceVersion seen; ``410 Gone`` (the version was compacted away) and the
+periodic resync list again; errors reconnect with capped exponential backoff.
+The transport (:class:`Source`) is injected: :mod:`.kube` talks to the API
+server, tests use fakes.
+
+Handlers receive plain JSON dicts. The node cache keeps only each node's
+:class:`~.nodeinfo.GpuState`, not the Node objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol, Tuple
+
+from ..agents.common import Backoff
+from .metrics import ExtenderMetrics
+from .nodeinfo import GpuState, StateCache, node_fields, node_name
+from .policy import CONFIGMAP_NAME, WeightError, Weights, weights_from_configmap
+
+
+class Expired(Exception):
+    """The resourceVersion is too old (HTTP 410 Gone): list again."""
+
+
+class Source(Protocol):  # pragma: no cover - interface
+    def list(self) -> Tuple[List[Dict[str, Any]], str]:
+        """(items, resourceVersion)."""
+
+    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[Dict[str, Any]]:
+        """Watch events ``{"type": ..., "object": {...}}`` until the server ends the watch."""
+
+    def close(self) -> None:
+        """Abort a watch in progress (called from another thread on shutdown)."""
+
+
+class Handler(Protocol):  # pragma: no cover - interface
+    def replace(self, items: List[Dict[str, Any]]) -> None:
+        """The complete current set of objects (after a list)."""
+
+    def apply(self, event_type: str, obj: Dict[str, Any]) -> None:
+        """One ADDED / MODIFIED / DELETED event."""
+
+
+def _resource_version(obj: Any) -> Optional[str]:
+    if isinstance(obj, Mapping):
+        metadata = obj.get("metadata")
+        if isinstance(metadata, Mapping):
+            version = metadata.get("resourceVersion")
+            if isinstance(version, str) and version:
+                return version
+    return None
+
+
+class ListWatch:
+    """Keep ``handler`` in step with one resource; runs in its own daemon thread."""
+
+    def __init__(self, resource: str, source: Source, handler: Handler, metrics: ExtenderMetrics,
+                 logger: logging.Logger, resync_seconds: float = 300.0, watch_seconds: int = 240,
+                 backoff: Optional[Backoff] = None) -> None:
+        self.resource = resource
+        self.source = source
+        self.handler = handler
+        self.metrics = metrics
+        self.log = logger
+        self.resync_seconds = max(1.0, float(resync_seconds))
+        self.watch_seconds = max(1, int(watch_seconds))
+        self.backoff = backoff or Backoff(initial=0.5, cap=30.0)
+        self.stopping = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+        self.lists = 0
+
+    def start(self) -> "ListWatch":
+        self.thread = threading.Thread(target=self.run, name="listwatch-" + self.resource, daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self.stopping.set()
+        try:
+            self.source.close()
+        except Exception:  # pylint: disable=broad-except
+            pass
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    def _list(self) -> str:
+        items, version = self.source.list()
+        self.handler.replace(items)
+        self.lists += 1
+        self.metrics.relists.inc(self.resource)
+        self.log.debug("listed %d %s at resourceVersion %s", len(items), self.resource, version)
+        return version
+
+    def run(self) -> None:
+        version: Optional[str] = None
+        listed_at = 0.0
+        while not self.stopping.is_set():
+            try:
+                if version is None or time.monotonic() - listed_at >= self.resync_seconds:
+                    version = self._list()
+                    listed_at = time.monotonic()
+                    self.backoff.reset()
+                remaining = self.resync_seconds - (time.monotonic() - listed_at)
+                timeout = max(1, int(min(self.watch_seconds, remaining)))
+                started = time.monotonic()
+                events = 0
+                for event in self.source.watch(version, timeout):
+                    if self.stopping.is_set():
+                        return
+                    events += 1
+                    version = self._event(event, version)
+                    if time.monotonic() - listed_at >= self.resync_seconds:
+                        break
+                if events == 0 and time.monotonic() - started < 1.0 and not self.stopping.is_set():
+                    # The server ended the watch at once: do not spin.
+                    self.stopping.wait(self.backoff.next_delay())
+            except Expired:
+                self.log.info("%s watch: resourceVersion %s expired, listing again", self.resource, version)
+                version = None
+            except Exception as exc:  # pylint: disable=broad-except
+                if self.stopping.is_set():
+                    return
+                self.metrics.watch_restarts.inc(self.resource)
+                delay = self.backoff.next_delay()
+                self.log.warning("%s list/watch failed (%s); retrying in %.1fs", self.resource,
+                                 _short(exc), delay)
+                self.stopping.wait(delay)
+
+    def _event(self, event: Mapping[str, Any], version: Optional[str]) -> Optional[str]:
+        kind = event.get("type")
+        obj = event.get("object")
+        if kind == "ERROR":
+            code = obj.get("code") if isinstance(obj, Mapping) else None
+            if code == 410:
+                raise Expired()
+            message = obj.get("message") if isinstance(obj, Mapping) else obj
+            raise RuntimeError("watch error %s: %s" % (code, message))
+        if not isinstance(obj, dict):
+            return version
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            try:
+                self.handler.apply(kind, obj)
+            except Exception:  # pylint: disable=broad-except
+                self.log.exception("%s: handling a %s event failed", self.resource, kind)
+        return _resource_version(obj) or version
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return "%s: %s" % (type(exc).__name__, text[0][:300] if text else "")
+
+
+class NodeCache:
+    """Node name -> :class:`GpuState`, for NodeNames requests (``nodeCacheCapable: true``).
+
+    One writer (the node ListWatch thread); readers need no lock: the mapping
+    is replaced whole after a list and updated key by key after events.
+    """
+
+    def __init__(self, states: StateCache, metrics: ExtenderMetrics, logger: logging.Logger) -> None:
+        self.states = states
+        self.metrics = metrics
+        self.log = logger
+        self._nodes: Dict[str, GpuState] = {}
+        self.synced = threading.Event()
+
+    def _state(self, node: Mapping[str, Any]) -> GpuState:
+        return self.states.state(node_fields(node))
+
+    def replace(self, items: Iterable[Dict[str, Any]]) -> None:
+        fresh: Dict[str, GpuState] = {}
+        for node in items:
+            if isinstance(node, dict):
+                name = node_name(node)
+                if name:
+                    fresh[name] = self._state(node)
+        self._nodes = fresh
+        self.metrics.cache_nodes.set(value=len(fresh))
+        if not self.synced.is_set():
+            self.log.info("node cache synced: %d nodes", len(fresh))
+        self.synced.set()
+        self.metrics.cache_synced.set(value=1)
+
+    def apply(self, event_type: str, obj: Dict[str, Any]) -> None:
+        name = node_name(obj)
+        if not name:
+            return
+        if event_type == "DELETED":
+            self._nodes.pop(name, None)
+        else:
+            self._nodes[name] = self._state(obj)
+        self.metrics.cache_nodes.set(value=len(self._nodes))
+
+    def get(self, name: str) -> Optional[GpuState]:
+        return self._nodes.get(name)
+
+    def lookup(self, names: Iterable[str]) -> List[Optional[GpuState]]:
+        get = self._nodes.get
+        return [get(name) for name in names]
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+
+class WeightsHolder:
+    """The weights in use: the flags until the ConfigMap is read, then the ConfigMap's.
+
+    A rejected ConfigMap keeps the last good weights, logs an error and sets
+    ``gpu_aware_config_valid`` to 0 (``gpu_aware_config_errors_total`` counts
+    rejections). A deleted ConfigMap returns to the flags.
+    """
+
+    def __init__(self, flags: Weights, metrics: ExtenderMetrics, logger: logging.Logger,
+                 namespace: str = "", name: str = CONFIGMAP_NAME) -> None:
+        self.flags = flags
+        self.current = flags
+        self.metrics = metrics
+        self.log = logger
+        self.namespace = namespace
+        self.name = name
+        self.last_error: Optional[str] = None
+        self._publish()
+
+    def _publish(self) -> None:
+        self.metrics.weight.set("score", value=self.current.score)
+        self.metrics.weight.set("loss", value=self.current.loss)
+
+    def _set(self, weights: Weights) -> None:
+        if weights != self.current:
+            self.log.info("weights: scoreWeight=%s lossWeight=%s (from %s)", weights.score, weights.loss,
+                          weights.source)
+            self.current = weights
+            self.metrics.config_reloads.inc()
+            self._publish()
+
+    def configmap(self, data: Optional[Mapping[str, Any]]) -> bool:
+        """Apply a ConfigMap's ``data``; False (and the old weights kept) when it is invalid."""
+        source = "configmap %s/%s" % (self.namespace, self.name)
+        try:
+            weights = weights_from_configmap(data, self.flags, source)
+        except WeightError as exc:
+            self.last_error = str(exc)
+            self.metrics.config_errors.inc()
+            self.metrics.config_valid.set(value=0)
+            self.log.error("ConfigMap %s/%s rejected, keeping scoreWeight=%s lossWeight=%s: %s",
+                           self.namespace, self.name, self.current.score, self.current.loss, exc)
+            return False
+        self.last_error = None
+        self.metrics.config_valid.set(value=1)
+        self._set(weights)
+        return True
+
+    def absent(self) -> None:
+        self.last_error = None
+        self.metrics.config_valid.set(value=1)
+        if self.current != self.flags:
+            self.log.info("ConfigMap %s/%s absent: back to the flag weights", self.namespace, self.name)
+        self._set(self.flags)
+
+    # Handler interface (ListWatch over the one ConfigMap)
+    def replace(self, items: List[Dict[str, Any]]) -> None:
+        for item in items:
+            if node_name(item) == self.name:
+                self.configmap(item.get("data"))
+                return
+        self.absent()
+
+    def apply(self, event_type: str, obj: Dict[str, Any]) -> None:
+        if node_name(obj) != self.name:
+            return
+        if event_type == "DELETED":
+            self.absent()
+        else:
+            self.configmap(obj.get("data"))

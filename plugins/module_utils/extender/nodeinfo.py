@@ -1,0 +1,223 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""What a Node tells gpu-aware about its GPUs (DESIGN section 3).
+
+gpu-device publishes three annotations on each Node:
+
+* ``metax-tech.com/gpu.devices``: JSON list of devices with ``health``
+  (``Healthy``/``Unhealthy``) and ``allocated`` (bool);
+* ``metax-tech.com/gpu.topology.scores`` / ``.losses``: JSON objects keyed
+  by count ``"1".."F"`` (F = free healthy devices now) with the integer score
+  (higher is better) and loss (lower is better) of the best allocation of that
+  size (scales in ``plugins/module_utils/gpu/scoring.py``).
+
+From those, :func:`gpu_state` derives a :class:`GpuState`: how many devices
+the node has in total, how many are free and healthy, and the per-count
+tables. Sources, best first:
+
+* free: healthy and unallocated entries of ``gpu.devices``; else the largest
+  key of the scores table; else ``status.allocatable`` (the scheduler's own
+  resource fit then accounts for the pods already there);
+* total: the length of ``gpu.devices``; else ``status.capacity``; else
+  ``status.allocatable``; else the free count.
+
+A malformed annotation is skipped (the next source is used) and noted in
+``GpuState.problems``; it never fails a request.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .demand import GPU_RESOURCE, QuantityError, quantity_count
+
+ANNOTATION_DEVICES = "metax-tech.com/gpu.devices"
+ANNOTATION_SCORES = "metax-tech.com/gpu.topology.scores"
+ANNOTATION_LOSSES = "metax-tech.com/gpu.topology.losses"
+
+# (devices, scores, losses, capacity, allocatable) as found on the Node.
+NodeFields = Tuple[Optional[str], Optional[str], Optional[str], Any, Any]
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """A node's GPUs as gpu-aware sees them. Immutable, shared between nodes with equal inputs."""
+
+    total: int                                  # devices on the node (any health)
+    free: int                                   # free healthy devices now
+    scores: Optional[Mapping[int, int]] = None  # count -> score (higher is better)
+    losses: Optional[Mapping[int, int]] = None  # count -> loss (lower is better)
+    source: str = "none"                        # where `free` came from: devices|scores|allocatable|none
+    problems: Tuple[str, ...] = ()              # annotations that could not be used
+
+    def table(self, count: int) -> Optional[Tuple[int, int]]:
+        """(score, loss) for a request of ``count`` devices, or None when either is unknown."""
+        if self.scores is None or self.losses is None:
+            return None
+        score = self.scores.get(count)
+        loss = self.losses.get(count)
+        if score is None or loss is None:
+            return None
+        return score, loss
+
+
+NO_GPU = GpuState(total=0, free=0)
+
+
+def _parse_table(text: Any) -> Dict[int, int]:
+    if not isinstance(text, str):
+        raise ValueError("not a string")
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    table: Dict[int, int] = {}
+    for key, item in value.items():
+        count = int(key)
+        if count < 1 or str(count) != key.strip():
+            raise ValueError("key %r is not a count" % key)
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise ValueError("value for %r is not an integer" % key)
+        table[count] = item
+    return table
+
+
+def _parse_devices(text: Any) -> Tuple[int, int]:
+    """(total, free healthy) from the ``gpu.devices`` annotation."""
+    if not isinstance(text, str):
+        raise ValueError("not a string")
+    value = json.loads(text)
+    if not isinstance(value, list):
+        raise ValueError("not a JSON list")
+    free = 0
+    for device in value:
+        if not isinstance(device, dict):
+            raise ValueError("device entry is not an object")
+        health = device.get("health")
+        if isinstance(health, str) and health.lower() == "healthy" and not device.get("allocated"):
+            free += 1
+    return len(value), free
+
+
+def _count(value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    try:
+        return quantity_count(value)
+    except QuantityError:
+        return None
+
+
+def gpu_state(fields: NodeFields) -> GpuState:
+    """Pure: the :class:`GpuState` of a node from its annotation texts and resource quantities."""
+    devices_text, scores_text, losses_text, capacity, allocatable = fields
+    problems = []
+    total: Optional[int] = None
+    free: Optional[int] = None
+    source = "none"
+    if devices_text is not None:
+        try:
+            total, free = _parse_devices(devices_text)
+            source = "devices"
+        except (ValueError, TypeError) as exc:
+            problems.append("%s: %s" % (ANNOTATION_DEVICES, exc))
+    scores: Optional[Dict[int, int]] = None
+    losses: Optional[Dict[int, int]] = None
+    if scores_text is not None:
+        try:
+            scores = _parse_table(scores_text)
+        except (ValueError, TypeError) as exc:
+            problems.append("%s: %s" % (ANNOTATION_SCORES, exc))
+    if losses_text is not None:
+        try:
+            losses = _parse_table(losses_text)
+        except (ValueError, TypeError) as exc:
+            problems.append("%s: %s" % (ANNOTATION_LOSSES, exc))
+    capacity_count = _count(capacity)
+    allocatable_count = _count(allocatable)
+    if free is None and scores is not None:
+        free = max(scores) if scores else 0
+        source = "scores"
+    if free is None and allocatable_count is not None:
+        free = allocatable_count
+        source = "allocatable"
+    if free is None:
+        free = 0
+    if total is None:
+        for candidate in (capacity_count, allocatable_count):
+            if candidate is not None:
+                total = candidate
+                break
+        else:
+            total = free
+    if scores is None or losses is None:
+        scores = losses = None
+    return GpuState(total=total, free=free, scores=scores, losses=losses, source=source,
+                    problems=tuple(problems))
+
+
+def node_name(node: Mapping[str, Any]) -> Optional[str]:
+    metadata = node.get("metadata")
+    if isinstance(metadata, Mapping):
+        name = metadata.get("name")
+        if isinstance(name, str) and name:
+            return name
+    return None
+
+
+def node_fields(node: Mapping[str, Any]) -> NodeFields:
+    """The inputs of :func:`gpu_state` from a Node object (a parsed JSON dict)."""
+    metadata = node.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    status = node.get("status")
+    if not isinstance(annotations, Mapping):
+        annotations = _EMPTY
+    if not isinstance(status, Mapping):
+        status = _EMPTY
+    capacity = status.get("capacity") or _EMPTY
+    allocatable = status.get("allocatable") or _EMPTY
+    return (annotations.get(ANNOTATION_DEVICES), annotations.get(ANNOTATION_SCORES),
+            annotations.get(ANNOTATION_LOSSES),
+            capacity.get(GPU_RESOURCE) if isinstance(capacity, Mapping) else None,
+            allocatable.get(GPU_RESOURCE) if isinstance(allocatable, Mapping) else None)
+
+
+class StateCache:
+    """Memoises :func:`gpu_state` by its inputs.
+
+    Consecutive requests carry the same annotation texts for most nodes; this
+    keeps gpu-aware from re-parsing them. Bounded: cleared when it reaches
+    ``limit`` entries. Safe to share between threads (a lost insert only costs
+    a re-parse).
+    """
+
+    def __init__(self, limit: int = 50000) -> None:
+        self.limit = limit
+        self._entries: Dict[NodeFields, GpuState] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def state(self, fields: NodeFields) -> GpuState:
+        try:
+            found = self._entries.get(fields)
+        except TypeError:            # an unhashable value (a list where a string belongs)
+            return gpu_state(fields)
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        state = gpu_state(fields)
+        with self._lock:
+            if len(self._entries) >= self.limit:
+                self._entries = {}
+            self._entries[fields] = state
+        return state
+
+    def __len__(self) -> int:
+        return len(self._entries)

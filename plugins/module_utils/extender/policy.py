@@ -1,0 +1,183 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""gpu-aware's decisions: which nodes pass, how they score, and the weights.
+
+Pure functions; ``docs/gpu-aware.md`` states the same rules for users.
+
+Filter, for a pod that needs ``n`` devices (n > 0):
+
+* fewer than ``n`` devices in total -> ``FailedAndUnresolvableNodes``
+  (preempting pods there cannot help);
+* fewer than ``n`` free healthy devices -> ``FailedNodes``;
+* otherwise the node passes. A pod that needs no device passes everywhere.
+
+Prioritize: the per-count tables give each candidate node ``i`` a score
+``s_i`` (communication quality of the best ``n``-set, higher is better) and a
+loss ``l_i`` (damage to the devices left free, lower is better). Both are
+min-max normalised over the candidates of the request that have them::
+
+    s'_i = (s_i - min s) / (max s - min s)      (1 when all are equal)
+    l'_i = (l_i - min l) / (max l - min l)      (0 when all are equal)
+    score_i = floor(10 * (W_s * s'_i + W_l * (1 - l'_i)) / (W_s + W_l) + 1/2)
+
+``W_s`` = ``scoreWeight`` and ``W_l`` = ``lossWeight``. Nodes without a table
+entry for ``n`` (no annotations, or tables from before a change) get the
+neutral :data:`NEUTRAL_SCORE`, and so does every node when both weights are 0
+or the pod needs no device. The normalisation makes the two scales (see
+``gpu/scoring.py``) comparable whatever their units, and the score depends
+only on the request, so the same request always gets the same answer.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .demand import GPU_RESOURCE
+from .nodeinfo import GpuState
+
+MIN_SCORE = 0
+MAX_SCORE = 10
+NEUTRAL_SCORE = 5
+
+CONFIGMAP_NAME = "gpu-aware-plugin"
+KEY_SCORE_WEIGHT = "scoreWeight"
+KEY_LOSS_WEIGHT = "lossWeight"
+DEFAULT_SCORE_WEIGHT = 1.0
+DEFAULT_LOSS_WEIGHT = 1.0
+# A weight is a plain non-negative decimal ("1", "0.5", "10").
+_WEIGHT = re.compile(r"^\s*(\d{1,9}(\.\d{0,9})?|\.\d{1,9})\s*$")
+
+
+class WeightError(ValueError):
+    """A weight value (flag or ConfigMap) is not acceptable."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    score: float = DEFAULT_SCORE_WEIGHT
+    loss: float = DEFAULT_LOSS_WEIGHT
+    source: str = "default"        # "flags" | "configmap <ns>/<name>" | "default"
+
+
+def parse_weight(value: object, what: str = "weight") -> float:
+    """A weight from a flag or a ConfigMap value: a non-negative decimal number."""
+    if isinstance(value, bool):
+        raise WeightError("%s: %r is not a number" % (what, value))
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str) and _WEIGHT.match(value):
+        number = float(value)
+    else:
+        raise WeightError("%s: %r is not a non-negative decimal number" % (what, value))
+    if not math.isfinite(number) or number < 0:
+        raise WeightError("%s: %r is not a non-negative decimal number" % (what, value))
+    return number
+
+
+def weights_from_configmap(data: Optional[Mapping[str, object]], defaults: Weights, source: str) -> Weights:
+    """The weights a ConfigMap's ``data`` asks for; a missing key keeps the default (the flag).
+
+    Raises :class:`WeightError` naming the first bad key; the caller keeps the
+    last good weights then.
+    """
+    data = data or {}
+    score = defaults.score
+    loss = defaults.loss
+    if KEY_SCORE_WEIGHT in data:
+        score = parse_weight(data[KEY_SCORE_WEIGHT], KEY_SCORE_WEIGHT)
+    if KEY_LOSS_WEIGHT in data:
+        loss = parse_weight(data[KEY_LOSS_WEIGHT], KEY_LOSS_WEIGHT)
+    return Weights(score=score, loss=loss, source=source)
+
+
+# --------------------------------------------------------------------- filter
+
+def reason_total(demand: int) -> str:
+    return "gpu-aware: node has fewer than %d %s devices in total" % (demand, GPU_RESOURCE)
+
+
+def reason_free(demand: int) -> str:
+    return "gpu-aware: fewer than %d free healthy %s devices" % (demand, GPU_RESOURCE)
+
+
+REASON_UNKNOWN = "gpu-aware: node not in gpu-aware's node cache yet"
+
+
+@dataclass
+class FilterOutcome:
+    passed: List[int]                 # indices into the request's nodes, in request order
+    failed: Dict[str, str]            # FailedNodes
+    unresolvable: Dict[str, str]      # FailedAndUnresolvableNodes
+
+
+def filter_nodes(demand: int, names: Sequence[str], states: Sequence[Optional[GpuState]]) -> FilterOutcome:
+    """Split the candidates; ``states[i]`` is None when node ``names[i]`` is unknown."""
+    passed: List[int] = []
+    failed: Dict[str, str] = {}
+    unresolvable: Dict[str, str] = {}
+    if demand <= 0:
+        passed = [i for i, state in enumerate(states) if state is not None]
+        for i, state in enumerate(states):
+            if state is None:
+                failed[names[i]] = REASON_UNKNOWN
+        return FilterOutcome(passed, failed, unresolvable)
+    total_reason = free_reason = ""
+    for i, state in enumerate(states):
+        if state is None:
+            failed[names[i]] = REASON_UNKNOWN
+        elif state.total < demand:
+            unresolvable[names[i]] = total_reason or reason_total(demand)
+            total_reason = unresolvable[names[i]]
+        elif state.free < demand:
+            failed[names[i]] = free_reason or reason_free(demand)
+            free_reason = failed[names[i]]
+        else:
+            passed.append(i)
+    return FilterOutcome(passed, failed, unresolvable)
+
+
+# ----------------------------------------------------------------- prioritize
+
+def prioritize(demand: int, states: Sequence[Optional[GpuState]], weights: Weights) -> List[int]:
+    """Scores 0..10 for the candidates, in order (formula in the module docstring)."""
+    count = len(states)
+    total_weight = weights.score + weights.loss
+    if demand <= 0 or total_weight <= 0:
+        return [NEUTRAL_SCORE] * count
+    tables: List[Optional[Tuple[int, int]]] = [None] * count
+    s_lo = l_lo = math.inf
+    s_hi = l_hi = -math.inf
+    for i, state in enumerate(states):
+        if state is None or state.scores is None:
+            continue
+        score = state.scores.get(demand)
+        loss = state.losses.get(demand) if state.losses is not None else None
+        if score is None or loss is None:
+            continue
+        tables[i] = (score, loss)
+        if score < s_lo:
+            s_lo = score
+        if score > s_hi:
+            s_hi = score
+        if loss < l_lo:
+            l_lo = loss
+        if loss > l_hi:
+            l_hi = loss
+    cs = MAX_SCORE * weights.score / total_weight
+    cl = MAX_SCORE * weights.loss / total_weight
+    # score_i = cs * s'_i + cl * (1 - l'_i), as affine functions of s_i and l_i.
+    ks = cs / (s_hi - s_lo) if s_hi > s_lo else 0.0
+    kl = cl / (l_hi - l_lo) if l_hi > l_lo else 0.0
+    base = (cs if ks == 0.0 else -ks * s_lo) + cl + (kl * l_lo if kl else 0.0) + 0.5 + 1e-9
+    out: List[int] = []
+    for table in tables:
+        if table is None:
+            out.append(NEUTRAL_SCORE)
+            continue
+        value = int(base + ks * table[0] - kl * table[1])
+        out.append(MAX_SCORE if value > MAX_SCORE else MIN_SCORE if value < MIN_SCORE else value)
+    return out

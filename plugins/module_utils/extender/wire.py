@@ -1,0 +1,213 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The extender's wire format (``k8s.io/kube-scheduler/extender/v1``).
+
+Request ``ExtenderArgs``: ``{"Pod": {...}, "Nodes": {"items": [...]}, "NodeNames": null}``
+(``nodeCacheCapable: false``) or ``{"Pod": {...}, "Nodes": null, "NodeNames": [...]}``
+(``true``). Answers: ``ExtenderFilterResult`` (``Nodes`` or ``NodeNames``,
+``FailedNodes``, ``FailedAndUnresolvableNodes``, ``Error``) and
+``HostPriorityList`` (``[{"Host": ..., "Score": 0..10}]``).
+
+With full Node objects the request runs to tens of MB at thousands of nodes,
+and kube-scheduler (v1.36 ``HTTPExtender.Filter``) builds the next stage from
+the Node objects *returned* in ``Nodes.items``. So the parser walks the
+document with the standard library's C scanner one value at a time, keeps
+the byte span of every node, hands each node to a callback that extracts what
+gpu-aware needs and lets the object go, and the filter answer copies the
+passing nodes' original JSON text instead of re-encoding them. Parsing is
+still complete and strict: anything that is not one JSON document is refused.
+Keys match case-insensitively, as Go's ``encoding/json`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple, TypeVar
+
+T = TypeVar("T")
+
+_DECODER = json.JSONDecoder()
+_SCAN = _DECODER.scan_once
+_SCANSTRING = json.decoder.scanstring
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+class BadRequest(ValueError):
+    """The body is not acceptable ExtenderArgs; answered with HTTP 400."""
+
+
+@dataclass
+class ParsedArgs:
+    """ExtenderArgs with the nodes reduced to what a callback extracted."""
+
+    pod: Dict[str, Any]
+    names: List[str]                   # candidate node names, request order
+    extracted: List[Any]               # extract(node) per node (Nodes form); empty for NodeNames
+    node_names_form: bool              # True: NodeNames (nodeCacheCapable), False: Nodes
+    text: str = ""                     # the decoded body (Nodes form: spans index into it)
+    spans: List[Tuple[int, int]] = field(default_factory=list)
+
+
+def _ws(text: str, index: int) -> int:
+    return _WS.match(text, index).end()
+
+
+def _expect(text: str, index: int, char: str, what: str) -> int:
+    if text.startswith(char, index):
+        return index + 1
+    got = repr(text[index:index + 20]) if index < len(text) else "end of body"
+    raise BadRequest("malformed JSON: expected %r %s at offset %d, got %s" % (char, what, index, got))
+
+
+def _value(text: str, index: int) -> Tuple[Any, int]:
+    try:
+        return _SCAN(text, index)
+    except StopIteration:
+        raise BadRequest("malformed JSON: expected a value at offset %d" % index) from None
+    except json.JSONDecodeError as exc:
+        raise BadRequest("malformed JSON: %s" % exc) from None
+    except RecursionError:
+        raise BadRequest("malformed JSON: nested too deeply at offset %d" % index) from None
+
+
+def _key(text: str, index: int) -> Tuple[str, int]:
+    index = _expect(text, index, '"', "(an object key)")
+    try:
+        key, index = _SCANSTRING(text, index, True)
+    except json.JSONDecodeError as exc:
+        raise BadRequest("malformed JSON: %s" % exc) from None
+    index = _ws(text, index)
+    index = _expect(text, index, ":", "after an object key")
+    return key, _ws(text, index)
+
+
+def _object(text: str, index: int, on_key: Callable[[str, int], int]) -> int:
+    """Walk a JSON object at ``index``; ``on_key(key, value_index)`` returns the index after the value."""
+    index = _expect(text, index, "{", "(an object)")
+    index = _ws(text, index)
+    if text.startswith("}", index):
+        return index + 1
+    while True:
+        key, index = _key(text, index)
+        index = _ws(text, on_key(key, index))
+        if text.startswith(",", index):
+            index = _ws(text, index + 1)
+            continue
+        return _expect(text, index, "}", "or ',' in an object")
+
+
+def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArgs:
+    """Parse ExtenderArgs; ``extract(node)`` is called once per node of the Nodes form.
+
+    Raises :class:`BadRequest` with a message for the ``Error`` field.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest("body is not UTF-8: %s" % exc) from None
+    found: Dict[str, Any] = {}
+    spans: List[Tuple[int, int]] = []
+    names: List[str] = []
+    extracted: List[Any] = []
+
+    def items(index: int) -> int:
+        if text.startswith("null", index):
+            return index + 4
+        spans.clear()
+        names.clear()
+        extracted.clear()
+        index = _expect(text, index, "[", "(Nodes.items)")
+        index = _ws(text, index)
+        if text.startswith("]", index):
+            return index + 1
+        while True:
+            node, end = _value(text, index)
+            if not isinstance(node, dict):
+                raise BadRequest("Nodes.items[%d] is not an object" % len(spans))
+            metadata = node.get("metadata")
+            name = metadata.get("name") if isinstance(metadata, dict) else None
+            if not isinstance(name, str) or not name:
+                raise BadRequest("Nodes.items[%d] has no metadata.name" % len(spans))
+            spans.append((index, end))
+            names.append(name)
+            extracted.append(extract(node))
+            index = _ws(text, end)
+            if text.startswith(",", index):
+                index = _ws(text, index + 1)
+                continue
+            return _expect(text, index, "]", "or ',' in Nodes.items")
+
+    def nodes_key(key: str, index: int) -> int:
+        if key.lower() == "items":
+            return items(index)
+        return _value(text, index)[1]
+
+    def top_key(key: str, index: int) -> int:
+        lowered = key.lower()
+        if lowered == "nodes":
+            if text.startswith("null", index):
+                found["nodes"] = None
+                return index + 4
+            found["nodes"] = True
+            return _object(text, index, nodes_key)
+        value, end = _value(text, index)
+        if lowered in ("pod", "nodenames"):
+            found[lowered] = value
+        return end
+
+    index = _ws(text, 0)
+    index = _ws(text, _object(text, index, top_key))
+    if index != len(text):
+        raise BadRequest("malformed JSON: extra data at offset %d" % index)
+    pod = found.get("pod")
+    if not isinstance(pod, dict):
+        raise BadRequest("ExtenderArgs.Pod is missing or not an object")
+    node_names = found.get("nodenames")
+    if node_names is not None:
+        if not isinstance(node_names, list) or not all(isinstance(n, str) for n in node_names):
+            raise BadRequest("ExtenderArgs.NodeNames is not a list of strings")
+        return ParsedArgs(pod=pod, names=node_names, extracted=[], node_names_form=True)
+    if not found.get("nodes"):
+        raise BadRequest("ExtenderArgs has neither Nodes nor NodeNames")
+    return ParsedArgs(pod=pod, names=list(names), extracted=list(extracted), node_names_form=False,
+                      text=text, spans=list(spans))
+
+
+def _failed_maps(failed: Mapping[str, str], unresolvable: Mapping[str, str]) -> str:
+    return '"FailedNodes":%s,"FailedAndUnresolvableNodes":%s' % (json.dumps(failed), json.dumps(unresolvable))
+
+
+def filter_result_names(passed: Sequence[str], failed: Mapping[str, str],
+                        unresolvable: Mapping[str, str]) -> bytes:
+    """ExtenderFilterResult for the NodeNames form."""
+    return ('{"NodeNames":%s,%s,"Error":""}' % (json.dumps(list(passed)), _failed_maps(failed, unresolvable))
+            ).encode("utf-8")
+
+
+def filter_result_nodes(args: ParsedArgs, passed: Sequence[int], failed: Mapping[str, str],
+                        unresolvable: Mapping[str, str]) -> List[bytes]:
+    """ExtenderFilterResult for the Nodes form, as chunks to send in order.
+
+    The passing nodes are their original JSON text from the request.
+    """
+    text = args.text
+    spans = args.spans
+    head = '{"Nodes":{"metadata":{},"items":['
+    tail = ']},%s,"Error":""}' % _failed_maps(failed, unresolvable)
+    body = ",".join([text[spans[i][0]:spans[i][1]] for i in passed])
+    return [head.encode("utf-8"), body.encode("utf-8"), tail.encode("utf-8")]
+
+
+def error_result(message: str) -> bytes:
+    """A body with ``Error`` set (ExtenderFilterResult shape) for failed requests."""
+    return json.dumps({"Error": message}).encode("utf-8")
+
+
+def priority_list(names: Sequence[str], scores: Sequence[int]) -> bytes:
+    """HostPriorityList."""
+    dumps = json.dumps
+    return ("[" + ",".join(['{"Host":%s,"Score":%d}' % (dumps(name), score)
+                            for name, score in zip(names, scores)]) + "]").encode("utf-8")

@@ -1,0 +1,143 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""ExtenderArgs parsing (strict, spans kept) and the result encodings."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.metax.gpu.plugins.module_utils.extender.wire import (
+    BadRequest, error_result, filter_result_names, filter_result_nodes, parse_args, priority_list)
+from extender_support import extender_args, gpu_pod, load_fixture, make_node
+
+
+def _names(node):
+    return node["metadata"]["name"]
+
+
+def test_captured_nodes_form():
+    body = load_fixture("kube-scheduler-1.36-nodes.json")
+    args = parse_args(body, _names)
+    document = json.loads(body)
+    assert not args.node_names_form
+    assert args.pod == document["Pod"]
+    assert args.names == ["gpu-aware-capture-a", "gpu-aware-capture-b"] or \
+        args.names == [n["metadata"]["name"] for n in document["Nodes"]["items"]]
+    assert args.extracted == args.names
+    for (start, end), node in zip(args.spans, document["Nodes"]["items"]):
+        assert json.loads(args.text[start:end]) == node
+
+
+def test_captured_node_names_form():
+    body = load_fixture("kube-scheduler-1.36-nodenames.json")
+    args = parse_args(body, _names)
+    assert args.node_names_form
+    assert args.names == json.loads(body)["NodeNames"]
+    assert args.extracted == [] and args.spans == []
+
+
+def test_filter_result_echoes_the_original_nodes():
+    nodes = [make_node(i) for i in range(3)]
+    args = parse_args(extender_args(gpu_pod(1), nodes), _names)
+    result = json.loads(b"".join(filter_result_nodes(args, [0, 2], {"gpu-node-00001": "busy"}, {})))
+    assert result["Nodes"]["items"] == [nodes[0], nodes[2]]
+    assert result["FailedNodes"] == {"gpu-node-00001": "busy"}
+    assert result["FailedAndUnresolvableNodes"] == {}
+    assert result["Error"] == ""
+
+
+def test_other_results():
+    assert json.loads(filter_result_names(["a"], {}, {"b": "x"})) == {
+        "NodeNames": ["a"], "FailedNodes": {}, "FailedAndUnresolvableNodes": {"b": "x"}, "Error": ""}
+    assert json.loads(filter_result_names([], {}, {}))["NodeNames"] == []
+    expected = [{"Host": "a", "Score": 3}, {"Host": "b\"c", "Score": 10}]
+    assert json.loads(priority_list(["a", "b\"c"], [3, 10])) == expected
+    assert json.loads(priority_list([], [])) == []
+    assert json.loads(error_result("bad")) == {"Error": "bad"}
+
+
+def test_whitespace_case_and_extra_fields():
+    body = b' { "pod" : {"metadata":{}} , "nodes" : { "kind":"NodeList", "ITEMS" : [ {"metadata":{"name":"a"}} ,' \
+           b'\n{"metadata":{"name":"b"}} ] , "x":[1,{"y":null}] } , "Other": 1 }\n'
+    args = parse_args(body, _names)
+    assert args.names == ["a", "b"]
+    assert args.text[args.spans[1][0]:args.spans[1][1]] == '{"metadata":{"name":"b"}}'
+
+
+def test_empty_and_null_items():
+    assert parse_args(b'{"Pod":{},"Nodes":{"metadata":{},"items":null},"NodeNames":null}', _names).names == []
+    assert parse_args(b'{"Pod":{},"Nodes":{"items":[]}}', _names).names == []
+    assert parse_args(b'{"Pod":{},"Nodes":null,"NodeNames":[]}', _names).node_names_form
+
+
+def test_non_ascii_is_kept_exactly():
+    nodes = [{"metadata": {"name": "n\u00e9", "labels": {"k": "\u6c90\u66e6 \\ \""}}}]
+    body = json.dumps({"Pod": {}, "Nodes": {"items": nodes}}, ensure_ascii=False).encode()
+    args = parse_args(body, _names)
+    out = json.loads(b"".join(filter_result_nodes(args, [0], {}, {})).decode())
+    assert out["Nodes"]["items"] == nodes
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"", "expected '{'"),
+    (b"{bad", "object key"),
+    (b"[]", "expected '{'"),
+    (b'{"Pod":{}', "end of body"),
+    (b'{"Pod":{}}', "neither Nodes nor NodeNames"),
+    (b'{"Nodes":{"items":[]}}', "Pod"),
+    (b'{"Pod":[],"Nodes":{"items":[]}}', "Pod"),
+    (b'{"Pod":{},"NodeNames":"a"}', "NodeNames"),
+    (b'{"Pod":{},"NodeNames":[1]}', "NodeNames"),
+    (b'{"Pod":{},"Nodes":{"items":[1]}}', "not an object"),
+    (b'{"Pod":{},"Nodes":{"items":[{"metadata":{}}]}}', "metadata.name"),
+    (b'{"Pod":{},"Nodes":{"items":[{"metadata":{"name":"a"}}}}', "Nodes.items"),
+    (b'{"Pod":{},"Nodes":{"items":{}}}', "Nodes.items"),
+    (b'{"Pod":{},"Nodes":[]}', "an object"),
+    (b'{"Pod":{},"Nodes":{"items":[]}} x', "extra data"),
+    (b'{"Pod":{},"Nodes":{"items":[]},}', "object key"),
+    (b'{"Pod":{"a":tru},"Nodes":null}', "malformed JSON"),
+    (b'\xff\xfe', "UTF-8"),
+    (b'{"Pod":' + b"[" * 100000 + b"]" * 100000 + b"}", "malformed JSON"),
+])
+def test_malformed_bodies(body, message):
+    with pytest.raises(BadRequest, match=message.replace("(", r"\(")):
+        parse_args(body, _names)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=10)
+
+
+@settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(json_values, st.lists(st.tuples(st.text(min_size=1, max_size=10), json_values), max_size=5),
+       st.booleans(), st.sampled_from([None, 0, 2]))
+def test_parse_agrees_with_json(pod_extra, nodes, names_form, indent):
+    pod = {"metadata": {"name": "p"}, "x": pod_extra}
+    items = [{"metadata": {"name": name}, "extra": extra} for name, extra in nodes]
+    if names_form:
+        document = {"Pod": pod, "Nodes": None, "NodeNames": [pair[0] for pair in nodes]}
+    else:
+        document = {"Pod": pod, "Nodes": {"metadata": {}, "items": items}, "NodeNames": None}
+    body = json.dumps(document, indent=indent).encode()
+    args = parse_args(body, lambda node: node)
+    assert args.pod == pod
+    assert args.names == [pair[0] for pair in nodes]
+    if not names_form:
+        assert args.extracted == items
+        assert [json.loads(args.text[a:b]) for a, b in args.spans] == items
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.binary(max_size=200) | st.text(alphabet='{}[]":,0123456789 .-etruflasnNPodeIm', max_size=120)
+       .map(lambda s: s.encode()))
+def test_garbage_never_escapes_as_another_error(body):
+    try:
+        parse_args(body, lambda node: node)
+    except BadRequest:
+        pass
