@@ -404,4 +404,3 @@ def tree_tables(tree: Hierarchy, free: FrozenSet[int]) -> Dict[int, Tuple[int, i
                 first = pos
                 break
     return out
-
