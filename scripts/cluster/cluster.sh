@@ -191,7 +191,7 @@ record_baseline() {
   if [[ -d ${ETC} ]]; then (cd "${ETC}" && find . -mindepth 1 | sort) >"${BASELINE}/etc-files"; else : >"${BASELINE}/etc-files"; fi
   if [[ -d ${KUBELET_DIR} ]]; then (cd "${KUBELET_DIR}" && find . -mindepth 1 | sort) >"${BASELINE}/kubelet-files"; else : >"${BASELINE}/kubelet-files"; fi
   find /sys/fs/cgroup -maxdepth 2 -name kubepods -type d 2>/dev/null | sort >"${BASELINE}/cgroups" || true
-  ls -1 /run/netns 2>/dev/null | sort >"${BASELINE}/netns" || true
+  find /run/netns -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort >"${BASELINE}/netns" || true
   for t in filter nat mangle raw; do
     iptables -t "${t}" -S 2>/dev/null | awk '$1 == "-N" {print $2}' | sed "s/^/${t} /" || true
     ip6tables -t "${t}" -S 2>/dev/null | awk '$1 == "-N" {print $2}' | sed "s/^/6${t} /" || true
@@ -451,7 +451,7 @@ EOF
     ip link set "${BRIDGE}" up
   fi
   sysctl -qw "net.ipv4.conf.${BRIDGE}.route_localnet=1"
-  ip addr show dev lo | grep -q " ${SERVICE_IP}/32 " || ip addr add "${SERVICE_IP}/32" dev lo
+  [[ $(ip -4 -o addr show dev lo) == *" ${SERVICE_IP}/32 "* ]] || ip addr add "${SERVICE_IP}/32" dev lo
   local rule
   iptables -t nat -N "${CHAIN}" 2>/dev/null || true
   iptables -t nat -F "${CHAIN}"
@@ -542,10 +542,11 @@ EOF
     ctr_k8s images import "${archive}" >/dev/null ||
       die "importing ${archive} into containerd failed"
   done
-  ctr_k8s images ls -q | grep -qxF "${METAX_PAUSE_IMAGE}" ||
-    die "the pause image ${METAX_PAUSE_IMAGE} is not in containerd after import"
-  ctr_k8s images ls -q | grep -qxF "${METAX_SCHEDULER_IMAGE}" ||
-    die "the scheduler image ${METAX_SCHEDULER_IMAGE} is not in containerd after import"
+  local have
+  have=$(ctr_k8s images ls -q)
+  for img in "${METAX_PAUSE_IMAGE}" "${METAX_SCHEDULER_IMAGE}"; do
+    grep -qxF "${img}" <<<"${have}" || die "the image ${img} is not in containerd after import"
+  done
 }
 
 # ------------------------------------------------------------------ control plane
@@ -951,14 +952,15 @@ kill_leftover_shims() {
     kill -KILL "${pid}" 2>/dev/null || true
     found=1
   done
-  ((found)) && warn "killed leftover containerd shims of this cluster" || true
+  if ((found)); then warn "killed leftover containerd shims of this cluster"; fi
 }
 
 remove_netns() {
   local n
   [[ -d /run/netns ]] || return 0
-  for n in $(ls -1 /run/netns 2>/dev/null); do
-    [[ ${n} == cni-* ]] || continue
+  for n in /run/netns/cni-*; do
+    [[ -e ${n} ]] || continue
+    n=${n##*/}
     grep -qxF "${n}" "${BASELINE}/netns" 2>/dev/null && continue
     umount "/run/netns/${n}" 2>/dev/null || umount -l "/run/netns/${n}" 2>/dev/null || true
     rm -f "/run/netns/${n}"
@@ -983,8 +985,10 @@ remove_cgroups() {
 
 network_down() {
   local t tool chain line
-  ip link show "${BRIDGE}" >/dev/null 2>&1 && ip link delete "${BRIDGE}" 2>/dev/null || true
-  ip addr show dev lo 2>/dev/null | grep -q " ${SERVICE_IP}/32 " && ip addr del "${SERVICE_IP}/32" dev lo || true
+  if ip link show "${BRIDGE}" >/dev/null 2>&1; then ip link delete "${BRIDGE}" 2>/dev/null || true; fi
+  if [[ $(ip -4 -o addr show dev lo 2>/dev/null) == *" ${SERVICE_IP}/32 "* ]]; then
+    ip addr del "${SERVICE_IP}/32" dev lo || true
+  fi
   # Our chains, plus chains the kubelet/CNI added (KUBE-*, CNI-*) that did not
   # exist before `up`: remove the jumps to them, flush, delete.
   for tool in iptables ip6tables; do

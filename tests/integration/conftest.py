@@ -1,0 +1,201 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Fixtures for tests against the local Kubernetes cluster.
+
+Tests marked ``@pytest.mark.cluster`` use the session fixture ``cluster``.
+When at least one selected test carries that marker, the cluster is brought
+up once, right after collection (``scripts/cluster/cluster.sh up``: that step
+is outside every test's timeout, a cold run builds Kubernetes first) and
+brought down when the session ends, unless it was already up before the
+session (then it is left running) or METAX_KEEP_CLUSTER=1.
+
+Harness failures (not root, ``cluster.sh up`` failing, ``down`` failing):
+under CI (env CI set and not false) they FAIL the tests; elsewhere the cluster
+tests are skipped with the reason printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLUSTER_SH = os.path.join(REPO, "scripts", "cluster", "cluster.sh")
+LOG_DIR = os.path.join(REPO, "tests", "output")
+UP_TIMEOUT = int(os.environ.get("METAX_CLUSTER_UP_TIMEOUT", "3600"))
+
+_STATE = {"wanted": False, "tried": False, "error": None, "info": None, "was_up": False, "up_seconds": None}
+
+
+def in_ci():
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cluster: needs the local Kubernetes cluster (tests/integration)")
+
+
+def _write(config, line):
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
+    else:
+        sys.stderr.write(line + "\n")
+
+
+def _run_cluster(action, log_name, timeout):
+    """Run cluster.sh ACTION with its output in tests/output/LOG_NAME."""
+    os.makedirs(LOG_DIR, exist_ok=True)
+    path = os.path.join(LOG_DIR, log_name)
+    start = time.time()
+    with open(path, "wb") as log:
+        try:
+            rc = subprocess.call(["bash", CLUSTER_SH, action], stdin=subprocess.DEVNULL, stdout=log,
+                                 stderr=subprocess.STDOUT, cwd=REPO, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = "timeout after %ss" % timeout
+    with open(path, "rb") as log:
+        text = log.read().decode("utf-8", "replace")
+    return rc, text, path, time.time() - start
+
+
+def _tail(text, lines=25):
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _phase_lines(text):
+    out, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("Phase timings"):
+            inside = True
+        elif inside and not line.startswith("  "):
+            inside = False
+        if inside:
+            out.append(line)
+    return out
+
+
+def _load_info():
+    out = subprocess.run(["bash", CLUSTER_SH, "json"], stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, cwd=REPO, timeout=60, check=True).stdout
+    return json.loads(out)
+
+
+def _bring_up(config):
+    _STATE["tried"] = True
+    if os.geteuid() != 0:
+        _STATE["error"] = ("the local cluster needs root (it runs kubelet/containerd, mounts and writes "
+                           "/etc/kubernetes); run the tests as root")
+        return
+    if not os.path.exists(CLUSTER_SH):
+        _STATE["error"] = "%s is missing" % CLUSTER_SH
+        return
+    status = subprocess.run(["bash", CLUSTER_SH, "status"], stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, cwd=REPO, timeout=120)
+    _STATE["was_up"] = status.returncode == 0
+    if _STATE["was_up"]:
+        _write(config, "local cluster: already up, using it (it will be left running)")
+    else:
+        _write(config, "local cluster: bringing it up (scripts/cluster/cluster.sh up; log: "
+                       "tests/output/cluster-up.log; a cold run builds Kubernetes first)")
+    rc, text, path, secs = _run_cluster("up", "cluster-up.log", UP_TIMEOUT)
+    _STATE["up_seconds"] = secs
+    if rc != 0:
+        _STATE["error"] = "scripts/cluster/cluster.sh up failed (%s); see %s:\n%s" % (rc, path, _tail(text))
+        return
+    for line in _phase_lines(text):
+        _write(config, line)
+    _write(config, "local cluster: up in %.0fs" % secs)
+    try:
+        _STATE["info"] = _load_info()
+    except (subprocess.SubprocessError, ValueError) as exc:
+        _STATE["error"] = "cannot read the cluster description (cluster.sh json): %s" % exc
+
+
+def pytest_collection_finish(session):
+    wanted = any(item.get_closest_marker("cluster") is not None for item in session.items)
+    _STATE["wanted"] = wanted
+    if wanted and not session.config.option.collectonly:
+        _bring_up(session.config)
+        if _STATE["error"]:
+            verdict = "the cluster tests will FAIL (CI)" if in_ci() else "the cluster tests are SKIPPED (not CI)"
+            _write(session.config, "local cluster harness error: %s\n%s" % (_STATE["error"], verdict))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _STATE["tried"] or _STATE["was_up"]:
+        return
+    if os.environ.get("METAX_KEEP_CLUSTER", "") not in ("", "0"):
+        _write(session.config, "local cluster: left running (METAX_KEEP_CLUSTER); stop it with 'make cluster-down'")
+        return
+    rc, text, path, secs = _run_cluster("down", "cluster-down.log", 600)
+    if rc != 0:
+        _write(session.config, "local cluster: 'cluster.sh down' FAILED (%s); see %s:\n%s" % (rc, path, _tail(text)))
+        if in_ci():
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    else:
+        _write(session.config, "local cluster: down in %.0fs" % secs)
+
+
+class Cluster(object):
+    """What the tests need to reach the local cluster."""
+
+    def __init__(self, info):
+        self.info = info
+        self.kubeconfig = info["KUBECONFIG"]
+        self.kubectl_path = os.path.join(info["METAX_KUBE_BIN"], "kubectl")
+        self.node_name = info["METAX_NODE_NAME"]
+        self.apiserver = info["METAX_APISERVER"]
+        self.registry = info["METAX_REGISTRY"]
+        self.registry_auth = info["METAX_REGISTRY_AUTH"]
+        self.registry_auth_user = info["METAX_REGISTRY_AUTH_USER"]
+        self.registry_auth_password_file = info["METAX_REGISTRY_AUTH_PASSWORD_FILE"]
+        self.registry_auth_ca = info["METAX_REGISTRY_AUTH_CA"]
+        self.registry_auth_cert_dir = info["METAX_REGISTRY_AUTH_CERT_DIR"]
+        self.sim_root = info["METAX_SIM_ROOT"]
+        self.sim_preset = info["METAX_SIM_PRESET"]
+        self.base_image = info["METAX_BASE_IMAGE"]
+        self.scheduler_image = info["METAX_SCHEDULER_IMAGE"]
+
+    @property
+    def registry_auth_password(self):
+        with open(self.registry_auth_password_file) as fh:
+            return fh.read().strip()
+
+    @property
+    def env(self):
+        """Environment for subprocesses (kubectl, podman, skopeo) using the cluster."""
+        env = dict(os.environ)
+        env.update({k: v for k, v in self.info.items() if v})
+        env["PATH"] = self.info["METAX_KUBE_BIN"] + os.pathsep + env.get("PATH", "")
+        return env
+
+    def kubectl(self, *args, **kwargs):
+        kwargs.setdefault("capture_output", True)
+        kwargs.setdefault("text", True)
+        kwargs.setdefault("timeout", 120)
+        return subprocess.run([self.kubectl_path, "--kubeconfig", self.kubeconfig] + list(args),
+                              env=self.env, stdin=subprocess.DEVNULL, **kwargs)
+
+    def api_client(self):
+        from kubernetes import client, config
+
+        return config.new_client_from_config(config_file=self.kubeconfig, client_configuration=client.Configuration())
+
+
+@pytest.fixture(scope="session")
+def cluster(request):
+    """The running local cluster (see module docstring)."""
+    if not _STATE["tried"]:  # requested by a test that is not marked `cluster`
+        _bring_up(request.config)
+    if _STATE["error"]:
+        if in_ci():
+            pytest.fail("local cluster harness: %s" % _STATE["error"], pytrace=False)
+        pytest.skip("local cluster unavailable (outside CI, so skipped): %s" % _STATE["error"])
+    return Cluster(_STATE["info"])
