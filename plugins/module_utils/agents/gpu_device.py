@@ -1,0 +1,313 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""gpu-device: the kubelet device plugin for ``metax-tech.com/gpu`` (manual 2.2.1).
+
+Run as::
+
+    python -m ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device \\
+        --host-root /host [--host-prefix /] [--healthy-interval 5] [--node-name NODE]
+
+It serves the DevicePlugin API on ``<device-plugin-dir>/metax-gpu.sock``,
+registers with the kubelet and re-registers within a second or two when the
+kubelet restarts (its socket recreated, or ours removed); checks GPU health
+every ``--healthy-interval`` seconds; learns allocations from the kubelet's
+pod-resources API and publishes the node annotations (retried in the
+background while the apiserver is away); serves ``/metrics`` and
+``/healthz``. docs/agents.md lists every flag and metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+from typing import FrozenSet, Optional, Sequence
+
+from ..deviceplugin import constants as C
+from ..deviceplugin.annotations import AnnotationPublisher, kube_node_patcher, node_annotations
+from ..deviceplugin.devices import DeviceState, Snapshot, health_transitions
+from ..deviceplugin.metrics import DevicePluginMetrics, MetricsServer
+from ..deviceplugin.podresources import PodResourcesClient, PodResourcesError
+from ..deviceplugin.registration import RegistrationError, register, socket_identity
+from ..deviceplugin.server import HAS_GRPC, DevicePluginService, PluginServer
+from ..host import HostRoot
+from .common import (Backoff, UsageError, add_common_flags, kube_api_client, run_main, setup_logging,
+                     stop_event)
+
+COMPONENT = "gpu-device"
+LOG = logging.getLogger(COMPONENT)
+
+# How often the registration supervisor looks at the two sockets.
+WATCH_SECONDS = 0.5
+DEFAULT_METRICS_PORT = 9400
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not an integer" % text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("%d is negative" % value)
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("%s must be positive" % text)
+    return value
+
+
+def _port(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError("%d is not a TCP port" % value)
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpu-device", description="MetaX GPU device plugin for the kubelet (metax-tech.com/gpu).")
+    add_common_flags(parser)
+    parser.add_argument("--device-plugin-dir", default=C.DEVICE_PLUGIN_DIR,
+                        help="the kubelet's device-plugin directory (default %(default)s)")
+    parser.add_argument("--pod-resources-socket", default=C.POD_RESOURCES_SOCKET,
+                        help="the kubelet's pod-resources socket (default %(default)s)")
+    parser.add_argument("--healthy-interval", type=_non_negative_int, default=5,
+                        help="seconds between GPU health checks; 0 disables them (default %(default)s)")
+    parser.add_argument("--pod-resources-interval", type=_positive_float, default=2.0,
+                        help="seconds between pod-resources polls (default %(default)s)")
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
+                        help="this node's name, for the annotations (default: $NODE_NAME)")
+    parser.add_argument("--metrics-address", default="0.0.0.0",
+                        help="address of the /metrics and /healthz endpoint (default %(default)s)")
+    parser.add_argument("--metrics-port", type=_port, default=DEFAULT_METRICS_PORT,
+                        help="port of /metrics and /healthz; 0 disables it (default %(default)s)")
+    parser.add_argument("--resource-name", default=C.RESOURCE_NAME, help=argparse.SUPPRESS)
+    return parser
+
+
+class GpuDeviceAgent:
+    """Every moving part of gpu-device; :meth:`run` until ``stop`` is set."""
+
+    def __init__(self, host: HostRoot, device_plugin_dir: str, healthy_interval: int = 5,
+                 pod_resources_socket: Optional[str] = C.POD_RESOURCES_SOCKET,
+                 pod_resources_interval: float = 2.0, patch=None, stop: Optional[threading.Event] = None,
+                 resource_name: str = C.RESOURCE_NAME, metrics: Optional[DevicePluginMetrics] = None) -> None:
+        self.host = host
+        self.dir = device_plugin_dir
+        self.kubelet_socket = os.path.join(device_plugin_dir, C.KUBELET_SOCKET_NAME)
+        self.socket_path = os.path.join(device_plugin_dir, C.PLUGIN_SOCKET_NAME)
+        self.healthy_interval = healthy_interval
+        self.pod_resources_socket = pod_resources_socket
+        self.pod_resources_interval = pod_resources_interval
+        self.resource_name = resource_name
+        self.stop = stop or threading.Event()
+        self.metrics = metrics or DevicePluginMetrics()
+        self.state = DeviceState(host, check_health=healthy_interval > 0)
+        self.service = DevicePluginService(self.state, host, self.metrics)
+        self.server = PluginServer(self.service, self.socket_path)
+        self.allocated: FrozenSet[str] = frozenset()
+        self._lock = threading.Lock()
+        self.registered_with = None          # kubelet socket identity we registered with
+        self.registrations = 0
+        self.last_registration: Optional[float] = None
+        self.publisher = None
+        if patch is not None:
+            self.publisher = AnnotationPublisher(self.annotations, patch, self.stop,
+                                                 on_result=self._patch_result)
+        self._threads = []
+
+    # -- state shared with the annotation publisher ---------------------
+    def annotations(self):
+        with self._lock:
+            allocated = self.allocated
+        return node_annotations(self.state.snapshot(), allocated)
+
+    def _patch_result(self, ok: bool) -> None:
+        self.metrics.patches.labels("ok" if ok else "error").inc()
+
+    def _devices_changed(self, before: Optional[Snapshot]) -> None:
+        snap = self.state.snapshot()
+        if before is not None:
+            for dev_id, healthy in health_transitions(before, snap):
+                if healthy:
+                    LOG.info("device %s is Healthy", dev_id)
+                else:
+                    LOG.warning("device %s is Unhealthy", dev_id)
+        self.metrics.set_devices((d.id, d.healthy) for d in snap.devices)
+        if self.publisher:
+            self.publisher.trigger()
+
+    # -- loops ----------------------------------------------------------
+    def health_loop(self) -> None:
+        while not self.stop.wait(self.healthy_interval):
+            before = self.state.snapshot()
+            if self.state.refresh():
+                self._devices_changed(before)
+
+    def pod_resources_loop(self) -> None:
+        client = PodResourcesClient(self.pod_resources_socket)
+        backoff = Backoff(initial=self.pod_resources_interval, cap=30.0)
+        failing = False
+        delay = 0.0
+        try:
+            while not self.stop.wait(delay):
+                delay = self.pod_resources_interval
+                try:
+                    if not os.path.exists(self.pod_resources_socket):
+                        raise PodResourcesError("%s does not exist yet" % self.pod_resources_socket)
+                    allocations = client.list_allocated(self.resource_name)
+                except PodResourcesError as exc:
+                    delay = backoff.next_delay()
+                    if not failing:
+                        LOG.warning("cannot read allocations from the kubelet (retrying): %s", exc)
+                    failing = True
+                    continue
+                if failing:
+                    LOG.info("reading allocations from %s again", self.pod_resources_socket)
+                failing = False
+                backoff.reset()
+                ids = frozenset(allocations)
+                with self._lock:
+                    changed = ids != self.allocated
+                    self.allocated = ids
+                if changed:
+                    LOG.info("allocated devices: %s", ",".join(sorted(ids)) or "none",
+                             extra={"fields": {"allocations": {k: "/".join(v) for k, v in allocations.items()}}})
+                    self.metrics.allocated.set(len(ids))
+                    if self.publisher:
+                        self.publisher.trigger()
+        finally:
+            client.close()
+
+    def _start_thread(self, target, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def registration_step(self, backoff: Backoff, why_waiting: list) -> float:
+        """One look at the sockets; returns how long to wait before the next."""
+        kubelet = socket_identity(self.kubelet_socket)
+        if kubelet is None:
+            if self.registered_with is not None:
+                LOG.warning("%s is gone: the kubelet stopped; waiting for it", self.kubelet_socket)
+                self.registered_with = None
+            if not why_waiting or time.monotonic() >= why_waiting[0]:
+                LOG.info("waiting for the kubelet: %s does not exist", self.kubelet_socket)
+                why_waiting[:] = [time.monotonic() + backoff.next_delay()]
+            return WATCH_SECONDS
+        why_waiting[:] = []
+        if kubelet == self.registered_with and self.server.socket_present():
+            return WATCH_SECONDS
+        if self.registered_with is not None:
+            LOG.warning("the kubelet restarted (%s): registering again",
+                        "its socket was recreated" if kubelet != self.registered_with else "our socket was removed")
+        started = time.monotonic()
+        try:
+            if not self.server.socket_present():
+                self.server.start()
+            register(self.kubelet_socket, C.PLUGIN_SOCKET_NAME, self.resource_name)
+        except (RegistrationError, OSError) as exc:
+            delay = backoff.next_delay()
+            LOG.warning("registration failed (retrying in %.1fs): %s", delay, exc)
+            self.registered_with = None
+            return delay
+        backoff.reset()
+        self.registered_with = kubelet
+        self.registrations += 1
+        self.last_registration = time.monotonic()
+        self.metrics.registrations.inc()
+        LOG.info("registered with the kubelet in %.3fs", time.monotonic() - started)
+        return WATCH_SECONDS
+
+    def run(self) -> int:
+        if not os.path.isdir(self.dir):
+            LOG.warning("%s does not exist yet; waiting for the kubelet to create it", self.dir)
+        self.state.refresh()
+        snap = self.state.snapshot()
+        LOG.info("found %d MetaX device(s), %d healthy", len(snap.devices), len(snap.healthy_ids),
+                 extra={"fields": {"devices": [d.id for d in snap.devices]}})
+        for warning in (snap.inventory.warnings if snap.inventory else ()):
+            LOG.warning("%s", warning)
+        self._devices_changed(None)
+        if self.healthy_interval > 0:
+            self._start_thread(self.health_loop, "health")
+        else:
+            LOG.info("health checks disabled (--healthy-interval 0): devices stay Healthy")
+        if self.pod_resources_socket:
+            self._start_thread(self.pod_resources_loop, "pod-resources")
+        if self.publisher:
+            self.publisher.start()
+        backoff = Backoff(initial=1.0, cap=10.0)
+        why_waiting: list = []
+        delay = 0.0
+        while not self.stop.wait(delay):
+            delay = self.registration_step(backoff, why_waiting)
+        LOG.info("stopping")
+        self.server.stop()
+        self.state.wake()
+        if self.publisher:
+            self.publisher.join()
+        for thread in self._threads:
+            thread.join(5.0)
+        return 0
+
+    def health(self):
+        """(ok, reason) for /healthz: serving and registered with a live kubelet."""
+        if not self.server.running:
+            return False, "device plugin server not running"
+        if self.registered_with is None:
+            return False, "not registered with the kubelet"
+        return True, "ok"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(COMPONENT, args)
+    if not HAS_GRPC:
+        raise UsageError("grpcio and protobuf are required (requirements/agents.txt)")
+    host = HostRoot(args.host_root, args.host_prefix)
+    if not os.path.isdir(host.path):
+        raise UsageError("--host-root %s: no such directory" % args.host_root)
+    if not host.isdir("sys/bus/pci/devices"):
+        raise UsageError("--host-root %s: %s is missing (is the node's root mounted there?)"
+                         % (args.host_root, host.join("sys/bus/pci/devices")))
+    if os.path.exists(args.device_plugin_dir) and not os.path.isdir(args.device_plugin_dir):
+        raise UsageError("--device-plugin-dir %s is not a directory" % args.device_plugin_dir)
+    stop = stop_event()
+    patch = None
+    if args.node_name:
+        patch = kube_node_patcher(kube_api_client(args.kubeconfig), args.node_name)
+    else:
+        LOG.warning("no --node-name (or NODE_NAME): the node annotations are not published")
+    agent = GpuDeviceAgent(host, args.device_plugin_dir, args.healthy_interval, args.pod_resources_socket,
+                           args.pod_resources_interval, patch=patch, stop=stop, resource_name=args.resource_name)
+    metrics_server = None
+    if args.metrics_port:
+        try:
+            metrics_server = MetricsServer(agent.metrics, args.metrics_address, args.metrics_port, agent.health)
+        except OSError as exc:
+            raise UsageError("--metrics-port %d: %s" % (args.metrics_port, exc.strerror or exc))
+        metrics_server.start()
+        LOG.info("serving /metrics and /healthz on %s:%d", args.metrics_address, metrics_server.port)
+    LOG.info("gpu-device starting", extra={"fields": {
+        "host_root": host.path, "host_prefix": host.host_prefix, "device_plugin_dir": args.device_plugin_dir,
+        "healthy_interval": args.healthy_interval, "node": args.node_name}})
+    try:
+        return agent.run()
+    finally:
+        if metrics_server is not None:
+            metrics_server.stop()
+
+
+if __name__ == "__main__":
+    run_main(COMPONENT, lambda: main(sys.argv[1:]))

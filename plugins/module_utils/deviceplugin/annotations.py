@@ -1,0 +1,178 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The node annotations gpu-device publishes (DESIGN section 3).
+
+``metax-tech.com/gpu.topology.scores``  {"1": s1, ..., "N": sN}: communication
+    score of the best allocation of n devices from those free and healthy now
+``metax-tech.com/gpu.topology.losses``  same keys: topology damage that
+    allocation would cause to the devices left free
+``metax-tech.com/gpu.devices``          [{"id", "index", "bdf", "uuid", "gpu",
+    "vf", "numa", "link_group", "link_kind", "health", "allocated"}, ...]
+
+:func:`node_annotations` is pure; :class:`AnnotationPublisher` keeps the Node
+in step in the background and retries while the apiserver is away, so the
+device plugin never waits for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Callable, Dict, FrozenSet, List, Optional
+
+from ..agents.common import Backoff
+from ..gpu.allocator import per_count_tables
+from . import constants as C
+from .devices import Snapshot
+
+LOG = logging.getLogger("gpu-device.annotations")
+
+
+def _compact(value) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=False)
+
+
+def device_entries(snapshot: Snapshot, allocated: FrozenSet[str]) -> List[dict]:
+    """The ``gpu.devices`` list: present devices by index, then devices gone from the bus."""
+    inventory = snapshot.inventory
+    group_of: Dict[int, int] = {}
+    kind_of: Dict[int, str] = {}
+    if inventory is not None:
+        for number, group in enumerate(inventory.topology.link_groups):
+            for gpu_index in group.gpu_indices:
+                group_of[gpu_index] = number
+                kind_of[gpu_index] = group.kind
+    present = sorted((a for a in snapshot.devices if a.device is not None), key=lambda a: a.device.index)
+    gone = [a for a in snapshot.devices if a.device is None]
+    out = []
+    for adv in present + gone:
+        dev = adv.device
+        out.append({
+            "id": adv.id,
+            "index": dev.index if dev else None,
+            "bdf": dev.bdf if dev else adv.id,
+            "uuid": dev.uuid if dev else None,
+            "gpu": dev.gpu_index if dev else None,
+            "vf": dev.is_vf if dev else None,
+            "numa": adv.numa_node,
+            "link_group": group_of.get(dev.gpu_index) if dev else None,
+            "link_kind": kind_of.get(dev.gpu_index) if dev else None,
+            "health": C.HEALTHY if adv.healthy else C.UNHEALTHY,
+            "allocated": adv.id in allocated,
+        })
+    return out
+
+
+def free_indices(snapshot: Snapshot, allocated: FrozenSet[str]) -> List[int]:
+    """Indices (in the snapshot's inventory) of devices that are healthy, present and not allocated."""
+    inventory = snapshot.inventory
+    if inventory is None:
+        return []
+    index_of = {d.id: d.index for d in inventory.devices}
+    return sorted(index_of[a.id] for a in snapshot.devices
+                  if a.healthy and a.id in index_of and a.id not in allocated)
+
+
+def node_annotations(snapshot: Snapshot, allocated: FrozenSet[str]) -> Dict[str, str]:
+    """The three annotations for the current devices and allocations."""
+    free = free_indices(snapshot, allocated)
+    scores: Dict[int, int] = {}
+    losses: Dict[int, int] = {}
+    if free and snapshot.inventory is not None:
+        scores, losses = per_count_tables(snapshot.inventory.topology, free)
+    return {
+        C.ANNOTATION_SCORES: _compact({str(n): scores[n] for n in sorted(scores)}),
+        C.ANNOTATION_LOSSES: _compact({str(n): losses[n] for n in sorted(losses)}),
+        C.ANNOTATION_DEVICES: _compact(device_entries(snapshot, allocated)),
+    }
+
+
+def merge_patch(annotations: Dict[str, Optional[str]]) -> dict:
+    """A JSON merge patch (RFC 7386) setting only these annotations."""
+    return {"metadata": {"annotations": dict(annotations)}}
+
+
+class AnnotationPublisher:
+    """Patch the Node's annotations whenever :meth:`trigger` reports a change.
+
+    ``compute()`` returns the desired annotations; ``patch(annotations)``
+    writes them (raises on failure). Failures are retried with backoff while
+    the device plugin keeps serving; ``resync`` seconds after the last write
+    the annotations are written again even without a change (repairing manual
+    edits).
+    """
+
+    def __init__(self, compute: Callable[[], Dict[str, str]], patch: Callable[[Dict[str, str]], None],
+                 stop: threading.Event, resync: float = 300.0,
+                 on_result: Optional[Callable[[bool], None]] = None) -> None:
+        self.compute = compute
+        self.patch = patch
+        self.stop = stop
+        self.resync = resync
+        self.on_result = on_result
+        self._wake = threading.Event()
+        self.published: Optional[Dict[str, str]] = None
+        self.failures = 0
+        self.writes = 0
+        self._thread: Optional[threading.Thread] = None
+
+    def trigger(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="annotations", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float = 5.0) -> None:
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self) -> None:
+        backoff = Backoff(initial=1.0, cap=30.0)
+        while not self.stop.is_set():
+            self._wake.clear()
+            try:
+                desired = self.compute()
+            except Exception as exc:  # pylint: disable=broad-except
+                LOG.exception("cannot compute the node annotations: %s", exc)
+                desired = None
+            if desired is not None and desired != self.published:
+                try:
+                    self.patch(desired)
+                except Exception as exc:  # pylint: disable=broad-except
+                    self.failures += 1
+                    delay = backoff.next_delay()
+                    LOG.warning("cannot patch the node annotations (retrying in %.1fs): %s", delay, exc)
+                    if self.on_result:
+                        self.on_result(False)
+                    self._sleep(delay)
+                    continue
+                backoff.reset()
+                self.published = desired
+                self.writes += 1
+                if self.on_result:
+                    self.on_result(True)
+                LOG.info("node annotations updated", extra={"fields": {
+                    "scores": desired.get(C.ANNOTATION_SCORES), "losses": desired.get(C.ANNOTATION_LOSSES)}})
+            if self._wake.wait(self.resync):
+                continue
+            self.published = None    # resync: write again on the next round
+
+    def _sleep(self, delay: float) -> None:
+        """Sleep ``delay`` unless stopping (changes do not cut a backoff short)."""
+        self.stop.wait(delay)
+
+
+def kube_node_patcher(api_client, node_name: str, timeout: float = 10.0) -> Callable[[Dict[str, str]], None]:
+    """``patch(annotations)`` for :class:`AnnotationPublisher` with the kubernetes client."""
+    from kubernetes import client as k8s_client  # only where the agent runs
+
+    core = k8s_client.CoreV1Api(api_client)
+
+    def patch(annotations: Dict[str, str]) -> None:
+        core.patch_node(node_name, merge_patch(annotations), _content_type="application/merge-patch+json",
+                        _request_timeout=timeout)
+    return patch

@@ -1,0 +1,100 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Which devices the kubelet has assigned to containers (pod-resources API v1).
+
+The kubelet serves ``PodResourcesLister`` on
+``/var/lib/kubelet/pod-resources/kubelet.sock``. gpu-device learns the
+allocated devices from ``List`` only, never from its own Allocate calls (a
+pod may fail to start, be deleted, or have been allocated before the plugin
+restarted).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, FrozenSet, List, Optional, Tuple
+
+try:
+    import grpc
+    from .api import podresources_v1_pb2 as pb
+    from .api import podresources_v1_pb2_grpc as pb_grpc
+    HAS_GRPC = True
+except ImportError:
+    grpc = pb = pb_grpc = None
+    HAS_GRPC = False
+
+from . import constants as C
+
+LOG = logging.getLogger("gpu-device.podresources")
+
+
+class PodResourcesError(Exception):
+    """The pod-resources socket cannot be used."""
+
+
+def allocated_from_response(response, resource_name: str = C.RESOURCE_NAME) -> Dict[str, Tuple[str, str, str]]:
+    """device ID -> (namespace, pod, container) for ``resource_name`` in a ListPodResourcesResponse."""
+    out: Dict[str, Tuple[str, str, str]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for devices in container.devices:
+                if devices.resource_name != resource_name:
+                    continue
+                for dev_id in devices.device_ids:
+                    out[dev_id] = (pod.namespace, pod.name, container.name)
+    return out
+
+
+class PodResourcesClient:
+    """A reusable channel to the kubelet's pod-resources socket."""
+
+    def __init__(self, socket_path: str = C.POD_RESOURCES_SOCKET, timeout: float = 5.0) -> None:
+        if not HAS_GRPC:
+            raise PodResourcesError("grpcio and protobuf are required (requirements/agents.txt)")
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self._channel = None
+        self._stub = None
+
+    def _connect(self):
+        if self._stub is None:
+            self._channel = grpc.insecure_channel("unix://" + self.socket_path)
+            self._stub = pb_grpc.PodResourcesListerStub(self._channel)
+        return self._stub
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = self._stub = None
+
+    def list_allocated(self, resource_name: str = C.RESOURCE_NAME) -> Dict[str, Tuple[str, str, str]]:
+        """device ID -> (namespace, pod, container) of every assigned device of ``resource_name``."""
+        try:
+            response = self._connect().List(pb.ListPodResourcesRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            self.close()   # the kubelet may have restarted: reconnect next time
+            raise PodResourcesError("List on %s failed: %s: %s"
+                                    % (self.socket_path, exc.code().name, exc.details()))
+        return allocated_from_response(response, resource_name)
+
+    def allocatable(self, resource_name: str = C.RESOURCE_NAME) -> Optional[List[str]]:
+        """Device IDs the kubelet counts as allocatable (GetAllocatableResources); None if unsupported."""
+        try:
+            response = self._connect().GetAllocatableResources(pb.AllocatableResourcesRequest(),
+                                                               timeout=self.timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            self.close()
+            raise PodResourcesError("GetAllocatableResources on %s failed: %s: %s"
+                                    % (self.socket_path, exc.code().name, exc.details()))
+        ids: List[str] = []
+        for devices in response.devices:
+            if devices.resource_name == resource_name:
+                ids.extend(devices.device_ids)
+        return ids
+
+
+def allocated_ids(allocations: Dict[str, Tuple[str, str, str]]) -> FrozenSet[str]:
+    return frozenset(allocations)

@@ -1,0 +1,317 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The DevicePlugin gRPC service of gpu-device (kubelet API v1beta1).
+
+``GetDevicePluginOptions``  GetPreferredAllocation available, no PreStartContainer needed
+``ListAndWatch``            the advertised list (:mod:`.devices`), resent on every change
+``GetPreferredAllocation``  the topology-aware allocator (``gpu.allocator``)
+``Allocate``                ``/dev/mxcd`` + each device's ``/dev/dri/cardN`` and
+                            ``renderDN`` (host paths through ``HostRoot.host_path``),
+                            environment naming the devices; unknown or
+                            unhealthy IDs are INVALID_ARGUMENT
+``PreStartContainer``       accepted (nothing to prepare)
+
+:class:`PluginServer` serves it on a unix socket in the device-plugin
+directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from typing import Dict, Iterable, List, Optional
+
+from concurrent import futures
+
+try:
+    import grpc
+    from .api import deviceplugin_v1beta1_pb2 as pb
+    from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+    HAS_GRPC = True
+except ImportError:
+    grpc = pb = pb_grpc = None
+    HAS_GRPC = False
+
+from ..gpu.allocator import AllocationError, allocate
+from ..host import HostRoot
+from . import constants as C
+from .devices import Advertised, DeviceState, Snapshot
+from .metrics import DevicePluginMetrics
+
+LOG = logging.getLogger("gpu-device.server")
+
+# How often an idle ListAndWatch stream checks whether it should end.
+STREAM_POLL_SECONDS = 1.0
+
+
+class RequestError(ValueError):
+    """A request the plugin refuses (answered with INVALID_ARGUMENT)."""
+
+
+def require_grpc() -> None:
+    if not HAS_GRPC:
+        raise RuntimeError("grpcio and protobuf are required (requirements/agents.txt)")
+
+
+# -- pure request handling (no gRPC objects) ---------------------------------
+
+def preferred_ids(snapshot: Snapshot, available: Iterable[str], must_include: Iterable[str],
+                  size: int) -> List[str]:
+    """The allocator's choice for one container, as device IDs.
+
+    ``available`` IDs the node no longer has (a GPU gone from the bus) are
+    ignored; a ``must_include`` ID that is not available, or a size the
+    available devices cannot meet, is a :class:`RequestError`.
+    """
+    available = list(available)
+    must = list(must_include)
+    if size <= 0:
+        raise RequestError("allocation_size must be positive, got %d" % size)
+    if len(set(available)) != len(available):
+        raise RequestError("available_deviceIDs has duplicates")
+    missing = [d for d in must if d not in available]
+    if missing:
+        raise RequestError("must_include_deviceIDs %s are not in available_deviceIDs" % ", ".join(missing))
+    if size > len(available):
+        raise RequestError("allocation_size %d exceeds the %d available devices" % (size, len(available)))
+    inventory = snapshot.inventory
+    known = snapshot.by_id()
+    unknown = [d for d in available if d not in known]
+    if unknown:
+        raise RequestError("unknown device ID(s): %s" % ", ".join(unknown))
+    if inventory is None:
+        raise RequestError("the node's devices cannot be read right now")
+    index_of = {dev.id: dev.index for dev in inventory.devices}
+    usable = [d for d in available if d in index_of]
+    gone = [d for d in must if d not in index_of]
+    if gone:
+        raise RequestError("must-include device(s) %s are no longer on the node" % ", ".join(gone))
+    if size > len(usable):
+        raise RequestError("allocation_size %d exceeds the %d devices present" % (size, len(usable)))
+    try:
+        alloc = allocate(inventory.topology, [index_of[d] for d in usable], size, [index_of[d] for d in must])
+    except AllocationError as exc:
+        raise RequestError(str(exc))
+    id_of = {dev.index: dev.id for dev in inventory.devices}
+    return [id_of[i] for i in alloc.devices]
+
+
+def container_allocation(host: HostRoot, snapshot: Snapshot, device_ids: Iterable[str]) -> Dict[str, object]:
+    """What one container gets: device specs and environment.
+
+    Returns ``{"devices": [(container_path, host_path, permissions)], "envs": {...}}``.
+    Raises :class:`RequestError` for empty, duplicate, unknown or unhealthy IDs
+    and for device nodes missing on the node.
+    """
+    ids = list(device_ids)
+    if not ids:
+        raise RequestError("no device IDs in the request")
+    if len(set(ids)) != len(ids):
+        raise RequestError("duplicate device IDs in the request: %s" % ", ".join(ids))
+    known = snapshot.by_id()
+    unknown = [d for d in ids if d not in known]
+    if unknown:
+        raise RequestError("unknown device ID(s): %s" % ", ".join(unknown))
+    bad = [d for d in ids if not known[d].healthy or known[d].device is None]
+    if bad:
+        raise RequestError("unhealthy device(s): %s" % ", ".join(bad))
+    chosen: List[Advertised] = sorted((known[d] for d in ids), key=lambda a: a.device.index)
+    paths = [C.DEVICE_MXCD]
+    for adv in chosen:
+        dev = adv.device
+        if not dev.drm_card or not dev.drm_render:
+            raise RequestError("device %s has no DRM nodes (card/renderD) on this node" % dev.id)
+        paths.append("%s/%s" % (C.DRI_DIR, dev.drm_card))
+        paths.append("%s/%s" % (C.DRI_DIR, dev.drm_render))
+    specs = []
+    for path in paths:
+        if not host.exists(path):
+            raise RequestError("%s is missing on the node (looked at %s)" % (path, host.join(path)))
+        specs.append((path, host.host_path(path), C.DEVICE_PERMISSIONS))
+    envs = {
+        C.ENV_VISIBLE_DEVICES: ",".join(a.id for a in chosen),
+        C.ENV_DEVICE_INDICES: ",".join(str(a.device.index) for a in chosen),
+    }
+    uuids = [a.device.uuid for a in chosen if a.device.uuid]
+    if len(uuids) == len(chosen):
+        envs[C.ENV_DEVICE_UUIDS] = ",".join(uuids)
+    return {"devices": specs, "envs": envs}
+
+
+def device_messages(snapshot: Snapshot) -> list:
+    """ListAndWatchResponse devices for a snapshot."""
+    out = []
+    for adv in snapshot.devices:
+        topology = None
+        if adv.numa_node is not None and adv.numa_node >= 0:
+            topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=adv.numa_node)])
+        out.append(pb.Device(ID=adv.id, health=C.HEALTHY if adv.healthy else C.UNHEALTHY, topology=topology))
+    return out
+
+
+# -- the gRPC service ---------------------------------------------------------
+
+class DevicePluginService:
+    """Implements the DevicePlugin service (method names are the RPC names)."""
+
+    def __init__(self, state: DeviceState, host: HostRoot, metrics: Optional[DevicePluginMetrics] = None) -> None:
+        require_grpc()
+        self.state = state
+        self.host = host
+        self.metrics = metrics or DevicePluginMetrics()
+        self._stopping = threading.Event()
+        self.streams = 0
+        self.allocations = 0
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """End every ListAndWatch stream."""
+        self._stopping.set()
+        self.state.wake()
+
+    def resume(self) -> None:
+        """Accept streams again (the server is restarting)."""
+        self._stopping.clear()
+
+    # pylint: disable=invalid-name,unused-argument
+    def GetDevicePluginOptions(self, request, context):
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request, context):
+        with self._lock:
+            self.streams += 1
+        try:
+            snap = self.state.snapshot()
+            LOG.info("ListAndWatch: sending %d devices (%d healthy)", len(snap.devices), len(snap.healthy_ids))
+            yield pb.ListAndWatchResponse(devices=device_messages(snap))
+            version = snap.version
+            while not self._stopping.is_set() and context.is_active():
+                if self.state.wait_for_change(version, STREAM_POLL_SECONDS) == version:
+                    continue
+                if self._stopping.is_set():
+                    break
+                snap = self.state.snapshot()
+                version = snap.version
+                LOG.info("ListAndWatch: devices changed, sending %d (%d healthy)",
+                         len(snap.devices), len(snap.healthy_ids))
+                yield pb.ListAndWatchResponse(devices=device_messages(snap))
+        finally:
+            with self._lock:
+                self.streams -= 1
+
+    def GetPreferredAllocation(self, request, context):
+        start = time.monotonic()
+        response = pb.PreferredAllocationResponse()
+        snap = self.state.snapshot()
+        try:
+            if not request.container_requests:
+                raise RequestError("no container_requests")
+            for creq in request.container_requests:
+                ids = preferred_ids(snap, creq.available_deviceIDs, creq.must_include_deviceIDs,
+                                    creq.allocation_size)
+                LOG.info("GetPreferredAllocation: %d of %s -> %s", creq.allocation_size,
+                         ",".join(creq.available_deviceIDs), ",".join(ids))
+                response.container_responses.add(deviceIDs=ids)
+        except RequestError as exc:
+            return self._refuse(context, "GetPreferredAllocation", exc, pb.PreferredAllocationResponse)
+        finally:
+            self.metrics.latency.labels("GetPreferredAllocation").observe(time.monotonic() - start)
+        return response
+
+    def Allocate(self, request, context):
+        start = time.monotonic()
+        response = pb.AllocateResponse()
+        snap = self.state.snapshot()
+        try:
+            if not request.container_requests:
+                raise RequestError("no container_requests")
+            for creq in request.container_requests:
+                result = container_allocation(self.host, snap, creq.devices_ids)
+                cresp = response.container_responses.add()
+                for container_path, host_path, perms in result["devices"]:
+                    cresp.devices.add(container_path=container_path, host_path=host_path, permissions=perms)
+                cresp.envs.update(result["envs"])
+                LOG.info("Allocate: %s", ",".join(creq.devices_ids),
+                         extra={"fields": {"devices": list(creq.devices_ids)}})
+        except RequestError as exc:
+            return self._refuse(context, "Allocate", exc, pb.AllocateResponse)
+        finally:
+            self.metrics.latency.labels("Allocate").observe(time.monotonic() - start)
+        with self._lock:
+            self.allocations += 1
+        return response
+
+    def PreStartContainer(self, request, context):
+        return pb.PreStartContainerResponse()
+    # pylint: enable=invalid-name,unused-argument
+
+    def _refuse(self, context, rpc: str, exc: Exception, response_type):
+        LOG.warning("%s refused: %s", rpc, exc)
+        self.metrics.errors.labels(rpc).inc()
+        context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+        context.set_details("%s: %s" % (rpc, exc))
+        return response_type()
+
+
+def remove_socket(path: str) -> None:
+    """Remove a stale socket (or anything but a directory) at ``path``."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        raise OSError("%s is a directory, not a socket" % path)
+    os.unlink(path)
+
+
+class PluginServer:
+    """The DevicePlugin service on a unix socket; start/stop as often as needed."""
+
+    def __init__(self, service: DevicePluginService, socket_path: str, workers: int = 8) -> None:
+        require_grpc()
+        self.service = service
+        self.socket_path = socket_path
+        self.workers = workers
+        self._server = None
+        self.inode: Optional[int] = None
+
+    def start(self) -> None:
+        self.stop()
+        self.service.resume()
+        remove_socket(self.socket_path)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dp"))
+        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        if server.add_insecure_port("unix://" + self.socket_path) == 0:
+            raise OSError("cannot listen on %s" % self.socket_path)
+        server.start()
+        self._server = server
+        self.inode = os.stat(self.socket_path).st_ino
+        LOG.info("serving the device plugin API on %s", self.socket_path)
+
+    def socket_present(self) -> bool:
+        """False when our socket was removed or replaced (the kubelet cleans the directory on start)."""
+        try:
+            return os.stat(self.socket_path).st_ino == self.inode
+        except OSError:
+            return False
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def stop(self, grace: float = 1.0) -> None:
+        if self._server is None:
+            return
+        self.service.stop()
+        self._server.stop(grace).wait(grace + 1.0)
+        self._server = None
+        try:
+            if self.inode is not None and os.stat(self.socket_path).st_ino == self.inode:
+                os.unlink(self.socket_path)
+        except OSError:
+            pass
+        self.inode = None

@@ -1,0 +1,117 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""gpu-device as a process: bad flags exit with a clear message; a good run serves and stops on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+pytest.importorskip("grpc")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deviceplugin"))
+
+from kubelet_peer import KubeletPeer  # noqa: E402
+
+MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device"
+
+
+def agent_env(**extra):
+    """The environment of an agent process: the collection importable, as in the image."""
+    from ansible_collections.metax.gpu.plugins.module_utils import host
+    collections = os.path.abspath(os.path.join(os.path.dirname(host.__file__), *[".."] * 5))
+    env = dict(os.environ, PYTHONPATH=collections, NODE_NAME="")
+    env.update(extra)
+    return env
+
+
+def run(*args, timeout=30):
+    return subprocess.run([sys.executable, "-m", MODULE] + list(args), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=timeout, check=False, env=agent_env())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--healthy-interval", "-1"], "argument --healthy-interval: -1 is negative"),
+    (["--healthy-interval", "five"], "argument --healthy-interval: 'five' is not an integer"),
+    (["--log-format", "xml"], "invalid choice: 'xml'"),
+    (["--metrics-port", "70000"], "is not a TCP port"),
+    (["--pod-resources-interval", "0"], "must be positive"),
+    (["--log-rotation-time", "1y"], "--log-rotation-time: '1y' is not a duration"),
+    (["--host-root", "/nonexistent/root"], "--host-root /nonexistent/root: no such directory"),
+    (["--host-root", "/tmp"], "sys/bus/pci/devices is missing"),
+])
+def test_bad_flags(args, message):
+    result = run(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr.decode(), result.stderr
+    assert "Traceback" not in result.stderr.decode()
+
+
+def test_missing_kubeconfig_is_a_usage_error(make_node):
+    host = make_node("1xC500")
+    result = run("--host-root", host.path, "--node-name", "n1", "--kubeconfig", "/nonexistent/kubeconfig",
+                 "--metrics-port", "0")
+    assert result.returncode == 2
+    assert "--kubeconfig /nonexistent/kubeconfig: no such file" in result.stderr.decode()
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serves_logs_json_and_stops_on_sigterm(make_node):
+    host = make_node("8xC500")
+    base = tempfile.mkdtemp(prefix="mxcli-", dir="/tmp")
+    peer = KubeletPeer(os.path.join(base, "dp"))
+    peer.start()
+    port = _free_port()
+    logdir = os.path.join(base, "logs")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", MODULE, "--host-root", host.path, "--host-prefix", "/var/lib/metax-sim/root",
+         "--device-plugin-dir", peer.dir, "--pod-resources-socket", os.path.join(base, "none.sock"),
+         "--healthy-interval", "1", "--metrics-address", "127.0.0.1", "--metrics-port", str(port),
+         "--log-dir", logdir, "--log-level", "debug", "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=agent_env())
+    try:
+        peer.wait_for_registration(1, timeout=20)
+        peer.wait_for_devices(lambda ds: len(ds) == 8)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                body = urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert body == b"ok\n"
+        metrics = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2).read().decode()
+        assert "metax_gpu_devices 8.0" in metrics
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        stderr = proc.stderr.read().decode()
+        records = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+        assert any(r["msg"].startswith("registered metax-tech.com/gpu") for r in records)
+        assert any("annotations are not published" in r["msg"] for r in records)
+        assert all(r["component"] == "gpu-device" for r in records)
+        assert os.path.getsize(os.path.join(logdir, "gpu-device.log")) > 0
+        assert not os.path.exists(os.path.join(peer.dir, "metax-gpu.sock"))   # removed on exit
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        peer.stop()
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,186 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Node annotations: values from the allocator, refresh from the pod-resources API, retries."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin import constants as C
+from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.annotations import (
+    AnnotationPublisher, merge_patch, node_annotations,
+)
+from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.devices import DeviceState
+from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.metrics import (
+    DevicePluginMetrics, MetricsServer,
+)
+from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.podresources import (
+    PodResourcesClient, PodResourcesError,
+)
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import per_count_tables
+from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
+
+BDFS = ["0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0",
+        "0000:43:00.0", "0000:44:00.0", "0000:45:00.0", "0000:46:00.0"]
+
+
+def test_tables_and_devices(make_node):
+    host = make_node("8xC500")
+    state = DeviceState(host)
+    state.refresh()
+    snap = state.snapshot()
+    out = node_annotations(snap, frozenset(BDFS[:2]))
+    scores, losses = per_count_tables(snap.inventory.topology, range(2, 8))
+    assert json.loads(out[C.ANNOTATION_SCORES]) == {str(n): v for n, v in scores.items()}
+    assert json.loads(out[C.ANNOTATION_LOSSES]) == {str(n): v for n, v in losses.items()}
+    assert sorted(json.loads(out[C.ANNOTATION_SCORES])) == [str(n) for n in range(1, 7)]
+    devices = json.loads(out[C.ANNOTATION_DEVICES])
+    assert [d["id"] for d in devices] == BDFS
+    assert devices[0] == {"id": BDFS[0], "index": 0, "bdf": BDFS[0], "uuid": devices[0]["uuid"], "gpu": 0,
+                          "vf": False, "numa": 0, "link_group": 0, "link_kind": "metaxlink",
+                          "health": "Healthy", "allocated": True}
+    assert devices[0]["uuid"].startswith("GPU-")
+    assert [d["link_group"] for d in devices] == [0] * 4 + [1] * 4
+    assert [d["allocated"] for d in devices] == [True, True] + [False] * 6
+    # a failed GPU: unhealthy, not free, listed last without an index
+    generator.fail_gpu(host, 7, "bus")
+    state.refresh()
+    out = node_annotations(state.snapshot(), frozenset())
+    devices = json.loads(out[C.ANNOTATION_DEVICES])
+    assert devices[-1]["id"] == BDFS[7] and devices[-1]["index"] is None and devices[-1]["health"] == "Unhealthy"
+    assert sorted(json.loads(out[C.ANNOTATION_SCORES]), key=int)[-1] == "7"
+
+
+def test_no_free_device_gives_empty_tables(make_node):
+    state = DeviceState(make_node("1xC500"))
+    state.refresh()
+    out = node_annotations(state.snapshot(), frozenset(["0000:03:00.0"]))
+    assert out[C.ANNOTATION_SCORES] == "{}" and out[C.ANNOTATION_LOSSES] == "{}"
+
+
+def test_merge_patch_shape():
+    assert merge_patch({"a": "1"}) == {"metadata": {"annotations": {"a": "1"}}}
+
+
+def test_publisher_retries_and_writes_only_changes():
+    stop = threading.Event()
+    desired = {"k": "1"}
+    writes = []
+    failures = [2]
+
+    def patch(annotations):
+        if failures[0]:
+            failures[0] -= 1
+            raise ConnectionError("apiserver away")
+        writes.append(dict(annotations))
+
+    results = []
+    pub = AnnotationPublisher(lambda: dict(desired), patch, stop, on_result=results.append)
+    pub._sleep = lambda delay: stop.wait(0.01)      # no real backoff in the test
+    pub.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not writes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert writes == [{"k": "1"}] and results == [False, False, True]
+        pub.trigger()                              # nothing changed: no write
+        time.sleep(0.1)
+        assert len(writes) == 1
+        desired["k"] = "2"
+        pub.trigger()
+        deadline = time.monotonic() + 5
+        while len(writes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert writes[-1] == {"k": "2"}
+    finally:
+        stop.set()
+        pub.join()
+
+
+def test_pod_resources_client(pod_resources):
+    pod_resources.assignments = [
+        ("default", "job", "main", C.RESOURCE_NAME, [BDFS[0], BDFS[1]]),
+        ("default", "job", "side", "example.com/other", ["x"]),
+        ("ml", "train", "c", C.RESOURCE_NAME, [BDFS[5]]),
+    ]
+    client = PodResourcesClient(pod_resources.socket)
+    try:
+        assert client.list_allocated() == {BDFS[0]: ("default", "job", "main"), BDFS[1]: ("default", "job", "main"),
+                                           BDFS[5]: ("ml", "train", "c")}
+        assert client.allocatable() is None        # UNIMPLEMENTED in the peer
+        pod_resources.stop()
+        with pytest.raises(PodResourcesError):
+            client.list_allocated()
+    finally:
+        client.close()
+
+
+def test_agent_refreshes_annotations_from_pod_resources(make_node, kubelet, pod_resources, run_agent):
+    """Allocations seen by the kubelet reach the annotations within the poll interval (<= 5 s)."""
+    patches = []
+    seen = threading.Condition()
+
+    def patch(annotations):
+        with seen:
+            patches.append((time.monotonic(), dict(annotations)))
+            seen.notify_all()
+
+    def allocated_in_last():
+        devices = json.loads(patches[-1][1][C.ANNOTATION_DEVICES])
+        return sorted(d["id"] for d in devices if d["allocated"])
+
+    host = make_node("8xC500")
+    with run_agent(host, pod_resources_socket=pod_resources.socket, pod_resources_interval=0.5, patch=patch) as agent:
+        with seen:
+            assert seen.wait_for(lambda: patches, 10)
+        assert allocated_in_last() == []
+        assert len(json.loads(patches[-1][1][C.ANNOTATION_SCORES])) == 8
+        pod_resources.assignments = [("default", "job", "main", C.RESOURCE_NAME, BDFS[2:4])]
+        t0 = time.monotonic()
+        with seen:
+            assert seen.wait_for(lambda: allocated_in_last() == BDFS[2:4], 5)
+        assert patches[-1][0] - t0 < 5
+        assert len(json.loads(patches[-1][1][C.ANNOTATION_SCORES])) == 6
+        assert agent.allocated == frozenset(BDFS[2:4])
+        # a GPU failure changes the annotations too
+        generator.fail_gpu(host, 0, "smi")
+        with seen:
+            assert seen.wait_for(lambda: len(json.loads(patches[-1][1][C.ANNOTATION_SCORES])) == 5, 5)
+        count = len(patches)
+        time.sleep(1.2)
+        assert len(patches) == count                # no change, no write
+
+
+def test_metrics_endpoint(make_node, kubelet, run_agent):
+    metrics = DevicePluginMetrics()
+    host = make_node("8xC500")
+    with run_agent(host, metrics=metrics) as agent:
+        server = MetricsServer(metrics, "127.0.0.1", 0, agent.health)
+        server.start()
+        try:
+            kubelet.wait_for_devices(lambda ds: len(ds) == 8)
+            generator.fail_gpu(host, 1, "smi")
+            kubelet.wait_for_devices(lambda ds: sum(1 for d in ds if d[1] == "Healthy") == 7, timeout=5)
+            from kubelet_peer import pb
+            kubelet.stub.Allocate(pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=[BDFS[0]])]), timeout=5)
+            base = "http://127.0.0.1:%d" % server.port
+            text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+            deadline = time.monotonic() + 3
+            while agent.health()[0] is False and time.monotonic() < deadline:
+                time.sleep(0.05)
+            health = urllib.request.urlopen(base + "/healthz", timeout=5)
+            assert health.status == 200 and health.read() == b"ok\n"
+        finally:
+            server.stop()
+    assert "metax_gpu_devices 8.0" in text
+    assert "metax_gpu_devices_healthy 7.0" in text
+    assert 'metax_gpu_device_healthy{device="0000:04:00.0"} 0.0' in text
+    assert 'metax_gpu_allocation_duration_seconds_count{rpc="Allocate"} 1.0' in text
+    assert "metax_gpu_registrations_total 1.0" in text
