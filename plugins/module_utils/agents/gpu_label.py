@@ -1,0 +1,185 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""gpu-label: the node labeller of MetaX GPU nodes (manual 2.2.2, Table 2.7).
+
+Run as::
+
+    python -m ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_label \\
+        --host-root /host --node-name NODE [--interval 60] [--driver-mode native|cloud]
+
+Every ``--interval`` seconds it discovers the node's GPUs under the host root,
+computes the label map (``gpu.labels.node_labels``) and brings the Node's
+``metax-tech.com/`` labels in line with one JSON merge patch: wrong values
+corrected, labels it owns but no longer sets removed (for example every label
+but ``gpu.installed=false`` once the GPUs are gone), every other label --
+including other ``metax-tech.com/`` keys written by other components -- left
+alone. Nothing is written when nothing changed. While the apiserver is away
+it backs off and keeps running. RBAC: ``get`` and ``patch`` on ``nodes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from typing import Callable, Dict, Mapping, Optional, Sequence
+
+from ..gpu.discovery import DiscoveryError, discover
+from ..gpu.labels import DRIVER_MODES, OWNED_LABEL_KEYS, label_changes, node_labels
+from ..host import HostRoot, HostRootError
+from .common import (Backoff, UsageError, add_common_flags, kube_api_client, run_main, setup_logging,
+                     stop_event)
+
+COMPONENT = "gpu-label"
+LOG = logging.getLogger(COMPONENT)
+DEFAULT_INTERVAL = 60.0      # seconds, as NFD and GFD use
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number of seconds" % text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("%s must be positive" % text)
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu-label", description="Label a node with its MetaX GPU facts.")
+    add_common_flags(parser)
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
+                        help="the Node to label (default: $NODE_NAME, from the downward API)")
+    parser.add_argument("--interval", type=_interval, default=DEFAULT_INTERVAL,
+                        help="seconds between label refreshes (default %(default)s)")
+    parser.add_argument("--driver-mode", choices=DRIVER_MODES, default="native",
+                        help="gpu.driver.mode: native (driver maintained on the host) or cloud "
+                             "(installed by the GPU Operator) (default %(default)s)")
+    parser.add_argument("--once", action="store_true", help="one refresh, then exit (0 when it succeeded)")
+    return parser
+
+
+class ApiUnavailable(Exception):
+    """The apiserver could not be reached or refused the request; retried with backoff."""
+
+
+class Labeller:
+    """One node's labels. ``read_labels()`` and ``patch_labels(patch)`` talk to the apiserver."""
+
+    def __init__(self, host: HostRoot, driver_mode: str, read_labels: Callable[[], Mapping[str, str]],
+                 patch_labels: Callable[[Dict[str, Optional[str]]], None]) -> None:
+        self.host = host
+        self.driver_mode = driver_mode
+        self.read_labels = read_labels
+        self.patch_labels = patch_labels
+        self.writes = 0
+        self.last_desired: Optional[Dict[str, str]] = None
+
+    def desired(self) -> Dict[str, str]:
+        inventory = discover(self.host, topology=False)
+        return node_labels(inventory, self.driver_mode)
+
+    def sync(self) -> Dict[str, Optional[str]]:
+        """One refresh; returns the patch written ({} when nothing changed).
+
+        Raises DiscoveryError/HostRootError (the node cannot be read: nothing
+        is written) or ApiUnavailable.
+        """
+        desired = self.desired()
+        if desired != self.last_desired:
+            LOG.info("computed %d labels", len(desired), extra={"fields": {"labels": desired}})
+        self.last_desired = desired
+        current = dict(self.read_labels())
+        patch = label_changes(current, desired)
+        if patch:
+            self.patch_labels(patch)
+            self.writes += 1
+            LOG.info("labels updated: %s", ", ".join(
+                "%s=%s" % (k, v) if v is not None else "-" + k for k, v in sorted(patch.items())),
+                extra={"fields": {"patch": patch}})
+        else:
+            LOG.debug("labels up to date")
+        return patch
+
+
+def kube_label_access(api_client, node_name: str, timeout: float = 10.0):
+    """(read_labels, patch_labels) for :class:`Labeller` with the kubernetes client."""
+    from kubernetes import client as k8s_client  # only where the agent runs
+    from kubernetes.client.exceptions import ApiException
+
+    core = k8s_client.CoreV1Api(api_client)
+
+    def _call(what: str, func, *args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except ApiException as exc:
+            hint = ""
+            if exc.status == 403:
+                hint = " (RBAC: the service account needs get and patch on nodes)"
+            elif exc.status == 404:
+                hint = " (is --node-name right?)"
+            raise ApiUnavailable("%s node %s: HTTP %s %s%s" % (what, node_name, exc.status, exc.reason, hint))
+        except Exception as exc:  # pylint: disable=broad-except  # urllib3/socket errors of many kinds
+            raise ApiUnavailable("%s node %s: %s" % (what, node_name, exc))
+
+    def read_labels() -> Mapping[str, str]:
+        node = _call("get", core.read_node, node_name, _request_timeout=timeout)
+        return dict(node.metadata.labels or {})
+
+    def patch_labels(patch: Dict[str, Optional[str]]) -> None:
+        _call("patch", core.patch_node, node_name, {"metadata": {"labels": patch}},
+              _content_type="application/merge-patch+json", _request_timeout=timeout)
+
+    return read_labels, patch_labels
+
+
+def run_loop(labeller: Labeller, interval: float, stop: threading.Event, once: bool = False) -> int:
+    backoff = Backoff(initial=1.0, cap=max(1.0, min(60.0, interval)))
+    while not stop.is_set():
+        try:
+            labeller.sync()
+        except ApiUnavailable as exc:
+            delay = backoff.next_delay()
+            LOG.warning("cannot update the node labels (retrying in %.1fs): %s", delay, exc)
+            if once:
+                return 1
+            stop.wait(delay)
+            continue
+        except (DiscoveryError, HostRootError) as exc:
+            LOG.error("cannot read the node's GPUs, labels left as they are: %s", exc)
+            if once:
+                return 1
+            stop.wait(interval)
+            continue
+        backoff.reset()
+        if once:
+            return 0
+        stop.wait(interval)
+    LOG.info("stopping")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(COMPONENT, args)
+    if not args.node_name:
+        raise UsageError("--node-name is required (or NODE_NAME from the downward API)")
+    host = HostRoot(args.host_root, args.host_prefix)
+    if not os.path.isdir(host.path):
+        raise UsageError("--host-root %s: no such directory" % args.host_root)
+    if not host.isdir("sys"):
+        raise UsageError("--host-root %s: %s is missing (is the node's root mounted there?)"
+                         % (args.host_root, host.join("sys")))
+    read_labels, patch_labels = kube_label_access(kube_api_client(args.kubeconfig), args.node_name)
+    labeller = Labeller(host, args.driver_mode, read_labels, patch_labels)
+    LOG.info("gpu-label starting", extra={"fields": {
+        "node": args.node_name, "host_root": host.path, "interval": args.interval,
+        "driver_mode": args.driver_mode, "owned_keys": list(OWNED_LABEL_KEYS)}})
+    return run_loop(labeller, args.interval, stop_event(), once=args.once)
+
+
+if __name__ == "__main__":
+    run_main(COMPONENT, lambda: main(sys.argv[1:]))

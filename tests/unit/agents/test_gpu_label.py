@@ -1,0 +1,153 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""gpu-label: which labels it writes and removes (the apiserver itself is exercised on the local cluster)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_label import (
+    ApiUnavailable, Labeller, run_loop,
+)
+from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
+from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
+
+P = "metax-tech.com/"
+MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_label"
+
+
+class NodeLabels:
+    """The labels of one Node, with merge-patch semantics (None deletes)."""
+
+    def __init__(self, labels):
+        self.labels = dict(labels)
+        self.patches = []
+        self.down = False
+
+    def read(self):
+        if self.down:
+            raise ApiUnavailable("get node n1: connection refused")
+        return dict(self.labels)
+
+    def patch(self, patch):
+        if self.down:
+            raise ApiUnavailable("patch node n1: connection refused")
+        self.patches.append(dict(patch))
+        for key, value in patch.items():
+            if value is None:
+                self.labels.pop(key, None)
+            else:
+                self.labels[key] = value
+
+
+def labeller(host, node, mode="native"):
+    return Labeller(host, mode, node.read, node.patch)
+
+
+FOREIGN = {"kubernetes.io/hostname": "n1", P + "gpu.driver.channel": "beta", P + "other": "x"}
+
+
+def test_labels_written_once_and_foreign_labels_kept(make_node):
+    node = NodeLabels(FOREIGN)
+    lab = labeller(make_node("8xC500"), node)
+    patch = lab.sync()
+    assert len(patch) == 12
+    assert node.labels[P + "gpu.installed"] == "true" and node.labels[P + "gpu.product"] == "C500"
+    for key, value in FOREIGN.items():
+        assert node.labels[key] == value
+    assert lab.sync() == {} and len(node.patches) == 1           # nothing changed: nothing written
+
+
+def test_wrong_values_corrected_and_stale_keys_removed(make_node):
+    host = make_node("8xC500")
+    node = NodeLabels(dict(FOREIGN, **{P + "gpu.product": "N100", P + "gpu.vfnum": "8"}))
+    lab = labeller(host, node)
+    lab.sync()
+    assert node.labels[P + "gpu.product"] == "C500" and node.labels[P + "gpu.vfnum"] == "0"
+    generator.unload_driver(host)
+    patch = lab.sync()
+    assert patch == {P + "driver.ready": "false", P + "gpu.driver.major": None,
+                     P + "gpu.driver.minor": None, P + "gpu.driver.patch": None}
+    assert node.labels[P + "gpu.installed"] == "true"
+    generator.load_driver(host)
+    assert lab.sync()[P + "driver.ready"] == "true"
+
+
+def test_no_gpu_leaves_installed_false_alone(make_node, tmp_path):
+    node = NodeLabels(FOREIGN)
+    labeller(make_node("4xN100"), node).sync()
+    empty = tmp_path / "plain-node"
+    (empty / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
+    labeller(HostRoot(str(empty)), node).sync()
+    ours = {k: v for k, v in node.labels.items() if k.startswith(P) and k not in FOREIGN}
+    assert ours == {P + "gpu.installed": "false"}
+    assert all(node.labels[k] == v for k, v in FOREIGN.items())
+
+
+def test_cloud_mode_and_sriov(make_node):
+    host = make_node("2xC550-sriov")
+    for gpu in generator.load_state(host)["gpus"]:
+        host.write_attribute("sys/bus/pci/devices/%s/sriov_numvfs" % gpu["bdf"], "4")
+    node = NodeLabels({})
+    labeller(host, node, "cloud").sync()
+    assert node.labels[P + "gpu.sriov"] == "on" and node.labels[P + "gpu.vfnum"] == "4"
+    assert node.labels[P + "gpu.driver.mode"] == "cloud" and node.labels[P + "gpu.count"] == "2"
+
+
+def test_apiserver_away_backs_off_and_keeps_running(make_node):
+    node = NodeLabels({})
+    node.down = True
+    lab = labeller(make_node("1xC500"), node)
+    stop = threading.Event()
+    assert run_loop(lab, 60, stop, once=True) == 1
+    thread = threading.Thread(target=run_loop, args=(lab, 0.2, stop), daemon=True)
+    thread.start()
+    try:
+        stop.wait(1.0)
+        assert thread.is_alive() and not node.patches
+        node.down = False
+        for _ in range(100):
+            if node.patches:
+                break
+            stop.wait(0.1)
+        assert node.labels[P + "gpu.installed"] == "true"
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def test_unreadable_root_writes_nothing(tmp_path):
+    node = NodeLabels({P + "gpu.installed": "true"})
+    lab = labeller(HostRoot(str(tmp_path)), node)
+    assert run_loop(lab, 60, threading.Event(), once=True) == 1
+    assert not node.patches
+
+
+def _run(*args):
+    from ansible_collections.metax.gpu.plugins.module_utils import host
+    collections = os.path.abspath(os.path.join(os.path.dirname(host.__file__), *[".."] * 5))
+    return subprocess.run([sys.executable, "-m", MODULE] + list(args), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=30, check=False,
+                          env=dict(os.environ, PYTHONPATH=collections, NODE_NAME=""))
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--node-name is required"),
+    (["--node-name", "n1", "--interval", "0"], "argument --interval: 0 must be positive"),
+    (["--node-name", "n1", "--interval", "soon"], "'soon' is not a number of seconds"),
+    (["--node-name", "n1", "--driver-mode", "both"], "invalid choice: 'both'"),
+    (["--node-name", "n1", "--host-root", "/nonexistent"], "--host-root /nonexistent: no such directory"),
+    (["--node-name", "n1", "--host-root", "/", "--kubeconfig", "/nonexistent/kc"],
+     "--kubeconfig /nonexistent/kc: no such file"),
+])
+def test_bad_flags(args, message):
+    result = _run(*args)
+    assert result.returncode == 2
+    assert message in result.stderr.decode(), result.stderr
+    assert "Traceback" not in result.stderr.decode()
