@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Wrap files into a single-layer OCI image archive (OCI image layout in a tar).
 
 Used for the local cluster's pause image: no base image and no registry on the
@@ -135,7 +134,7 @@ def _parse_file(spec):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--ref", required=True, help="full image reference, e.g. 127.0.0.1:5000/x/pause:3.10")
     ap.add_argument("--out", required=True, help="archive to write (OCI layout tar)")
     ap.add_argument("--file", action="append", type=_parse_file, default=[], help="SRC:/DEST[:MODE]")

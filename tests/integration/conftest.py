@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -49,36 +50,35 @@ def _write(config, line):
         sys.stderr.write(line + "\n")
 
 
-def _run_cluster(action, log_name, timeout):
-    """Run cluster.sh ACTION with its output in tests/output/LOG_NAME."""
+def _run_cluster(action, log_name, timeout, echo=None):
+    """Run cluster.sh ACTION with its output in tests/output/LOG_NAME (and echoed)."""
     os.makedirs(LOG_DIR, exist_ok=True)
     path = os.path.join(LOG_DIR, log_name)
     start = time.time()
-    with open(path, "wb") as log:
+    lines = []
+    with open(path, "w") as log:
+        proc = subprocess.Popen(["bash", CLUSTER_SH, action], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, cwd=REPO, text=True, errors="replace")
+        watchdog = threading.Timer(timeout, proc.kill)
+        watchdog.start()
         try:
-            rc = subprocess.call(["bash", CLUSTER_SH, action], stdin=subprocess.DEVNULL, stdout=log,
-                                 stderr=subprocess.STDOUT, cwd=REPO, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = "timeout after %ss" % timeout
-    with open(path, "rb") as log:
-        text = log.read().decode("utf-8", "replace")
-    return rc, text, path, time.time() - start
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                lines.append(line)
+                if echo is not None and not line.startswith("go: downloading"):
+                    echo("  | " + line.rstrip("\n"))
+        finally:
+            watchdog.cancel()
+            proc.stdout.close()
+            rc = proc.wait()
+    if time.time() - start >= timeout:
+        rc = "killed: timeout after %ss" % timeout
+    return rc, "".join(lines), path, time.time() - start
 
 
 def _tail(text, lines=25):
     return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-def _phase_lines(text):
-    out, inside = [], False
-    for line in text.splitlines():
-        if line.startswith("Phase timings"):
-            inside = True
-        elif inside and not line.startswith("  "):
-            inside = False
-        if inside:
-            out.append(line)
-    return out
 
 
 def _load_info():
@@ -87,8 +87,56 @@ def _load_info():
     return json.loads(out)
 
 
+def _lease_dir():
+    cache = os.environ.get("METAX_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "metax-gpu")
+    return os.path.join(cache, "cluster-leases")
+
+
+def _other_live_leases():
+    """PIDs of other live test sessions using the cluster (several sessions may share one machine)."""
+    others = []
+    try:
+        names = os.listdir(_lease_dir())
+    except OSError:
+        return others
+    for name in names:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        if os.path.exists("/proc/%s" % name):
+            others.append(int(name))
+        else:
+            try:
+                os.unlink(os.path.join(_lease_dir(), name))
+            except OSError:
+                pass
+    return others
+
+
+def _take_lease():
+    os.makedirs(_lease_dir(), exist_ok=True)
+    with open(os.path.join(_lease_dir(), str(os.getpid())), "w") as fh:
+        fh.write(" ".join(sys.argv) + "\n")
+
+
+def _drop_lease():
+    try:
+        os.unlink(os.path.join(_lease_dir(), str(os.getpid())))
+    except OSError:
+        pass
+
+
+def _state_dir():
+    return os.environ.get("METAX_CLUSTER_DIR", "/var/lib/metax-gpu-cluster")
+
+
+def _started_by_tests_marker():
+    return os.path.join(_state_dir(), "started-by-tests")
+
+
 def _bring_up(config):
     _STATE["tried"] = True
+    _take_lease()
     if os.geteuid() != 0:
         _STATE["error"] = ("the local cluster needs root (it runs kubelet/containerd, mounts and writes "
                            "/etc/kubernetes); run the tests as root")
@@ -97,20 +145,21 @@ def _bring_up(config):
         _STATE["error"] = "%s is missing" % CLUSTER_SH
         return
     status = subprocess.run(["bash", CLUSTER_SH, "status"], stdin=subprocess.DEVNULL, capture_output=True,
-                            text=True, cwd=REPO, timeout=120)
+                            text=True, cwd=REPO, timeout=120, check=False)
     _STATE["was_up"] = status.returncode == 0
     if _STATE["was_up"]:
         _write(config, "local cluster: already up, using it (it will be left running)")
     else:
         _write(config, "local cluster: bringing it up (scripts/cluster/cluster.sh up; log: "
-                       "tests/output/cluster-up.log; a cold run builds Kubernetes first)")
-    rc, text, path, secs = _run_cluster("up", "cluster-up.log", UP_TIMEOUT)
+                       "tests/output/cluster-up.log; a cold run installs packages and builds Kubernetes first)")
+    rc, text, path, secs = _run_cluster("up", "cluster-up.log", UP_TIMEOUT, echo=lambda l: _write(config, l))
     _STATE["up_seconds"] = secs
+    if not _STATE["was_up"] and os.path.isdir(_state_dir()):
+        # brought up by a test session: the last session using it stops it
+        open(_started_by_tests_marker(), "w").close()
     if rc != 0:
         _STATE["error"] = "scripts/cluster/cluster.sh up failed (%s); see %s:\n%s" % (rc, path, _tail(text))
         return
-    for line in _phase_lines(text):
-        _write(config, line)
     _write(config, "local cluster: up in %.0fs" % secs)
     try:
         _STATE["info"] = _load_info()
@@ -129,8 +178,20 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if not _STATE["tried"] or _STATE["was_up"]:
+    if not _STATE["tried"]:
         return
+    _drop_lease()
+    others = _other_live_leases()
+    if others:
+        _write(session.config, "local cluster: left running, still used by test session(s) %s" % others)
+        return
+    if not os.path.exists(_started_by_tests_marker()):
+        if _STATE["was_up"]:
+            _write(session.config, "local cluster: left running (it was up before the tests); "
+                                   "stop it with 'make cluster-down'")
+            return
+        if not os.path.isdir(_state_dir()):
+            return  # already down (another session stopped it)
     if os.environ.get("METAX_KEEP_CLUSTER", "") not in ("", "0"):
         _write(session.config, "local cluster: left running (METAX_KEEP_CLUSTER); stop it with 'make cluster-down'")
         return
@@ -180,8 +241,9 @@ class Cluster(object):
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
         kwargs.setdefault("timeout", 120)
+        check = kwargs.pop("check", False)
         return subprocess.run([self.kubectl_path, "--kubeconfig", self.kubeconfig] + list(args),
-                              env=self.env, stdin=subprocess.DEVNULL, **kwargs)
+                              env=self.env, stdin=subprocess.DEVNULL, check=check, **kwargs)
 
     def api_client(self):
         from kubernetes import client, config

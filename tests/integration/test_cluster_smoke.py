@@ -43,7 +43,7 @@ def smoke_image(cluster, tmp_path_factory):
 
     def run(*cmd):
         res = subprocess.run(list(cmd), env=env, capture_output=True, text=True, timeout=300,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, check=False)
         assert res.returncode == 0, "%s failed:\n%s%s" % (cmd[:2], res.stdout, res.stderr)
 
     run("podman", "build", "--quiet", "--layers=false", "--network", "host", "-t", local, str(ctx))
@@ -53,7 +53,8 @@ def smoke_image(cluster, tmp_path_factory):
             "--creds", "%s:%s" % (cluster.registry_auth_user, cluster.registry_auth_password),
             local, "docker://" + auth)
     finally:
-        subprocess.run(["podman", "rmi", "-f", local], env=env, capture_output=True, stdin=subprocess.DEVNULL)
+        subprocess.run(["podman", "rmi", "-f", local], env=env, capture_output=True, stdin=subprocess.DEVNULL,
+                       check=False)
     return {"marker": marker, "plain": plain, "auth": auth}
 
 
@@ -138,7 +139,7 @@ def test_hostnetwork_pod_from_auth_registry(cluster, smoke_image, namespace):
 def test_auth_registry_requires_credentials(cluster):
     res = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert",
                           cluster.registry_auth_ca, "https://%s/v2/" % cluster.registry_auth],
-                         capture_output=True, text=True, timeout=30)
+                         capture_output=True, text=True, timeout=30, check=False)
     assert res.stdout == "401", res
 
 
