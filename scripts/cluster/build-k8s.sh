@@ -61,9 +61,8 @@ case ${GOVER} in
 esac
 
 WRAP=${METAX_CACHE_DIR}/k8s/wrapper-${KUBE_VERSION}
-mkdir -p "${WRAP}"
 log "fetching k8s.io/kubernetes@${KUBE_VERSION} go.mod from $("${GO}" env GOPROXY)"
-if ! modjson=$(cd "${WRAP}" && "${GO}" mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" 2>&1); then
+if ! modjson=$(cd "${METAX_CACHE_DIR}/k8s" && "${GO}" mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" 2>&1); then
   printf '%s\n' "${modjson}" >&2
   die "cannot download k8s.io/kubernetes@${KUBE_VERSION} from the Go module proxy ($("${GO}" env GOPROXY)).
   Check network access to proxy.golang.org (or set GOPROXY to a reachable proxy), then rerun.
@@ -72,6 +71,7 @@ fi
 gomod=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p' <<<"${modjson}")
 [[ -f ${gomod} ]] || die "go mod download did not report a go.mod for k8s.io/kubernetes@${KUBE_VERSION}"
 
+mkdir -p "${WRAP}"
 # Staging modules: every `k8s.io/x => ./staging/src/k8s.io/x` of the upstream
 # go.mod becomes `k8s.io/x => k8s.io/x v0.<minor>.<patch>` here.
 staging_version=v0.${KUBE_VERSION#v1.}
