@@ -1046,6 +1046,8 @@ cmd_down() {
     return 0
   fi
   phase_start "drain pods"
+  # no controller may recreate what is drained
+  stop kube-controller-manager
   drain_pods
   phase_start "stop kubelet"
   stop kubelet
