@@ -52,6 +52,7 @@ esac
 export GOCACHE=${METAX_CACHE_DIR}/go/build
 export GOMODCACHE=${METAX_CACHE_DIR}/go/mod
 export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
+[[ -n ${HOME:-} ]] || export GOPATH=${METAX_CACHE_DIR}/go/path
 # Go 1.27 turns the jsonv2 experiment on by default, which breaks the
 # kube-openapi vendored by Kubernetes 1.36 (apiserver: "$root has invalid
 # property: Extensions"). Harmless on 1.26.

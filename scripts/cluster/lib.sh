@@ -13,7 +13,7 @@ REPO_ROOT=$(cd "${CLUSTER_SCRIPTS}/../.." && pwd)
 : "${KUBE_VERSION:=v1.36.3}"
 : "${GO:=$(command -v go 2>/dev/null || echo /usr/local/go/bin/go)}"
 
-: "${METAX_CACHE_DIR:=${XDG_CACHE_HOME:-$HOME/.cache}/metax-gpu}"
+: "${METAX_CACHE_DIR:=${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/metax-gpu}"
 # Cluster runtime state (PKI, etcd data, containerd root, logs, PID files).
 : "${METAX_CLUSTER_DIR:=/var/lib/metax-gpu-cluster}"
 # The simulated MetaX node root carried by the node; agent pods mount it with
