@@ -5,13 +5,14 @@
 # bridge CNI, two registries (plain HTTP and htpasswd+TLS) and a simulated
 # MetaX node root. Everything listens on loopback.
 #
-# Usage: cluster.sh up | down | status | env | json
+# Usage: cluster.sh up | down | status | env | json | podman-env
 #   up      idempotent; builds/installs what is missing first
 #   down    stops only what `up` started (PID files), unmounts, removes what it
 #           added (files, CNI, iptables chains, cgroups); always safe to run
 #   status  components, kubeconfig, registries, node; exit 0 when all run
 #   env     shell exports for using the cluster: eval "$(cluster.sh env)"
 #   json    the same as JSON (used by tests/integration/conftest.py)
+#   podman-env  CONTAINERS_CONF/CONTAINERS_REGISTRIES_CONF exports (no cluster needed)
 # See docs/local-cluster.md.
 set -euo pipefail
 # shellcheck source=scripts/cluster/lib.sh
@@ -1099,9 +1100,14 @@ case ${1:-} in
     ;;
   status) cmd_status ;;
   env) cmd_env ;;
+  podman-env)
+    # usable without a cluster (Molecule, image builds)
+    printf 'export CONTAINERS_CONF=%s\nexport CONTAINERS_REGISTRIES_CONF=%s\n' \
+      "${CONTAINERS_CONF}" "${CONTAINERS_REGISTRIES_CONF}"
+    ;;
   json) cmd_json ;;
   *)
-    echo "usage: $0 up|down|status|env|json" >&2
+    echo "usage: $0 up|down|status|env|json|podman-env" >&2
     exit 2
     ;;
 esac
