@@ -112,7 +112,7 @@ def test_apiserver_away_backs_off_and_keeps_running(make_node):
         stop.wait(1.0)
         assert thread.is_alive() and not node.patches
         node.down = False
-        for _ in range(100):
+        for attempt in range(100):  # pylint: disable=unused-variable
             if node.patches:
                 break
             stop.wait(0.1)

@@ -55,15 +55,15 @@ def all_healthy(count):
 
 
 def test_register_options_and_initial_list(shared):
-    _, kubelet, _ = shared
-    _, request = kubelet.wait_for_registration()
+    kubelet = shared[1]
+    request = kubelet.wait_for_registration()[1]
     assert request.version == "v1beta1"
     assert request.resource_name == "metax-tech.com/gpu"
     assert request.endpoint == "metax-gpu.sock"
     assert request.options.get_preferred_allocation_available
     assert not request.options.pre_start_required
     assert kubelet.options.get_preferred_allocation_available
-    _, devices = kubelet.wait_for_devices(all_healthy(8))
+    devices = kubelet.wait_for_devices(all_healthy(8))[1]
     assert [d[0] for d in devices] == BDFS_8XC500
     assert [d[2] for d in devices] == [[0]] * 4 + [[1]] * 4     # NUMA nodes
     assert kubelet.stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=BDFS_8XC500[:1]),
@@ -71,7 +71,7 @@ def test_register_options_and_initial_list(shared):
 
 
 def test_preferred_allocation_is_the_allocators_choice(shared):
-    host, kubelet, _ = shared
+    host, kubelet = shared[0], shared[1]
     inv = discover(host)
     # GPUs 0 and 1 taken: a pair must come from 2,3 (keeps the rest of group 4-7 whole)
     available = BDFS_8XC500[2:]
@@ -115,7 +115,7 @@ def test_allocate_device_nodes_and_environment(tmp_path, kubelet, run_agent):
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: pb.AllocateRequest(), "no container_requests"),
+    (pb.AllocateRequest, "no container_requests"),
     (lambda: pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest()]), "no device IDs"),
     (lambda: pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["nope"])]),
      "unknown device"),
@@ -123,7 +123,7 @@ def test_allocate_device_nodes_and_environment(tmp_path, kubelet, run_agent):
         pb.ContainerAllocateRequest(devices_ids=[BDFS_8XC500[0], BDFS_8XC500[0]])]), "duplicate"),
 ])
 def test_allocate_malformed(shared, build, message):
-    _, kubelet, agent = shared
+    kubelet, agent = shared[1], shared[2]
     before = agent.service.allocations
     with pytest.raises(grpc.RpcError) as err:
         kubelet.stub.Allocate(build(), timeout=5)
@@ -141,7 +141,7 @@ def test_allocate_malformed(shared, build, message):
     (dict(available_deviceIDs=BDFS_8XC500[:1] * 2, allocation_size=1), "duplicates"),
 ])
 def test_preferred_allocation_malformed(shared, creq, message):
-    _, kubelet, _ = shared
+    kubelet = shared[1]
     request = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(**creq)])
     with pytest.raises(grpc.RpcError) as err:
         kubelet.stub.GetPreferredAllocation(request, timeout=5)
@@ -183,13 +183,13 @@ def test_kubelet_restart_reregisters_within_5s(make_node, kubelet, run_agent):
         kubelet.wait_for_registration(1)
         kubelet.wait_for_devices(all_healthy(8))
         back = kubelet.restart()            # removes our socket, recreates kubelet.sock
-        when, _ = kubelet.wait_for_registration(2, timeout=5)
+        when = kubelet.wait_for_registration(2, timeout=5)[0]
         assert when - back < 5
         kubelet.wait_for_devices(all_healthy(8))
         # only our socket removed (kubelet.sock unchanged): register again as well
         os.unlink(agent.socket_path)
         t0 = time.monotonic()
-        when, _ = kubelet.wait_for_registration(3, timeout=5)
+        when = kubelet.wait_for_registration(3, timeout=5)[0]
         assert when - t0 < 5
         # the kubelet stops for a while, then comes back
         kubelet.stop()
@@ -197,7 +197,7 @@ def test_kubelet_restart_reregisters_within_5s(make_node, kubelet, run_agent):
         assert agent.health() == (False, "not registered with the kubelet")
         kubelet.start()
         t0 = time.monotonic()
-        when, _ = kubelet.wait_for_registration(4, timeout=5)
+        when = kubelet.wait_for_registration(4, timeout=5)[0]
         assert when - t0 < 5
         deadline = time.monotonic() + 2
         while agent.health() != (True, "ok") and time.monotonic() < deadline:
@@ -244,7 +244,7 @@ def test_health_checks_disabled(make_node, kubelet, run_agent):
 
 def test_concurrent_calls(shared):
     """Allocations from several threads at once."""
-    _, kubelet, agent = shared
+    kubelet, agent = shared[1], shared[2]
     before = agent.service.allocations
     errors = []
 

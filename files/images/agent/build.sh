@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Build the metax.gpu agent image and push it as gpu-device, gpu-label and
+# gpu-aware to the local registry, tagged with a hash of its content (the
+# Containerfile, the entrypoint, requirements/agents.txt, the collection files
+# it copies and the base image ID). Nothing is built or pushed when the
+# registry already has that tag.
+#
+# Usage: files/images/agent/build.sh [--force] [--no-push]
+#        files/images/agent/build.sh --print     the references, without building
+# Prints one line per image: NAME=REGISTRY/metax-gpu/NAME:TAG (stdout).
+# Environment: METAX_REGISTRY (default 127.0.0.1:5000), METAX_AGENT_REPO_PREFIX
+# (default ${METAX_REGISTRY}/metax-gpu), METAX_BASE_IMAGE (scripts/cluster/lib.sh).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/cluster/lib.sh
+source "${HERE}/../../../scripts/cluster/lib.sh"
+
+NAMES=(gpu-device gpu-label gpu-aware)
+PREFIX=${METAX_AGENT_REPO_PREFIX:-${METAX_REGISTRY}/metax-gpu}
+LOCAL=localhost/metax-gpu/agent
+CA_BUNDLE=${METAX_HOST_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+
+force=0 push=1 print_only=0
+for arg in "$@"; do
+  case ${arg} in
+    --force) force=1 ;;
+    --no-push) push=0 ;;
+    --print) print_only=1 ;;
+    *) die "usage: $0 [--force] [--no-push] | --print" ;;
+  esac
+done
+
+# The collection files the image carries: what git tracks or would track
+# (untracked work included, ignored files such as .venv and caches excluded).
+content_files() {
+  (cd "${REPO_ROOT}" && git ls-files -z --cached --others --exclude-standard -- \
+    galaxy.yml meta plugins README.md LICENSE | while IFS= read -r -d '' f; do
+      [[ -f ${f} ]] && printf '%s\0' "${f}"
+    done)
+}
+
+ensure_base() {
+  if ! podman image exists "${METAX_BASE_IMAGE}"; then
+    log "base image ${METAX_BASE_IMAGE} missing: building it"
+    "${REPO_ROOT}/files/images/base/build.sh" >&2
+  fi
+}
+
+content_tag() {
+  local base_id
+  base_id=$(podman image inspect --format '{{.Id}}' "${METAX_BASE_IMAGE}" 2>/dev/null || echo "no-base")
+  {
+    echo "base ${base_id}"
+    (cd "${HERE}" && sha256sum Containerfile entrypoint)
+    (cd "${REPO_ROOT}" && sha256sum requirements/agents.txt)
+    content_files | (cd "${REPO_ROOT}" && xargs -0 sha256sum)
+  } | sha256sum | cut -c1-12
+}
+
+in_registry() { skopeo inspect --tls-verify=false --raw "docker://$1" >/dev/null 2>&1; }
+
+print_refs() {
+  local name
+  for name in "${NAMES[@]}"; do echo "${name}=${PREFIX}/${name}:$1"; done
+}
+
+main() {
+  ensure_base
+  local tag
+  tag=$(content_tag)
+  if ((print_only)); then
+    print_refs "${tag}"
+    return
+  fi
+  mkdir -p "${METAX_CACHE_DIR}"
+  exec 9>"${METAX_CACHE_DIR}/agent-image.lock"
+  flock 9
+  local missing=0 name
+  for name in "${NAMES[@]}"; do
+    if ((!push)) || ((force)) || ! in_registry "${PREFIX}/${name}:${tag}"; then missing=1; fi
+  done
+  if ((!missing)); then
+    log "agent image ${tag} is in ${METAX_REGISTRY} already"
+    print_refs "${tag}"
+    return
+  fi
+  if ((force)) || ! podman image exists "${LOCAL}:${tag}"; then
+    local ctx
+    ctx=$(mktemp -d)
+    trap 'rm -rf "${ctx}"' RETURN
+    mkdir -p "${ctx}/collection" "${ctx}/requirements"
+    cp "${HERE}/entrypoint" "${ctx}/entrypoint"
+    cp "${REPO_ROOT}/requirements/agents.txt" "${ctx}/requirements/agents.txt"
+    content_files | (cd "${REPO_ROOT}" && tar --null -T - -cf -) | tar -C "${ctx}/collection" -xf -
+    local mount=()
+    [[ -s ${CA_BUNDLE} ]] && mount=(-v "${CA_BUNDLE}:/run/host-ca.crt:ro")
+    log "podman build ${LOCAL}:${tag}"
+    nice podman build --quiet --layers --network host "${mount[@]}" \
+      --build-arg "BASE=${METAX_BASE_IMAGE}" --build-arg "CONTENT=${tag}" \
+      -f "${HERE}/Containerfile" -t "${LOCAL}:${tag}" "${ctx}" >/dev/null ||
+      die "podman build of the agent image failed"
+    # keep only the current local tag
+    podman images --format '{{.Repository}}:{{.Tag}}' "${LOCAL}" | grep -vxF "${LOCAL}:${tag}" |
+      xargs -r podman rmi --force >/dev/null 2>&1 || true
+  fi
+  if ((push)); then
+    curl -fsS --max-time 5 "http://${METAX_REGISTRY}/v2/" >/dev/null ||
+      die "registry ${METAX_REGISTRY} is not answering: run scripts/cluster/cluster.sh up"
+    for name in "${NAMES[@]}"; do
+      podman push --quiet --tls-verify=false "${LOCAL}:${tag}" "docker://${PREFIX}/${name}:${tag}" ||
+        die "cannot push ${PREFIX}/${name}:${tag}"
+    done
+    log "pushed ${PREFIX}/{$(IFS=,; echo "${NAMES[*]}")}:${tag}"
+  fi
+  print_refs "${tag}"
+}
+
+main
