@@ -131,7 +131,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  metrics, log, resync_seconds=args.resync_seconds).start())
         if nodes is not None:
             watches.append(ListWatch("nodes", kube.node_source(api), nodes, metrics, log,
-                                     resync_seconds=args.resync_seconds).start())
+                                     resync_seconds=args.resync_seconds, settle_gc=True).start())
 
     serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="http",
                                daemon=True)

@@ -16,10 +16,12 @@ Handlers receive plain JSON dicts. The node cache keeps only each node's
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol, Tuple
+from itertools import repeat
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from ..agents.common import Backoff
 from .metrics import ExtenderMetrics
@@ -65,8 +67,9 @@ class ListWatch:
 
     def __init__(self, resource: str, source: Source, handler: Handler, metrics: ExtenderMetrics,
                  logger: logging.Logger, resync_seconds: float = 300.0, watch_seconds: int = 240,
-                 backoff: Optional[Backoff] = None) -> None:
+                 backoff: Optional[Backoff] = None, settle_gc: bool = False) -> None:
         self.resource = resource
+        self.settle_gc = settle_gc
         self.source = source
         self.handler = handler
         self.metrics = metrics
@@ -95,9 +98,16 @@ class ListWatch:
     def _list(self) -> str:
         items, version = self.source.list()
         self.handler.replace(items)
+        count = len(items)
+        del items
+        if self.settle_gc:
+            # The cache is long-lived: take it out of the cyclic collector's scans, so that full
+            # collections during requests stay short (the objects are still freed by refcount).
+            gc.collect()
+            gc.freeze()
         self.lists += 1
         self.metrics.relists.inc(self.resource)
-        self.log.debug("listed %d %s at resourceVersion %s", len(items), self.resource, version)
+        self.log.debug("listed %d %s at resourceVersion %s", count, self.resource, version)
         return version
 
     def run(self) -> None:
@@ -159,6 +169,9 @@ def _short(exc: BaseException) -> str:
     return "%s: %s" % (type(exc).__name__, text[0][:300] if text else "")
 
 
+_NO_PAIRS: Mapping[int, Tuple[int, int]] = {}
+
+
 class NodeCache:
     """Node name -> :class:`GpuState`, for NodeNames requests (``nodeCacheCapable: true``).
 
@@ -171,6 +184,9 @@ class NodeCache:
         self.metrics = metrics
         self.log = logger
         self._nodes: Dict[str, GpuState] = {}
+        # Per-name projections of the states for the request paths (C-level map over names).
+        self._fit: Dict[str, int] = {}
+        self._pairs: Dict[str, Mapping[int, Tuple[int, int]]] = {}
         self.synced = threading.Event()
 
     def _state(self, node: Mapping[str, Any]) -> GpuState:
@@ -183,6 +199,8 @@ class NodeCache:
                 name = node_name(node)
                 if name:
                     fresh[name] = self._state(node)
+        self._fit = {name: state.fit for name, state in fresh.items()}
+        self._pairs = {name: state.pairs for name, state in fresh.items()}
         self._nodes = fresh
         self.metrics.cache_nodes.set(value=len(fresh))
         if not self.synced.is_set():
@@ -196,16 +214,30 @@ class NodeCache:
             return
         if event_type == "DELETED":
             self._nodes.pop(name, None)
+            self._fit.pop(name, None)
+            self._pairs.pop(name, None)
         else:
-            self._nodes[name] = self._state(obj)
+            state = self._state(obj)
+            self._nodes[name] = state
+            self._fit[name] = state.fit
+            self._pairs[name] = state.pairs
         self.metrics.cache_nodes.set(value=len(self._nodes))
 
     def get(self, name: str) -> Optional[GpuState]:
         return self._nodes.get(name)
 
     def lookup(self, names: Iterable[str]) -> List[Optional[GpuState]]:
-        get = self._nodes.get
-        return [get(name) for name in names]
+        return list(map(self._nodes.get, names))
+
+    def fits(self, names: Sequence[str], demand: int) -> List[bool]:
+        """Per name: known and able to serve ``demand`` devices now (``filter_nodes``'s test)."""
+        need = max(demand, 0)
+        get = self._fit.get
+        return [get(name, -1) >= need for name in names]
+
+    def tables(self, names: Sequence[str], demand: int) -> List[Optional[Tuple[int, int]]]:
+        """Per name: the (score, loss) entry for ``demand`` devices, None when unknown."""
+        return [pairs.get(demand) for pairs in map(self._pairs.get, names, repeat(_NO_PAIRS))]
 
     def __len__(self) -> int:
         return len(self._nodes)

@@ -154,7 +154,7 @@ class ExtenderMetrics:
         self.requests = r.add(Counter("gpu_aware_requests_total", "HTTP requests by verb and status code.",
                                       ("verb", "code")))
         self.duration = r.add(Histogram("gpu_aware_request_duration_seconds",
-                                        "Time to answer filter/prioritize, body read to last byte written.",
+                                        "Time to answer filter/prioritize: from reading the body to the answer ready to send.",
                                         ("verb",)))
         self.nodes = r.add(Counter("gpu_aware_filter_nodes_total",
                                    "Nodes judged by filter, by result (passed, failed, unresolvable).",

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .demand import GPU_RESOURCE, QuantityError, quantity_count
@@ -55,16 +55,20 @@ class GpuState:
     losses: Optional[Mapping[int, int]] = None  # count -> loss (lower is better)
     source: str = "none"                        # where `free` came from: devices|scores|allocatable|none
     problems: Tuple[str, ...] = ()              # annotations that could not be used
+    # Derived, for the hot paths: count -> (score, loss) for the counts both tables have, and the
+    # largest request the node can serve now (min of free and total).
+    pairs: Mapping[int, Tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
+    fit: int = field(default=0, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.scores is not None and self.losses is not None and not self.pairs:
+            losses = self.losses
+            object.__setattr__(self, "pairs", {n: (s, losses[n]) for n, s in self.scores.items() if n in losses})
+        object.__setattr__(self, "fit", min(self.free, self.total))
 
     def table(self, count: int) -> Optional[Tuple[int, int]]:
         """(score, loss) for a request of ``count`` devices, or None when either is unknown."""
-        if self.scores is None or self.losses is None:
-            return None
-        score = self.scores.get(count)
-        loss = self.losses.get(count)
-        if score is None or loss is None:
-            return None
-        return score, loss
+        return self.pairs.get(count)
 
 
 NO_GPU = GpuState(total=0, free=0)

@@ -34,7 +34,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from itertools import compress
+from operator import not_
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .demand import GPU_RESOURCE
 from .nodeinfo import GpuState
@@ -116,27 +118,32 @@ class FilterOutcome:
 
 def filter_nodes(demand: int, names: Sequence[str], states: Sequence[Optional[GpuState]]) -> FilterOutcome:
     """Split the candidates; ``states[i]`` is None when node ``names[i]`` is unknown."""
-    passed: List[int] = []
-    failed: Dict[str, str] = {}
+    need = max(demand, 0)
+    fits = [state is not None and state.fit >= need for state in states]
+    if all(fits):
+        return FilterOutcome(list(range(len(fits))), {}, {})
+    return filter_outcome(demand, names, fits, dict(zip(names, states)).get)
+
+
+def filter_outcome(demand: int, names: Sequence[str], fits: Sequence[bool],
+                   state_of: Callable[[str], Optional[GpuState]]) -> FilterOutcome:
+    """The outcome once ``fits[i]`` (node i can serve ``demand`` devices now) is known; ``state_of(name)``
+    is asked only about the nodes that cannot, to say why."""
+    passed = list(compress(range(len(fits)), fits))
+    if len(passed) == len(fits):
+        return FilterOutcome(passed, {}, {})
+    need = max(demand, 0)
+    free_reason = reason_free(demand)
+    failing = list(compress(names, map(not_, fits)))
+    states = list(map(state_of, failing))
+    failed = {name: free_reason if state is not None else REASON_UNKNOWN for name, state in zip(failing, states)}
     unresolvable: Dict[str, str] = {}
-    if demand <= 0:
-        passed = [i for i, state in enumerate(states) if state is not None]
-        for i, state in enumerate(states):
-            if state is None:
-                failed[names[i]] = REASON_UNKNOWN
-        return FilterOutcome(passed, failed, unresolvable)
-    total_reason = free_reason = ""
-    for i, state in enumerate(states):
-        if state is None:
-            failed[names[i]] = REASON_UNKNOWN
-        elif state.total < demand:
-            unresolvable[names[i]] = total_reason or reason_total(demand)
-            total_reason = unresolvable[names[i]]
-        elif state.free < demand:
-            failed[names[i]] = free_reason or reason_free(demand)
-            free_reason = failed[names[i]]
-        else:
-            passed.append(i)
+    if any(state is not None and state.total < need for state in states):
+        total_reason = reason_total(demand)
+        for name, state in zip(failing, states):
+            if state is not None and state.total < need:
+                del failed[name]
+                unresolvable[name] = total_reason
     return FilterOutcome(passed, failed, unresolvable)
 
 
@@ -144,40 +151,29 @@ def filter_nodes(demand: int, names: Sequence[str], states: Sequence[Optional[Gp
 
 def prioritize(demand: int, states: Sequence[Optional[GpuState]], weights: Weights) -> List[int]:
     """Scores 0..10 for the candidates, in order (formula in the module docstring)."""
-    count = len(states)
+    if demand <= 0:
+        return [NEUTRAL_SCORE] * len(states)
+    return scores_from_tables([None if state is None else state.pairs.get(demand) for state in states], weights)
+
+
+def scores_from_tables(tables: Sequence[Optional[Tuple[int, int]]], weights: Weights) -> List[int]:
+    """Scores for the candidates' ``(score, loss)`` entries of the request's count (None: no entry)."""
     total_weight = weights.score + weights.loss
-    if demand <= 0 or total_weight <= 0:
-        return [NEUTRAL_SCORE] * count
-    tables: List[Optional[Tuple[int, int]]] = [None] * count
-    s_lo = l_lo = math.inf
-    s_hi = l_hi = -math.inf
-    for i, state in enumerate(states):
-        if state is None or state.scores is None:
-            continue
-        score = state.scores.get(demand)
-        loss = state.losses.get(demand) if state.losses is not None else None
-        if score is None or loss is None:
-            continue
-        tables[i] = (score, loss)
-        if score < s_lo:
-            s_lo = score
-        if score > s_hi:
-            s_hi = score
-        if loss < l_lo:
-            l_lo = loss
-        if loss > l_hi:
-            l_hi = loss
+    distinct = set(tables)
+    distinct.discard(None)
+    if total_weight <= 0 or not distinct:
+        return [NEUTRAL_SCORE] * len(tables)
+    scores = [table[0] for table in distinct]
+    losses = [table[1] for table in distinct]
+    s_lo, s_hi, l_lo, l_hi = min(scores), max(scores), min(losses), max(losses)
     cs = MAX_SCORE * weights.score / total_weight
     cl = MAX_SCORE * weights.loss / total_weight
-    # score_i = cs * s'_i + cl * (1 - l'_i), as affine functions of s_i and l_i.
+    # score_i = cs * s'_i + cl * (1 - l'_i) = base + ks * s_i - kl * l_i, rounded half up. It lies in
+    # [0.5, 10.5] before int() truncates, so the result is within 0..10 without clamping.
     ks = cs / (s_hi - s_lo) if s_hi > s_lo else 0.0
     kl = cl / (l_hi - l_lo) if l_hi > l_lo else 0.0
-    base = (cs if ks == 0.0 else -ks * s_lo) + cl + (kl * l_lo if kl else 0.0) + 0.5 + 1e-9
-    out: List[int] = []
-    for table in tables:
-        if table is None:
-            out.append(NEUTRAL_SCORE)
-            continue
-        value = int(base + ks * table[0] - kl * table[1])
-        out.append(MAX_SCORE if value > MAX_SCORE else MIN_SCORE if value < MIN_SCORE else value)
-    return out
+    base = (cs if ks == 0.0 else -ks * s_lo) + cl + kl * l_lo + 0.5 + 1e-9
+    value: Dict[Optional[Tuple[int, int]], int] = {table: int(base + ks * table[0] - kl * table[1])
+                                                   for table in distinct}
+    value[None] = NEUTRAL_SCORE
+    return list(map(value.__getitem__, tables))

@@ -18,6 +18,7 @@ import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import compress
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .cache import NodeCache, WeightsHolder
@@ -25,7 +26,7 @@ from .demand import QuantityError, pod_demand
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ExtenderMetrics
 from .nodeinfo import GpuState, StateCache, node_fields
-from .policy import filter_nodes, prioritize
+from .policy import filter_nodes, filter_outcome, prioritize, scores_from_tables
 from .wire import (
     BadRequest, ParsedArgs, error_result, filter_result_names, filter_result_nodes, parse_args,
     priority_list)
@@ -71,15 +72,14 @@ class ExtenderService:
             raise BadRequest("Pod: %s" % exc) from None
         return args, demand
 
-    def _states(self, args: ParsedArgs) -> Sequence[Optional[GpuState]]:
-        if not args.node_names_form:
-            return args.extracted
+    def _cache(self) -> NodeCache:
+        """The node cache for a NodeNames request, or :class:`_CacheUnavailable`."""
         if self.nodes is None:
             raise _CacheUnavailable("gpu-aware runs without a node cache (--no-node-cache); "
                                     "set nodeCacheCapable: false in the scheduler's extender configuration")
         if not self.nodes.synced.is_set():
             raise _CacheUnavailable("gpu-aware's node cache has not synced with the API server yet")
-        return self.nodes.lookup(args.names)
+        return self.nodes
 
     @staticmethod
     def _pod_ref(args: ParsedArgs) -> str:
@@ -92,11 +92,16 @@ class ExtenderService:
             args, demand = self._parse(body)
         except BadRequest as exc:
             return 400, [error_result(str(exc))]
-        try:
-            states = self._states(args)
-        except _CacheUnavailable as exc:
-            return 200, [error_result(str(exc))]
-        outcome = filter_nodes(demand, args.names, states)
+        names = args.names
+        if args.node_names_form:
+            try:
+                cache = self._cache()
+            except _CacheUnavailable as exc:
+                return 200, [error_result(str(exc))]
+            fits = cache.fits(names, demand)
+            outcome = filter_outcome(demand, names, fits, cache.get)
+        else:
+            outcome = filter_nodes(demand, names, args.extracted)
         self.metrics.nodes.inc("passed", amount=len(outcome.passed))
         if outcome.failed:
             self.metrics.nodes.inc("failed", amount=len(outcome.failed))
@@ -104,12 +109,11 @@ class ExtenderService:
             self.metrics.nodes.inc("unresolvable", amount=len(outcome.unresolvable))
         if self.log.isEnabledFor(logging.DEBUG):
             self.log.debug("filter %s: demand %d, %d nodes, %d pass, %d fail, %d unresolvable", self._pod_ref(args),
-                           demand, len(args.names), len(outcome.passed), len(outcome.failed),
+                           demand, len(names), len(outcome.passed), len(outcome.failed),
                            len(outcome.unresolvable))
         if args.node_names_form:
-            names = args.names
-            return 200, [filter_result_names([names[i] for i in outcome.passed], outcome.failed,
-                                             outcome.unresolvable)]
+            return 200, [filter_result_names(list(compress(names, fits)), outcome.failed, outcome.unresolvable,
+                                             args.plain_names)]
         return 200, filter_result_nodes(args, outcome.passed, outcome.failed, outcome.unresolvable)
 
     def prioritize(self, body: bytes) -> Response:
@@ -117,17 +121,23 @@ class ExtenderService:
             args, demand = self._parse(body)
         except BadRequest as exc:
             return 400, [error_result(str(exc))]
-        try:
-            states = self._states(args)
-        except _CacheUnavailable as exc:
-            return 503, [error_result(str(exc))]
         weights = self.weights.current
-        scores = prioritize(demand, states, weights)
+        if args.node_names_form:
+            try:
+                cache = self._cache()
+            except _CacheUnavailable as exc:
+                return 503, [error_result(str(exc))]
+            if demand <= 0:
+                scores = prioritize(demand, [None] * len(args.names), weights)
+            else:
+                scores = scores_from_tables(cache.tables(args.names, demand), weights)
+        else:
+            scores = prioritize(demand, args.extracted, weights)
         if self.log.isEnabledFor(logging.DEBUG):
             best = sorted(zip(scores, args.names), reverse=True)[:5]
             self.log.debug("prioritize %s: demand %d, weights %s/%s, top %s", self._pod_ref(args), demand,
                            weights.score, weights.loss, best)
-        return 200, [priority_list(args.names, scores)]
+        return 200, [priority_list(args.names, scores, args.plain_names)]
 
 
 class _CacheUnavailable(Exception):
@@ -139,6 +149,7 @@ class _CacheUnavailable(Exception):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "gpu-aware"
+    disable_nagle_algorithm = True
     timeout = 300          # idle keep-alive connections are dropped after this
     server: "ExtenderHTTPServer"
 
@@ -185,11 +196,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(sum(len(c) for c in chunks)))
         if self.close_connection:
             self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            for chunk in chunks:
-                if chunk:
-                    self.wfile.write(chunk)
+        # Headers and a small body leave in one segment (no Nagle / delayed-ACK stall).
+        self._headers_buffer.append(b"\r\n")
+        head = b"".join(self._headers_buffer)
+        self._headers_buffer = []
+        if self.command == "HEAD":
+            self.wfile.write(head)
+            return
+        chunks = [c for c in chunks if c]
+        if chunks and len(chunks[0]) <= 65536:
+            head += chunks.pop(0)
+        self.wfile.write(head)
+        for chunk in chunks:
+            self.wfile.write(chunk)
 
     def _read_body(self) -> Optional[bytes]:
         """The request body, or None after answering an error."""
@@ -269,9 +288,10 @@ class _Handler(BaseHTTPRequestHandler):
         del body
         if code == 400:
             self.server.log.warning("%s: bad request: %s", verb, chunks[0][:300].decode("utf-8", "replace"))
-        self._send(code, chunks)
+        # Recorded before the answer leaves, so a client that has the answer also sees it counted.
         self.server.metrics.requests.inc(verb, str(code))
         self.server.metrics.duration.observe(verb, value=time.perf_counter() - started)
+        self._send(code, chunks)
 
     def do_GET(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]

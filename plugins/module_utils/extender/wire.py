@@ -49,6 +49,7 @@ class ParsedArgs:
     node_names_form: bool              # True: NodeNames (nodeCacheCapable), False: Nodes
     text: str = ""                     # the decoded body (Nodes form: spans index into it)
     spans: List[Tuple[int, int]] = field(default_factory=list)
+    plain_names: bool = False          # no name needs escaping in JSON (checked once per request)
 
 
 def _ws(text: str, index: int) -> int:
@@ -167,24 +168,53 @@ def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArg
         raise BadRequest("ExtenderArgs.Pod is missing or not an object")
     node_names = found.get("nodenames")
     if node_names is not None:
-        if not isinstance(node_names, list) or not all(isinstance(n, str) for n in node_names):
+        if not isinstance(node_names, list) or not set(map(type, node_names)) <= {str}:
             raise BadRequest("ExtenderArgs.NodeNames is not a list of strings")
-        return ParsedArgs(pod=pod, names=node_names, extracted=[], node_names_form=True)
+        return ParsedArgs(pod=pod, names=node_names, extracted=[], node_names_form=True,
+                          plain_names=_plain(node_names))
     if not found.get("nodes"):
         raise BadRequest("ExtenderArgs has neither Nodes nor NodeNames")
     return ParsedArgs(pod=pod, names=list(names), extracted=list(extracted), node_names_form=False,
-                      text=text, spans=list(spans))
+                      text=text, spans=list(spans), plain_names=_plain(names))
 
 
-def _failed_maps(failed: Mapping[str, str], unresolvable: Mapping[str, str]) -> str:
-    return '"FailedNodes":%s,"FailedAndUnresolvableNodes":%s' % (json.dumps(failed), json.dumps(unresolvable))
+_NEEDS_ESCAPE = re.compile(r'[\x00-\x1f"\\\x7f]')
+
+
+def _plain(names: Sequence[str]) -> bool:
+    """True when no name needs escaping in JSON (ASCII, no control character, quote or backslash)."""
+    joined = "".join(names)
+    return joined.isascii() and _NEEDS_ESCAPE.search(joined) is None
+
+
+def _string_list(names: Sequence[str], plain: bool = False) -> str:
+    if not names:
+        return "[]"
+    if plain or _plain(names):
+        return '["' + '","'.join(names) + '"]'
+    return json.dumps(list(names))
+
+
+def _string_map(mapping: Mapping[str, str], plain: bool = False) -> str:
+    if not mapping:
+        return "{}"
+    values = set(mapping.values())
+    if len(values) == 1 and _plain(list(values)) and (plain or _plain(list(mapping))):
+        separator = '":"%s","' % values.pop()     # one reason for every node: the common case
+        return '{"' + separator.join(mapping) + separator[:-2] + "}"
+    return json.dumps(mapping, separators=(",", ":"))
+
+
+def _failed_maps(failed: Mapping[str, str], unresolvable: Mapping[str, str], plain: bool = False) -> str:
+    return '"FailedNodes":%s,"FailedAndUnresolvableNodes":%s' % (
+        _string_map(failed, plain), _string_map(unresolvable, plain))
 
 
 def filter_result_names(passed: Sequence[str], failed: Mapping[str, str],
-                        unresolvable: Mapping[str, str]) -> bytes:
-    """ExtenderFilterResult for the NodeNames form."""
-    return ('{"NodeNames":%s,%s,"Error":""}' % (json.dumps(list(passed)), _failed_maps(failed, unresolvable))
-            ).encode("utf-8")
+                        unresolvable: Mapping[str, str], plain: bool = False) -> bytes:
+    """ExtenderFilterResult for the NodeNames form; ``plain``: the names are known to need no escaping."""
+    return ('{"NodeNames":%s,%s,"Error":""}' % (_string_list(passed, plain),
+                                                _failed_maps(failed, unresolvable, plain))).encode("utf-8")
 
 
 def filter_result_nodes(args: ParsedArgs, passed: Sequence[int], failed: Mapping[str, str],
@@ -196,7 +226,7 @@ def filter_result_nodes(args: ParsedArgs, passed: Sequence[int], failed: Mapping
     text = args.text
     spans = args.spans
     head = '{"Nodes":{"metadata":{},"items":['
-    tail = ']},%s,"Error":""}' % _failed_maps(failed, unresolvable)
+    tail = ']},%s,"Error":""}' % _failed_maps(failed, unresolvable, args.plain_names)
     body = ",".join([text[spans[i][0]:spans[i][1]] for i in passed])
     return [head.encode("utf-8"), body.encode("utf-8"), tail.encode("utf-8")]
 
@@ -206,8 +236,16 @@ def error_result(message: str) -> bytes:
     return json.dumps({"Error": message}).encode("utf-8")
 
 
-def priority_list(names: Sequence[str], scores: Sequence[int]) -> bytes:
-    """HostPriorityList."""
-    dumps = json.dumps
-    return ("[" + ",".join(['{"Host":%s,"Score":%d}' % (dumps(name), score)
-                            for name, score in zip(names, scores)]) + "]").encode("utf-8")
+_SCORE_SUFFIX = ['","Score":%d}' % score for score in range(11)]
+
+
+def priority_list(names: Sequence[str], scores: Sequence[int], plain: bool = False) -> bytes:
+    """HostPriorityList (``[{"Host": name, "Score": 0..10}, ...]``); ``plain`` as for filter_result_names."""
+    if not names:
+        return b"[]"
+    if (plain or _plain(names)) and min(scores) >= 0 and max(scores) <= 10:
+        suffix = _SCORE_SUFFIX
+        return ('[{"Host":"' + ',{"Host":"'.join([name + suffix[score] for name, score in zip(names, scores)])
+                + "]").encode("ascii")
+    return json.dumps([{"Host": name, "Score": score} for name, score in zip(names, scores)],
+                      separators=(",", ":")).encode("utf-8")

@@ -72,10 +72,10 @@ def annotations(devices: int = 8, allocated: Sequence[int] = (), unhealthy: Sequ
 def make_node(index: int, rng: Optional[random.Random] = None, devices: int = 8,
               allocated: Optional[Sequence[int]] = None, images: int = 40,
               gpu_annotations: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """A realistic GPU Node (about 9 KB of JSON) named ``gpu-node-<index>``."""
+    """A realistic GPU Node (about 13 KB of JSON) named ``gpu-node-<index>``."""
     rng = rng or random.Random(index)
     if allocated is None:
-        allocated = sorted(rng.sample(range(devices), rng.choice((0, 0, 1, 2, 4, 6))))
+        allocated = sorted(rng.sample(range(devices), rng.choice((0, 0, 1, 2, 4, 6, 7, 8))))
     name = "gpu-node-%05d" % index
     zone = "zone-%s" % "abc"[index % 3]
     labels = {

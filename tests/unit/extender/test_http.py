@@ -309,3 +309,28 @@ def test_https(running, tmp_path):
     conn.request("GET", "/healthz")
     assert conn.getresponse().status == 200
     conn.close()
+
+
+def test_both_forms_decide_alike(running):
+    """nodeCacheCapable true (cache path) and false (full nodes) give the same answers for the same nodes."""
+    rng = __import__("random").Random(5)
+    nodes = [make_node(i, rng) for i in range(60)]
+    nodes[3]["status"]["capacity"]["metax-tech.com/gpu"] = "2"                  # unresolvable for 4
+    nodes[3]["metadata"]["annotations"]["metax-tech.com/gpu.devices"] = "[]"
+    nodes[4]["metadata"]["annotations"] = {}                                     # allocatable only
+    srv = running()
+    srv.nodes.replace(nodes)
+    names = [n["metadata"]["name"] for n in nodes] + ["not-a-node"]
+    for demand in (0, 1, 2, 4, 8):
+        pod = gpu_pod(demand)
+        full = srv.post("filter", extender_args(pod, nodes))[1]
+        cached = srv.post("filter", extender_args(pod, names=names))[1]
+        assert [n["metadata"]["name"] for n in full["Nodes"]["items"]] == cached["NodeNames"]
+        assert cached["FailedNodes"].pop("not-a-node")
+        assert full["FailedNodes"] == cached["FailedNodes"]
+        assert full["FailedAndUnresolvableNodes"] == cached["FailedAndUnresolvableNodes"]
+        for weights in ({"scoreWeight": "1", "lossWeight": "0"}, {"scoreWeight": "2", "lossWeight": "3"}):
+            srv.weights.configmap(weights)
+            by_full = srv.post("prioritize", extender_args(pod, nodes))[1]
+            by_cache = srv.post("prioritize", extender_args(pod, names=names[:-1]))[1]
+            assert by_full == by_cache

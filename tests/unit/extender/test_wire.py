@@ -141,3 +141,20 @@ def test_garbage_never_escapes_as_another_error(body):
         parse_args(body, lambda node: node)
     except BadRequest:
         pass
+
+
+@settings(deadline=None, max_examples=150)
+@given(st.lists(st.text(max_size=12), max_size=8, unique=True), st.data())
+def test_encoders_round_trip(names, data):
+    scores = data.draw(st.lists(st.integers(0, 10), min_size=len(names), max_size=len(names)))
+    reasons = data.draw(st.lists(st.sampled_from(["busy", 'odd "reason"', "r\\x", "\u6c90"]), min_size=len(names),
+                                 max_size=len(names)))
+    failed = dict(zip(names, reasons))
+    plain = parse_args(extender_args({}, names=names), _names).plain_names
+    for hint in sorted({plain, False}):
+        assert json.loads(priority_list(names, scores, hint)) == [{"Host": n, "Score": s}
+                                                                  for n, s in zip(names, scores)]
+        result = json.loads(filter_result_names(names, failed, {}, hint))
+        assert result["NodeNames"] == names and result["FailedNodes"] == failed
+        same = dict.fromkeys(names, "gpu-aware: same reason")
+        assert json.loads(filter_result_names([], same, same, hint))["FailedAndUnresolvableNodes"] == same
