@@ -23,6 +23,12 @@ Then: scoreWeight-only sends a 2-GPU pod to ``vf``; changing the ConfigMap to
 lossWeight-only (no restart) sends the next one to ``pair``; and back. A
 4-GPU pod limited to ``busy``/``stale`` stays Pending with gpu-aware's reasons
 in its FailedScheduling event.
+
+With gpu-device running on the kubelet node (the gpu-device tests' fixture,
+simulated 8 x C500, all free), a 4-GPU pod goes to the kubelet node under
+lossWeight-only (a whole MetaXLink group of 8: loss 160, against 1120 on
+``vf``) and to ``vf`` under scoreWeight-only (two chips' VFs: 790 against
+670); the pod on the kubelet node is really started by the kubelet.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ from ansible_collections.metax.gpu.plugins.module_utils.extender.nodeinfo import
     ANNOTATION_DEVICES, ANNOTATION_LOSSES, ANNOTATION_SCORES, gpu_state, node_fields)
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import (  # noqa: E402
     Weights, prioritize, reason_free, reason_total)
+# gpu-device on the kubelet node: the shared fixtures of the gpu-device cluster tests.
+from test_gpu_device_cluster import agent_images, device_agent  # noqa: E402,F401  pylint: disable=unused-import
 
 GPU = "metax-tech.com/gpu"
 AGENT = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_aware"
@@ -160,6 +168,9 @@ class Env:
     def bound_node(self, name):
         pod = self.core.read_namespaced_pod(name, self.namespace)
         return pod.spec.node_name
+
+    def phase(self, name):
+        return self.core.read_namespaced_pod(name, self.namespace).status.phase
 
     def events(self, name):
         found = self.core.list_namespaced_event(self.namespace, field_selector="involvedObject.name=" + name)
@@ -293,25 +304,34 @@ extenders:
 
 
 def _candidates(env, demand):
-    """Nodes the extender may see for a pod limited to vf, pair and the kubelet node: name -> GpuState."""
+    """Nodes that can reach prioritize for a pod limited to vf, pair and the kubelet node: name -> GpuState."""
     out = {}
     for short in ("vf", "pair"):
-        out[env.nodes[short]] = gpu_state(node_fields(env.raw_node(env.nodes[short])))
+        state = gpu_state(node_fields(env.raw_node(env.nodes[short])))
+        if state.fit >= demand:
+            out[env.nodes[short]] = state
     kubelet = env.raw_node(env.cluster.node_name)
     allocatable = (kubelet.get("status") or {}).get("allocatable") or {}
     try:
         has_gpus = int(allocatable.get(GPU, "0")) >= demand
     except ValueError:
         has_gpus = False
-    if has_gpus:
-        out[env.cluster.node_name] = gpu_state(node_fields(kubelet))
+    state = gpu_state(node_fields(kubelet))
+    if has_gpus and state.fit >= demand:
+        out[env.cluster.node_name] = state
     return out
 
 
-def _favoured(candidates, demand, weights):
-    """Every node that may win: the top score over all candidates and over the hand-made ones alone."""
+def _favoured(candidates, demand, weights, kubelet_may_drop_out=True):
+    """Every node that may win: the top score over all candidates and, when the kubelet node may be
+    filtered out by kube-scheduler itself (pressure, taints), over the hand-made ones alone."""
     winners = set()
-    for names in (list(candidates), [n for n in candidates if n.startswith("gpu-aware-it-")]):
+    subsets = [list(candidates)]
+    if kubelet_may_drop_out:
+        subsets.append([n for n in candidates if n.startswith("gpu-aware-it-")])
+    for names in subsets:
+        if not names:
+            continue
         states = [candidates[n] for n in names]
         scores = prioritize(demand, states, weights)
         top = max(scores)
@@ -364,6 +384,52 @@ def test_real_scheduler_follows_the_weights(env, cluster, tmp_path, node_cache):
         assert env.bound_node(pod) is None
         assert "gpu_aware_filter_nodes_total" in run.metrics()
         env.delete_pod(pod)
+    finally:
+        code = run.stop()
+    assert code == 0, "gpu-aware did not stop cleanly"
+
+
+def _kubelet_all_free(env, count=8):
+    node = env.raw_node(env.cluster.node_name)
+    annotations = node["metadata"].get("annotations") or {}
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    state = gpu_state(node_fields(node))
+    return (allocatable.get(GPU) == str(count) and state.source == "devices" and state.free == count
+            and ANNOTATION_SCORES in annotations)
+
+
+@pytest.mark.parametrize("node_cache", [False, True], ids=["nodeCacheCapable-false", "nodeCacheCapable-true"])
+def test_real_scheduler_with_the_kubelet_node(env, cluster, device_agent, tmp_path, node_cache):
+    assert device_agent is not None
+    _wait(lambda: _kubelet_all_free(env), 120, "gpu-device to publish 8 free GPUs on the kubelet node")
+    run = Running(env, cluster, str(tmp_path), node_cache)
+    mode = "kc" if node_cache else "kn"
+    try:
+        kubelet = cluster.node_name
+        allowed = [env.nodes["vf"], env.nodes["pair"], kubelet]
+        for step, score_weight, loss_weight, expected in (("loss", 0, 1, kubelet),
+                                                          ("score", 1, 0, env.nodes["vf"])):
+            _wait(lambda: _kubelet_all_free(env), 120, "the kubelet node's GPUs to be free again")
+            env.set_weights(score_weight, loss_weight)
+            _wait(lambda: ('gpu_aware_weight{name="score"} %d' % score_weight in run.metrics() and
+                           'gpu_aware_weight{name="loss"} %d' % loss_weight in run.last_body),
+                  60, "gpu-aware to apply scoreWeight=%s lossWeight=%s" % (score_weight, loss_weight))
+            candidates = _candidates(env, 4)
+            assert kubelet in candidates, "the kubelet node is not a 4-GPU candidate"
+            favoured = _favoured(candidates, 4, Weights(score_weight, loss_weight), kubelet_may_drop_out=False)
+            assert favoured == {expected}, (step, favoured)
+            pod = "p-%s-%s" % (mode, step)
+            env.create_pod(pod, run.scheduler_name, 4, allowed)
+            try:
+                node = _wait(lambda: env.bound_node(pod), 90, "pod %s to be bound" % pod)
+            except AssertionError:
+                raise AssertionError("%s not scheduled; events %s\n%s" % (pod, env.events(pod), run.log_tail()))
+            assert node == expected, (step, node, run.log_tail())
+            if node == kubelet:
+                phase = _wait(lambda: env.phase(pod) != "Pending" and env.phase(pod), 120,
+                              "the kubelet to start %s" % pod)
+                assert phase == "Running", (phase, env.events(pod))
+            env.delete_pod(pod)
     finally:
         code = run.stop()
     assert code == 0, "gpu-aware did not stop cleanly"
