@@ -20,6 +20,7 @@ Shared helpers for tests/integration/test_gpu_label_cluster.py live here too.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -51,6 +52,9 @@ ANNOTATIONS = ("metax-tech.com/gpu.topology.scores", "metax-tech.com/gpu.topolog
                "metax-tech.com/gpu.devices")
 
 
+DIAGNOSE = []      # callables adding context to a timeout (the agents under test register theirs)
+
+
 def wait_for(predicate, timeout, what, interval=0.25):
     deadline = time.monotonic() + timeout
     last = None
@@ -59,7 +63,13 @@ def wait_for(predicate, timeout, what, interval=0.25):
         if last:
             return last
         if time.monotonic() > deadline:
-            raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
+            context = []
+            for diagnose in DIAGNOSE:
+                try:
+                    context.append(diagnose())
+                except Exception as exc:  # pylint: disable=broad-except
+                    context.append("(diagnostics failed: %s)" % exc)
+            raise AssertionError("timed out after %ss waiting for %s\n%s" % (timeout, what, "\n".join(context)))
         time.sleep(interval)
 
 
@@ -85,6 +95,7 @@ class Agents:
         self.node = cluster.node_name
         self.sim_root = cluster.sim_root
         self.sim_parent = os.path.dirname(self.sim_root)
+        DIAGNOSE[:] = [self.diagnose]
 
     # -- manifests ----------------------------------------------------------
     def apply(self, *objects):
@@ -140,7 +151,7 @@ class Agents:
 
     def pod_of(self, name):
         pods = self.api.list_namespaced_pod(NS, label_selector="app=%s" % name).items
-        live = [p for p in pods if p.metadata.deletion_timestamp is None]
+        live = [p for p in pods if p.metadata.deletion_timestamp is None and p.status.phase in ("Pending", "Running")]
         return live[0] if len(live) == 1 else None
 
     def wait_ready(self, name, timeout=240):
@@ -154,10 +165,28 @@ class Agents:
 
     def restart(self, name):
         old = self.pod_of(name)
+        assert old is not None, "no %s pod to restart\n%s" % (name, self.diagnose())
         self.api.delete_namespaced_pod(old.metadata.name, NS)
         wait_for(lambda: self.pod_of(name) is not None and self.pod_of(name).metadata.uid != old.metadata.uid,
                  120, "a new %s pod" % name, interval=1)
         return self.wait_ready(name)
+
+    def diagnose(self):
+        """Pods, node GPU resources and the agents' last log lines, for failure messages."""
+        out = ["pods in %s:" % NS]
+        for pod in self.api.list_namespaced_pod(NS).items:
+            deleting = pod.metadata.deletion_timestamp is not None
+            out.append("  %s %s deleting=%s" % (pod.metadata.name, pod.status.phase, deleting))
+        out.append("node %s %s: capacity/allocatable %s" % (self.node, GPU, self.gpu_resources()))
+        for name in ("gpu-device", "gpu-label"):
+            try:
+                tail = self.logs(name).splitlines()[-15:]
+            except Exception:  # pylint: disable=broad-except
+                continue
+            if tail:
+                out.append("last %s log lines:" % name)
+                out.extend("  " + line[:300] for line in tail)
+        return "\n".join(out)
 
     def logs(self, name):
         pod = self.pod_of(name)
@@ -252,6 +281,17 @@ def metrics(agents):
     return out
 
 
+def wait_registered(agents):
+    """The current gpu-device pod is registered with the kubelet (/healthz 200)."""
+    def ok():
+        pod = agents.pod_of("gpu-device")
+        try:
+            return urllib.request.urlopen("http://%s:9400/healthz" % pod.status.pod_ip, timeout=2).status == 200
+        except (OSError, AttributeError):
+            return False
+    wait_for(ok, 60, "gpu-device registered (/healthz)")
+
+
 def devices_annotation(agents):
     text = agents.annotations().get("metax-tech.com/gpu.devices")
     return json.loads(text) if text else None
@@ -341,15 +381,36 @@ def test_sriov_vfnum_4_on_2xc550(device_agent):
     try:
         agents.recreate_sim("2xC550-sriov", vfs=4)
         agents.restart("gpu-device")
+        wait_registered(agents)
         wait_for(lambda: agents.gpu_resources() == (8, 8), 60, "capacity 8 = 2 GPUs x 4 VFs")
         devices = wait_for(lambda: [d for d in (devices_annotation(agents) or []) if d["vf"]], 30, "VF devices")
         assert len(devices) == 8 and len({d["gpu"] for d in devices}) == 2
     finally:
         agents.recreate_sim("8xC500")
         agents.restart("gpu-device")
+        wait_registered(agents)
     wait_for(lambda: agents.gpu_resources() == (8, 8), 60, "8 x C500 again")
     wait_for(lambda: devices_annotation(agents) and not any(d["vf"] for d in devices_annotation(agents)), 30,
              "PF devices in the annotation again")
+
+
+def test_reregisters_when_its_socket_is_removed(device_agent):
+    """What a kubelet restart does to the plugin (its socket removed), with the real kubelet."""
+    agents = device_agent
+    wait_for(lambda: agents.gpu_resources() == (8, 8), 60, "allocatable 8")
+    wait_registered(agents)
+    before = metrics(agents)["metax_gpu_registrations_total"]
+    t0 = time.monotonic()
+    old = glob.glob("/var/lib/kubelet/device-plugins/metax-gpu-*.sock")
+    assert len(old) == 1, old
+    os.unlink(old[0])
+    wait_for(lambda: metrics(agents)["metax_gpu_registrations_total"] > before, 5, "re-registration", interval=0.1)
+    sys.stderr.write("socket removed: re-registered with the kubelet in %.2fs\n" % (time.monotonic() - t0))
+    time.sleep(2)       # the old gRPC server is gone by now: nothing may remove the new socket
+    new = glob.glob("/var/lib/kubelet/device-plugins/metax-gpu-*.sock")
+    assert len(new) == 1 and new != old, new
+    assert metrics(agents)["metax_gpu_registrations_total"] == before + 1
+    wait_for(lambda: agents.gpu_resources() == (8, 8), 30, "allocatable 8 after re-registration")
 
 
 def _kubelet_restart_command():
@@ -370,6 +431,7 @@ def test_kubelet_restart_is_survived(device_agent, cluster):
         pytest.skip("scripts/cluster/cluster.sh offers no way to restart the kubelet (asked for one); "
                     "re-registration is covered by tests/unit/deviceplugin against a kubelet-side peer")
     wait_for(lambda: agents.gpu_resources() == (8, 8), 60, "allocatable 8")
+    wait_registered(agents)
     before = metrics(agents)["metax_gpu_registrations_total"]
     sock = "/var/lib/kubelet/device-plugins/kubelet.sock"
     old = os.stat(sock).st_ino

@@ -8,7 +8,7 @@ Run as::
     python -m ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device \\
         --host-root /host [--host-prefix /] [--healthy-interval 5] [--node-name NODE]
 
-It serves the DevicePlugin API on ``<device-plugin-dir>/metax-gpu.sock``,
+It serves the DevicePlugin API on ``<device-plugin-dir>/metax-gpu-<random>.sock``,
 registers with the kubelet and re-registers within a second or two when the
 kubelet restarts (its socket recreated, or ours removed); checks GPU health
 every ``--healthy-interval`` seconds; learns allocations from the kubelet's
@@ -105,7 +105,6 @@ class GpuDeviceAgent:
         self.host = host
         self.dir = device_plugin_dir
         self.kubelet_socket = os.path.join(device_plugin_dir, C.KUBELET_SOCKET_NAME)
-        self.socket_path = os.path.join(device_plugin_dir, C.PLUGIN_SOCKET_NAME)
         self.healthy_interval = healthy_interval
         self.pod_resources_socket = pod_resources_socket
         self.pod_resources_interval = pod_resources_interval
@@ -114,7 +113,7 @@ class GpuDeviceAgent:
         self.metrics = metrics or DevicePluginMetrics()
         self.state = DeviceState(host, check_health=healthy_interval > 0)
         self.service = DevicePluginService(self.state, host, self.metrics)
-        self.server = PluginServer(self.service, self.socket_path)
+        self.server = PluginServer(self.service, device_plugin_dir)
         self.allocated: FrozenSet[str] = frozenset()
         self._lock = threading.Lock()
         self.registered_with = None          # kubelet socket identity we registered with
@@ -215,7 +214,7 @@ class GpuDeviceAgent:
         try:
             if not self.server.socket_present():
                 self.server.start()
-            register(self.kubelet_socket, C.PLUGIN_SOCKET_NAME, self.resource_name)
+            register(self.kubelet_socket, self.server.endpoint, self.resource_name)
         except (RegistrationError, OSError) as exc:
             delay = backoff.next_delay()
             LOG.warning("registration failed (retrying in %.1fs): %s", delay, exc)

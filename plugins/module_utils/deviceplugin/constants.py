@@ -13,8 +13,9 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET_NAME = "kubelet.sock"
-# our socket, in the device-plugin directory
-PLUGIN_SOCKET_NAME = "metax-gpu.sock"
+# our socket in the device-plugin directory: metax-gpu-<random>.sock, a new
+# name each time the server starts (see server.PluginServer)
+PLUGIN_SOCKET_PREFIX = "metax-gpu-"
 
 # kubelet pod-resources API (k8s.io/kubelet/pkg/apis/podresources/v1)
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"

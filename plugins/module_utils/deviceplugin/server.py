@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
+import socket
 import stat
 import threading
 import time
@@ -268,20 +270,61 @@ def remove_socket(path: str) -> None:
     os.unlink(path)
 
 
-class PluginServer:
-    """The DevicePlugin service on a unix socket; start/stop as often as needed."""
+def remove_stale_sockets(directory: str, prefix: str = C.PLUGIN_SOCKET_PREFIX) -> List[str]:
+    """Remove our sockets nobody listens on any more (left by an agent that died)."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".sock")):
+            continue
+        path = os.path.join(directory, name)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+        except OSError:
+            pass
+        finally:
+            probe.close()
+    return removed
 
-    def __init__(self, service: DevicePluginService, socket_path: str, workers: int = 8) -> None:
+
+class PluginServer:
+    """The DevicePlugin service on a unix socket; start/stop as often as needed.
+
+    Every start listens on a new name (``metax-gpu-<random>.sock``): gRPC
+    unlinks a unix socket's path when its server shuts down, which happens
+    asynchronously, so reusing one name could let the old server remove the
+    new server's socket; and a replacement agent (a DaemonSet update) never
+    collides with the one it replaces.
+    """
+
+    def __init__(self, service: DevicePluginService, directory: str, workers: int = 8) -> None:
         require_grpc()
         self.service = service
-        self.socket_path = socket_path
+        self.directory = directory
         self.workers = workers
         self._server = None
+        self.endpoint: Optional[str] = None       # socket file name, registered with the kubelet
+        self.socket_path: Optional[str] = None
         self.inode: Optional[int] = None
 
     def start(self) -> None:
         self.stop()
         self.service.resume()
+        for stale in remove_stale_sockets(self.directory):
+            LOG.info("removed stale socket %s", stale)
+        self.endpoint = "%s%s.sock" % (C.PLUGIN_SOCKET_PREFIX, secrets.token_hex(4))
+        self.socket_path = os.path.join(self.directory, self.endpoint)
         remove_socket(self.socket_path)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dp"))
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
@@ -294,6 +337,8 @@ class PluginServer:
 
     def socket_present(self) -> bool:
         """False when our socket was removed or replaced (the kubelet cleans the directory on start)."""
+        if self.socket_path is None:
+            return False
         try:
             return os.stat(self.socket_path).st_ino == self.inode
         except OSError:
@@ -315,3 +360,4 @@ class PluginServer:
         except OSError:
             pass
         self.inode = None
+        self.endpoint = self.socket_path = None

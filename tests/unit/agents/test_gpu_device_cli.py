@@ -22,7 +22,7 @@ pytest.importorskip("grpc")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deviceplugin"))
 
-from kubelet_peer import KubeletPeer  # noqa: E402
+from kubelet_peer import KubeletPeer, pb  # noqa: E402
 
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device"
 
@@ -47,6 +47,18 @@ def run(*args, timeout=30):
     (["--log-format", "xml"], "invalid choice: 'xml'"),
     (["--metrics-port", "70000"], "is not a TCP port"),
     (["--pod-resources-interval", "0"], "must be positive"),
+])
+def test_bad_flag_values(args, message, capsys):
+    from ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--healthy-interval", "-1"], "argument --healthy-interval: -1 is negative"),
     (["--log-rotation-time", "1y"], "--log-rotation-time: '1y' is not a duration"),
     (["--host-root", "/nonexistent/root"], "--host-root /nonexistent/root: no such directory"),
     (["--host-root", "/tmp"], "sys/bus/pci/devices is missing"),
@@ -66,6 +78,15 @@ def test_missing_kubeconfig_is_a_usage_error(make_node):
     assert "--kubeconfig /nonexistent/kubeconfig: no such file" in result.stderr.decode()
 
 
+UNREACHABLE_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:%d", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: not-a-token}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+"""
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -79,11 +100,15 @@ def test_serves_logs_json_and_stops_on_sigterm(make_node):
     peer.start()
     port = _free_port()
     logdir = os.path.join(base, "logs")
+    kubeconfig = os.path.join(base, "kubeconfig")
+    with open(kubeconfig, "w") as handle:
+        handle.write(UNREACHABLE_KUBECONFIG % _free_port())     # nothing listens there: apiserver away
     proc = subprocess.Popen(
         [sys.executable, "-m", MODULE, "--host-root", host.path, "--host-prefix", "/var/lib/metax-sim/root",
          "--device-plugin-dir", peer.dir, "--pod-resources-socket", os.path.join(base, "none.sock"),
          "--healthy-interval", "1", "--metrics-address", "127.0.0.1", "--metrics-port", str(port),
-         "--log-dir", logdir, "--log-level", "debug", "--log-format", "json"],
+         "--log-dir", logdir, "--log-level", "debug", "--log-format", "json",
+         "--node-name", "n1", "--kubeconfig", kubeconfig],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=agent_env())
     try:
         peer.wait_for_registration(1, timeout=20)
@@ -100,15 +125,24 @@ def test_serves_logs_json_and_stops_on_sigterm(make_node):
         assert body == b"ok\n"
         metrics = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2).read().decode()
         assert "metax_gpu_devices 8.0" in metrics
+        # the apiserver is away: the plugin serves the kubelet anyway, annotations are retried
+        deadline = time.monotonic() + 10
+        while 'metax_gpu_annotation_patches_total{result="error"}' not in metrics:
+            assert time.monotonic() < deadline, "no failed annotation patch counted"
+            time.sleep(0.3)
+            metrics = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2).read().decode()
+        peer.stub.Allocate(pb.AllocateRequest(container_requests=[
+            pb.ContainerAllocateRequest(devices_ids=["0000:03:00.0"])]), timeout=5)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
         stderr = proc.stderr.read().decode()
         records = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
         assert any(r["msg"].startswith("registered metax-tech.com/gpu") for r in records)
-        assert any("annotations are not published" in r["msg"] for r in records)
+        assert any(r["msg"].startswith("cannot patch the node annotations (retrying") for r in records)
+        assert any(r["msg"].startswith("Allocate: 0000:03:00.0") for r in records)
         assert all(r["component"] == "gpu-device" for r in records)
         assert os.path.getsize(os.path.join(logdir, "gpu-device.log")) > 0
-        assert not os.path.exists(os.path.join(peer.dir, "metax-gpu.sock"))   # removed on exit
+        assert not [n for n in os.listdir(peer.dir) if n.startswith("metax-gpu")]   # removed on exit
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -122,6 +122,40 @@ def test_apiserver_away_backs_off_and_keeps_running(make_node):
         thread.join(5)
 
 
+def test_process_keeps_running_without_apiserver(make_node, tmp_path):
+    """As a process: the apiserver is away, gpu-label logs why, backs off, stays up and stops on SIGTERM."""
+    import json
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:%d', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: x}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "current-context: c\n" % port)
+    host = make_node("1xC500")
+    proc = subprocess.Popen([sys.executable, "-m", MODULE, "--host-root", host.path, "--node-name", "n1",
+                             "--kubeconfig", str(kubeconfig), "--interval", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    try:
+        time.sleep(3)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        records = [json.loads(line) for line in proc.stderr.read().decode().splitlines() if line.startswith("{")]
+        retries = [r for r in records if r["msg"].startswith("cannot update the node labels (retrying")]
+        assert len(retries) >= 2 and "get node n1" in retries[0]["msg"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
 def test_unreadable_root_writes_nothing(tmp_path):
     node = NodeLabels({P + "gpu.installed": "true"})
     lab = labeller(HostRoot(str(tmp_path)), node)
@@ -129,19 +163,34 @@ def test_unreadable_root_writes_nothing(tmp_path):
     assert not node.patches
 
 
-def _run(*args):
+def _env():
     from ansible_collections.metax.gpu.plugins.module_utils import host
     collections = os.path.abspath(os.path.join(os.path.dirname(host.__file__), *[".."] * 5))
+    return dict(os.environ, PYTHONPATH=collections, NODE_NAME="")
+
+
+def _run(*args):
     return subprocess.run([sys.executable, "-m", MODULE] + list(args), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=30, check=False,
-                          env=dict(os.environ, PYTHONPATH=collections, NODE_NAME=""))
+                          stderr=subprocess.PIPE, timeout=30, check=False, env=_env())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--interval", "0"], "argument --interval: 0 must be positive"),
+    (["--interval", "soon"], "'soon' is not a number of seconds"),
+    (["--driver-mode", "both"], "invalid choice: 'both'"),
+])
+def test_bad_flag_values(args, message, capsys):
+    from ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_label import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [
     ([], "--node-name is required"),
     (["--node-name", "n1", "--interval", "0"], "argument --interval: 0 must be positive"),
-    (["--node-name", "n1", "--interval", "soon"], "'soon' is not a number of seconds"),
-    (["--node-name", "n1", "--driver-mode", "both"], "invalid choice: 'both'"),
     (["--node-name", "n1", "--host-root", "/nonexistent"], "--host-root /nonexistent: no such directory"),
     (["--node-name", "n1", "--host-root", "/", "--kubeconfig", "/nonexistent/kc"],
      "--kubeconfig /nonexistent/kc: no such file"),

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -59,7 +60,7 @@ def test_register_options_and_initial_list(shared):
     request = kubelet.wait_for_registration()[1]
     assert request.version == "v1beta1"
     assert request.resource_name == "metax-tech.com/gpu"
-    assert request.endpoint == "metax-gpu.sock"
+    assert re.match(r"^metax-gpu-[0-9a-f]{8}\.sock$", request.endpoint)
     assert request.options.get_preferred_allocation_available
     assert not request.options.pre_start_required
     assert kubelet.options.get_preferred_allocation_available
@@ -187,7 +188,8 @@ def test_kubelet_restart_reregisters_within_5s(make_node, kubelet, run_agent):
         assert when - back < 5
         kubelet.wait_for_devices(all_healthy(8))
         # only our socket removed (kubelet.sock unchanged): register again as well
-        os.unlink(agent.socket_path)
+        old = agent.server.socket_path
+        os.unlink(old)
         t0 = time.monotonic()
         when = kubelet.wait_for_registration(3, timeout=5)[0]
         assert when - t0 < 5
@@ -203,6 +205,30 @@ def test_kubelet_restart_reregisters_within_5s(make_node, kubelet, run_agent):
         while agent.health() != (True, "ok") and time.monotonic() < deadline:
             time.sleep(0.05)
         assert agent.health() == (True, "ok")
+        time.sleep(1)      # old servers are shut down: exactly one socket of ours, still there
+        assert [n for n in os.listdir(kubelet.dir) if n.startswith("metax-gpu-")] == [agent.server.endpoint]
+        assert agent.registrations == 4
+
+
+def test_stale_sockets_are_removed_live_ones_kept(make_node, kubelet, run_agent):
+    import socket as socketlib
+
+    stale = os.path.join(kubelet.dir, "metax-gpu-deadbeef.sock")
+    dead = socketlib.socket(socketlib.AF_UNIX)
+    dead.bind(stale)
+    dead.close()                       # the file stays, nobody listens: what a killed agent leaves
+    live_path = os.path.join(kubelet.dir, "metax-gpu-0000live.sock")
+    live = socketlib.socket(socketlib.AF_UNIX)
+    live.bind(live_path)
+    live.listen(1)
+    try:
+        with run_agent(make_node("1xC500")) as agent:
+            kubelet.wait_for_registration(1)
+            assert not os.path.exists(stale)
+            assert os.path.exists(live_path)
+            assert os.path.exists(agent.server.socket_path)
+    finally:
+        live.close()
 
 
 def test_waits_for_a_missing_kubelet(make_node, sockdir, run_agent, caplog):
