@@ -20,8 +20,7 @@ import gc
 import logging
 import threading
 import time
-from itertools import repeat
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
 from ..agents.common import Backoff
 from .metrics import ExtenderMetrics
@@ -169,14 +168,22 @@ def _short(exc: BaseException) -> str:
     return "%s: %s" % (type(exc).__name__, text[0][:300] if text else "")
 
 
-_NO_PAIRS: Mapping[int, Tuple[int, int]] = {}
+# Request sizes the node cache indexes (a node with VFs can have 64 devices); larger
+# requests fall back to per-name comparisons.
+INDEXED_COUNTS = 64
 
 
 class NodeCache:
     """Node name -> :class:`GpuState`, for NodeNames requests (``nodeCacheCapable: true``).
 
-    One writer (the node ListWatch thread); readers need no lock: the mapping
-    is replaced whole after a list and updated key by key after events.
+    Besides the states it keeps two indices per request size ``n`` (1..:data:`INDEXED_COUNTS`):
+    the set of names that can serve ``n`` devices now, and name -> (score, loss) for ``n``. A
+    request then costs one C-level lookup per name instead of Python work per node.
+
+    One writer (the node ListWatch thread); readers need no lock: after a list every structure
+    is replaced whole, after an event the node's entries are updated one by one (a reader may
+    see a node half-updated for that instant, which is no different from seeing it a moment
+    earlier or later).
     """
 
     def __init__(self, states: StateCache, metrics: ExtenderMetrics, logger: logging.Logger) -> None:
@@ -184,13 +191,30 @@ class NodeCache:
         self.metrics = metrics
         self.log = logger
         self._nodes: Dict[str, GpuState] = {}
-        # Per-name projections of the states for the request paths (C-level map over names).
         self._fit: Dict[str, int] = {}
-        self._pairs: Dict[str, Mapping[int, Tuple[int, int]]] = {}
+        self._fits: List[Set[str]] = [set() for _count in range(INDEXED_COUNTS + 1)]
+        self._tables: List[Dict[str, Tuple[int, int]]] = [{} for _count in range(INDEXED_COUNTS + 1)]
         self.synced = threading.Event()
 
     def _state(self, node: Mapping[str, Any]) -> GpuState:
         return self.states.state(node_fields(node))
+
+    @staticmethod
+    def _index(name: str, state: GpuState, fits: List[Set[str]], tables: List[Dict[str, Tuple[int, int]]]) -> None:
+        for count in range(1, min(state.fit, INDEXED_COUNTS) + 1):
+            fits[count].add(name)
+        for count, pair in state.pairs.items():
+            if count <= INDEXED_COUNTS:
+                tables[count][name] = pair
+
+    @staticmethod
+    def _unindex(name: str, state: GpuState, fits: List[Set[str]],
+                 tables: List[Dict[str, Tuple[int, int]]]) -> None:
+        for count in range(1, min(state.fit, INDEXED_COUNTS) + 1):
+            fits[count].discard(name)
+        for count in state.pairs:
+            if count <= INDEXED_COUNTS:
+                tables[count].pop(name, None)
 
     def replace(self, items: Iterable[Dict[str, Any]]) -> None:
         fresh: Dict[str, GpuState] = {}
@@ -199,8 +223,13 @@ class NodeCache:
                 name = node_name(node)
                 if name:
                     fresh[name] = self._state(node)
+        fits: List[Set[str]] = [set() for _count in range(INDEXED_COUNTS + 1)]
+        tables: List[Dict[str, Tuple[int, int]]] = [{} for _count in range(INDEXED_COUNTS + 1)]
+        for name, state in fresh.items():
+            self._index(name, state, fits, tables)
         self._fit = {name: state.fit for name, state in fresh.items()}
-        self._pairs = {name: state.pairs for name, state in fresh.items()}
+        self._fits = fits
+        self._tables = tables
         self._nodes = fresh
         self.metrics.cache_nodes.set(value=len(fresh))
         if not self.synced.is_set():
@@ -212,15 +241,20 @@ class NodeCache:
         name = node_name(obj)
         if not name:
             return
+        old = self._nodes.get(name)
         if event_type == "DELETED":
             self._nodes.pop(name, None)
             self._fit.pop(name, None)
-            self._pairs.pop(name, None)
+            if old is not None:
+                self._unindex(name, old, self._fits, self._tables)
         else:
             state = self._state(obj)
-            self._nodes[name] = state
-            self._fit[name] = state.fit
-            self._pairs[name] = state.pairs
+            if old is not state:
+                if old is not None:
+                    self._unindex(name, old, self._fits, self._tables)
+                self._index(name, state, self._fits, self._tables)
+                self._fit[name] = state.fit
+                self._nodes[name] = state
         self.metrics.cache_nodes.set(value=len(self._nodes))
 
     def get(self, name: str) -> Optional[GpuState]:
@@ -231,13 +265,19 @@ class NodeCache:
 
     def fits(self, names: Sequence[str], demand: int) -> List[bool]:
         """Per name: known and able to serve ``demand`` devices now (``filter_nodes``'s test)."""
-        need = max(demand, 0)
+        if demand <= 0:
+            return list(map(self._nodes.__contains__, names))
+        if demand <= INDEXED_COUNTS:
+            return list(map(self._fits[demand].__contains__, names))
         get = self._fit.get
-        return [get(name, -1) >= need for name in names]
+        return [get(name, -1) >= demand for name in names]
 
     def tables(self, names: Sequence[str], demand: int) -> List[Optional[Tuple[int, int]]]:
         """Per name: the (score, loss) entry for ``demand`` devices, None when unknown."""
-        return [pairs.get(demand) for pairs in map(self._pairs.get, names, repeat(_NO_PAIRS))]
+        if 0 < demand <= INDEXED_COUNTS:
+            return list(map(self._tables[demand].get, names))
+        get = self._nodes.get
+        return [None if state is None else state.pairs.get(demand) for state in map(get, names)]
 
     def __len__(self) -> int:
         return len(self._nodes)

@@ -8,6 +8,8 @@ import logging
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ansible_collections.metax.gpu.plugins.module_utils.agents.common import Backoff
 from ansible_collections.metax.gpu.plugins.module_utils.extender import kube
@@ -220,3 +222,39 @@ def test_kube_source_configmap_through_the_kubernetes_client(fake_api, api_clien
         wait_for(lambda: holder.current.source == "flags", what="deletion")
     finally:
         lw.stop()
+
+
+# ------------------------------------------------- node cache indices (property)
+
+def _gpu_node(name, devices, allocated, unhealthy=()):
+    from extender_support import annotations
+    gpu = annotations(devices, [i for i in allocated if i < devices], [i for i in unhealthy if i < devices])
+    node = make_node(0, allocated=[], gpu_annotations=gpu)
+    node["metadata"]["name"] = name
+    node["status"]["capacity"]["metax-tech.com/gpu"] = str(devices)
+    return node
+
+
+node_strategy = st.builds(lambda name, devices, allocated, unhealthy: (name, devices, allocated, unhealthy),
+                          st.sampled_from(["a", "b", "c", "d"]), st.sampled_from([2, 8, 70]),
+                          st.sets(st.integers(0, 69), max_size=6), st.sets(st.integers(0, 69), max_size=2))
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.lists(node_strategy, max_size=4),
+       st.lists(st.tuples(st.sampled_from(["ADDED", "MODIFIED", "DELETED"]), node_strategy), max_size=8))
+def test_node_cache_indices_follow_events(initial, events):
+    from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import (
+        filter_nodes, prioritize, scores_from_tables)
+    cache = NodeCache(StateCache(), ExtenderMetrics(), LOG)
+    cache.replace([_gpu_node(*spec) for spec in initial])
+    for kind, spec in events:
+        cache.apply(kind, _gpu_node(*spec))
+    names = ["a", "b", "c", "d", "zz"]
+    states = cache.lookup(names)
+    for demand in (0, 1, 2, 3, 5, 8, 64, 65, 70):
+        outcome = filter_nodes(demand, names, states)
+        assert [names[i] for i in outcome.passed] == [n for n, ok in zip(names, cache.fits(names, demand)) if ok]
+        weights = Weights(1, 2)
+        assert scores_from_tables(cache.tables(names, demand), weights) == prioritize(demand, states, weights) \
+            or demand <= 0
