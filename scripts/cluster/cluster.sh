@@ -724,6 +724,9 @@ imageGCLowThresholdPercent: 98
 syncFrequency: 10s
 fileCheckFrequency: 5s
 nodeStatusReportFrequency: 10s
+# Allocatable changes (a GPU turning unhealthy) reach the Node object at the
+# next status update; 1s keeps that within gpu-device's healthyInterval + 2s.
+nodeStatusUpdateFrequency: 1s
 EOF
   START_CONFIG="${d}/config.yaml" start kubelet "${BIN}/kubelet" --config="${d}/config.yaml" --kubeconfig="${ETC}/kubelet.conf" \
     --hostname-override="${node}" --root-dir="${KUBELET_DIR}" --v=1
@@ -832,6 +835,19 @@ cmd_up() {
   write_env "${node}"
   phase_report "cluster up"
   cmd_status
+}
+
+# restart-kubelet: what a kubelet upgrade or crash does to device plugins
+# (kubelet.sock recreated, plugin sockets removed), for tests and demos.
+cmd_restart_kubelet() {
+  require_root
+  running kubelet || die "the kubelet is not running; start the cluster first: make cluster-up"
+  local node
+  node=$(node_name)
+  stop kubelet
+  kubelet_up "${node}"
+  wait_for "node ${node} Ready" 120 kubelet node_ready "${node}"
+  log "kubelet restarted"
 }
 
 # ------------------------------------------------------------------ status
@@ -1093,10 +1109,10 @@ cmd_down() {
 # ------------------------------------------------------------------ main
 mkdir -p "${METAX_CACHE_DIR}"
 case ${1:-} in
-  up | down)
+  up | down | restart-kubelet)
     exec 8>"${METAX_CACHE_DIR}/cluster.lock"
     flock -n 8 || { log "another cluster.sh up/down is running; waiting for it"; flock 8; }
-    "cmd_$1"
+    "cmd_${1//-/_}"
     ;;
   status) cmd_status ;;
   env) cmd_env ;;
@@ -1107,7 +1123,7 @@ case ${1:-} in
     ;;
   json) cmd_json ;;
   *)
-    echo "usage: $0 up|down|status|env|json|podman-env" >&2
+    echo "usage: $0 up|down|status|restart-kubelet|env|json|podman-env" >&2
     exit 2
     ;;
 esac
