@@ -70,6 +70,36 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, sort_keys=False, default=str)
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (e.g. --healthy-interval, where 0 disables)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not an integer" % text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("%d is negative" % value)
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("%s must be positive" % text)
+    return value
+
+
+def tcp_port(text: str) -> int:
+    """argparse type: 0..65535 (0 lets the kernel pick)."""
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError("%d is not a TCP port" % value)
+    return value
+
+
 def add_common_flags(parser: argparse.ArgumentParser, host_root: bool = True) -> None:
     """Flags every agent accepts (the chart passes the Log Options as these)."""
     if host_root:

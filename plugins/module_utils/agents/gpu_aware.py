@@ -30,7 +30,8 @@ from ..extender.nodeinfo import StateCache
 from ..extender.policy import CONFIGMAP_NAME, WeightError, Weights, parse_weight
 from ..extender.server import (
     DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, ExtenderHTTPServer, ExtenderService, tls_context)
-from .common import UsageError, add_common_flags, kube_api_client, run_main, setup_logging, stop_event
+from .common import (UsageError, add_common_flags, kube_api_client, run_main, setup_logging, stop_event,
+                     tcp_port)
 
 COMPONENT = "gpu-aware"
 DEFAULT_NAMESPACE = "metax-gpu"
@@ -50,7 +51,7 @@ def _namespace_default() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=COMPONENT, description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--address", default="", help="address to listen on (default: all)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP(S) port (default %(default)s)")
+    parser.add_argument("--port", type=tcp_port, default=DEFAULT_PORT, help="HTTP(S) port (default %(default)s)")
     parser.add_argument("--namespace", default=None,
                         help="namespace of the ConfigMap (default: $POD_NAMESPACE, the service account's "
                              "namespace, else %s)" % DEFAULT_NAMESPACE)

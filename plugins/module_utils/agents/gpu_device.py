@@ -35,8 +35,8 @@ from ..deviceplugin.podresources import PodResourcesClient, PodResourcesError
 from ..deviceplugin.registration import RegistrationError, register, socket_identity
 from ..deviceplugin.server import HAS_GRPC, DevicePluginService, PluginServer
 from ..host import HostRoot
-from .common import (Backoff, UsageError, add_common_flags, kube_api_client, run_main, setup_logging,
-                     stop_event)
+from .common import (Backoff, UsageError, add_common_flags, kube_api_client, non_negative_int, positive_float,
+                     run_main, setup_logging, stop_event, tcp_port)
 
 COMPONENT = "gpu-device"
 LOG = logging.getLogger(COMPONENT)
@@ -44,33 +44,6 @@ LOG = logging.getLogger(COMPONENT)
 # How often the registration supervisor looks at the two sockets.
 WATCH_SECONDS = 0.5
 DEFAULT_METRICS_PORT = 9400
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r is not an integer" % text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("%d is negative" % value)
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r is not a number" % text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("%s must be positive" % text)
-    return value
-
-
-def _port(text: str) -> int:
-    value = _non_negative_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError("%d is not a TCP port" % value)
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,15 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the kubelet's device-plugin directory (default %(default)s)")
     parser.add_argument("--pod-resources-socket", default=C.POD_RESOURCES_SOCKET,
                         help="the kubelet's pod-resources socket (default %(default)s)")
-    parser.add_argument("--healthy-interval", type=_non_negative_int, default=5,
+    parser.add_argument("--healthy-interval", type=non_negative_int, default=5,
                         help="seconds between GPU health checks; 0 disables them (default %(default)s)")
-    parser.add_argument("--pod-resources-interval", type=_positive_float, default=2.0,
+    parser.add_argument("--pod-resources-interval", type=positive_float, default=2.0,
                         help="seconds between pod-resources polls (default %(default)s)")
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
                         help="this node's name, for the annotations (default: $NODE_NAME)")
     parser.add_argument("--metrics-address", default="0.0.0.0",
                         help="address of the /metrics and /healthz endpoint (default %(default)s)")
-    parser.add_argument("--metrics-port", type=_port, default=DEFAULT_METRICS_PORT,
+    parser.add_argument("--metrics-port", type=tcp_port, default=DEFAULT_METRICS_PORT,
                         help="port of /metrics and /healthz; 0 disables it (default %(default)s)")
     parser.add_argument("--resource-name", default=C.RESOURCE_NAME, help=argparse.SUPPRESS)
     return parser

@@ -30,22 +30,12 @@ from typing import Callable, Dict, Mapping, Optional, Sequence
 from ..gpu.discovery import DiscoveryError, discover
 from ..gpu.labels import DRIVER_MODES, OWNED_LABEL_KEYS, label_changes, node_labels
 from ..host import HostRoot, HostRootError
-from .common import (Backoff, UsageError, add_common_flags, kube_api_client, run_main, setup_logging,
-                     stop_event)
+from .common import (Backoff, UsageError, add_common_flags, kube_api_client, positive_float, run_main,
+                     setup_logging, stop_event)
 
 COMPONENT = "gpu-label"
 LOG = logging.getLogger(COMPONENT)
 DEFAULT_INTERVAL = 60.0      # seconds, as NFD and GFD use
-
-
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r is not a number of seconds" % text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("%s must be positive" % text)
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_flags(parser)
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
                         help="the Node to label (default: $NODE_NAME, from the downward API)")
-    parser.add_argument("--interval", type=_interval, default=DEFAULT_INTERVAL,
+    parser.add_argument("--interval", type=positive_float, default=DEFAULT_INTERVAL,
                         help="seconds between label refreshes (default %(default)s)")
     parser.add_argument("--driver-mode", choices=DRIVER_MODES, default="native",
                         help="gpu.driver.mode: native (driver maintained on the host) or cloud "

@@ -176,7 +176,7 @@ def _run(*args):
 
 @pytest.mark.parametrize("args, message", [
     (["--interval", "0"], "argument --interval: 0 must be positive"),
-    (["--interval", "soon"], "'soon' is not a number of seconds"),
+    (["--interval", "soon"], "'soon' is not a number"),
     (["--driver-mode", "both"], "invalid choice: 'both'"),
 ])
 def test_bad_flag_values(args, message, capsys):
