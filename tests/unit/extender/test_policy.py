@@ -66,11 +66,14 @@ def test_prioritize_missing_count_is_neutral():
 
 
 table = st.tuples(st.integers(0, 900), st.integers(0, 5000))
+# Weights as administrators write them. Subnormal floats (5e-324) are left out:
+# there the reference formula below underflows (w * 0.5 == 0) while the
+# implementation's algebraically equal form does not.
+weight = st.one_of(st.just(0.0), st.floats(1e-6, 100, allow_nan=False))
 
 
 @settings(deadline=None, max_examples=200)
-@given(st.lists(st.one_of(st.none(), table), min_size=1, max_size=12),
-       st.floats(0, 100, allow_nan=False), st.floats(0, 100, allow_nan=False))
+@given(st.lists(st.one_of(st.none(), table), min_size=1, max_size=12), weight, weight)
 def test_prioritize_properties(tables, ws, wl):
     states = [None if t is None else _state(8, 8, t[0], t[1], 3) for t in tables]
     weights = Weights(ws, wl)
