@@ -12,8 +12,17 @@ _COLLECTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 if os.path.isdir(_COLLECTIONS) and _COLLECTIONS not in sys.path:
     sys.path.insert(0, _COLLECTIONS)
 
+from hypothesis import settings  # noqa: E402
+
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  # noqa: E402
+
+
+# CI explores the same examples on every run (a red run must be reproducible);
+# developers' runs keep exploring new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture
