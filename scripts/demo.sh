@@ -5,7 +5,6 @@
 # fails and comes back. The cluster stays up afterwards: `make cluster-down`.
 set -euo pipefail
 cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
 export METAX_SIM_PRESET=${METAX_SIM_PRESET:-8xC500}
 GPU=metax-tech.com/gpu
 NS=metax-gpu-demo
@@ -43,9 +42,10 @@ echo "$images"
 image_of() { sed -n "s/^$1=//p" <<<"$images"; }
 
 step "4/7 gpu-device and gpu-label as DaemonSets"
-sed -e "s|@IMAGE_GPU_DEVICE@|$(image_of gpu-device)|" -e "s|@IMAGE_GPU_LABEL@|$(image_of gpu-label)|" \
-    -e "s|@SIM_ROOT@|$METAX_SIM_ROOT|" -e "s|@SIM_PARENT@|$(dirname "$METAX_SIM_ROOT")|" files/demo/agents.yaml |
-  kubectl apply -f -
+for manifest in files/demo/agents/*.yaml; do
+  sed -e "s|@IMAGE_GPU_DEVICE@|$(image_of gpu-device)|" -e "s|@IMAGE_GPU_LABEL@|$(image_of gpu-label)|" \
+      -e "s|@SIM_ROOT@|$METAX_SIM_ROOT|" -e "s|@SIM_PARENT@|$(dirname "$METAX_SIM_ROOT")|" "$manifest"
+done | kubectl apply -f -
 kubectl -n "$NS" rollout status daemonset/gpu-device --timeout=300s
 kubectl -n "$NS" rollout status daemonset/gpu-label --timeout=300s
 wait_allocatable 8 60
@@ -74,5 +74,6 @@ wait_allocatable 7 30 && gpu_resources && echo
 sim recover "$METAX_SIM_ROOT" --gpu 5
 wait_allocatable 8 30 && gpu_resources && echo
 
+# shellcheck disable=SC2016  # printed for the reader to run, not expanded here
 printf '\nDemo done. The cluster keeps running: eval "$(scripts/cluster/cluster.sh env)"; kubectl get pods -A\n'
 printf 'Stop it with: make cluster-down\n'
