@@ -299,6 +299,9 @@ def devices_annotation(agents):
 
 def test_capacity_allocatable_and_annotations(device_agent):
     agents = device_agent
+    # The kubelet keeps a departed plugin's resources for a grace period, so an
+    # earlier module's gpu-device can still show 8/8: wait for this pod's own registration.
+    wait_registered(agents)
     wait_for(lambda: agents.gpu_resources() == (8, 8), 60, "capacity and allocatable 8")
     devices = wait_for(lambda: devices_annotation(agents), 30, "the gpu.devices annotation")
     inv = discover(agents.sim())
