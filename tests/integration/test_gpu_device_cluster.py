@@ -37,6 +37,7 @@ pytestmark = pytest.mark.cluster
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
 
+from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.registration import socket_identity  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import allocate  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot  # noqa: E402
@@ -423,10 +424,11 @@ def test_kubelet_restart_is_survived(device_agent, cluster):
     wait_registered(agents)
     before = metrics(agents)["metax_gpu_registrations_total"]
     sock = "/var/lib/kubelet/device-plugins/kubelet.sock"
-    old = os.stat(sock).st_ino
+    # inode numbers are reused at once on this filesystem: identity is (dev, inode, ctime), as gpu-device sees it
+    old = socket_identity(sock)
     res = subprocess.run(command, env=cluster.env, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
-    wait_for(lambda: os.path.exists(sock) and os.stat(sock).st_ino != old, 120, "a new kubelet.sock")
+    wait_for(lambda: socket_identity(sock) not in (None, old), 120, "a new kubelet.sock")
     back = time.monotonic()
     wait_for(lambda: metrics(agents)["metax_gpu_registrations_total"] > before, 5, "re-registration")
     sys.stderr.write("kubelet restart: re-registered %.1fs after kubelet.sock reappeared\n"
