@@ -22,23 +22,14 @@ pytest.importorskip("grpc")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deviceplugin"))
 
+from agent_process import agent_env, run_agent  # noqa: E402
 from kubelet_peer import KubeletPeer, pb  # noqa: E402
 
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device"
 
 
-def agent_env(**extra):
-    """The environment of an agent process: the collection importable, as in the image."""
-    from ansible_collections.metax.gpu.plugins.module_utils import host
-    collections = os.path.abspath(os.path.join(os.path.dirname(host.__file__), *[".."] * 5))
-    env = dict(os.environ, PYTHONPATH=collections, NODE_NAME="")
-    env.update(extra)
-    return env
-
-
 def run(*args, timeout=30):
-    return subprocess.run([sys.executable, "-m", MODULE] + list(args), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=timeout, check=False, env=agent_env())
+    return run_agent(MODULE, *args, timeout=timeout)
 
 
 @pytest.mark.parametrize("args, message", [

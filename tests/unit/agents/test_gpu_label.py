@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -17,6 +16,8 @@ from ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_label import 
 )
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
+
+from agent_process import agent_env, run_agent
 
 P = "metax-tech.com/"
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_label"
@@ -141,7 +142,7 @@ def test_process_keeps_running_without_apiserver(make_node, tmp_path):
     host = make_node("1xC500")
     proc = subprocess.Popen([sys.executable, "-m", MODULE, "--host-root", host.path, "--node-name", "n1",
                              "--kubeconfig", str(kubeconfig), "--interval", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=agent_env())
     try:
         time.sleep(3)
         assert proc.poll() is None
@@ -161,17 +162,6 @@ def test_unreadable_root_writes_nothing(tmp_path):
     lab = labeller(HostRoot(str(tmp_path)), node)
     assert run_loop(lab, 60, threading.Event(), once=True) == 1
     assert not node.patches
-
-
-def _env():
-    from ansible_collections.metax.gpu.plugins.module_utils import host
-    collections = os.path.abspath(os.path.join(os.path.dirname(host.__file__), *[".."] * 5))
-    return dict(os.environ, PYTHONPATH=collections, NODE_NAME="")
-
-
-def _run(*args):
-    return subprocess.run([sys.executable, "-m", MODULE] + list(args), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=30, check=False, env=_env())
 
 
 @pytest.mark.parametrize("args, message", [
@@ -196,7 +186,7 @@ def test_bad_flag_values(args, message, capsys):
      "--kubeconfig /nonexistent/kc: no such file"),
 ])
 def test_bad_flags(args, message):
-    result = _run(*args)
+    result = run_agent(MODULE, *args)
     assert result.returncode == 2
     assert message in result.stderr.decode(), result.stderr
     assert "Traceback" not in result.stderr.decode()
