@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, Optional
 
+from ..host import HostRoot
+
 try:
     from kubernetes import client as k8s_client, config as k8s_config
     HAS_KUBERNETES = True
@@ -144,6 +146,17 @@ def setup_logging(component: str, args: argparse.Namespace) -> logging.Logger:
         root.addHandler(handler)
     root.setLevel(LOG_LEVELS[args.log_level])
     return logging.getLogger(component)
+
+
+def checked_host_root(args: argparse.Namespace, required: str) -> HostRoot:
+    """The HostRoot of --host-root/--host-prefix; exits clearly when ``required`` is missing under it."""
+    host = HostRoot(args.host_root, args.host_prefix)
+    if not os.path.isdir(host.path):
+        raise UsageError("--host-root %s: no such directory" % args.host_root)
+    if not host.isdir(required):
+        raise UsageError("--host-root %s: %s is missing (is the node's root mounted there?)"
+                         % (args.host_root, host.join(required)))
+    return host
 
 
 def kube_api_client(kubeconfig: Optional[str]) -> Any:

@@ -35,8 +35,8 @@ from ..deviceplugin.podresources import PodResourcesClient, PodResourcesError
 from ..deviceplugin.registration import RegistrationError, register, socket_identity
 from ..deviceplugin.server import HAS_GRPC, DevicePluginService, PluginServer
 from ..host import HostRoot
-from .common import (Backoff, UsageError, add_common_flags, kube_api_client, non_negative_int, positive_float,
-                     run_main, setup_logging, stop_event, tcp_port)
+from .common import (Backoff, UsageError, add_common_flags, checked_host_root, kube_api_client, non_negative_int,
+                     positive_float, run_main, setup_logging, stop_event, tcp_port)
 
 COMPONENT = "gpu-device"
 LOG = logging.getLogger(COMPONENT)
@@ -247,12 +247,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     setup_logging(COMPONENT, args)
     if not HAS_GRPC:
         raise UsageError("grpcio and protobuf are required (requirements/agents.txt)")
-    host = HostRoot(args.host_root, args.host_prefix)
-    if not os.path.isdir(host.path):
-        raise UsageError("--host-root %s: no such directory" % args.host_root)
-    if not host.isdir("sys/bus/pci/devices"):
-        raise UsageError("--host-root %s: %s is missing (is the node's root mounted there?)"
-                         % (args.host_root, host.join("sys/bus/pci/devices")))
+    host = checked_host_root(args, "sys/bus/pci/devices")
     if os.path.exists(args.device_plugin_dir) and not os.path.isdir(args.device_plugin_dir):
         raise UsageError("--device-plugin-dir %s is not a directory" % args.device_plugin_dir)
     stop = stop_event()

@@ -30,8 +30,8 @@ from typing import Callable, Dict, Mapping, Optional, Sequence
 from ..gpu.discovery import DiscoveryError, discover
 from ..gpu.labels import DRIVER_MODES, OWNED_LABEL_KEYS, label_changes, node_labels
 from ..host import HostRoot, HostRootError
-from .common import (Backoff, UsageError, add_common_flags, kube_api_client, positive_float, run_main,
-                     setup_logging, stop_event)
+from .common import (Backoff, UsageError, add_common_flags, checked_host_root, kube_api_client, positive_float,
+                     run_main, setup_logging, stop_event)
 
 COMPONENT = "gpu-label"
 LOG = logging.getLogger(COMPONENT)
@@ -157,12 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     setup_logging(COMPONENT, args)
     if not args.node_name:
         raise UsageError("--node-name is required (or NODE_NAME from the downward API)")
-    host = HostRoot(args.host_root, args.host_prefix)
-    if not os.path.isdir(host.path):
-        raise UsageError("--host-root %s: no such directory" % args.host_root)
-    if not host.isdir("sys"):
-        raise UsageError("--host-root %s: %s is missing (is the node's root mounted there?)"
-                         % (args.host_root, host.join("sys")))
+    host = checked_host_root(args, "sys")
     read_labels, patch_labels = kube_label_access(kube_api_client(args.kubeconfig), args.node_name)
     labeller = Labeller(host, args.driver_mode, read_labels, patch_labels)
     LOG.info("gpu-label starting", extra={"fields": {

@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Proto
 
 from ..agents.common import Backoff
 from .metrics import ExtenderMetrics
-from .nodeinfo import GpuState, StateCache, node_fields, node_name
+from .nodeinfo import GpuState, StateCache, metadata_field, node_fields, node_name
 from .policy import CONFIGMAP_NAME, WeightError, Weights, weights_from_configmap
 
 
@@ -49,16 +49,6 @@ class Handler(Protocol):  # pragma: no cover - interface
 
     def apply(self, event_type: str, obj: Dict[str, Any]) -> None:
         """One ADDED / MODIFIED / DELETED event."""
-
-
-def _resource_version(obj: Any) -> Optional[str]:
-    if isinstance(obj, Mapping):
-        metadata = obj.get("metadata")
-        if isinstance(metadata, Mapping):
-            version = metadata.get("resourceVersion")
-            if isinstance(version, str) and version:
-                return version
-    return None
 
 
 class ListWatch:
@@ -160,7 +150,7 @@ class ListWatch:
                 self.handler.apply(kind, obj)
             except Exception:  # pylint: disable=broad-except
                 self.log.exception("%s: handling a %s event failed", self.resource, kind)
-        return _resource_version(obj) or version
+        return metadata_field(obj, "resourceVersion") or version
 
 
 def _short(exc: BaseException) -> str:

@@ -165,13 +165,19 @@ def gpu_state(fields: NodeFields) -> GpuState:
                     problems=tuple(problems))
 
 
-def node_name(node: Mapping[str, Any]) -> Optional[str]:
-    metadata = node.get("metadata")
-    if isinstance(metadata, Mapping):
-        name = metadata.get("name")
-        if isinstance(name, str) and name:
-            return name
+def metadata_field(obj: Any, key: str) -> Optional[str]:
+    """A non-empty string under ``metadata`` (name, resourceVersion...), else None."""
+    if isinstance(obj, Mapping):
+        metadata = obj.get("metadata")
+        if isinstance(metadata, Mapping):
+            value = metadata.get(key)
+            if isinstance(value, str) and value:
+                return value
     return None
+
+
+def node_name(node: Mapping[str, Any]) -> Optional[str]:
+    return metadata_field(node, "name")
 
 
 def node_fields(node: Mapping[str, Any]) -> NodeFields:
