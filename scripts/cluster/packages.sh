@@ -42,7 +42,10 @@ if [[ ! -e /usr/sbin/policy-rc.d ]]; then
   chmod 755 /usr/sbin/policy-rc.d
   created_policy=1
 fi
-cleanup() { ((created_policy)) && rm -f /usr/sbin/policy-rc.d; }
+# An EXIT trap's last status becomes the script's: never end on a false test.
+cleanup() {
+  if ((created_policy)); then rm -f /usr/sbin/policy-rc.d; fi
+}
 trap cleanup EXIT
 
 export DEBIAN_FRONTEND=noninteractive
