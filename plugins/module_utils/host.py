@@ -16,26 +16,44 @@ A HostRoot has two faces:
 
 Writes to kernel attributes (``write_attribute``) are the one narrow seam
 where a simulated root emulates the kernel's reaction (for example creating
-VFs when ``sriov_numvfs`` is written). Callers never know which it is.
+VFs when ``sriov_numvfs`` is written). Callers never know which it is. The
+emulator is not imported here: a simulated root carries its own executable
+hook (``.metax-sim/kernel``) that this module runs as a separate process, so
+no simulator code travels in a module's payload; see docs/simulated-node.md.
 """
 
 from __future__ import annotations
 
+import errno as errno_codes
 import os
 import subprocess
 import tempfile
 from typing import List, Optional, Sequence, Tuple
 
-# Marker directory a simulated root carries; its presence switches attribute
-# writes to the kernel emulator.
+from .errors import MetaxGpuError
+
+# Directory a simulated root carries (state and the kernel hook).
 SIM_STATE_DIR = ".metax-sim"
+# Executable a simulated root installs to react to attribute writes like the
+# kernel. Protocol: ``<hook> write <node-path>`` with the value on stdin; exit
+# status 0 on success, else the errno the kernel would have returned, with a
+# one-line reason on stderr.
+SIM_KERNEL_HOOK = SIM_STATE_DIR + "/kernel"
 
 # Where mx-smi is installed on MetaX nodes (driver package and MACA SDK).
 MX_SMI_DIRS = ("usr/bin", "usr/local/bin", "opt/mxdriver/bin", "opt/maca/bin", "usr/sbin")
 
 
-class HostRootError(Exception):
-    """A node-side file or command could not be read or run."""
+class HostRootError(MetaxGpuError):
+    """A node-side file or command could not be read or run.
+
+    ``errno`` carries the kernel's answer to a failed write (EBUSY, ERANGE,
+    EINVAL...) when there is one, so callers can tell "busy" from "invalid".
+    """
+
+    def __init__(self, message: str, errno: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class HostRoot:
@@ -44,7 +62,6 @@ class HostRoot:
     def __init__(self, path: str = "/", host_prefix: Optional[str] = None) -> None:
         self.path = os.path.abspath(path or "/")
         self.host_prefix = os.path.abspath(host_prefix) if host_prefix else self.path
-        self._kernel = None  # lazily created kernel emulator (simulated roots only)
 
     def __repr__(self) -> str:
         return "HostRoot(%r, host_prefix=%r)" % (self.path, self.host_prefix)
@@ -148,24 +165,56 @@ class HostRoot:
         return "/" + "/".join(resolved)
 
     # -- writes -------------------------------------------------------
+    def kernel_hook(self) -> Optional[str]:
+        """The simulated root's kernel hook, or None on anything that may be a real node.
+
+        Never for ``/``, and never when ``<root>/sys`` is a mount point (a
+        real sysfs, e.g. ``/host/sys`` in an agent container): a stray
+        ``.metax-sim`` directory on a real node cannot divert writes.
+        """
+        if self.path == "/" or os.path.ismount(self.join("sys")):
+            return None
+        hook = self.join(SIM_KERNEL_HOOK)
+        if os.path.isfile(hook) and os.access(hook, os.X_OK):
+            return hook
+        return None
+
     def is_simulated(self) -> bool:
-        return os.path.isdir(self.join(SIM_STATE_DIR))
+        return self.kernel_hook() is not None
 
     def write_attribute(self, rel: str, value: str) -> None:
-        """Write a kernel attribute (sysfs). The kernel reacts; so does the simulator."""
-        if self.is_simulated():
-            if self._kernel is None:
-                from .sim.kernel import SimulatedKernel  # the one seam; real nodes never load it
+        """Write a kernel attribute (sysfs). The kernel reacts; so does a simulated root's hook.
 
-                self._kernel = SimulatedKernel(self)
-            self._kernel.write_attribute(rel, value)
-            return
+        Raises HostRootError with ``errno`` set to the kernel's answer.
+        """
         path = self.join(rel)
+        hook = self.kernel_hook()
+        if hook is not None:
+            self._write_through_hook(hook, rel, value, path)
+            return
         try:
             with open(path, "w") as handle:
                 handle.write(value)
         except OSError as exc:
-            raise HostRootError("cannot write %r to %s: %s" % (value, path, exc.strerror or exc))
+            raise HostRootError("cannot write %r to %s: %s" % (value, path, exc.strerror or exc),
+                                errno=exc.errno)
+
+    def _write_through_hook(self, hook: str, rel: str, value: str, path: str) -> None:
+        try:
+            proc = subprocess.run(
+                [hook, "write", "/" + rel.lstrip("/")], input=value.encode("utf-8"),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60, check=False,
+                env=dict(os.environ, METAX_HOST_ROOT=self.path, LC_ALL="C"),
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise HostRootError("cannot write %r to %s: simulated kernel hook %s failed: %s"
+                                % (value, path, hook, exc))
+        if proc.returncode == 0:
+            return
+        code = proc.returncode if 0 < proc.returncode < 256 else errno_codes.EIO
+        reason = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise HostRootError("cannot write %r to %s: %s" % (
+            value, path, reason[-1] if reason else os.strerror(code)), errno=code)
 
     def write_file_atomic(self, rel: str, content: bytes, mode: int = 0o644,
                           tmp_dir: Optional[str] = None) -> None:

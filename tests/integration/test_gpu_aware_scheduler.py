@@ -81,7 +81,7 @@ def _wait(predicate, timeout, what):
 
 
 def _tables(preset_name, free, vfs=0):
-    from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_synth import topology_from_spec
+    from ansible_collections.metax.gpu.plugins.module_utils.sim.alloc_synth import topology_from_spec
     from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import per_count_tables
     from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset
     topology = topology_from_spec(preset(preset_name), vfs=vfs)

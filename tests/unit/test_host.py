@@ -75,3 +75,45 @@ def test_run_reports_missing_and_failing_commands(tmp_path):
     with pytest.raises(HostRootError, match="command not found"):
         host.run([str(tmp_path / "nope")])
     assert host.run(["sh", "-c", "echo out; echo err >&2; exit 3"]) == (3, "out\n", "err\n")
+
+
+def _hook(root, status, message=""):
+    """A kernel hook that records what it was asked and answers ``status``."""
+    hook = root / ".metax-sim" / "kernel"
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    hook.write_text("#!/bin/sh\nprintf '%%s %%s ' \"$1\" \"$2\" >> \"$METAX_HOST_ROOT/calls\"\n"
+                    "cat >> \"$METAX_HOST_ROOT/calls\"\necho '%s' >&2\nexit %d\n" % (message, status))
+    hook.chmod(0o755)
+
+
+def test_hook_runs_instead_of_the_write_and_its_status_is_the_errno(tmp_path):
+    import errno
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "sys/attr").write_text("0\n")
+    _hook(tmp_path, errno.EBUSY, "Device or resource busy")
+    host = HostRoot(str(tmp_path))
+    assert host.is_simulated()
+    with pytest.raises(HostRootError, match="busy") as refused:
+        host.write_attribute("sys/attr", "4")
+    assert refused.value.errno == errno.EBUSY
+    assert (tmp_path / "calls").read_text() == "write /sys/attr 4"
+    assert (tmp_path / "sys/attr").read_text() == "0\n"      # the hook decides, not HostRoot
+
+
+def test_hook_is_never_consulted_for_the_real_root():
+    assert HostRoot("/").kernel_hook() is None
+
+
+def test_a_plain_root_write_error_carries_the_errno(tmp_path):
+    import errno
+    with pytest.raises(HostRootError) as failed:
+        HostRoot(str(tmp_path)).write_attribute("/missing/attr", "1")
+    assert failed.value.errno == errno.ENOENT
+
+
+def test_a_non_executable_hook_is_ignored(tmp_path):
+    _hook(tmp_path, 0)
+    (tmp_path / ".metax-sim" / "kernel").chmod(0o644)
+    host = HostRoot(str(tmp_path))
+    host.write_attribute("/attr", "1")
+    assert not host.is_simulated() and (tmp_path / "attr").read_text() == "1"

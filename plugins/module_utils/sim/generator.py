@@ -22,6 +22,7 @@ import stat
 from dataclasses import asdict
 from typing import Dict, List, Optional, Tuple
 
+from ..errors import MetaxGpuError
 from ..gpu.model import METAX_VENDOR_ID, PRODUCTS_BY_NAME, VF_DEVICE_ID_FLAG
 from ..host import SIM_STATE_DIR, HostRoot
 from .spec import GpuSpec, NodeSpec, expected_link
@@ -36,7 +37,7 @@ PCI_BRIDGE_CLASS = "0x060400"
 GPU_CLASS = "0x038000"    # display controller, "other"
 
 
-class SimError(Exception):
+class SimError(MetaxGpuError):
     """A simulated-node operation was invalid (unknown GPU, bad directory...)."""
 
 
@@ -231,6 +232,7 @@ def create(root: str, spec: NodeSpec, force: bool = False) -> HostRoot:
         _write_function(host, gpu_state["sysfs"], gpu_state["device_id"], gpu_state["numa_node"],
                         gpu_state["sriov_totalvfs"])
     _install_mx_smi(root)
+    _install_kernel_hook(root)
     save_state(host, state)
     load_driver(host)
     return host
@@ -259,6 +261,12 @@ def _install_mx_smi(root: str) -> None:
     target = os.path.join(root, MX_SMI_PATH)
     _write(target, "#!/usr/bin/env python3\n" + body)
     os.chmod(target, 0o755)
+
+
+def _install_kernel_hook(root: str) -> None:
+    from .kernel import install_hook  # kernel imports this module: import at use
+
+    install_hook(root)
 
 
 # -- state ------------------------------------------------------------------

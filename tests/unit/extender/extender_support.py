@@ -38,7 +38,7 @@ def tables(free: Sequence[int], preset_name: str = "8xC500") -> Tuple[Dict[int, 
     """(scores, losses) of the real allocator for free devices of a simulator preset."""
     key = (hash(preset_name),) + tuple(sorted(free))
     if key not in _TABLES:
-        from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_synth import topology_from_spec
+        from ansible_collections.metax.gpu.plugins.module_utils.sim.alloc_synth import topology_from_spec
         from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import per_count_tables
         from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset
         _TABLES[key] = per_count_tables(topology_from_spec(preset(preset_name)), sorted(free))

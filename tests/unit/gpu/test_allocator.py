@@ -10,8 +10,8 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.metax.gpu.plugins.module_utils.gpu import allocator
-from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_synth import (
+from ansible_collections.metax.gpu.plugins.module_utils.gpu import allocator_cli
+from ansible_collections.metax.gpu.plugins.module_utils.sim.alloc_synth import (
     random_matrix, random_spec, random_ultrametric, topology_from_spec)
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_tree import hierarchy
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import (
@@ -219,7 +219,7 @@ def test_tables_are_fast_enough_for_128_vfs():
 # -- CLI ---------------------------------------------------------------------
 
 def _cli(args, capsys):
-    rc = allocator.main(args)
+    rc = allocator_cli.main(args)
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -254,7 +254,7 @@ def test_cli_preset_and_module_entry_point():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     proc = subprocess.run(
-        [sys.executable, "-m", "ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator",
+        [sys.executable, "-m", "ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator_cli",
          "--preset", "2xC550-sriov", "--vfs", "4", "--exclude", "0", "--size", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, check=False, universal_newlines=True)
     assert proc.returncode == 0, proc.stderr

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_synth import topology_from_spec
+from ansible_collections.metax.gpu.plugins.module_utils.sim.alloc_synth import topology_from_spec
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.scoring import (
     PAIR_WEIGHTS, SINGLE_DEVICE_SCORE, annotation_score, combinations_count, evaluate, exhaustive_best)

@@ -1,6 +1,7 @@
 """The simulated node: tree shape, mx-smi, faults and the kernel emulator."""
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import subprocess
@@ -97,11 +98,16 @@ def test_sriov_numvfs_write_creates_and_removes_vfs(make_node):
     assert vf is not None
     assert host.readlink("%s/%s/physfn" % (PCI, host.listdir(PCI)[1])).endswith(pf)
     # the kernel rule: a non-zero value can only replace 0
-    with pytest.raises(HostRootError, match="busy"):
+    with pytest.raises(HostRootError, match="busy") as busy:
         host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "2")
-    with pytest.raises(HostRootError, match="result"):
-        host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "0")
+    assert busy.value.errno == errno.EBUSY
+    host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "0")
+    with pytest.raises(HostRootError, match="result") as out_of_range:
         host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "16")
+    assert out_of_range.value.errno == errno.ERANGE
+    with pytest.raises(HostRootError, match="Invalid argument") as garbage:
+        host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "four")
+    assert garbage.value.errno == errno.EINVAL
     assert len(host.listdir(PCI)) == 2
     host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "8")
     assert host.read_int("%s/%s/sriov_numvfs" % (PCI, pf)) == 8

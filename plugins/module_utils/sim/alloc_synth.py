@@ -3,7 +3,7 @@
 # Apache License 2.0 (see LICENSE)
 """Synthetic topologies for the allocator's tests, benchmarks and CLI presets.
 
-Built straight from simulator specs (:func:`~..sim.spec.expected_link`) or
+Built straight from simulator specs (:func:`~.spec.expected_link`) or
 drawn at random, without a host root. Device numbering under SR-IOV here is
 ``gpu * vfs + vf``; real nodes get their numbering from discovery.
 """
@@ -14,8 +14,8 @@ import dataclasses
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .model import LinkClass, Topology, build_topology
-from ..sim.spec import GpuSpec, NodeSpec, expected_link
+from ..gpu.model import LinkClass, Topology, build_topology
+from .spec import GpuSpec, NodeSpec, expected_link
 
 
 def expand_vfs(gpu_links: Dict[Tuple[int, int], LinkClass], gpus: int, vfs: int) -> Topology:
