@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), ".build", "collections"))
 
 from ansible_collections.metax.gpu.plugins.module_utils.gpu import allocator  # noqa: E402
-from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_synth import (  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.sim.alloc_synth import (  # noqa: E402
     random_matrix, random_spec, random_ultrametric, topology_from_spec)
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_tree import build_hierarchy, hierarchy  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass, Topology, build_topology  # noqa: E402

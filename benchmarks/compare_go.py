@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(ROOT, ".build", "collections"))
 sys.path.insert(0, HERE)
 
 from ansible_collections.metax.gpu.plugins.module_utils.gpu import allocator  # noqa: E402
-from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_synth import (  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.sim.alloc_synth import (  # noqa: E402
     pcie_links, random_spec, topology_from_spec)
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_tree import hierarchy  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass, Topology  # noqa: E402

@@ -16,6 +16,22 @@ PREFIX = DOMAIN + "/"
 # Extended resource: one device per GPU, or per VF when vfnum > 1.
 RESOURCE_NAME = PREFIX + "gpu"
 
+# Node labels published by gpu-label (manual Table 2.7); selectors in
+# administrators' manifests and HAMi depend on them.
+LABEL_PREFIX = PREFIX
+LABEL_GPU_INSTALLED = LABEL_PREFIX + "gpu.installed"
+LABEL_DRIVER_READY = LABEL_PREFIX + "driver.ready"
+LABEL_DRIVER_MAJOR = LABEL_PREFIX + "gpu.driver.major"
+LABEL_DRIVER_MINOR = LABEL_PREFIX + "gpu.driver.minor"
+LABEL_DRIVER_PATCH = LABEL_PREFIX + "gpu.driver.patch"
+LABEL_DRIVER_MODE = LABEL_PREFIX + "gpu.driver.mode"
+LABEL_GPU_FAMILY = LABEL_PREFIX + "gpu.family"
+LABEL_GPU_MEMORY = LABEL_PREFIX + "gpu.memory"
+LABEL_GPU_PRODUCT = LABEL_PREFIX + "gpu.product"
+LABEL_GPU_SRIOV = LABEL_PREFIX + "gpu.sriov"
+LABEL_GPU_VFNUM = LABEL_PREFIX + "gpu.vfnum"
+LABEL_GPU_COUNT = LABEL_PREFIX + "gpu.count"     # extra: physical GPUs on the node
+
 # Node annotations published by gpu-device.
 ANNOTATION_SCORES = PREFIX + "gpu.topology.scores"
 ANNOTATION_LOSSES = PREFIX + "gpu.topology.losses"

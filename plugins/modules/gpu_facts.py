@@ -150,20 +150,29 @@ ansible_facts:
           returned: always
 """
 
+import copy
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC
-from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import DiscoveryError, discover
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot, HostRootError
+from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover
+from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
+
+# The module's own options; shared ones come from module_utils specs paired
+# with doc fragments of the same name (docs/development.md).
+ARGUMENT_SPEC = {
+    "topology": {"type": "bool", "default": True},
+}
 
 
 def main():
-    argument_spec = dict(HOST_ROOT_ARGSPEC)
-    argument_spec["topology"] = {"type": "bool", "default": True}
+    argument_spec = copy.deepcopy(HOST_ROOT_ARGSPEC)
+    argument_spec.update(copy.deepcopy(ARGUMENT_SPEC))
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     try:
         inventory = discover(HostRoot(module.params["host_root"]), topology=module.params["topology"])
-    except (DiscoveryError, HostRootError) as exc:
+    except MetaxGpuError as exc:
         module.fail_json(msg=str(exc))
     facts = inventory.to_dict()
     for warning in inventory.warnings:

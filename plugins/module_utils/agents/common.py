@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""What every in-cluster agent shares: flags, logging, Kubernetes client, backoff.
+"""What every in-cluster agent shares: flags, logging, the Kubernetes client from flags.
 
 Logging follows the charts' Log Options (manual Table 2.5): ``dir``,
 ``level`` (debug|info|warning|error|fatal), ``format`` (json|text),
@@ -16,7 +16,6 @@ import json
 import logging
 import logging.handlers
 import os
-import random
 import re
 import signal
 import sys
@@ -24,14 +23,11 @@ import threading
 import time
 from typing import Any, Optional
 
+from ..backoff import Backoff  # noqa: F401  pylint: disable=unused-import  # re-exported for the agents
+from ..errors import MetaxGpuError
 from ..host import HostRoot
+from ..kube.client import KubeClientError, api_client
 
-try:
-    from kubernetes import client as k8s_client, config as k8s_config
-    HAS_KUBERNETES = True
-except ImportError:
-    k8s_client = k8s_config = None
-    HAS_KUBERNETES = False
 
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
               "error": logging.ERROR, "fatal": logging.CRITICAL}
@@ -39,7 +35,7 @@ _DURATION = re.compile(r"^\s*(\d+)\s*([wdh])\s*$")
 _UNIT_SECONDS = {"w": 7 * 86400, "d": 86400, "h": 3600}
 
 
-class UsageError(Exception):
+class UsageError(MetaxGpuError):
     """A flag or configuration value is invalid; the agent exits with this message."""
 
 
@@ -160,38 +156,11 @@ def checked_host_root(args: argparse.Namespace, required: str) -> HostRoot:
 
 
 def kube_api_client(kubeconfig: Optional[str]) -> Any:
-    """An ApiClient from a kubeconfig file, or the in-cluster service account."""
-    if not HAS_KUBERNETES:
-        raise UsageError("the 'kubernetes' Python package is required (requirements/agents.txt)")
-    if kubeconfig:
-        if not os.path.isfile(kubeconfig):
-            raise UsageError("--kubeconfig %s: no such file" % kubeconfig)
-        configuration = k8s_client.Configuration()
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        configuration = k8s_client.Configuration()
-        try:
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        except k8s_config.ConfigException as exc:
-            raise UsageError("no --kubeconfig given and not running in a cluster: %s" % exc)
-    return k8s_client.ApiClient(configuration)
-
-
-class Backoff:
-    """Exponential backoff with jitter, capped; ``reset`` after a success."""
-
-    def __init__(self, initial: float = 0.5, cap: float = 30.0) -> None:
-        self.initial = initial
-        self.cap = cap
-        self.current = initial
-
-    def next_delay(self) -> float:
-        delay = self.current
-        self.current = min(self.cap, self.current * 2)
-        return delay * (0.8 + 0.4 * random.random())
-
-    def reset(self) -> None:
-        self.current = self.initial
+    """An ApiClient from --kubeconfig, or the in-cluster service account; UsageError otherwise."""
+    try:
+        return api_client(kubeconfig)
+    except KubeClientError as exc:
+        raise UsageError(str(exc).replace("kubeconfig ", "--kubeconfig ", 1) if kubeconfig else str(exc))
 
 
 def stop_event() -> threading.Event:

@@ -27,7 +27,8 @@ from ..extender import kube
 from ..extender.cache import ListWatch, NodeCache, WeightsHolder
 from ..extender.metrics import ExtenderMetrics
 from ..extender.nodeinfo import StateCache
-from ..extender.policy import CONFIGMAP_NAME, WeightError, Weights, parse_weight
+from ..names import GPU_AWARE_CONFIGMAP
+from ..extender.policy import WeightError, Weights, parse_weight
 from ..extender.server import (
     DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, ExtenderHTTPServer, ExtenderService, tls_context)
 from .common import (UsageError, add_common_flags, kube_api_client, run_main, setup_logging, stop_event,
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--namespace", default=None,
                         help="namespace of the ConfigMap (default: $POD_NAMESPACE, the service account's "
                              "namespace, else %s)" % DEFAULT_NAMESPACE)
-    parser.add_argument("--configmap", default=CONFIGMAP_NAME, help="weights ConfigMap (default %(default)s)")
+    parser.add_argument("--configmap", default=GPU_AWARE_CONFIGMAP, help="weights ConfigMap (default %(default)s)")
     parser.add_argument("--score-weight", default="1",
                         help="scoreWeight until the ConfigMap is read (default %(default)s)")
     parser.add_argument("--loss-weight", default="1",

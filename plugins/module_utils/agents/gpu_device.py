@@ -35,6 +35,7 @@ from ..deviceplugin.podresources import PodResourcesClient, PodResourcesError
 from ..deviceplugin.registration import RegistrationError, register, socket_identity
 from ..deviceplugin.server import HAS_GRPC, DevicePluginService, PluginServer
 from ..host import HostRoot
+from ..names import RESOURCE_NAME
 from .common import (Backoff, UsageError, add_common_flags, checked_host_root, kube_api_client, non_negative_int,
                      positive_float, run_main, setup_logging, stop_event, tcp_port)
 
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="address of the /metrics and /healthz endpoint (default %(default)s)")
     parser.add_argument("--metrics-port", type=tcp_port, default=DEFAULT_METRICS_PORT,
                         help="port of /metrics and /healthz; 0 disables it (default %(default)s)")
-    parser.add_argument("--resource-name", default=C.RESOURCE_NAME, help=argparse.SUPPRESS)
+    parser.add_argument("--resource-name", default=RESOURCE_NAME, help=argparse.SUPPRESS)
     return parser
 
 
@@ -74,7 +75,7 @@ class GpuDeviceAgent:
     def __init__(self, host: HostRoot, device_plugin_dir: str, healthy_interval: int = 5,
                  pod_resources_socket: Optional[str] = C.POD_RESOURCES_SOCKET,
                  pod_resources_interval: float = 2.0, patch=None, stop: Optional[threading.Event] = None,
-                 resource_name: str = C.RESOURCE_NAME, metrics: Optional[DevicePluginMetrics] = None) -> None:
+                 resource_name: str = RESOURCE_NAME, metrics: Optional[DevicePluginMetrics] = None) -> None:
         self.host = host
         self.dir = device_plugin_dir
         self.kubelet_socket = os.path.join(device_plugin_dir, C.KUBELET_SOCKET_NAME)

@@ -27,9 +27,11 @@ import sys
 import threading
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
+from ..errors import MetaxGpuError
 from ..gpu.discovery import DiscoveryError, discover
 from ..gpu.labels import DRIVER_MODES, OWNED_LABEL_KEYS, label_changes, node_labels
 from ..host import HostRoot, HostRootError
+from ..kube.client import ApiException, core_v1
 from .common import (Backoff, UsageError, add_common_flags, checked_host_root, kube_api_client, positive_float,
                      run_main, setup_logging, stop_event)
 
@@ -52,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class ApiUnavailable(Exception):
+class ApiUnavailable(MetaxGpuError):
     """The apiserver could not be reached or refused the request; retried with backoff."""
 
 
@@ -97,10 +99,7 @@ class Labeller:
 
 def kube_label_access(api_client, node_name: str, timeout: float = 10.0):
     """(read_labels, patch_labels) for :class:`Labeller` with the kubernetes client."""
-    from kubernetes import client as k8s_client  # only where the agent runs
-    from kubernetes.client.exceptions import ApiException
-
-    core = k8s_client.CoreV1Api(api_client)
+    core = core_v1(api_client)
 
     def _call(what: str, func, *args, **kwargs):
         try:

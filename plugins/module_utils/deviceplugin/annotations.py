@@ -22,7 +22,8 @@ import logging
 import threading
 from typing import Callable, Dict, FrozenSet, List, Optional
 
-from ..agents.common import Backoff
+from ..backoff import Backoff
+from ..kube.client import core_v1
 from ..gpu.allocator import per_count_tables
 from . import constants as C
 from .devices import Snapshot
@@ -168,9 +169,7 @@ class AnnotationPublisher:
 
 def kube_node_patcher(api_client, node_name: str, timeout: float = 10.0) -> Callable[[Dict[str, str]], None]:
     """``patch(annotations)`` for :class:`AnnotationPublisher` with the kubernetes client."""
-    from kubernetes import client as k8s_client  # only where the agent runs
-
-    core = k8s_client.CoreV1Api(api_client)
+    core = core_v1(api_client)
 
     def patch(annotations: Dict[str, str]) -> None:
         core.patch_node(node_name, merge_patch(annotations), _content_type="application/merge-patch+json",

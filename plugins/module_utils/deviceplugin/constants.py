@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-RESOURCE_NAME = "metax-tech.com/gpu"
-
 # kubelet device-plugin API (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1)
 API_VERSION = "v1beta1"
 HEALTHY = "Healthy"

@@ -24,16 +24,18 @@ except ImportError:
     grpc = pb = pb_grpc = None
     HAS_GRPC = False
 
+from ..errors import MetaxGpuError
+from ..names import RESOURCE_NAME
 from . import constants as C
 
 LOG = logging.getLogger("gpu-device.podresources")
 
 
-class PodResourcesError(Exception):
+class PodResourcesError(MetaxGpuError):
     """The pod-resources socket cannot be used."""
 
 
-def allocated_from_response(response, resource_name: str = C.RESOURCE_NAME) -> Dict[str, Tuple[str, str, str]]:
+def allocated_from_response(response, resource_name: str = RESOURCE_NAME) -> Dict[str, Tuple[str, str, str]]:
     """device ID -> (namespace, pod, container) for ``resource_name`` in a ListPodResourcesResponse."""
     out: Dict[str, Tuple[str, str, str]] = {}
     for pod in response.pod_resources:
@@ -68,7 +70,7 @@ class PodResourcesClient:
             self._channel.close()
         self._channel = self._stub = None
 
-    def list_allocated(self, resource_name: str = C.RESOURCE_NAME) -> Dict[str, Tuple[str, str, str]]:
+    def list_allocated(self, resource_name: str = RESOURCE_NAME) -> Dict[str, Tuple[str, str, str]]:
         """device ID -> (namespace, pod, container) of every assigned device of ``resource_name``."""
         try:
             response = self._connect().List(pb.ListPodResourcesRequest(), timeout=self.timeout)
@@ -78,7 +80,7 @@ class PodResourcesClient:
                                     % (self.socket_path, exc.code().name, exc.details()))
         return allocated_from_response(response, resource_name)
 
-    def allocatable(self, resource_name: str = C.RESOURCE_NAME) -> Optional[List[str]]:
+    def allocatable(self, resource_name: str = RESOURCE_NAME) -> Optional[List[str]]:
         """Device IDs the kubelet counts as allocatable (GetAllocatableResources); None if unsupported."""
         try:
             response = self._connect().GetAllocatableResources(pb.AllocatableResourcesRequest(),

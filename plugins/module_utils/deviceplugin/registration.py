@@ -19,12 +19,14 @@ except ImportError:
     grpc = pb = pb_grpc = None
     HAS_GRPC = False
 
+from ..errors import MetaxGpuError
+from ..names import RESOURCE_NAME
 from . import constants as C
 
 LOG = logging.getLogger("gpu-device.registration")
 
 
-class RegistrationError(Exception):
+class RegistrationError(MetaxGpuError):
     """The kubelet could not be reached or refused the registration."""
 
 
@@ -42,7 +44,7 @@ def socket_identity(path: str) -> Optional[tuple]:
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
-def register(kubelet_socket: str, endpoint: str, resource_name: str = C.RESOURCE_NAME,
+def register(kubelet_socket: str, endpoint: str, resource_name: str = RESOURCE_NAME,
              preferred_allocation: bool = True, pre_start_required: bool = False,
              timeout: float = 5.0) -> None:
     """Call ``Registration/Register`` on the kubelet's socket.

@@ -38,6 +38,7 @@ except ImportError:
     grpc = pb = pb_grpc = None
     HAS_GRPC = False
 
+from ..errors import MetaxGpuError
 from ..gpu.allocator import AllocationError, allocate
 from ..host import HostRoot
 from . import constants as C
@@ -50,7 +51,7 @@ LOG = logging.getLogger("gpu-device.server")
 STREAM_POLL_SECONDS = 1.0
 
 
-class RequestError(ValueError):
+class RequestError(MetaxGpuError, ValueError):
     """A request the plugin refuses (answered with INVALID_ARGUMENT)."""
 
 

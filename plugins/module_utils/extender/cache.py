@@ -22,13 +22,15 @@ import threading
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
-from ..agents.common import Backoff
+from ..backoff import Backoff
+from ..errors import MetaxGpuError
+from ..names import GPU_AWARE_CONFIGMAP
 from .metrics import ExtenderMetrics
 from .nodeinfo import GpuState, StateCache, metadata_field, node_fields, node_name
-from .policy import CONFIGMAP_NAME, WeightError, Weights, weights_from_configmap
+from .policy import WeightError, Weights, weights_from_configmap
 
 
-class Expired(Exception):
+class Expired(MetaxGpuError):
     """The resourceVersion is too old (HTTP 410 Gone): list again."""
 
 
@@ -282,7 +284,7 @@ class WeightsHolder:
     """
 
     def __init__(self, flags: Weights, metrics: ExtenderMetrics, logger: logging.Logger,
-                 namespace: str = "", name: str = CONFIGMAP_NAME) -> None:
+                 namespace: str = "", name: str = GPU_AWARE_CONFIGMAP) -> None:
         self.flags = flags
         self.current = flags
         self.metrics = metrics

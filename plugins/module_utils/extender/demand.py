@@ -25,7 +25,9 @@ import re
 from fractions import Fraction
 from typing import Any, Mapping, Optional
 
-GPU_RESOURCE = "metax-tech.com/gpu"
+from ..errors import MetaxGpuError
+from ..names import RESOURCE_NAME
+
 
 _QUANTITY = re.compile(r"^\s*([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?\d+))?\s*$")
 _BINARY = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60}
@@ -33,7 +35,7 @@ _DECIMAL = {"n": Fraction(1, 10 ** 9), "u": Fraction(1, 10 ** 6), "m": Fraction(
             "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12, "P": 10 ** 15, "E": 10 ** 18}
 
 
-class QuantityError(ValueError):
+class QuantityError(MetaxGpuError, ValueError):
     """A value is not a Kubernetes resource quantity."""
 
 
@@ -88,7 +90,7 @@ def _is_sidecar(container: Any) -> bool:
     return isinstance(container, Mapping) and container.get("restartPolicy") == "Always"
 
 
-def pod_demand(pod: Optional[Mapping[str, Any]], resource: str = GPU_RESOURCE) -> int:
+def pod_demand(pod: Optional[Mapping[str, Any]], resource: str = RESOURCE_NAME) -> int:
     """How many ``resource`` devices the pod needs on one node (kube-scheduler's rule)."""
     if not isinstance(pod, Mapping):
         return 0

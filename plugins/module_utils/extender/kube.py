@@ -5,8 +5,7 @@
 
 The client's model classes cost milliseconds per Node; gpu-aware reads a
 handful of fields, so it asks for the raw response (``_preload_content=False``)
-and decodes the JSON itself. The ApiClient comes from
-``agents.common.kube_api_client``.
+and decodes the JSON itself. The ApiClient comes from :mod:`..kube.client`.
 """
 
 from __future__ import annotations
@@ -16,18 +15,8 @@ import socket
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from ..kube.client import ApiException, core_v1
 from .cache import Expired
-
-try:
-    from kubernetes import client as k8s_client
-    from kubernetes.client.rest import ApiException
-    HAS_KUBERNETES = True
-except ImportError:
-    k8s_client = None
-    HAS_KUBERNETES = False
-
-    class ApiException(Exception):  # type: ignore[no-redef]
-        status = 0
 
 CONNECT_TIMEOUT = 10.0
 LIST_READ_TIMEOUT = 120.0
@@ -122,12 +111,12 @@ class KubeSource:
 
 
 def node_source(api_client: Any) -> KubeSource:
-    core = k8s_client.CoreV1Api(api_client)
+    core = core_v1(api_client)
     return KubeSource(core.list_node)
 
 
 def configmap_source(api_client: Any, namespace: str, name: str) -> KubeSource:
-    core = k8s_client.CoreV1Api(api_client)
+    core = core_v1(api_client)
 
     def call(**kwargs: Any) -> Any:
         return core.list_namespaced_config_map(namespace, **kwargs)

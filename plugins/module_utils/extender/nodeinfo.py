@@ -33,7 +33,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .demand import GPU_RESOURCE, QuantityError, quantity_count
+from ..names import RESOURCE_NAME
+from .demand import QuantityError, quantity_count
 
 ANNOTATION_DEVICES = "metax-tech.com/gpu.devices"
 ANNOTATION_SCORES = "metax-tech.com/gpu.topology.scores"
@@ -193,8 +194,8 @@ def node_fields(node: Mapping[str, Any]) -> NodeFields:
     allocatable = status.get("allocatable") or _EMPTY
     return (annotations.get(ANNOTATION_DEVICES), annotations.get(ANNOTATION_SCORES),
             annotations.get(ANNOTATION_LOSSES),
-            capacity.get(GPU_RESOURCE) if isinstance(capacity, Mapping) else None,
-            allocatable.get(GPU_RESOURCE) if isinstance(allocatable, Mapping) else None)
+            capacity.get(RESOURCE_NAME) if isinstance(capacity, Mapping) else None,
+            allocatable.get(RESOURCE_NAME) if isinstance(allocatable, Mapping) else None)
 
 
 class StateCache:

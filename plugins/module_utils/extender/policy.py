@@ -38,14 +38,14 @@ from itertools import compress
 from operator import not_
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .demand import GPU_RESOURCE
+from ..errors import MetaxGpuError
+from ..names import GPU_AWARE_CONFIGMAP, RESOURCE_NAME
 from .nodeinfo import GpuState
 
 MIN_SCORE = 0
 MAX_SCORE = 10
 NEUTRAL_SCORE = 5
 
-CONFIGMAP_NAME = "gpu-aware-plugin"
 KEY_SCORE_WEIGHT = "scoreWeight"
 KEY_LOSS_WEIGHT = "lossWeight"
 DEFAULT_SCORE_WEIGHT = 1.0
@@ -54,7 +54,7 @@ DEFAULT_LOSS_WEIGHT = 1.0
 _WEIGHT = re.compile(r"^\s*(\d{1,9}(\.\d{0,9})?|\.\d{1,9})\s*$")
 
 
-class WeightError(ValueError):
+class WeightError(MetaxGpuError, ValueError):
     """A weight value (flag or ConfigMap) is not acceptable."""
 
 
@@ -99,11 +99,11 @@ def weights_from_configmap(data: Optional[Mapping[str, object]], defaults: Weigh
 # --------------------------------------------------------------------- filter
 
 def reason_total(demand: int) -> str:
-    return "gpu-aware: node has fewer than %d %s devices in total" % (demand, GPU_RESOURCE)
+    return "gpu-aware: node has fewer than %d %s devices in total" % (demand, RESOURCE_NAME)
 
 
 def reason_free(demand: int) -> str:
-    return "gpu-aware: fewer than %d free healthy %s devices" % (demand, GPU_RESOURCE)
+    return "gpu-aware: fewer than %d free healthy %s devices" % (demand, RESOURCE_NAME)
 
 
 REASON_UNKNOWN = "gpu-aware: node not in gpu-aware's node cache yet"

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple, TypeVar
 
+from ..errors import MetaxGpuError
+
 T = TypeVar("T")
 
 _DECODER = json.JSONDecoder()
@@ -35,7 +37,7 @@ _SCANSTRING = json.decoder.scanstring
 _WS = re.compile(r"[ \t\n\r]*")
 
 
-class BadRequest(ValueError):
+class BadRequest(MetaxGpuError, ValueError):
     """The body is not acceptable ExtenderArgs; answered with HTTP 400."""
 
 

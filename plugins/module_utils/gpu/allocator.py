@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
+from ..errors import MetaxGpuError
 from .alloc_tree import Hierarchy, hierarchy, tree_allocate, tree_candidates, tree_tables
 from .model import Inventory, LinkClass, Topology
 from .scoring import (ANNOTATION_LOSSES, ANNOTATION_SCORES, PAIR_WEIGHTS, SetMetrics, annotation_score,
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-class AllocationError(ValueError):
+class AllocationError(MetaxGpuError, ValueError):
     """The request cannot be served as asked (bad size, unknown or unavailable devices)."""
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
+from ..errors import MetaxGpuError
 from ..host import HostRoot
 from . import mxsmi, pci
 from .model import (
@@ -24,7 +25,7 @@ DRIVER_MODULE = "sys/module/metax"
 MX_SMI = "mx-smi"
 
 
-class DiscoveryError(Exception):
+class DiscoveryError(MetaxGpuError):
     """Discovery failed; the message names the file or command and the line."""
 
 

@@ -16,27 +16,13 @@ import re
 from collections import Counter
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from .. import names as N
 from .model import DriverState, Inventory
-
-LABEL_PREFIX = "metax-tech.com/"
-
-GPU_INSTALLED = LABEL_PREFIX + "gpu.installed"
-DRIVER_READY = LABEL_PREFIX + "driver.ready"
-DRIVER_MAJOR = LABEL_PREFIX + "gpu.driver.major"
-DRIVER_MINOR = LABEL_PREFIX + "gpu.driver.minor"
-DRIVER_PATCH = LABEL_PREFIX + "gpu.driver.patch"
-DRIVER_MODE = LABEL_PREFIX + "gpu.driver.mode"
-GPU_FAMILY = LABEL_PREFIX + "gpu.family"
-GPU_MEMORY = LABEL_PREFIX + "gpu.memory"
-GPU_PRODUCT = LABEL_PREFIX + "gpu.product"
-GPU_SRIOV = LABEL_PREFIX + "gpu.sriov"
-GPU_VFNUM = LABEL_PREFIX + "gpu.vfnum"
-GPU_COUNT = LABEL_PREFIX + "gpu.count"     # extra: physical GPUs on the node
 
 # Every key the labeller may set, so it can delete the ones it no longer sets.
 OWNED_LABEL_KEYS: Tuple[str, ...] = (
-    GPU_INSTALLED, DRIVER_READY, DRIVER_MAJOR, DRIVER_MINOR, DRIVER_PATCH, DRIVER_MODE,
-    GPU_FAMILY, GPU_MEMORY, GPU_PRODUCT, GPU_SRIOV, GPU_VFNUM, GPU_COUNT,
+    N.LABEL_GPU_INSTALLED, N.LABEL_DRIVER_READY, N.LABEL_DRIVER_MAJOR, N.LABEL_DRIVER_MINOR, N.LABEL_DRIVER_PATCH, N.LABEL_DRIVER_MODE,
+    N.LABEL_GPU_FAMILY, N.LABEL_GPU_MEMORY, N.LABEL_GPU_PRODUCT, N.LABEL_GPU_SRIOV, N.LABEL_GPU_VFNUM, N.LABEL_GPU_COUNT,
 )
 
 DRIVER_MODES = ("native", "cloud")
@@ -85,24 +71,24 @@ def node_labels(inventory: Optional[Inventory], driver_mode: str,
     if driver_mode not in DRIVER_MODES:
         raise ValueError("driver mode must be one of %s, got %r" % ("/".join(DRIVER_MODES), driver_mode))
     if inventory is None or not inventory.gpus:
-        return {GPU_INSTALLED: "false"}
+        return {N.LABEL_GPU_INSTALLED: "false"}
     state = driver if driver is not None else inventory.driver
     gpus = inventory.gpus
     labels = {
-        GPU_INSTALLED: "true",
-        DRIVER_READY: "true" if state.loaded else "false",
-        DRIVER_MODE: driver_mode,
-        GPU_FAMILY: _joined([g.family for g in gpus]),
-        GPU_PRODUCT: _joined([g.product for g in gpus]),
-        GPU_SRIOV: inventory.sriov.status,
-        GPU_VFNUM: str(inventory.sriov.numvfs) if inventory.sriov.numvfs > 0 else "0",
-        GPU_COUNT: str(len(gpus)),
+        N.LABEL_GPU_INSTALLED: "true",
+        N.LABEL_DRIVER_READY: "true" if state.loaded else "false",
+        N.LABEL_DRIVER_MODE: driver_mode,
+        N.LABEL_GPU_FAMILY: _joined([g.family for g in gpus]),
+        N.LABEL_GPU_PRODUCT: _joined([g.product for g in gpus]),
+        N.LABEL_GPU_SRIOV: inventory.sriov.status,
+        N.LABEL_GPU_VFNUM: str(inventory.sriov.numvfs) if inventory.sriov.numvfs > 0 else "0",
+        N.LABEL_GPU_COUNT: str(len(gpus)),
     }
     memories = [g.memory_gib for g in gpus if g.memory_gib > 0]
     if memories:
-        labels[GPU_MEMORY] = _joined(["%dGB" % m for m in memories])
+        labels[N.LABEL_GPU_MEMORY] = _joined(["%dGB" % m for m in memories])
     if state.loaded:
-        for key, part in zip((DRIVER_MAJOR, DRIVER_MINOR, DRIVER_PATCH), state.version_parts):
+        for key, part in zip((N.LABEL_DRIVER_MAJOR, N.LABEL_DRIVER_MINOR, N.LABEL_DRIVER_PATCH), state.version_parts):
             if part is not None:
                 labels[key] = str(part)
     return labels

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from ..errors import MetaxGpuError
 from .model import LinkClass
 from .pci import normalize_bdf
 
@@ -25,7 +26,7 @@ _MACA = re.compile(r"MACA Version:\s*(\S+)")
 _UNHEALTHY_STATES = ("unavailable", "fault", "error", "lost", "offline")
 
 
-class MxSmiParseError(Exception):
+class MxSmiParseError(MetaxGpuError):
     """mx-smi printed something we cannot interpret."""
 
     def __init__(self, what: str, message: str, lineno: Optional[int] = None, line: Optional[str] = None):

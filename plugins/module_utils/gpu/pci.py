@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from ..errors import MetaxGpuError
 from ..host import HostRoot, HostRootError
 from .model import METAX_VENDOR_ID, PciPath, LinkClass
 
@@ -16,7 +17,7 @@ PCI_DEVICES = "sys/bus/pci/devices"
 BDF_RE = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
-class PciScanError(Exception):
+class PciScanError(MetaxGpuError):
     """sysfs holds something discovery cannot interpret."""
 
 

@@ -23,11 +23,12 @@ import os
 import sys
 from typing import List, Optional
 
+from ..errors import MetaxGpuError
 from ..host import SIM_KERNEL_HOOK, HostRoot
 from . import generator
 
 
-class KernelRefusal(Exception):
+class KernelRefusal(MetaxGpuError):
     """The kernel's answer to a write: an errno."""
 
     def __init__(self, code: int) -> None:

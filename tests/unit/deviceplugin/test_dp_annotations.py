@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin import constants as C
+from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.annotations import (
     AnnotationPublisher, merge_patch, node_annotations,
 )
@@ -105,9 +106,9 @@ def test_publisher_retries_and_writes_only_changes():
 
 def test_pod_resources_client(pod_resources):
     pod_resources.assignments = [
-        ("default", "job", "main", C.RESOURCE_NAME, [BDFS[0], BDFS[1]]),
+        ("default", "job", "main", RESOURCE_NAME, [BDFS[0], BDFS[1]]),
         ("default", "job", "side", "example.com/other", ["x"]),
-        ("ml", "train", "c", C.RESOURCE_NAME, [BDFS[5]]),
+        ("ml", "train", "c", RESOURCE_NAME, [BDFS[5]]),
     ]
     client = PodResourcesClient(pod_resources.socket)
     try:
@@ -141,7 +142,7 @@ def test_agent_refreshes_annotations_from_pod_resources(make_node, kubelet, pod_
             assert seen.wait_for(lambda: patches, 10)
         assert allocated_in_last() == []
         assert len(json.loads(patches[-1][1][C.ANNOTATION_SCORES])) == 8
-        pod_resources.assignments = [("default", "job", "main", C.RESOURCE_NAME, BDFS[2:4])]
+        pod_resources.assignments = [("default", "job", "main", RESOURCE_NAME, BDFS[2:4])]
         t0 = time.monotonic()
         with seen:
             assert seen.wait_for(lambda: allocated_in_last() == BDFS[2:4], 5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import subprocess
 import tempfile
 
@@ -20,10 +21,9 @@ from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin import cons
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.api import (  # noqa: E402
     deviceplugin_v1beta1_pb2 as dp, podresources_v1_pb2 as pr,
 )
-from ansible_collections.metax.gpu.plugins.module_utils.gpu import scoring  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME  # noqa: E402
 
 API_DIR = os.path.join(os.path.dirname(os.path.abspath(dp.__file__)))
-REPO = os.path.abspath(os.path.join(API_DIR, "..", "..", "..", ".."))
 
 # (message, field) -> (number, label, type) as the kubelet has them: the wire contract.
 T_STRING, T_BOOL, T_INT32, T_INT64, T_UINT64, T_MSG = 9, 8, 5, 3, 4, 11
@@ -244,7 +244,19 @@ def test_same_as_the_kubelets_own_proto(module, rel):
     assert shape(ours) == shape(theirs)
 
 
-def test_constants_agree_with_the_allocator():
-    assert C.ANNOTATION_SCORES == scoring.ANNOTATION_SCORES
-    assert C.ANNOTATION_LOSSES == scoring.ANNOTATION_LOSSES
-    assert REPO.endswith("gpu") or os.path.isdir(os.path.join(REPO, "plugins"))
+def test_resource_name_is_one_the_kubelet_accepts():
+    """The kubelet rejects Register with a resource name that is not an extended resource name.
+
+    Mirrors v1helper.IsExtendedResourceName: a qualified name (DNS-1123 subdomain
+    prefix, "/", a name of at most 63 characters) outside the kubernetes.io
+    domains and not starting with "requests.".
+    """
+    prefix, _, name = RESOURCE_NAME.partition("/")
+    assert prefix and name, RESOURCE_NAME
+    assert len(prefix) <= 253 and re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", prefix)
+    assert len(name) <= 63 and re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", name)
+    assert not (prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"))
+    assert not RESOURCE_NAME.startswith("requests.")
+    # and it survives the wire unchanged
+    request = dp.RegisterRequest(version=C.API_VERSION, endpoint="m.sock", resource_name=RESOURCE_NAME)
+    assert dp.RegisterRequest.FromString(request.SerializeToString()).resource_name == RESOURCE_NAME

@@ -176,8 +176,8 @@ def fake_api(tmp_path):
 @pytest.fixture
 def api_client(fake_api, tmp_path):
     pytest.importorskip("kubernetes")
-    from ansible_collections.metax.gpu.plugins.module_utils.agents.common import kube_api_client
-    return kube_api_client(fake_api.kubeconfig(str(tmp_path / "kubeconfig")))
+    from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client
+    return api_client(fake_api.kubeconfig(str(tmp_path / "kubeconfig")))
 
 
 def test_kube_source_nodes_through_the_kubernetes_client(fake_api, api_client):

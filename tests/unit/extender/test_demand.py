@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME
 from ansible_collections.metax.gpu.plugins.module_utils.extender.demand import (
-    GPU_RESOURCE, QuantityError, parse_quantity, pod_demand, quantity_count)
+    QuantityError, parse_quantity, pod_demand, quantity_count)
 from extender_support import load_fixture
 
 
@@ -44,13 +45,13 @@ def _pod(containers=(), init=(), overhead=None):
             value, sidecar = item
         else:
             value, sidecar = item, False
-        c = {"name": "c", "resources": {"requests": {GPU_RESOURCE: str(value)}} if value is not None else {}}
+        c = {"name": "c", "resources": {"requests": {RESOURCE_NAME: str(value)}} if value is not None else {}}
         if sidecar:
             c["restartPolicy"] = "Always"
         return c
     spec = {"containers": [container(c) for c in containers], "initContainers": [container(c) for c in init]}
     if overhead is not None:
-        spec["overhead"] = {GPU_RESOURCE: str(overhead)}
+        spec["overhead"] = {RESOURCE_NAME: str(overhead)}
     return {"metadata": {"name": "p"}, "spec": spec}
 
 
@@ -71,9 +72,9 @@ def test_pod_demand_follows_the_scheduler(containers, init, expected):
 
 def test_pod_demand_overhead_and_limits_only():
     assert pod_demand(_pod((2,), overhead=1)) == 3
-    pod = {"spec": {"containers": [{"resources": {"limits": {GPU_RESOURCE: "3"}}}]}}
+    pod = {"spec": {"containers": [{"resources": {"limits": {RESOURCE_NAME: "3"}}}]}}
     assert pod_demand(pod) == 3        # the API server defaults requests to limits for extended resources
-    pod = {"spec": {"containers": [{"resources": {"limits": {GPU_RESOURCE: "3"}, "requests": {GPU_RESOURCE: "2"}}}]}}
+    pod = {"spec": {"containers": [{"resources": {"limits": {RESOURCE_NAME: "3"}, "requests": {RESOURCE_NAME: "2"}}}]}}
     assert pod_demand(pod) == 2
 
 

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.gpu import labels as L
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import DriverState
@@ -61,18 +62,18 @@ def test_driver_not_loaded_drops_version_labels(make_node):
     generator.unload_driver(host)
     labels = L.node_labels(discover(host), "native")
     assert labels[P + "driver.ready"] == "false"
-    assert not any(k in labels for k in (L.DRIVER_MAJOR, L.DRIVER_MINOR, L.DRIVER_PATCH))
+    assert not any(k in labels for k in (N.LABEL_DRIVER_MAJOR, N.LABEL_DRIVER_MINOR, N.LABEL_DRIVER_PATCH))
     assert labels[P + "gpu.product"] == "C500"     # PCI ids still say what is installed
 
 
 def test_driver_override_and_partial_version(make_node):
     inv = discover(make_node("8xC500"))
     labels = L.node_labels(inv, "native", DriverState(loaded=True, version="3.1"))
-    assert labels[L.DRIVER_MAJOR] == "3" and labels[L.DRIVER_MINOR] == "1" and L.DRIVER_PATCH not in labels
+    assert labels[N.LABEL_DRIVER_MAJOR] == "3" and labels[N.LABEL_DRIVER_MINOR] == "1" and N.LABEL_DRIVER_PATCH not in labels
     labels = L.node_labels(inv, "native", DriverState(loaded=True, version=None))
-    assert labels[L.DRIVER_READY] == "true" and L.DRIVER_MAJOR not in labels
+    assert labels[N.LABEL_DRIVER_READY] == "true" and N.LABEL_DRIVER_MAJOR not in labels
     labels = L.node_labels(inv, "native", DriverState(loaded=False, version="2.14.6"))
-    assert labels[L.DRIVER_READY] == "false" and L.DRIVER_MAJOR not in labels
+    assert labels[N.LABEL_DRIVER_READY] == "false" and N.LABEL_DRIVER_MAJOR not in labels
 
 
 def test_mixed_and_unknown_products(make_node):
@@ -81,9 +82,9 @@ def test_mixed_and_unknown_products(make_node):
     gpus[5] = dataclasses.replace(gpus[5], product="N100", family="MXN", memory_gib=16)
     gpus[6] = dataclasses.replace(gpus[6], product="new model/X (rev 2)", family="unknown", memory_gib=0)
     labels = L.node_labels(dataclasses.replace(inv, gpus=tuple(gpus)), "native")
-    assert labels[L.GPU_PRODUCT] == "C500_N100_new-model-X-rev-2"
-    assert labels[L.GPU_FAMILY] == "MXC_MXN_unknown"
-    assert labels[L.GPU_MEMORY] == "64GB_16GB"
+    assert labels[N.LABEL_GPU_PRODUCT] == "C500_N100_new-model-X-rev-2"
+    assert labels[N.LABEL_GPU_FAMILY] == "MXC_MXN_unknown"
+    assert labels[N.LABEL_GPU_MEMORY] == "64GB_16GB"
 
 
 def test_bad_mode_rejected(make_node):
@@ -95,7 +96,7 @@ def test_every_value_is_a_valid_label_value_and_key_is_owned(make_node):
     for name in ("8xC500", "4xN100", "2xC550-sriov", "16xC500", "1xC500"):
         labels = L.node_labels(discover(make_node(name)), "cloud")
         for key, value in labels.items():
-            assert key in L.OWNED_LABEL_KEYS and key.startswith(L.LABEL_PREFIX)
+            assert key in L.OWNED_LABEL_KEYS and key.startswith(N.LABEL_PREFIX)
             assert L.is_valid_label_value(value), (key, value)
     assert L.owned_label_keys() == L.OWNED_LABEL_KEYS
     assert len(set(L.OWNED_LABEL_KEYS)) == len(L.OWNED_LABEL_KEYS)
@@ -109,7 +110,7 @@ def test_label_value(text, expected):
 
 
 def test_label_changes_removes_stale_owned_keys_only():
-    current = {L.DRIVER_MAJOR: "2", L.DRIVER_READY: "true", L.GPU_INSTALLED: "true", "other/x": "y"}
-    desired = {L.DRIVER_READY: "false", L.GPU_INSTALLED: "true"}
-    assert L.label_changes(current, desired) == {L.DRIVER_READY: "false", L.DRIVER_MAJOR: None}
+    current = {N.LABEL_DRIVER_MAJOR: "2", N.LABEL_DRIVER_READY: "true", N.LABEL_GPU_INSTALLED: "true", "other/x": "y"}
+    desired = {N.LABEL_DRIVER_READY: "false", N.LABEL_GPU_INSTALLED: "true"}
+    assert L.label_changes(current, desired) == {N.LABEL_DRIVER_READY: "false", N.LABEL_DRIVER_MAJOR: None}
     assert L.label_changes(desired, desired) == {}
