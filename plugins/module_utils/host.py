@@ -110,14 +110,14 @@ class HostRoot:
         except OSError as exc:
             raise HostRootError("cannot read %s: %s" % (path, exc.strerror or exc))
 
-    def read_attribute(self, rel: str, default: Optional[str] = None) -> Optional[str]:
+    def read_attribute(self, rel: str, default: Optional[str] = None) -> str:
         """Read a one-line sysfs attribute, stripped; ``default`` when absent."""
         if default is not None and not self.exists(rel):
             return default
         return self.read_text(rel).strip()
 
-    def read_int(self, rel: str, default: Optional[int] = None, base: int = 0) -> Optional[int]:
-        """Read an integer attribute (``0x``-prefixed hex accepted)."""
+    def read_int(self, rel: str, default: Optional[int] = None, base: int = 0) -> int:
+        """Read an integer attribute (``0x``-prefixed hex accepted); raises when absent without a default."""
         if not self.exists(rel):
             if default is not None:
                 return default

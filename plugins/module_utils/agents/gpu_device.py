@@ -25,7 +25,7 @@ import os
 import sys
 import threading
 import time
-from typing import FrozenSet, Optional, Sequence
+from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 from ..deviceplugin import constants as C
 from ..deviceplugin.annotations import AnnotationPublisher, kube_node_patcher, node_annotations
@@ -90,14 +90,14 @@ class GpuDeviceAgent:
         self.server = PluginServer(self.service, device_plugin_dir)
         self.allocated: FrozenSet[str] = frozenset()
         self._lock = threading.Lock()
-        self.registered_with = None          # kubelet socket identity we registered with
+        self.registered_with: Optional[tuple] = None   # kubelet socket identity we registered with
         self.registrations = 0
         self.last_registration: Optional[float] = None
-        self.publisher = None
+        self.publisher: Optional[AnnotationPublisher] = None
         if patch is not None:
             self.publisher = AnnotationPublisher(self.annotations, patch, self.stop,
                                                  on_result=self._patch_result)
-        self._threads = []
+        self._threads: List[threading.Thread] = []
 
     # -- state shared with the annotation publisher ---------------------
     def annotations(self):
@@ -128,7 +128,10 @@ class GpuDeviceAgent:
                 self._devices_changed(before)
 
     def pod_resources_loop(self) -> None:
-        client = PodResourcesClient(self.pod_resources_socket)
+        socket_path = self.pod_resources_socket
+        if not socket_path:     # the loop is started only with a socket; keep the type honest
+            return
+        client = PodResourcesClient(socket_path)
         backoff = Backoff(initial=self.pod_resources_interval, cap=30.0)
         failing = False
         delay = 0.0
@@ -136,7 +139,7 @@ class GpuDeviceAgent:
             while not self.stop.wait(delay):
                 delay = self.pod_resources_interval
                 try:
-                    if not os.path.exists(self.pod_resources_socket):
+                    if not os.path.exists(socket_path):
                         raise PodResourcesError("%s does not exist yet" % self.pod_resources_socket)
                     allocations = client.list_allocated(self.resource_name)
                 except PodResourcesError as exc:
@@ -188,6 +191,8 @@ class GpuDeviceAgent:
         try:
             if not self.server.socket_present():
                 self.server.start()
+            if self.server.endpoint is None:
+                raise RegistrationError("the device-plugin server has no socket")
             register(self.kubelet_socket, self.server.endpoint, self.resource_name)
         except (RegistrationError, OSError) as exc:
             delay = backoff.next_delay()

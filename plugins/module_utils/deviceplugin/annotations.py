@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Callable, Dict, FrozenSet, List, Optional
+from typing import Callable, Dict, FrozenSet, List, Mapping, Optional
 
 from ..backoff import Backoff
 from ..kube.client import core_v1
@@ -45,7 +45,7 @@ def device_entries(snapshot: Snapshot, allocated: FrozenSet[str]) -> List[dict]:
             for gpu_index in group.gpu_indices:
                 group_of[gpu_index] = number
                 kind_of[gpu_index] = group.kind
-    present = sorted((a for a in snapshot.devices if a.device is not None), key=lambda a: a.device.index)
+    present = sorted((a for a in snapshot.devices if a.device is not None), key=lambda a: a.device.index if a.device is not None else -1)
     gone = [a for a in snapshot.devices if a.device is None]
     out = []
     for adv in present + gone:
@@ -90,7 +90,7 @@ def node_annotations(snapshot: Snapshot, allocated: FrozenSet[str]) -> Dict[str,
     }
 
 
-def merge_patch(annotations: Dict[str, Optional[str]]) -> dict:
+def merge_patch(annotations: Mapping[str, Optional[str]]) -> dict:
     """A JSON merge patch (RFC 7386) setting only these annotations."""
     return {"metadata": {"annotations": dict(annotations)}}
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -199,10 +200,7 @@ class DeviceState:
 
 
 def _replace(adv: Advertised, **changes) -> Advertised:
-    fields = {"id": adv.id, "healthy": adv.healthy, "numa_node": adv.numa_node,
-              "gpu_bdf": adv.gpu_bdf, "device": adv.device}
-    fields.update(changes)
-    return Advertised(**fields)
+    return dataclasses.replace(adv, **changes)
 
 
 def health_transitions(before: Snapshot, after: Snapshot) -> List[Tuple[str, bool]]:

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterable, Optional, Tuple
+from typing import Any, Callable, Iterable, Optional, Set, Tuple
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
     from prometheus_client.exposition import CONTENT_TYPE_LATEST
     HAS_PROMETHEUS = True
 except ImportError:
-    CollectorRegistry = Counter = Gauge = Histogram = generate_latest = None
+    CollectorRegistry = Counter = Gauge = Histogram = generate_latest = None  # type: ignore[assignment,misc]
     CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
     HAS_PROMETHEUS = False
 
@@ -56,9 +56,20 @@ class _Noop:
 class DevicePluginMetrics:
     """The metrics of one gpu-device instance (its own registry)."""
 
+    # prometheus_client metrics, or _Noop stand-ins when it is not installed
+    devices: Any
+    healthy: Any
+    allocated: Any
+    device_healthy: Any
+    latency: Any
+    errors: Any
+    registrations: Any
+    patches: Any
+    registry: Any
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._device_ids = set()
+        self._device_ids: Set[str] = set()
         if not HAS_PROMETHEUS:
             self.registry = None
             noop = _Noop()

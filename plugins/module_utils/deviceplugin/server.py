@@ -25,7 +25,7 @@ import socket
 import stat
 import threading
 import time
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from concurrent import futures
 
@@ -42,6 +42,7 @@ from ..errors import MetaxGpuError
 from ..gpu.allocator import AllocationError, allocate
 from ..host import HostRoot
 from . import constants as C
+from ..gpu.model import Device
 from .devices import Advertised, DeviceState, Snapshot
 from .metrics import DevicePluginMetrics
 
@@ -122,10 +123,15 @@ def container_allocation(host: HostRoot, snapshot: Snapshot, device_ids: Iterabl
     bad = [d for d in ids if not known[d].healthy or known[d].device is None]
     if bad:
         raise RequestError("unhealthy device(s): %s" % ", ".join(bad))
-    chosen: List[Advertised] = sorted((known[d] for d in ids), key=lambda a: a.device.index)
+    # every device is present (checked above); pair it with its Advertised entry
+    pairs: List[Tuple[Advertised, Device]] = []
+    for d in ids:
+        device = known[d].device
+        if device is not None:
+            pairs.append((known[d], device))
+    chosen = sorted(pairs, key=lambda p: p[1].index)
     paths = [C.DEVICE_MXCD]
-    for adv in chosen:
-        dev = adv.device
+    for _adv, dev in chosen:
         if not dev.drm_card or not dev.drm_render:
             raise RequestError("device %s has no DRM nodes (card/renderD) on this node" % dev.id)
         paths.append("%s/%s" % (C.DRI_DIR, dev.drm_card))
@@ -136,10 +142,10 @@ def container_allocation(host: HostRoot, snapshot: Snapshot, device_ids: Iterabl
             raise RequestError("%s is missing on the node (looked at %s)" % (path, host.join(path)))
         specs.append((path, host.host_path(path), C.DEVICE_PERMISSIONS))
     envs = {
-        C.ENV_VISIBLE_DEVICES: ",".join(a.id for a in chosen),
-        C.ENV_DEVICE_INDICES: ",".join(str(a.device.index) for a in chosen),
+        C.ENV_VISIBLE_DEVICES: ",".join(a.id for a, _dev in chosen),
+        C.ENV_DEVICE_INDICES: ",".join(str(dev.index) for _a, dev in chosen),
     }
-    uuids = [a.device.uuid for a in chosen if a.device.uuid]
+    uuids = [dev.uuid for _a, dev in chosen if dev.uuid]
     if len(uuids) == len(chosen):
         envs[C.ENV_DEVICE_UUIDS] = ",".join(uuids)
     return {"devices": specs, "envs": envs}
@@ -273,7 +279,7 @@ def remove_socket(path: str) -> None:
 
 def remove_stale_sockets(directory: str, prefix: str = C.PLUGIN_SOCKET_PREFIX) -> List[str]:
     """Remove our sockets nobody listens on any more (left by an agent that died)."""
-    removed = []
+    removed: List[str] = []
     try:
         names = os.listdir(directory)
     except OSError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple, TypeVar
 
 LabelValues = Tuple[str, ...]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -57,6 +57,9 @@ class _Metric:
         lines = ["# HELP %s %s" % (self.name, self.help), "# TYPE %s %s" % (self.name, self.kind)]
         lines.extend(self.samples())
         return "\n".join(lines)
+
+
+M = TypeVar("M", bound=_Metric)
 
 
 class Counter(_Metric):
@@ -138,7 +141,7 @@ class Registry:
     def __init__(self) -> None:
         self._metrics: List[_Metric] = []
 
-    def add(self, metric: _Metric) -> _Metric:
+    def add(self, metric: M) -> M:
         self._metrics.append(metric)
         return metric
 

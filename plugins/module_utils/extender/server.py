@@ -151,6 +151,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "gpu-aware"
     disable_nagle_algorithm = True
     timeout = 300          # idle keep-alive connections are dropped after this
+    _headers_buffer: List[bytes]   # BaseHTTPRequestHandler's, flushed by _send below
     server: "ExtenderHTTPServer"
 
     def setup(self) -> None:

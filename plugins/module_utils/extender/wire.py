@@ -32,8 +32,9 @@ from ..errors import MetaxGpuError
 T = TypeVar("T")
 
 _DECODER = json.JSONDecoder()
-_SCAN = _DECODER.scan_once
-_SCANSTRING = json.decoder.scanstring
+# CPython's scanner internals (stable since 3.x, absent from typeshed): the fast path.
+_SCAN = _DECODER.scan_once  # type: ignore[attr-defined]
+_SCANSTRING = json.decoder.scanstring  # type: ignore[attr-defined]
 _WS = re.compile(r"[ \t\n\r]*")
 
 
@@ -55,7 +56,8 @@ class ParsedArgs:
 
 
 def _ws(text: str, index: int) -> int:
-    return _WS.match(text, index).end()
+    match = _WS.match(text, index)   # matches the empty string, so never None
+    return match.end() if match else index
 
 
 def _expect(text: str, index: int, char: str, what: str) -> int:

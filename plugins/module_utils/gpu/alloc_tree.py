@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple, cast
 
 from .model import LinkClass, Topology
 from .scoring import WEIGHT_BY_CLASS, link_class
@@ -258,16 +258,16 @@ class _Solver:
                 if x >= lo:
                     values.append(acc)
         else:
-            acc_lo, acc = 0, [0]
+            acc_lo, sums = 0, [0]
             for child in node.children:
                 if self.free_count[child] == 0:
                     continue
                 c_lo, c_vals = self.solve(child)
                 new_lo = acc_lo + c_lo
-                new_hi = min(acc_lo + len(acc) - 1 + c_lo + len(c_vals) - 1, cap)
+                new_hi = min(acc_lo + len(sums) - 1 + c_lo + len(c_vals) - 1, cap)
                 best: List[Optional[int]] = [None] * (new_hi - new_lo + 1)
                 arg = [0] * (new_hi - new_lo + 1)
-                for i, a_val in enumerate(acc):
+                for i, a_val in enumerate(sums):
                     base = acc_lo + i + c_lo - new_lo
                     for j, c_val in enumerate(c_vals):
                         k = base + j
@@ -279,8 +279,9 @@ class _Solver:
                             best[k] = val
                             arg[k] = c_lo + j
                 splits.append((child, new_lo, arg))
-                acc_lo, acc = new_lo, best   # type: ignore[assignment]
-            values = acc[lo - acc_lo:hi - acc_lo + 1]   # type: ignore[assignment]
+                # i + j covers every k in 0..new_hi - new_lo, so no entry is left None
+                acc_lo, sums = new_lo, cast(List[int], best)
+            values = sums[lo - acc_lo:hi - acc_lo + 1]
         values = [v + self.own(nid, lo + i) for i, v in enumerate(values)]
         self.solved[nid] = (lo, values, splits)
         return lo, values
@@ -400,7 +401,7 @@ def tree_tables(tree: Hierarchy, free: FrozenSet[int]) -> Dict[int, Tuple[int, i
                 if val is not None and (best is None or val > best):
                     best = val
             if best is not None:
-                out[n] = (level,) + solver.decode(best)   # type: ignore[assignment]
+                out[n] = (level,) + solver.decode(best)
                 first = pos
                 break
     return out

@@ -86,7 +86,7 @@ def _fmt(indices: Sequence[int]) -> str:
     """Sorted indices as runs ("0-3,6"), short even on 128-device nodes."""
     parts: List[str] = []
     run: List[int] = []
-    for index in list(indices) + [None]:   # type: ignore[list-item]
+    for index in list(indices) + [None]:
         if run and (index is None or index != run[-1] + 1):
             parts.append(str(run[0]) if len(run) == 1 else "%d-%d" % (run[0], run[-1]))
             run = []
@@ -186,12 +186,11 @@ def _search(topology: Topology, tree: Hierarchy, free: FrozenSet[int], must: Fro
     pos = {dev: i for i, dev in enumerate(dense.order)}
     fixed = sorted(pos[d] for d in must)
     cands = tree_candidates(tree, free, must, size)
-    seeds = [sorted(pos[d] for d in cand) for cand in cands]
+    seeds: List[List[int]] = [sorted(pos[d] for d in cand) for cand in cands]
     seeds.extend(_greedy_seeds(dense, fixed, size, all_sizes))
-    best = max(seeds, key=dense.key)
-    best = _local_search(dense, best, frozenset(fixed))
-    devices = [dense.order[i] for i in best]
-    return _result(devices, evaluate(topology, devices, free), "search")
+    improved = _local_search(dense, max(seeds, key=dense.key), frozenset(fixed))
+    chosen = [dense.order[i] for i in improved]
+    return _result(chosen, evaluate(topology, chosen, free), "search")
 
 
 def _greedy_seeds(dense: _Dense, fixed: List[int], size: int, all_sizes: bool = False) -> List[List[int]]:

@@ -26,7 +26,7 @@ from .model import Inventory, Topology
 # -- command line ------------------------------------------------------------
 
 def _index_list(text: str) -> List[int]:
-    out = []
+    out: List[int] = []
     for part in text.replace(" ", "").split(","):
         if not part:
             continue

@@ -68,10 +68,12 @@ def parse_table(text: str) -> MxSmiTable:
     pending: Optional[Tuple[int, str, str, int, str]] = None
     saw_table = False
     for lineno, line in enumerate(lines, start=1):
-        if driver is None and _DRIVER.search(line):
-            driver = _DRIVER.search(line).group(1)
-        if maca is None and _MACA.search(line):
-            maca = _MACA.search(line).group(1)
+        found = _DRIVER.search(line) if driver is None else None
+        if found:
+            driver = found.group(1)
+        found = _MACA.search(line) if maca is None else None
+        if found:
+            maca = found.group(1)
         stripped = line.strip()
         if not stripped.startswith("|") or set(stripped) <= set("|=-+ "):
             if stripped.startswith("+") or stripped.startswith("|="):

@@ -24,7 +24,7 @@ try:
     from kubernetes.client.exceptions import ApiException
     HAS_KUBERNETES = True
 except ImportError:
-    k8s_client = k8s_config = None
+    k8s_client = k8s_config = None  # type: ignore[assignment]
     HAS_KUBERNETES = False
 
     class ApiException(Exception):  # type: ignore[no-redef]

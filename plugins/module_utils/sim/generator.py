@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 from dataclasses import asdict
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import MetaxGpuError
 from ..gpu.model import METAX_VENDOR_ID, PRODUCTS_BY_NAME, VF_DEVICE_ID_FLAG
@@ -195,7 +195,7 @@ def create(root: str, spec: NodeSpec, force: bool = False) -> HostRoot:
         base = os.path.join(root, bridge_dir)
         _write(os.path.join(base, "class"), PCI_BRIDGE_CLASS + "\n")
         _write(os.path.join(base, "vendor"), "0x8086\n")
-    gpu_states = []
+    gpu_states: List[Dict[str, Any]] = []
     for index, (gpu, gdir) in enumerate(zip(gpus, layout.gpu_dirs)):
         product = PRODUCTS_BY_NAME[gpu.product]
         gpu_states.append({

@@ -58,8 +58,8 @@ class SimulatedKernel:
             wanted = int(value.strip(), 0)
         except ValueError:
             raise KernelRefusal(errno.EINVAL)
-        total = self.host.read_int(pf_dir + "/sriov_totalvfs", default=0) or 0
-        current = self.host.read_int(pf_dir + "/sriov_numvfs", default=0) or 0
+        total = self.host.read_int(pf_dir + "/sriov_totalvfs", default=0)
+        current = self.host.read_int(pf_dir + "/sriov_numvfs", default=0)
         if wanted < 0 or wanted > total:
             raise KernelRefusal(errno.ERANGE if total else errno.EINVAL)
         if wanted == current:

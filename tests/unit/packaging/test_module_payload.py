@@ -17,7 +17,6 @@ import subprocess
 import sys
 import zipfile
 
-import ansible_collections
 import pytest
 
 PLUGINS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "plugins")
@@ -25,12 +24,12 @@ MODULES = sorted(glob.glob(os.path.join(PLUGINS, "modules", "*.py")))
 FORBIDDEN = ("plugins/module_utils/sim/", "plugins/module_utils/agents/")
 
 
-def _finder_payload(module_path: str, collections_path: str) -> list:
+def _finder_payload(module_path: str, collections_paths: list) -> list:
     """File names AnsiballZ would zip for ``module_path`` (run in a child process)."""
     from ansible.executor import module_common
     from ansible.plugins.loader import init_plugin_loader
 
-    init_plugin_loader([collections_path])
+    init_plugin_loader(collections_paths)
     name = os.path.splitext(os.path.basename(module_path))[0]
     with open(module_path, "rb") as handle:
         data = handle.read()
@@ -49,9 +48,10 @@ def _finder_payload(module_path: str, collections_path: str) -> list:
 
 def payload(module_path: str) -> list:
     """Run the finder in a child: its collection loader must not leak into this test session."""
-    collections = os.environ.get("ANSIBLE_COLLECTIONS_PATH", "").split(os.pathsep)[0]
-    if not collections:
-        collections = os.path.dirname(list(ansible_collections.__path__)[0])
+    # every directory this session imports ansible_collections from, ours first (imported
+    # here, not at the top: the child imports this file before installing Ansible's loader)
+    import ansible_collections
+    collections = [os.path.dirname(p) for p in ansible_collections.__path__]
     code = ("import json, sys; sys.path.insert(0, %r); import test_module_payload as t; "
             "print(json.dumps(t._finder_payload(%r, %r)))"
             % (os.path.dirname(os.path.abspath(__file__)), module_path, collections))
