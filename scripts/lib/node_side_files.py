@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Print the files that run on a GPU node: every module and the module_utils it imports.
 
 An import walk over the AST (lazy imports included, as Ansible's own

@@ -25,7 +25,7 @@ import os
 import sys
 import threading
 import time
-from typing import FrozenSet, List, Optional, Sequence, Tuple
+from typing import FrozenSet, List, Optional, Sequence
 
 from ..deviceplugin import constants as C
 from ..deviceplugin.annotations import AnnotationPublisher, kube_node_patcher, node_annotations

@@ -39,7 +39,7 @@ from operator import not_
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MetaxGpuError
-from ..names import GPU_AWARE_CONFIGMAP, RESOURCE_NAME
+from ..names import RESOURCE_NAME
 from .nodeinfo import GpuState
 
 MIN_SCORE = 0

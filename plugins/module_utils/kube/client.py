@@ -33,6 +33,8 @@ except ImportError:
         status = 0
         reason = ""
 
+__all__ = ["ApiException", "HAS_KUBERNETES", "KubeClientError", "api_client", "core_v1"]
+
 MISSING = "the 'kubernetes' Python package is required (requirements/agents.txt)"
 
 

@@ -251,8 +251,8 @@ def test_resource_name_is_one_the_kubelet_accepts():
     prefix, "/", a name of at most 63 characters) outside the kubernetes.io
     domains and not starting with "requests.".
     """
-    prefix, _, name = RESOURCE_NAME.partition("/")
-    assert prefix and name, RESOURCE_NAME
+    prefix, slash, name = RESOURCE_NAME.partition("/")
+    assert prefix and slash and name, RESOURCE_NAME
     assert len(prefix) <= 253 and re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", prefix)
     assert len(name) <= 63 and re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", name)
     assert not (prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"))

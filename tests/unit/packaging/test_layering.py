@@ -47,7 +47,7 @@ def _imports(path):
 FILES = list(_files())
 
 
-@pytest.mark.parametrize("rel, path", FILES, ids=[r for r, _ in FILES])
+@pytest.mark.parametrize("rel, path", FILES, ids=[rel for rel, _path in FILES])
 def test_import_rules(rel, path):
     in_agents = rel.startswith("agents" + os.sep)
     package = rel.split(os.sep)[:-1]
@@ -64,4 +64,3 @@ def test_import_rules(rel, path):
             "%s imports %s: module_utils are shared with the agents, which run without Ansible" % (rel, module))
         if top not in STDLIB and top != "ansible_collections" and not rel.endswith(GENERATED):
             assert guarded, "%s imports third-party %s without a try/except ImportError guard" % (rel, module)
-

@@ -61,7 +61,7 @@ def payload(module_path: str) -> list:
     return json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize("module_path", MODULES, ids=lambda p: os.path.basename(p))
+@pytest.mark.parametrize("module_path", MODULES, ids=os.path.basename)
 def test_module_payload_ships_no_simulator_and_no_agent(module_path):
     files = payload(module_path)
     ours = [f for f in files if f.startswith("ansible_collections/metax/gpu/")]
