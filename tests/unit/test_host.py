@@ -117,3 +117,15 @@ def test_a_non_executable_hook_is_ignored(tmp_path):
     host = HostRoot(str(tmp_path))
     host.write_attribute("/attr", "1")
     assert not host.is_simulated() and (tmp_path / "attr").read_text() == "1"
+
+
+def test_hook_is_ignored_when_sys_is_a_mount_point(tmp_path, monkeypatch):
+    """A host mount in an agent container (/host with the real sysfs at /host/sys) never runs a hook."""
+    (tmp_path / "sys").mkdir()
+    _hook(tmp_path, 16)
+    real_ismount = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: p == str(tmp_path / "sys") or real_ismount(p))
+    host = HostRoot(str(tmp_path))
+    assert host.kernel_hook() is None
+    host.write_attribute("sys/attr", "1")
+    assert (tmp_path / "sys/attr").read_text() == "1" and not (tmp_path / "calls").exists()

@@ -23,7 +23,6 @@ import threading
 import time
 from typing import Any, Optional
 
-from ..backoff import Backoff  # noqa: F401  pylint: disable=unused-import  # re-exported for the agents
 from ..errors import MetaxGpuError
 from ..host import HostRoot
 from ..kube.client import KubeClientError, api_client

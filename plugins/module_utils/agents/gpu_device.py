@@ -34,9 +34,10 @@ from ..deviceplugin.metrics import DevicePluginMetrics, MetricsServer
 from ..deviceplugin.podresources import PodResourcesClient, PodResourcesError
 from ..deviceplugin.registration import RegistrationError, register, socket_identity
 from ..deviceplugin.server import HAS_GRPC, DevicePluginService, PluginServer
+from ..backoff import Backoff
 from ..host import HostRoot
 from ..names import RESOURCE_NAME
-from .common import (Backoff, UsageError, add_common_flags, checked_host_root, kube_api_client, non_negative_int,
+from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, non_negative_int,
                      positive_float, run_main, setup_logging, stop_event, tcp_port)
 
 COMPONENT = "gpu-device"

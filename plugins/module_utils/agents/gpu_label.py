@@ -30,9 +30,10 @@ from typing import Callable, Dict, Mapping, Optional, Sequence
 from ..errors import MetaxGpuError
 from ..gpu.discovery import DiscoveryError, discover
 from ..gpu.labels import DRIVER_MODES, OWNED_LABEL_KEYS, label_changes, node_labels
+from ..backoff import Backoff
 from ..host import HostRoot, HostRootError
 from ..kube.client import ApiException, core_v1
-from .common import (Backoff, UsageError, add_common_flags, checked_host_root, kube_api_client, positive_float,
+from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, positive_float,
                      run_main, setup_logging, stop_event)
 
 COMPONENT = "gpu-label"

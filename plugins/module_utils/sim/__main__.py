@@ -8,6 +8,7 @@ fail DIR --gpu N [--mode]    a GPU falls off the bus (bus) or turns unavailable 
 recover DIR --gpu N          undo ``fail``
 unload DIR | load DIR        unload / load the kernel driver
 status DIR                   print the node state as JSON
+install-hook DIR             (re)install the kernel hook (roots made before it existed)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import List, Optional
 
 from ..host import HostRoot
 from . import generator
+from .kernel import install_hook
 from .spec import PRESETS, preset
 
 
@@ -35,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--gpu", type=int, required=True, help="GPU index as created (PCI order)")
         if name == "fail":
             cmd.add_argument("--mode", choices=("bus", "smi"), default="bus")
+    sub.add_parser("install-hook", help="(re)install .metax-sim/kernel").add_argument("root")
     for name in ("load", "unload", "status"):
         sub.add_parser(name, help="%s the driver" % name if name != "status" else "show state").add_argument("root")
     version = sub.add_parser("set-driver-version", help="change the installed driver version")
@@ -53,6 +56,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 host.path, len(state["gpus"]), args.preset, state["driver_version"]))
             return 0
         host = HostRoot(args.root)
+        if args.command == "install-hook":
+            generator.load_state(host)      # refuses a directory that is not a simulated node
+            sys.stdout.write("installed %s\n" % install_hook(host.path))
+            return 0
         if args.command == "fail":
             generator.fail_gpu(host, args.gpu, args.mode)
         elif args.command == "recover":

@@ -154,3 +154,20 @@ def test_cli_runs_as_a_module(tmp_path):
                             capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 0, result.stderr
     assert "8 GPUs" in result.stdout
+
+
+def test_install_hook_restores_the_kernel_on_an_old_root(make_node, capsys):
+    host = make_node("2xC550-sriov")
+    hook = host.join(".metax-sim/kernel")
+    os.unlink(hook)                       # a root made before the hook existed
+    pf = host.listdir(PCI)[0]
+    assert not host.is_simulated()
+    assert sim_main(["install-hook", host.path]) == 0 and "installed" in capsys.readouterr().out
+    host.write_attribute("%s/%s/sriov_numvfs" % (PCI, pf), "2")
+    assert len(host.listdir(PCI)) == 2 + 2
+
+
+def test_install_hook_refuses_a_directory_that_is_not_a_simulated_node(tmp_path, capsys):
+    assert sim_main(["install-hook", str(tmp_path)]) == 2
+    assert "not a simulated MetaX node" in capsys.readouterr().err
+    assert not (tmp_path / ".metax-sim").exists()
