@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.metax.gpu.plugins.module_utils.agents.common import Backoff
+from ansible_collections.metax.gpu.plugins.module_utils.backoff import Backoff
 from ansible_collections.metax.gpu.plugins.module_utils.extender import kube
 from ansible_collections.metax.gpu.plugins.module_utils.extender.cache import (
     Expired, ListWatch, NodeCache, WeightsHolder)
