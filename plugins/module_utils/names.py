@@ -38,5 +38,8 @@ ANNOTATION_LOSSES = PREFIX + "gpu.topology.losses"
 ANNOTATION_DEVICES = PREFIX + "gpu.devices"
 ANNOTATION_KEYS = (ANNOTATION_SCORES, ANNOTATION_LOSSES, ANNOTATION_DEVICES)
 
+# Namespace the collection installs its components into (charts, agents).
+NAMESPACE = "metax-gpu"
+
 # ConfigMap holding gpu-aware's weights (manual Table 2.5).
 GPU_AWARE_CONFIGMAP = "gpu-aware-plugin"

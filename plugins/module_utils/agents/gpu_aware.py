@@ -27,7 +27,7 @@ from ..extender import kube
 from ..extender.cache import ListWatch, NodeCache, WeightsHolder
 from ..extender.metrics import ExtenderMetrics
 from ..extender.nodeinfo import StateCache
-from ..names import GPU_AWARE_CONFIGMAP
+from ..names import GPU_AWARE_CONFIGMAP, NAMESPACE
 from ..extender.policy import WeightError, Weights, parse_weight
 from ..extender.server import (
     DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, ExtenderHTTPServer, ExtenderService, tls_context)
@@ -35,7 +35,6 @@ from .common import (UsageError, add_common_flags, kube_api_client, run_main, se
                      tcp_port)
 
 COMPONENT = "gpu-aware"
-DEFAULT_NAMESPACE = "metax-gpu"
 
 
 def _namespace_default() -> str:
@@ -44,9 +43,9 @@ def _namespace_default() -> str:
         return env
     try:
         with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace", encoding="utf-8") as handle:
-            return handle.read().strip() or DEFAULT_NAMESPACE
+            return handle.read().strip() or NAMESPACE
     except OSError:
-        return DEFAULT_NAMESPACE
+        return NAMESPACE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=tcp_port, default=DEFAULT_PORT, help="HTTP(S) port (default %(default)s)")
     parser.add_argument("--namespace", default=None,
                         help="namespace of the ConfigMap (default: $POD_NAMESPACE, the service account's "
-                             "namespace, else %s)" % DEFAULT_NAMESPACE)
+                             "namespace, else %s)" % NAMESPACE)
     parser.add_argument("--configmap", default=GPU_AWARE_CONFIGMAP, help="weights ConfigMap (default %(default)s)")
     parser.add_argument("--score-weight", default="1",
                         help="scoreWeight until the ConfigMap is read (default %(default)s)")
