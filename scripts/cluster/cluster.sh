@@ -57,7 +57,12 @@ APISERVER=https://127.0.0.1:${METAX_APISERVER_PORT}
 # what the nodes (and pods, through the service IP) use
 APISERVER_NODES=https://${HOST_IP}:${METAX_APISERVER_PORT}
 SIM_PARENT=$(dirname "${METAX_SIM_ROOT}")
-: "${NODES:=${METAX_NODES:-${METAX_SIM_PRESET}}}"
+# NODES unset: the running cluster's nodes, else one ${METAX_SIM_PRESET} node
+NODES_GIVEN=${NODES:+1}
+if [[ -z ${NODES:-} && -f ${STATE}/node-table ]]; then
+  NODES=$(awk '{printf "%s ", $3}' "${STATE}/node-table")
+fi
+: "${NODES:=${METAX_SIM_PRESET}}"
 # Host paths the cluster creates and `down` removes unless they pre-existed.
 TRACKED_PATHS=("${ETC}" "${KUBELET_DIR}" /var/log/pods /var/log/containers /var/lib/cni
   "${SIM_PARENT}" "${RUN}" /run/netns /run/containerd /etc/cdi /run/cdi)
@@ -1077,7 +1082,16 @@ cmd_up() {
   phase_start "preflight"
   planned=$(plan_nodes)
   [[ -n ${planned} ]] || die "NODES is empty: give one preset per node, e.g. NODES=\"8xC500 4xN100\""
+  ensure_collection_path
+  "$(project_python)" - "${NODES}" <<'PY' || die "NODES=\"${NODES}\": unknown preset (see above)"
+import sys
+from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import PRESETS
+bad = [p for p in sys.argv[1].split() if p not in PRESETS]
+if bad:
+    sys.exit("unknown simulated node preset(s) %s; known: %s" % (" ".join(bad), " ".join(sorted(PRESETS))))
+PY
   if [[ -f ${STATE}/node-table ]] && [[ $(cat "${STATE}/node-table") != "${planned}" ]]; then
+    [[ -n ${NODES_GIVEN} ]] || die "internal: recorded node table and NODES disagree"
     die "the cluster is up with other nodes ($(awk '{print $2 "=" $3}' "${STATE}/node-table" | xargs)) than NODES=\"${NODES}\" asks for.
   Run 'make cluster-down' first, then 'make cluster-up NODES=\"${NODES}\"'."
   fi

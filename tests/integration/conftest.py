@@ -32,6 +32,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CLUSTER_SH = os.path.join(REPO, "scripts", "cluster", "cluster.sh")
 LOG_DIR = os.path.join(REPO, "tests", "output")
 UP_TIMEOUT = int(os.environ.get("METAX_CLUSTER_UP_TIMEOUT", "3600"))
+# The nodes a test session brings up: three, so the multi-node tests run in
+# CI (each extra node adds a few seconds to a warm cluster-up). A cluster that
+# is already up is used as it is; cluster.sh refuses to change its node set.
+TEST_NODES = os.environ.get("METAX_TEST_NODES", "8xC500 4xN100 2xC550-sriov")
 
 _STATE = {"wanted": False, "tried": False, "error": None, "info": None, "was_up": False, "up_seconds": None}
 
@@ -66,15 +70,19 @@ def _write(config, line):
         sys.stderr.write(line + "\n")
 
 
-def _run_cluster(action, log_name, timeout, echo=None):
+def _run_cluster(action, log_name, timeout, echo=None, nodes=None):
     """Run cluster.sh ACTION with its output in tests/output/LOG_NAME (and echoed)."""
     os.makedirs(LOG_DIR, exist_ok=True)
     path = os.path.join(LOG_DIR, log_name)
     start = time.time()
     lines = []
     with open(path, "w") as log:
+        env = dict(os.environ)
+        env.pop("NODES", None)
+        if nodes:
+            env["NODES"] = nodes
         proc = subprocess.Popen(["bash", CLUSTER_SH, action], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, cwd=REPO, text=True, errors="replace")
+                                stderr=subprocess.STDOUT, cwd=REPO, text=True, errors="replace", env=env)
         watchdog = threading.Timer(timeout, proc.kill)
         watchdog.start()
         try:
@@ -168,7 +176,10 @@ def _bring_up(config):
     else:
         _write(config, "local cluster: bringing it up (scripts/cluster/cluster.sh up; log: "
                        "tests/output/cluster-up.log; a cold run installs packages and builds Kubernetes first)")
-    rc, text, path, secs = _run_cluster("up", "cluster-up.log", UP_TIMEOUT, echo=lambda l: _write(config, l))
+    # a running cluster keeps its nodes (cluster.sh up without NODES reconciles it)
+    nodes = None if _STATE["was_up"] else TEST_NODES
+    rc, text, path, secs = _run_cluster("up", "cluster-up.log", UP_TIMEOUT, echo=lambda l: _write(config, l),
+                                        nodes=nodes)
     _STATE["up_seconds"] = secs
     if not _STATE["was_up"] and os.path.isdir(_state_dir()):
         # brought up by a test session: the last session using it stops it
@@ -247,6 +258,24 @@ class Cluster(object):
         self.sim_preset = info["METAX_SIM_PRESET"]
         self.base_image = info["METAX_BASE_IMAGE"]
         self.scheduler_image = info["METAX_SCHEDULER_IMAGE"]
+        # [{"name", "preset", "sim_root", "ip", "pod_cidr", "containerd_address", "kubelet_dir", "netns",
+        #   "index", "control_plane"}, ...]; the first is the control-plane node (node_name)
+        self.nodes = info.get("nodes") or []
+        self.helm = info.get("METAX_HELM", "")
+
+    def node(self, name):
+        for node in self.nodes:
+            if node["name"] == name:
+                return node
+        raise KeyError(name)
+
+    def cluster_sh(self, *args, **kwargs):
+        """Run scripts/cluster/cluster.sh ARGS (e.g. restart-kubelet NODE)."""
+        kwargs.setdefault("capture_output", True)
+        kwargs.setdefault("text", True)
+        kwargs.setdefault("timeout", 300)
+        return subprocess.run(["bash", CLUSTER_SH] + list(args), stdin=subprocess.DEVNULL, cwd=REPO,
+                              check=False, **kwargs)
 
     @property
     def registry_auth_password(self):
