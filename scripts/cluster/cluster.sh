@@ -1136,6 +1136,14 @@ PY
     wait_for "node ${node} Ready" 180 "kubelet-${node}" node_ready "${node}"
   done
   kubectl label node "${first}" --overwrite node-role.kubernetes.io/control-plane= >/dev/null
+  # what the node IPAM controller would record (the CNI config already uses it)
+  for i in "${!NODE_NAMES[@]}"; do
+    node=${NODE_NAMES[$i]}
+    if [[ -z $(kubectl get node "${node}" -o jsonpath='{.spec.podCIDR}') ]]; then
+      kubectl patch node "${node}" --type merge \
+        -p "{\"spec\":{\"podCIDR\":\"$(pod_cidr "${NODE_IDX[$i]}")\",\"podCIDRs\":[\"$(pod_cidr "${NODE_IDX[$i]}")\"]}}" >/dev/null
+    fi
+  done
   wait_for "static pod kube-system/kube-scheduler-${first} Ready" 180 "kubelet-${first}" scheduler_ready "${first}"
   wait_for "default ServiceAccount" 60 kube-controller-manager default_sa
   write_env

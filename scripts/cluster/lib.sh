@@ -80,10 +80,10 @@ phase_report() {
   ((${#PHASE_NAMES[@]})) || return 0
   printf '\nPhase timings (%s):\n' "${1:-cluster}" >&2
   for i in "${!PHASE_NAMES[@]}"; do
-    printf '  %-34s %5ss\n' "${PHASE_NAMES[$i]}" "${PHASE_SECS[$i]}" >&2
+    printf '  %-38s %5ss\n' "${PHASE_NAMES[$i]}" "${PHASE_SECS[$i]}" >&2
     total=$((total + PHASE_SECS[i]))
   done
-  printf '  %-34s %5ss\n' "total" "${total}" >&2
+  printf '  %-38s %5ss\n' "total" "${total}" >&2
 }
 
 require_root() {

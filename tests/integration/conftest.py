@@ -286,7 +286,7 @@ class Cluster(object):
     def env(self):
         """Environment for subprocesses (kubectl, podman, skopeo) using the cluster."""
         env = dict(os.environ)
-        env.update({k: v for k, v in self.info.items() if v})
+        env.update({k: v for k, v in self.info.items() if v and isinstance(v, str)})
         env["PATH"] = self.info["METAX_KUBE_BIN"] + os.pathsep + env.get("PATH", "")
         return env
 
