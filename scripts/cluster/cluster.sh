@@ -53,6 +53,7 @@ CHAIN_IN=METAX-GPU-CLUSTER-IN
 SCHED_PORT=10259
 KCM_PORT=10257
 KUBELET_HEALTHZ_PORT=10248
+KUBE_PROXY_HEALTHZ_PORT=10256
 APISERVER=https://127.0.0.1:${METAX_APISERVER_PORT}
 # what the nodes (and pods, through the service IP) use
 APISERVER_NODES=https://${HOST_IP}:${METAX_APISERVER_PORT}
@@ -386,6 +387,8 @@ make_pki() {
   cert admin kubernetes-admin system:masters client
   cert controller-manager system:kube-controller-manager "" client
   cert scheduler system:kube-scheduler "" client
+  # bound to system:node-proxier by the default RBAC policy
+  cert kube-proxy system:kube-proxy "" client
   for i in "${!NODE_NAMES[@]}"; do
     node=${NODE_NAMES[$i]}
     n=${NODE_IDX[$i]}
@@ -401,6 +404,7 @@ make_pki() {
   kubeconfig "${ETC}/controller-manager.conf" system:kube-controller-manager controller-manager
   # the scheduler runs in the first node's network namespace
   kubeconfig "${ETC}/scheduler.conf" system:kube-scheduler scheduler "${APISERVER_NODES}"
+  kubeconfig "${STATE}/kube-proxy.conf" system:kube-proxy kube-proxy "${APISERVER_NODES}"
   for node in "${NODE_NAMES[@]}"; do
     mkdir -p "$(node_dir "${node}")"
     kubeconfig "$(node_dir "${node}")/kubelet.conf" "system:node:${node}" "kubelet-client-${node}" "${APISERVER_NODES}"
@@ -500,8 +504,8 @@ EOF
 # The host holds the cluster bridge ${CLUSTER_BRIDGE} (${HOST_IP}); every node
 # is a network namespace joined to it by a veth pair, with its own pod bridge
 # and pod CIDR; the host and every node route each pod CIDR to its node.
-# Pods reach the apiserver at the service IP 10.96.0.1:443, DNAT'ed in each
-# node's namespace to ${HOST_IP}:6443 (no kube-proxy: docs/local-cluster.md).
+# Services (the apiserver's at 10.96.0.1:443 included) are kube-proxy's, in
+# each node's namespace; the host itself reaches 10.96.0.1:443 by DNAT.
 # The apiserver and the registries listen on every address, and the
 # ${CHAIN_IN} chain drops their ports on every interface but lo and the bridge;
 # nothing is forwarded between the bridge and other interfaces.
@@ -575,13 +579,6 @@ EOC
     ((j == i)) && continue
     ip -n "${ns}" route replace "$(pod_cidr "${j}")" via "$(node_ip "${j}")" dev eth0
   done
-  # pods (PREROUTING) and hostNetwork pods (OUTPUT) of this node -> apiserver
-  ip netns exec "${ns}" sh -e -c "
-    iptables -t nat -N ${CHAIN} 2>/dev/null || true
-    iptables -t nat -F ${CHAIN}
-    iptables -t nat -A ${CHAIN} -d ${SERVICE_IP}/32 -p tcp --dport 443 -j DNAT --to-destination ${HOST_IP}:${METAX_APISERVER_PORT}
-    iptables -t nat -C PREROUTING -j ${CHAIN} 2>/dev/null || iptables -t nat -I PREROUTING -j ${CHAIN}
-    iptables -t nat -C OUTPUT -j ${CHAIN} 2>/dev/null || iptables -t nat -I OUTPUT -j ${CHAIN}"
 }
 
 # node_ns_up NAME: a holder process in the node's network namespace and in a
@@ -780,7 +777,7 @@ apiserver_up() {
   start kube-apiserver "${BIN}/kube-apiserver" \
     --bind-address=0.0.0.0 --advertise-address="${HOST_IP}" --secure-port="${METAX_APISERVER_PORT}" \
     --etcd-servers="http://127.0.0.1:${METAX_ETCD_PORT}" \
-    --endpoint-reconciler-type=none \
+    --endpoint-reconciler-type=lease \
     --service-cluster-ip-range="${SERVICE_CIDR}" \
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
     --allow-privileged=true \
@@ -954,6 +951,46 @@ EOK
     curl -fsS --max-time 2 "http://${ip}:${KUBELET_HEALTHZ_PORT}/healthz"
 }
 
+# kube_proxy_up INDEX NAME: kube-proxy (iptables mode) in the node's network
+# namespace, so Service ClusterIPs work from pods and hostNetwork pods (the
+# static kube-scheduler reaches an extender through its Service) as on a real
+# cluster. masqueradeAll: without br_netfilter (not loaded on these VMs) a
+# reply between two pods of one bridge would bypass the un-DNAT.
+kube_proxy_up() {
+  local i=$1 node=$2 d ip
+  d=$(node_dir "${node}")
+  ip=$(node_ip "${i}")
+  cat >"${d}/kube-proxy.yaml" <<EOK
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: ${STATE}/kube-proxy.conf
+mode: iptables
+hostnameOverride: ${node}
+clusterCIDR: 10.244.0.0/16
+bindAddress: ${ip}
+healthzBindAddress: ${ip}:${KUBE_PROXY_HEALTHZ_PORT}
+metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: ["primary"]
+iptables:
+  masqueradeAll: true
+# conntrack sysctls are left as the kernel has them (per-namespace limits)
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+# root cannot lower oom_score_adj on these machines
+oomScoreAdj: 0
+EOK
+  START_WRAP="nsenter -t $(pid_of "ns-${node}") -m -n --" START_CONFIG="${d}/kube-proxy.yaml" \
+    start "kube-proxy-${node}" "${BIN}/kube-proxy" --config="${d}/kube-proxy.yaml" --v=1
+}
+
+kube_proxy_ready() { # INDEX
+  curl -fsS --max-time 2 "http://$(node_ip "$1"):${KUBE_PROXY_HEALTHZ_PORT}/healthz" >/dev/null
+}
+
 node_ready() {
   [[ $(kubectl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
 }
@@ -1068,6 +1105,7 @@ node_up() {
   node_ns_up "${node}"
   containerd_up "${node}"
   kubelet_up "${i}" "${node}"
+  kube_proxy_up "${i}" "${node}"
 }
 
 cmd_up() {
@@ -1136,6 +1174,10 @@ PY
     wait_for "node ${node} Ready" 180 "kubelet-${node}" node_ready "${node}"
   done
   kubectl label node "${first}" --overwrite node-role.kubernetes.io/control-plane= >/dev/null
+  for i in "${NODE_IDX[@]}"; do
+    wait_for "kube-proxy of node ${i} /healthz" 60 "kube-proxy-$(awk -v i="${i}" '$1 == i {print $2}' "${STATE}/node-table")" \
+      kube_proxy_ready "${i}"
+  done
   # what the node IPAM controller would record (the CNI config already uses it)
   for i in "${!NODE_NAMES[@]}"; do
     node=${NODE_NAMES[$i]}
@@ -1178,7 +1220,7 @@ cmd_status() {
     return 3
   fi
   load_nodes || true
-  for node in "${NODE_NAMES[@]}"; do comps+=("ns-${node}" "containerd-${node}" "kubelet-${node}"); done
+  for node in "${NODE_NAMES[@]}"; do comps+=("ns-${node}" "containerd-${node}" "kubelet-${node}" "kube-proxy-${node}"); done
   echo "cluster state: ${STATE}"
   for c in "${comps[@]}"; do
     total=$((total + 1))
@@ -1415,7 +1457,10 @@ cmd_down() {
   drain_pods
   phase_start "stop kubelets"
   local node
-  for node in "${NODE_NAMES[@]}"; do stop "kubelet-${node}"; done
+  for node in "${NODE_NAMES[@]}"; do
+    stop "kubelet-${node}"
+    stop "kube-proxy-${node}"
+  done
   stop kubelet # a cluster of the single-node generation
   phase_start "stop containers + containerd"
   for node in "${NODE_NAMES[@]}"; do kill_containers "${node}"; done

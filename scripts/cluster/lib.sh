@@ -45,7 +45,7 @@ go_version() { "${GO}" env GOVERSION 2>/dev/null || echo unknown; }
 k8s_bin_dir() { echo "${METAX_CACHE_DIR}/k8s/${KUBE_VERSION}-$(go_version)/bin"; }
 
 # shellcheck disable=SC2034 # used by the scripts that source this file
-KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy)
 
 # ---------------------------------------------------------------- output
 _ts() { date +%H:%M:%S; }

@@ -15,10 +15,11 @@ kube-scheduler:
 * gpu-device and gpu-label run as DaemonSets (one spec) on every node and each
   node reports its own preset's capacity and labels -- which proves the
   hostPaths resolve per node;
-* gpu-aware runs as a pod; a second kube-scheduler, run as a hostNetwork pod
-  on the control-plane node, calls its prioritize (pod IP on another node)
-  with all three nodes as candidates and binds a 4-GPU pod where the topology
-  tables say;
+* gpu-aware runs as a pod behind a Service; a second kube-scheduler, run as
+  a hostNetwork pod on the control-plane node, calls its prioritize through
+  the Service's ClusterIP (kube-proxy; the pod is on another node) with all
+  three nodes as candidates and binds a 4-GPU pod where the topology tables
+  say;
 * restarting one node's kubelet leaves the other nodes' kubelets and pods
   alone.
 """
@@ -289,7 +290,9 @@ extenders:
 
 
 def _gpu_aware(agents, cluster, nodes):
-    """gpu-aware as a pod on the LAST node, in-cluster config (service IP), weights ConfigMap in NS."""
+    """gpu-aware as a pod on the LAST node behind a Service; in-cluster config; weights ConfigMap in NS.
+
+    Returns (pod IP, ClusterIP)."""
     name = "gpu-aware"
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": "%s-%s" % (NS, name)},
@@ -307,8 +310,11 @@ def _gpu_aware(agents, cluster, nodes):
                                           "--log-format", "text"],
                                  "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080},
                                                     "periodSeconds": 1}}]}})
+    agents.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NS},
+                  "spec": {"selector": {"app": name}, "ports": [{"port": 8080, "targetPort": 8080}]}})
     pod = agents.wait_all_ready(name, 1, timeout=180)[0]
-    return pod.status.pod_ip
+    service = agents.api.read_namespaced_service(name, NS)
+    return pod.status.pod_ip, service.spec.cluster_ip
 
 
 def _scheduler_pod(agents, cluster, nodes, scheduler_name, address):
@@ -336,10 +342,12 @@ def test_real_scheduler_asks_gpu_aware_about_three_nodes(cluster, nodes, agents)
     for node in nodes:
         want = len(discover(HostRoot(node["sim_root"])).devices)
         wait_for(lambda n=node["name"], w=want: _resources(core, n) == (w, w), 90, "%s GPUs" % node["name"])
-    address = _gpu_aware(agents, cluster, nodes)
+    address, cluster_ip = _gpu_aware(agents, cluster, nodes)
     assert _in(address, nodes[-1]) and not _in(address, nodes[0]), "gpu-aware must run on another node"
+    # pod IPs are routable from the host too
+    assert urllib.request.urlopen("http://%s:8080/readyz" % address, timeout=5).status == 200
     scheduler_name = "metax-multinode-" + uuid.uuid4().hex[:6]
-    _scheduler_pod(agents, cluster, nodes, scheduler_name, address)
+    _scheduler_pod(agents, cluster, nodes, scheduler_name, cluster_ip)
     names = [n["name"] for n in nodes]
 
     def states():
@@ -367,10 +375,13 @@ def test_real_scheduler_asks_gpu_aware_about_three_nodes(cluster, nodes, agents)
         assert asked, "gpu-aware's prioritize was not called:\n%s" % log[-3000:]
         assert all(name in asked[-1] for name in names), asked[-1]
         assert bound == favoured, (bound, dict(zip(names, scores)), asked[-1])
+        sys.stderr.write("gpu-aware scores %s: the real scheduler bound the 4-GPU pod to %s\n"
+                         % (dict(zip(names, scores)), bound))
         wait_for(lambda: core.read_namespaced_pod(pod, NS).status.phase == "Running", 120,
                  "the kubelet of %s to run the 4-GPU pod" % bound)
     finally:
         core.delete_namespaced_pod(pod, NS, grace_period_seconds=0)
+        core.delete_namespaced_service("gpu-aware", NS)
         for name in ("second-scheduler", "gpu-aware"):
             core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
             core.delete_namespaced_config_map(name if name != "gpu-aware" else "gpu-aware-plugin", NS)
