@@ -1371,6 +1371,46 @@ remove_netns() {
   fi
 }
 
+# sweep_own_leftovers: what a cluster killed without `down` (its state dir
+# gone, e.g. removed by an older generation of this script) leaves behind
+# that carries our names: node namespaces and their processes, our veths and
+# bridge, our iptables chains. Without a baseline nothing else (KUBE-*/CNI-*
+# chains, cgroups) is touched: it might not be ours.
+sweep_own_leftovers() {
+  local n pid link tool t chain line found=0
+  for n in /run/netns/"${NETNS_PREFIX}"*; do
+    [[ -e ${n} ]] || continue
+    n=${n##*/}
+    found=1
+    for pid in $(ip netns pids "${n}" 2>/dev/null || true); do kill -KILL "${pid}" 2>/dev/null || true; done
+    ip netns delete "${n}" 2>/dev/null || { umount -l "/run/netns/${n}" 2>/dev/null || true; rm -f "/run/netns/${n}"; }
+  done
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${VETH_PREFIX}[0-9]" || true); do
+    found=1
+    ip link delete "${link}" 2>/dev/null || true
+  done
+  if ip link show "${CLUSTER_BRIDGE}" >/dev/null 2>&1; then
+    found=1
+    ip link delete "${CLUSTER_BRIDGE}" 2>/dev/null || true
+  fi
+  for tool in iptables ip6tables; do
+    command -v "${tool}" >/dev/null || continue
+    for t in filter nat mangle raw; do
+      for chain in $("${tool}" -t "${t}" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^METAX-GPU-CLUSTER/ {print $2}'); do
+        found=1
+        while IFS= read -r line; do
+          # shellcheck disable=SC2086
+          "${tool}" -t "${t}" ${line/-A/-D} 2>/dev/null || true
+        done < <("${tool}" -t "${t}" -S 2>/dev/null | grep -E -- "^-A .* -j ${chain}( |$)" || true)
+        "${tool}" -t "${t}" -F "${chain}" 2>/dev/null || true
+        "${tool}" -t "${t}" -X "${chain}" 2>/dev/null || true
+      done
+    done
+  done
+  if ((found)); then warn "removed leftovers of a cluster that was not taken down (namespaces, links, chains named ours)"; fi
+  return 0
+}
+
 remove_cgroups() {
   local d
   for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/"${CGROUP_PREFIX}"*; do
@@ -1447,6 +1487,7 @@ cmd_down() {
       rm -rf "${ETC}"
       [[ -f ${KUBELET_DIR}/${MARKER_NAME} ]] && { unmount_under "${KUBELET_DIR}"; rm -rf "${KUBELET_DIR}"; }
     fi
+    sweep_own_leftovers
     log "cluster is down (nothing recorded in ${STATE})"
     return 0
   fi
