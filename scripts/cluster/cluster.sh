@@ -59,7 +59,6 @@ APISERVER=https://127.0.0.1:${METAX_APISERVER_PORT}
 APISERVER_NODES=https://${HOST_IP}:${METAX_APISERVER_PORT}
 SIM_PARENT=$(dirname "${METAX_SIM_ROOT}")
 # NODES unset: the running cluster's nodes, else one ${METAX_SIM_PRESET} node
-NODES_GIVEN=${NODES:+1}
 if [[ -z ${NODES:-} && -f ${STATE}/node-table ]]; then
   NODES=$(awk '{printf "%s ", $3}' "${STATE}/node-table")
 fi
@@ -1128,17 +1127,24 @@ bad = [p for p in sys.argv[1].split() if p not in PRESETS]
 if bad:
     sys.exit("unknown simulated node preset(s) %s; known: %s" % (" ".join(bad), " ".join(sorted(PRESETS))))
 PY
-  if [[ -f ${STATE}/node-table ]] && [[ $(cat "${STATE}/node-table") != "${planned}" ]]; then
-    [[ -n ${NODES_GIVEN} ]] || die "internal: recorded node table and NODES disagree"
-    die "the cluster is up with other nodes ($(awk '{print $2 "=" $3}' "${STATE}/node-table" | xargs)) than NODES=\"${NODES}\" asks for.
-  Run 'make cluster-down' first, then 'make cluster-up NODES=\"${NODES}\"'."
-  fi
+  # a cluster started by another checkout, other cluster scripts or with
+  # other nodes is never reused silently (scripts/cluster/identity.py)
+  local verdict
+  verdict=$(python3 "${CLUSTER_SCRIPTS}/identity.py" check "${STATE}/identity.json" "${REPO_ROOT}" "${CLUSTER_SCRIPTS}" "${NODES}")
+  case ${verdict} in
+    replace*)
+      warn "replacing the running cluster: ${verdict#replace: }"
+      NODES='' bash "${CLUSTER_SCRIPTS}/cluster.sh" down || die "could not take the running cluster down"
+      ;;
+    reuse:*) warn "reusing the running cluster: ${verdict#reuse: }" ;;
+  esac
   preflight
   mkdir -p "${STATE}" "${LOGS}" "${PIDS}"
   chmod 700 "${STATE}"
   record_baseline
   mkdir -p "${RUN}"
   echo "${planned}" >"${STATE}/node-table"
+  python3 "${CLUSTER_SCRIPTS}/identity.py" record "${STATE}/identity.json" "${REPO_ROOT}" "${CLUSTER_SCRIPTS}" "${NODES}"
   load_nodes
   first=${NODE_NAMES[0]}
   echo "${first}" >"${STATE}/node-name"

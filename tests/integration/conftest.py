@@ -33,9 +33,13 @@ CLUSTER_SH = os.path.join(REPO, "scripts", "cluster", "cluster.sh")
 LOG_DIR = os.path.join(REPO, "tests", "output")
 UP_TIMEOUT = int(os.environ.get("METAX_CLUSTER_UP_TIMEOUT", "3600"))
 # The nodes a test session brings up: three, so the multi-node tests run in
-# CI (each extra node adds a few seconds to a warm cluster-up). A cluster that
-# is already up is used as it is; cluster.sh refuses to change its node set.
+# CI (each extra node adds a few seconds to a warm cluster-up). A running
+# cluster is reused only if it has these nodes and was started by this
+# checkout with these cluster scripts.
 TEST_NODES = os.environ.get("METAX_TEST_NODES", "8xC500 4xN100 2xC550-sriov")
+
+# what cluster.sh up logs when it takes down a cluster it may not reuse
+REPLACED = "replacing the running cluster:"
 
 _STATE = {"wanted": False, "tried": False, "error": None, "info": None, "was_up": False, "up_seconds": None}
 
@@ -176,11 +180,14 @@ def _bring_up(config):
     else:
         _write(config, "local cluster: bringing it up (scripts/cluster/cluster.sh up; log: "
                        "tests/output/cluster-up.log; a cold run installs packages and builds Kubernetes first)")
-    # a running cluster keeps its nodes (cluster.sh up without NODES reconciles it)
-    nodes = None if _STATE["was_up"] else TEST_NODES
+    # cluster.sh up reuses a running cluster only when this checkout started
+    # it, with these scripts and TEST_NODES; otherwise it replaces it and says
+    # why (scripts/cluster/identity.py)
     rc, text, path, secs = _run_cluster("up", "cluster-up.log", UP_TIMEOUT, echo=lambda l: _write(config, l),
-                                        nodes=nodes)
+                                        nodes=TEST_NODES)
     _STATE["up_seconds"] = secs
+    if REPLACED in text:
+        _STATE["was_up"] = False  # this session brought up its own
     if not _STATE["was_up"] and os.path.isdir(_state_dir()):
         # brought up by a test session: the last session using it stops it
         open(_started_by_tests_marker(), "w").close()
