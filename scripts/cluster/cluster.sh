@@ -1134,7 +1134,8 @@ PY
   case ${verdict} in
     replace*)
       warn "replacing the running cluster: ${verdict#replace: }"
-      NODES='' bash "${CLUSTER_SCRIPTS}/cluster.sh" down || die "could not take the running cluster down"
+      NODES='' METAX_CLUSTER_LOCK_HELD=1 bash "${CLUSTER_SCRIPTS}/cluster.sh" down ||
+        die "could not take the running cluster down"
       ;;
     reuse:*) warn "reusing the running cluster: ${verdict#reuse: }" ;;
   esac
@@ -1555,8 +1556,12 @@ cmd_down() {
 mkdir -p "${METAX_CACHE_DIR}"
 case ${1:-} in
   up | down | restart-kubelet)
-    exec 8>"${METAX_CACHE_DIR}/cluster.lock"
-    flock -n 8 || { log "another cluster.sh up/down is running; waiting for it"; flock 8; }
+    # METAX_CLUSTER_LOCK_HELD: `up` replacing a foreign cluster runs `down`
+    # while it holds the lock (fd 8, inherited)
+    if [[ -z ${METAX_CLUSTER_LOCK_HELD:-} ]]; then
+      exec 8>"${METAX_CACHE_DIR}/cluster.lock"
+      flock -n 8 || { log "another cluster.sh up/down is running; waiting for it"; flock 8; }
+    fi
     "cmd_${1//-/_}" "${@:2}"
     ;;
   status) cmd_status ;;

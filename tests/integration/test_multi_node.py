@@ -65,6 +65,33 @@ def nodes(cluster):
     return cluster.nodes
 
 
+def test_inventory_lists_every_node_with_its_sim_root(cluster, nodes, tmp_path):
+    """cluster.sh inventory is an Ansible inventory: groups and vars as the collection's conventions say."""
+    res = cluster.cluster_sh("inventory")
+    assert res.returncode == 0, res.stderr
+    path = tmp_path / "inventory.yml"
+    path.write_text(res.stdout)
+    tool = os.path.join(os.path.dirname(sys.executable), "ansible-inventory")
+    listed = subprocess.run([tool if os.path.exists(tool) else "ansible-inventory", "-i", str(path), "--list"], capture_output=True, text=True,
+                            timeout=120, check=False, env=cluster.env)
+    assert listed.returncode == 0, listed.stderr
+    inv = json.loads(listed.stdout)
+    names = [n["name"] for n in nodes]
+    assert inv["kube_control_plane"]["hosts"] == [names[0]]
+    assert sorted(inv["gpu_nodes"]["hosts"]) == sorted(names)
+    assert "localhost" in inv["ungrouped"]["hosts"]
+    hostvars = inv["_meta"]["hostvars"]
+    assert hostvars["localhost"]["ansible_connection"] == "local"
+    assert hostvars["localhost"]["metax_gpu_kubeconfig"] == cluster.kubeconfig
+    for node in nodes:
+        got = hostvars[node["name"]]
+        assert got["ansible_connection"] == "local"
+        assert got["metax_gpu_host_root"] == node["sim_root"]
+        assert got["metax_gpu_node_name"] == node["name"]
+        assert got["metax_gpu_kubeconfig"] == cluster.kubeconfig
+        assert os.path.isdir(node["sim_root"])
+
+
 def _core(cluster):
     from kubernetes import client
     return client.CoreV1Api(cluster.api_client())
@@ -119,12 +146,17 @@ out["apiserver"] = True
 out["registry"] = urllib.request.urlopen("http://10.250.0.1:%s/v2/" % sys.argv[1], timeout=5).status
 out["peers"] = {}
 for peer in sys.argv[2:]:
+    if peer == "--no-serve":
+        continue
     try:
         socket.create_connection((peer, 8080), 5).close()
         out["peers"][peer] = True
     except OSError as exc:
         out["peers"][peer] = str(exc)
 print(json.dumps(out), flush=True)
+if "--no-serve" in sys.argv:  # a hostNetwork pod: port 8080 of the node is not ours
+    import time
+    time.sleep(86400)
 import http.server
 http.server.HTTPServer(("0.0.0.0", 8080), http.server.SimpleHTTPRequestHandler).serve_forever()
 """
@@ -141,11 +173,12 @@ def namespace(cluster, nodes):
     core.delete_namespace(name, grace_period_seconds=0)
 
 
-def _pinned_pod(cluster, namespace, name, node, args):
+def _pinned_pod(cluster, namespace, name, node, args, host_network=False):
     port = cluster.registry.rsplit(":", 1)[1]
     _kubectl_apply(cluster, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
         "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 0,
+                 "hostNetwork": host_network,
                  "containers": [{"name": "main", "image": cluster.info["METAX_REGISTRY_BASE_IMAGE"],
                                  "command": ["python3", "-c", POD_SCRIPT, port] + list(args)}]}})
 
@@ -155,7 +188,7 @@ def _running_ip(core, namespace, name):
     return pod.status.pod_ip if pod.status.phase == "Running" and pod.status.pod_ip else None
 
 
-def test_pinned_pod_runs_on_every_node_and_pods_reach_each_other(cluster, nodes, namespace):
+def test_pinned_pod_runs_on_every_node_and_pods_reach_each_other_and_services(cluster, nodes, namespace):
     core = _core(cluster)
     first = ["p1-" + n["name"] for n in nodes]
     for pod, node in zip(first, nodes):
@@ -168,16 +201,25 @@ def test_pinned_pod_runs_on_every_node_and_pods_reach_each_other(cluster, nodes,
         assert _in(ips[pod], node), (ips[pod], node["pod_cidr"])
         # the host (the scheduler's extender calls, tests) reaches every pod IP
         assert urllib.request.urlopen("http://%s:8080/" % ips[pod], timeout=5).status == 200
-    # from every node: apiserver by service IP, registry, and the pods on every node
+    # a Service (kube-proxy on every node) in front of the last node's pod
+    service = core.create_namespaced_service(namespace, {
+        "metadata": {"name": "peer"},
+        "spec": {"selector": {"app": first[-1]}, "ports": [{"port": 8080, "targetPort": 8080}]}})
+    cluster_ip = service.spec.cluster_ip
+    targets = sorted(ips.values()) + [cluster_ip]
+    # from every node, in pods and in hostNetwork pods: apiserver by service
+    # IP, registry, the pods on every node and the Service's ClusterIP
     second = ["p2-" + n["name"] for n in nodes]
-    for pod, node in zip(second, nodes):
-        _pinned_pod(cluster, namespace, pod, node["name"], sorted(ips.values()))
-    for pod in second:
+    third = ["p3-host-" + n["name"] for n in nodes]
+    for pod, host_pod, node in zip(second, third, nodes):
+        _pinned_pod(cluster, namespace, pod, node["name"], targets)
+        _pinned_pod(cluster, namespace, host_pod, node["name"], targets + ["--no-serve"], host_network=True)
+    for pod in second + third:
         wait_for(lambda p=pod: _running_ip(core, namespace, p), 120, "pod %s Running" % pod, interval=1)
         log = wait_for(lambda p=pod: core.read_namespaced_pod_log(p, namespace).strip(), 60, "%s output" % pod)
         report = json.loads(log.splitlines()[0])
-        assert report["apiserver"] is True and report["registry"] == 200, report
-        assert report["peers"] == {ip: True for ip in ips.values()}, report
+        assert report["apiserver"] is True and report["registry"] == 200, (pod, report)
+        assert report["peers"] == {ip: True for ip in targets}, (pod, report)
 
 
 # ---------------------------------------------------------------- agents on every node
