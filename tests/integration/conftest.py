@@ -41,7 +41,7 @@ TEST_NODES = os.environ.get("METAX_TEST_NODES", "8xC500 4xN100 2xC550-sriov")
 # what cluster.sh up logs when it takes down a cluster it may not reuse
 REPLACED = "replacing the running cluster:"
 
-_STATE = {"wanted": False, "tried": False, "error": None, "info": None, "was_up": False, "up_seconds": None}
+_STATE = {"wanted": False, "tried": False, "ran_up": False, "error": None, "info": None, "was_up": False, "up_seconds": None}
 
 
 def in_ci():
@@ -185,6 +185,7 @@ def _bring_up(config):
     # why (scripts/cluster/identity.py)
     rc, text, path, secs = _run_cluster("up", "cluster-up.log", UP_TIMEOUT, echo=lambda l: _write(config, l),
                                         nodes=TEST_NODES)
+    _STATE["ran_up"] = True
     _STATE["up_seconds"] = secs
     if REPLACED in text:
         _STATE["was_up"] = False  # this session brought up its own
@@ -219,10 +220,23 @@ def pytest_collection_finish(session):
             _write(session.config, "local cluster harness error: %s\n%s" % (_STATE["error"], verdict))
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say in words, at the very end, that the cluster tests did not run and why (not only a skip count)."""
+    if not _STATE["wanted"] or not _STATE["error"] or must_run():
+        return
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "cluster" in getattr(r, "keywords", {})]
+    terminalreporter.write_sep("=", "the local cluster tests did NOT run", red=True, bold=True)
+    terminalreporter.write_line("%d cluster test(s) were SKIPPED, not passed: %s"
+                                % (len(skipped), _STATE["error"]))
+    terminalreporter.write_line("Run the tests as root (or under CI, where they fail instead) to run them.")
+
+
 def pytest_sessionfinish(session, exitstatus):
     if not _STATE["tried"]:
         return
     _drop_lease()
+    if not _STATE["ran_up"]:
+        return  # not root, or no cluster.sh: this session started nothing to stop
     others = _other_live_leases()
     if others:
         _write(session.config, "local cluster: left running, still used by test session(s) %s" % others)
