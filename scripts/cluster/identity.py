@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
 """Who started the running local cluster, and may this checkout reuse it?

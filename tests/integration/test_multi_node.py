@@ -437,7 +437,7 @@ def test_restarting_one_kubelet_leaves_the_others_alone(cluster, nodes, namespac
     kubelets = {n: _pid_of("kubelet-" + n) for n in others}
     pods = {p.metadata.name: (p.metadata.uid, p.spec.node_name, p.status.container_statuses[0].restart_count)
             for p in core.list_namespaced_pod(namespace).items if p.status.phase == "Running"}
-    assert {node for _, node, _ in pods.values()} >= set(others), pods
+    assert {value[1] for value in pods.values()} >= set(others), pods
     old = _pid_of("kubelet-" + target)
     res = cluster.cluster_sh("restart-kubelet", target)
     assert res.returncode == 0, res.stdout + res.stderr
