@@ -196,6 +196,7 @@ class Agents:
     def delete(self, name):
         self.cluster.kubectl("-n", NS, "delete", "daemonset", name, "--ignore-not-found", "--wait=true",
                              timeout=180)
+
         def gone():
             return not self.api.list_namespaced_pod(NS, label_selector="app=%s" % name).items
         try:
