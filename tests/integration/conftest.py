@@ -176,7 +176,7 @@ def _bring_up(config):
                             text=True, cwd=REPO, timeout=120, check=False)
     _STATE["was_up"] = status.returncode == 0
     if _STATE["was_up"]:
-        _write(config, "local cluster: already up, using it (it will be left running)")
+        _write(config, "local cluster: already up; cluster.sh up checks whether this checkout may reuse it")
     else:
         _write(config, "local cluster: bringing it up (scripts/cluster/cluster.sh up; log: "
                        "tests/output/cluster-up.log; a cold run installs packages and builds Kubernetes first)")
@@ -189,6 +189,9 @@ def _bring_up(config):
     _STATE["up_seconds"] = secs
     if REPLACED in text:
         _STATE["was_up"] = False  # this session brought up its own
+        _write(config, "local cluster: the running one was not this checkout's; replaced (see the warning above)")
+    elif _STATE["was_up"]:
+        _write(config, "local cluster: reusing it (it will be left running)")
     if not _STATE["was_up"] and os.path.isdir(_state_dir()):
         # brought up by a test session: the last session using it stops it
         open(_started_by_tests_marker(), "w").close()

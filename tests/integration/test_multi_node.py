@@ -139,7 +139,7 @@ def test_every_node_ready_on_containerd_2_with_its_own_network(cluster, nodes):
 
 
 POD_SCRIPT = r"""
-import json, socket, sys, urllib.request
+import json, socket, sys, time, urllib.request
 out = {}
 socket.create_connection(("10.96.0.1", 443), 5).close()
 out["apiserver"] = True
@@ -148,14 +148,16 @@ out["peers"] = {}
 for peer in sys.argv[2:]:
     if peer == "--no-serve":
         continue
-    try:
-        socket.create_connection((peer, 8080), 5).close()
-        out["peers"][peer] = True
-    except OSError as exc:
-        out["peers"][peer] = str(exc)
+    for attempt in range(15):  # kube-proxy programs a new Service within its sync period
+        try:
+            socket.create_connection((peer, 8080), 5).close()
+            out["peers"][peer] = True
+            break
+        except OSError as exc:
+            out["peers"][peer] = str(exc)
+            time.sleep(1)
 print(json.dumps(out), flush=True)
 if "--no-serve" in sys.argv:  # a hostNetwork pod: port 8080 of the node is not ours
-    import time
     time.sleep(86400)
 import http.server
 http.server.HTTPServer(("0.0.0.0", 8080), http.server.SimpleHTTPRequestHandler).serve_forever()
@@ -206,6 +208,13 @@ def test_pinned_pod_runs_on_every_node_and_pods_reach_each_other_and_services(cl
         "metadata": {"name": "peer"},
         "spec": {"selector": {"app": first[-1]}, "ports": [{"port": 8080, "targetPort": 8080}]}})
     cluster_ip = service.spec.cluster_ip
+    # kube-proxy rejects a Service's ClusterIP until its EndpointSlice has a ready endpoint
+    from kubernetes import client as kclient
+    discovery = kclient.DiscoveryV1Api(cluster.api_client())
+    wait_for(lambda: any(e.conditions and e.conditions.ready
+                         for sl in discovery.list_namespaced_endpoint_slice(
+                             namespace, label_selector="kubernetes.io/service-name=peer").items
+                         for e in sl.endpoints or []), 60, "a ready endpoint of Service peer", interval=1)
     targets = sorted(ips.values()) + [cluster_ip]
     # from every node, in pods and in hostNetwork pods: apiserver by service
     # IP, registry, the pods on every node and the Service's ClusterIP
