@@ -117,9 +117,12 @@ def test_two_gpu_pod_goes_through_the_extender(cluster, site):
         node_name = cluster.kubectl("get", "pod", "e2e-two-gpus", "-o", "jsonpath={.spec.nodeName}").stdout
         node = _nodes(cluster)[node_name]
         devices = json.loads(node["metadata"]["annotations"][N.ANNOTATION_DEVICES])
-        _wait(lambda: sum(1 for d in json.loads(_nodes(cluster)[node_name]["metadata"]["annotations"]
-                                                 [N.ANNOTATION_DEVICES]) if d["allocated"]) == 2,
-              60, "gpu-device to report the allocation")
+
+        def allocated():
+            annotations = _nodes(cluster)[node_name]["metadata"]["annotations"]
+            return sum(1 for d in json.loads(annotations[N.ANNOTATION_DEVICES]) if d["allocated"])
+
+        _wait(lambda: allocated() == 2, 60, "gpu-device to report the allocation")
         listing = cluster.kubectl("exec", "e2e-two-gpus", "--", "sh", "-c", "ls /dev/dri | grep -c renderD").stdout
         assert listing.strip() == "2", (listing, devices)
     finally:
