@@ -89,7 +89,7 @@ def test_every_node_shows_its_preset(cluster, site):
 
 
 def test_second_site_run_changes_nothing(cluster, site):
-    out, _ = _playbook(cluster, "site")
+    out, _secs = _playbook(cluster, "site")
     recap = [line for line in out.splitlines() if "changed=" in line]
     assert recap and all("changed=0" in line for line in recap), "\n".join(recap)
 

@@ -78,7 +78,7 @@ def test_every_container_parses_with_its_agent(case):
     rc, objects, err = render(HELM, VALUE_SETS[case])
     assert rc == 0, err
     seen = set()
-    for _, _, container in containers(objects):
+    for _obj, _pod, container in containers(objects):
         parse(container)
         seen.add(container["name"])
     expected = {"gpu-device", "gpu-label"}
@@ -90,7 +90,7 @@ def test_every_container_parses_with_its_agent(case):
 def test_manual_options_reach_the_agents():
     rc, objects, err = render(HELM, VALUE_SETS["per-component-logs"])
     assert rc == 0, err
-    args = {c["name"]: parse(c) for _, _, c in containers(objects)}
+    args = {c["name"]: parse(c) for _obj, _pod, c in containers(objects)}
     dev, lab, aware = args["gpu-device"], args["gpu-label"], args["gpu-aware"]
     assert dev.healthy_interval == 0
     # component members override the global Log Options, the rest is inherited
@@ -103,19 +103,19 @@ def test_manual_options_reach_the_agents():
 def test_defaults_are_the_manuals():
     rc, objects, err = render(HELM, {}, sets=["deployExtenderGPUAware=true"])
     assert rc == 0, err
-    for obj, _, container in containers(objects):
+    for obj, _pod, container in containers(objects):
         parsed = parse(container)
         assert container["image"] == "cr.metax-tech.com/cloud/%s:%s" % (container["name"], chart_meta()["appVersion"])
         assert container["imagePullPolicy"] == "IfNotPresent"
         assert (parsed.log_dir, parsed.log_level, parsed.log_format, parsed.log_rotation_time,
                 parsed.log_max_age) == ("/var/log/metax", "info", "json", "1w", "26w")
         assert obj["metadata"]["namespace"] == names.NAMESPACE
-    device = [c for _, _, c in containers(objects) if c["name"] == "gpu-device"][0]
+    device = [c for _obj, _pod, c in containers(objects) if c["name"] == "gpu-device"][0]
     assert parse(device).healthy_interval == 5
 
 
 def test_extender_objects_only_when_asked():
-    _, off, _ = render(HELM, {})
+    _rc, off, _err = render(HELM, {})
     assert not [o for o in off if o["metadata"]["name"] in ("gpu-aware", names.GPU_AWARE_CONFIGMAP)]
     rc, on, err = render(HELM, VALUE_SETS["extender"])
     assert rc == 0, err
@@ -128,7 +128,7 @@ def test_extender_objects_only_when_asked():
     assert parse_weight(configmap["data"]["lossWeight"]) == 0.0
     aware = parse(objs[("Deployment", "gpu-aware")]["spec"]["template"]["spec"]["containers"][0])
     assert (aware.port, aware.namespace, aware.configmap) == (8080, names.NAMESPACE, names.GPU_AWARE_CONFIGMAP)
-    assert [c["image"] for _, _, c in containers(on)][0].startswith("registry.local:5000/metax/")
+    assert [c["image"] for _obj, _pod, c in containers(on)][0].startswith("registry.local:5000/metax/")
 
 
 def test_gpu_device_runs_only_on_labelled_nodes_privileged_with_few_host_paths():
@@ -180,7 +180,7 @@ def test_rbac_is_least_privilege_per_agent():
     assert rules["gpu-aware"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
     assert objs[("Role", "gpu-aware")]["rules"] == [
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]}]
-    for obj, pod, _ in containers(objects):
+    for obj, pod, _container in containers(objects):
         assert pod["serviceAccountName"] == obj["metadata"]["name"]
     for obj in objects:
         for rule in obj.get("rules", []):
@@ -236,7 +236,7 @@ def test_every_manual_option_is_in_values_and_schema():
         for part in option.split("."):
             assert part in node, "values.yaml lacks %s" % option
             node = node[part]
-        assert option.split(".")[0] in schema["properties"]
+        assert option.split(".", maxsplit=1)[0] in schema["properties"]
 
 
 def test_helm_lint_is_clean_for_every_chart():
