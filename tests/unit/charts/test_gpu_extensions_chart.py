@@ -245,3 +245,11 @@ def test_helm_lint_is_clean_for_every_chart():
         proc = subprocess.run([HELM, "lint", "--strict", str(chart)], capture_output=True, text=True, check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert not re.search(r"\[(WARNING|ERROR)\]", proc.stdout), proc.stdout
+
+
+@pytest.mark.parametrize("sets", [["log.maxAge=1d", "log.rotationTime=1w"],
+                                  ["deployExtenderGPUAware=true", "gpuAware.log.maxAge=12h"]])
+def test_max_age_shorter_than_rotation_is_refused(sets):
+    rc, objects, err = render(HELM, {}, sets=sets)
+    assert rc != 0 and not objects
+    assert "maxAge" in err and "shorter than rotationTime" in err, err

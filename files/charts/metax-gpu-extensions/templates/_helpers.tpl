@@ -19,6 +19,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $root := index . 0 -}}
 {{- $log := deepCopy $root.Values.log -}}
 {{- range $k, $v := (index . 1 | default dict) }}{{ $_ := set $log $k $v }}{{ end -}}
+{{- $hours := dict "w" 168 "d" 24 "h" 1 -}}
+{{- $rot := mul (atoi (trimSuffix "w" (trimSuffix "d" (trimSuffix "h" (toString $log.rotationTime))))) (get $hours (substr (int (sub (len (toString $log.rotationTime)) 1)) -1 (toString $log.rotationTime))) -}}
+{{- $age := mul (atoi (trimSuffix "w" (trimSuffix "d" (trimSuffix "h" (toString $log.maxAge))))) (get $hours (substr (int (sub (len (toString $log.maxAge)) 1)) -1 (toString $log.maxAge))) -}}
+{{- if lt $age $rot -}}
+{{- fail (printf "log options: maxAge (%s) is shorter than rotationTime (%s)" $log.maxAge $log.rotationTime) -}}
+{{- end }}
 - --log-dir={{ $log.dir }}
 - --log-level={{ $log.level }}
 - --log-format={{ $log.format }}
