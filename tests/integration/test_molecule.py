@@ -27,9 +27,11 @@ def test_molecule_default_scenario(cluster):
     env = dict(cluster.env)
     env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(ROOT, ".build", "collections")
     env["K8S_AUTH_KUBECONFIG"] = cluster.kubeconfig
+    env["NO_COLOR"] = "1"
+    env["ANSIBLE_FORCE_COLOR"] = "false"
     proc = subprocess.run([molecule, "test", "-s", "default"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=3600, check=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-8000:]
     for action in ("converge", "idempotence", "verify", "cleanup"):
-        assert "%s: Executed: Successful" % action in output or "Action: '%s'" % action in output, action
+        assert "%s: Executed: Successful" % action in output, action
