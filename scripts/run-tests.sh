@@ -73,6 +73,24 @@ lint_phase() {
   # node-side code (modules and the module_utils they ship) must run on Python 3.8
   # shellcheck disable=SC2046  # one file name per line, no spaces in our paths
   vermin --no-tips --violations -t=3.8- $(python scripts/lib/node_side_files.py "$ROOT") || rc=1
+  helm_lint || rc=1
+  return "$rc"
+}
+
+helm_lint() {     # every chart under files/charts; helm from $METAX_HELM, PATH or the cluster build cache
+  local helm=${METAX_HELM:-} chart rc=0
+  [ -n "$helm" ] || helm=$(command -v helm || true)
+  if [ -z "$helm" ]; then
+    helm=$(find "${METAX_CACHE_DIR:-$HOME/.cache/metax-gpu}/helm" -path '*/bin/helm' -type f 2>/dev/null | sort | tail -n1)
+  fi
+  if [ -z "$helm" ]; then
+    echo "helm lint: no helm binary (set METAX_HELM or build the cluster once)" >&2
+    return 1
+  fi
+  for chart in files/charts/*/; do
+    [ -f "${chart}Chart.yaml" ] || continue
+    "$helm" lint --strict "$chart" || rc=1
+  done
   return "$rc"
 }
 
