@@ -311,7 +311,9 @@ class Cluster(object):
         """Environment for subprocesses (kubectl, podman, skopeo) using the cluster."""
         env = dict(os.environ)
         env.update({k: v for k, v in self.info.items() if v and isinstance(v, str)})
-        env["PATH"] = self.info["METAX_KUBE_BIN"] + os.pathsep + env.get("PATH", "")
+        # the same PATH as `eval "$(cluster.sh env)"`: kubectl, helm (the bastion's tools)
+        tools = [self.info["METAX_KUBE_BIN"]] + ([os.path.dirname(self.helm)] if self.helm else [])
+        env["PATH"] = os.pathsep.join(tools + [env.get("PATH", "")])
         return env
 
     def kubectl(self, *args, **kwargs):
