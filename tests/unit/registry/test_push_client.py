@@ -1,0 +1,146 @@
+"""The OCI client and pusher against a real docker-registry: push, pull back with skopeo, re-push, errors."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from registry_fixtures import (CuttingProxy, make_docker_archive, random_layers, skopeo_inspect)
+
+from ansible_collections.metax.gpu.plugins.module_utils.registry.client import Credentials, Registry
+from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import ArtifactError, AuthError, RegistryError
+from ansible_collections.metax.gpu.plugins.module_utils.registry import api
+
+skopeo = pytest.mark.skipif(not os.path.exists("/usr/bin/skopeo"), reason="skopeo not installed")
+
+
+@pytest.fixture
+def archive(tmp_path):
+    path = str(tmp_path / "img.tar")
+    info = make_docker_archive(path, "cr.example.com/cloud/gpu-device:1.2.3", random_layers(3, 200_000))
+    info["path"] = path
+    return info
+
+
+@skopeo
+@pytest.mark.parametrize("compression", ["gzip", "zstd", "none"])
+def test_push_docker_archive_then_pull_back(registry, archive, cache_dir, tmp_path, compression):
+    req = api.PushRequest(src=archive["path"], registry=registry.host + "/metax", plain_http=True,
+                          compression=compression, cache_dir=cache_dir)
+    first = api.push(req)
+    assert first["changed"] is True
+    (art,) = first["artifacts"]
+    assert art["ref"] == registry.host + "/metax/gpu-device:1.2.3"
+    assert art["blobs_uploaded"] == 4 and art["bytes_uploaded"] > 0
+    pulled = skopeo_inspect(art["ref"])
+    assert pulled["digest"] == art["digest"]
+    manifest = json.loads(pulled["raw"])
+    assert manifest["config"]["digest"] == archive["config_digest"]
+    expected = {"gzip": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                "zstd": "application/vnd.oci.image.layer.v1.tar+zstd",
+                "none": "application/vnd.docker.image.rootfs.diff.tar"}[compression]
+    assert {l["mediaType"] for l in manifest["layers"]} == {expected}
+    # skopeo decompresses every layer and checks it against the config's diff_ids
+    out = tmp_path / "pulled"
+    subprocess.run(["skopeo", "copy", "--src-tls-verify=false", "docker://" + art["ref"], "oci:%s:x" % out],
+                   check=True, capture_output=True)
+    second = api.push(req)
+    assert second["changed"] is False
+    assert second["artifacts"][0]["digest"] == art["digest"]
+    assert second["artifacts"][0]["bytes_uploaded"] == 0
+
+
+def test_check_mode_reports_the_plan_and_writes_nothing(registry, archive, cache_dir):
+    req = api.PushRequest(src=archive["path"], registry=registry.host + "/metax", plain_http=True,
+                          cache_dir=cache_dir, check_mode=True, compression="none")
+    plan = api.push(req)
+    assert plan["changed"] is True
+    assert plan["artifacts"][0]["would_upload_bytes"] > 600_000
+    reg = Registry(registry.host, plain_http=True)
+    assert reg.manifest_digest("metax/gpu-device", "1.2.3", ["application/vnd.docker.distribution.manifest.v2+json"]) is None
+
+
+def test_cut_connection_mid_blob_still_completes(registry, archive, cache_dir):
+    port = int(registry.host.split(":")[1])
+    proxy = CuttingProxy(port, cut_after=300_000)
+    try:
+        req = api.PushRequest(src=archive["path"], registry="127.0.0.1:%d/metax" % proxy.port, plain_http=True,
+                              compression="none", cache_dir=cache_dir, concurrency=1)
+        result = api.push(req)
+    finally:
+        proxy.close()
+    assert proxy.cuts == 1
+    assert result["changed"] is True
+    pulled = skopeo_inspect(registry.host + "/metax/gpu-device:1.2.3")
+    assert pulled["digest"] == result["artifacts"][0]["digest"]
+
+
+@skopeo
+def test_tls_and_htpasswd(auth_registry, archive, cache_dir, tmp_path):
+    base = dict(src=archive["path"], registry=auth_registry.host + "/metax", cache_dir=cache_dir,
+                ca_path=auth_registry.ca)
+    with pytest.raises(AuthError) as err:
+        api.push(api.PushRequest(username=auth_registry.username, password="wrong", **base))
+    assert auth_registry.host in str(err.value) and "refused" in str(err.value)
+    with pytest.raises(AuthError) as err:
+        api.push(api.PushRequest(**base))
+    assert "username/password" in str(err.value)
+    with pytest.raises(RegistryError) as err:  # no CA: the self-signed certificate is refused
+        api.push(api.PushRequest(src=archive["path"], registry=auth_registry.host + "/metax",
+                                 username=auth_registry.username, password=auth_registry.password, cache_dir=cache_dir))
+    assert "ca_path" in str(err.value)
+    good = api.push(api.PushRequest(username=auth_registry.username, password=auth_registry.password, **base))
+    assert good["changed"] is True
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "ca.crt").write_bytes(open(auth_registry.ca, "rb").read())
+    pulled = skopeo_inspect(good["artifacts"][0]["ref"], tls_verify=True,
+                            creds="%s:%s" % (auth_registry.username, auth_registry.password), cert_dir=str(certs))
+    assert pulled["digest"] == good["artifacts"][0]["digest"]
+
+
+def test_auth_file_supplies_credentials(auth_registry, archive, cache_dir, tmp_path):
+    import base64
+    auth = tmp_path / "auth.json"
+    token = base64.b64encode(("%s:%s" % (auth_registry.username, auth_registry.password)).encode()).decode()
+    auth.write_text(json.dumps({"auths": {auth_registry.host: {"auth": token}}}))
+    result = api.push(api.PushRequest(src=archive["path"], registry=auth_registry.host + "/metax", cache_dir=cache_dir,
+                                      ca_path=auth_registry.ca, auth_file=str(auth)))
+    assert result["changed"] is True
+
+
+def test_corrupt_and_missing_archives_name_the_file(registry, tmp_path, cache_dir):
+    missing = str(tmp_path / "nope.tar")
+    with pytest.raises(ArtifactError, match="nope.tar: no such file"):
+        api.push(api.PushRequest(src=missing, registry=registry.host + "/p", plain_http=True, cache_dir=cache_dir))
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"\0garbage" * 100)
+    with pytest.raises(ArtifactError, match="bad.tar"):
+        api.push(api.PushRequest(src=str(bad), registry=registry.host + "/p", plain_http=True, cache_dir=cache_dir))
+    # a layer whose content does not match the config's diff_id
+    path = str(tmp_path / "lying.tar")
+    make_docker_archive(path, "x/y:1", random_layers(1, 1000))
+    import tarfile
+    with tarfile.open(path) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    layer = next(n for n in members if n.endswith("layer.tar"))
+    members[layer] = members[layer][:-10] + b"0123456789"
+    with tarfile.open(path, "w") as tar:
+        import io
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ArtifactError, match="layer content"):
+        api.push(api.PushRequest(src=path, registry=registry.host + "/p", plain_http=True, cache_dir=cache_dir))
+    reg = Registry(registry.host, plain_http=True)
+    assert reg.manifest_digest("p/y", "1", ["application/vnd.docker.distribution.manifest.v2+json"]) is None
+
+
+def test_registry_down_is_a_clear_error(tmp_path, archive, cache_dir):
+    from registry_fixtures import free_port
+    with pytest.raises(RegistryError, match="127.0.0.1"):
+        api.push(api.PushRequest(src=archive["path"], registry="127.0.0.1:%d/p" % free_port(), plain_http=True,
+                                 cache_dir=cache_dir, retries=1))
