@@ -126,7 +126,13 @@ def make_docker_archive(path: str, ref: str, layers: List[bytes], cmd: Optional[
 def random_layers(count: int, size: int, seed: int = 0) -> List[bytes]:
     out = []
     for i in range(count):
-        data = hashlib.sha256(b"%d-%d" % (seed, i)).digest() * (size // 32) + os.urandom(64)
+        # incompressible and deterministic: a sha256 chain (same seed, same layer)
+        block = hashlib.sha256(b"%d-%d" % (seed, i)).digest()
+        chunks = []
+        for _n in range(size // 32):
+            block = hashlib.sha256(block).digest()
+            chunks.append(block)
+        data = b"".join(chunks)
         out.append(layer_tar({"data/%d.bin" % i: data}))
     return out
 
