@@ -109,7 +109,7 @@ def build(path: str, version: str, images: List[Dict[str, Any]], charts: List[st
         return {"changed": True, "path": path, "digest": key,
                 "images": [{"name": a.name, "tag": a.tag, "digest": None} for a in arts],
                 "charts": [{"name": c["name"], "version": c["version"]} for c in chart_entries]}
-    opts = _push.Options(compression="gzip", concurrency=threads, cache_dir=cache_dir)
+    opts = _push.Options(compression="gzip", concurrency=threads, cache_dir=cache_dir, keep_files=True)
     prepared = [_push.prepare(a, a.name, a.tag, opts) for a in arts]
     desc = {"format": FORMAT, "key": key, "version": version, "registry": registry, "offset": 0,
             "images": [{"name": p.repository, "tag": p.tag, "digest": p.digest} for p in prepared],
@@ -170,9 +170,10 @@ def _add_layout(tar: tarfile.TarFile, prepared, registry: str) -> None:
         if blob.digest in seen:
             continue
         seen.add(blob.digest)
+        assert blob.source is not None and blob.digest is not None
         with blob.source.open() as handle:
             _add(tar, base + "blobs/sha256/" + blob.digest.split(":")[1], blob.size, handle)
-    body, media_type = prepared.manifests[-1]
+    body, media_type = prepared.manifests()[-1]
     _add(tar, base + "blobs/sha256/" + B.sha256_digest(body).split(":")[1], len(body), io.BytesIO(body))
     full = "%s/%s:%s" % (registry.rstrip("/"), prepared.repository, prepared.tag)
     index = {"schemaVersion": 2, "mediaType": B.OCI_INDEX, "manifests": [{

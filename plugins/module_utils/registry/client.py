@@ -200,6 +200,9 @@ class Registry:
             self._learn_challenge(challenge, scope)
             if already:  # basic credentials were sent and refused
                 raise self._auth_error(resp)
+            if body is not None and not isinstance(body, (bytes, _Body)) and body_factory is None:
+                # a consumed stream cannot be sent again: the caller restarts the blob (new session)
+                raise TransientError("registry %s: authentication expired during %s %s" % (self.host, method, path))
         raise AssertionError("unreachable")
 
     # -- blobs ------------------------------------------------------------------------------------
@@ -233,22 +236,37 @@ class Registry:
         raise RegistryError("registry %s: blob %s of %s failed %d times; last error: %s"
                             % (self.host, digest, repo, self.retries + 1, last))
 
-    def _upload_once(self, repo, digest, size, path, offset, data, mount_from, progress) -> str:
-        scope = self.scope(repo, extra=[mount_from] if mount_from else [])
-        params = {"mount": digest, "from": mount_from} if mount_from else None
+    def mount_blob(self, repo: str, digest: str, from_repo: str) -> bool:
+        """Cross-repository mount; False when the registry fell back to an upload session (then cancelled)."""
+        resp = self._send("POST", "/v2/%s/blobs/uploads/" % repo, self.scope(repo, extra=[from_repo]),
+                          params={"mount": digest, "from": from_repo}, headers={"Content-Length": "0"})
+        if resp.status_code == 201:
+            return True
+        self._check(resp, (202,), "mount %s from %s into %s" % (digest, from_repo, repo))
+        location = resp.headers.get("Location")
+        if location:
+            self._send("DELETE", urljoin(self.base, location), self.scope(repo))
+        return False
+
+    def _start_upload(self, repo: str, digest: str) -> str:
         # the POST carries no body: any 401 is settled here, before a byte of the blob is read
-        resp = self._send("POST", "/v2/%s/blobs/uploads/" % repo, scope, params=params,
-                          headers={"Content-Length": "0"})
-        if resp.status_code == 201 and mount_from:
-            return "mounted"
-        self._check(resp, (202,), "start upload of %s to %s" % (digest, repo))
+        resp = self._send("POST", "/v2/%s/blobs/uploads/" % repo, self.scope(repo), headers={"Content-Length": "0"})
+        self._check(resp, (202,), "start upload of %s to %s" % (digest or "a layer", repo))
         location = resp.headers.get("Location")
         if not location:
             raise RegistryError("registry %s: upload session without Location" % self.host)
-        location = urljoin(self.base, location)
-        sep = "&" if "?" in location else "?"
-        url = location + sep + urlencode({"digest": digest})
+        return urljoin(self.base, location)
+
+    @staticmethod
+    def _with_digest(location: str, digest: str) -> str:
+        return location + ("&" if "?" in location else "?") + urlencode({"digest": digest})
+
+    def _upload_once(self, repo, digest, size, path, offset, data, mount_from, progress) -> str:
+        if mount_from and self.mount_blob(repo, digest, mount_from):
+            return "mounted"
+        url = self._with_digest(self._start_upload(repo, digest), digest)
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
+        scope = self.scope(repo)
         if path is not None:
             factory: Callable[[], object] = lambda: _Body(path, offset, size, progress)
             resp = self._send("PUT", url, scope, body_factory=factory, headers=headers)
@@ -258,6 +276,42 @@ class Registry:
             raise TransientError("registry %s: upload session of %s vanished: %s" % (self.host, digest, _error_text(resp)))
         self._check(resp, (201,), "upload %s to %s" % (digest, repo))
         return "uploaded"
+
+    def upload_stream(self, repo: str, make_converter: Callable[[], object],
+                      progress: Optional[Callable[[int], None]] = None) -> Tuple[str, int]:
+        """Upload a layer compressed on the fly (one chunked PATCH, then PUT ?digest=); returns (digest, size).
+
+        The digest is known only at the end of the stream, so the blob cannot
+        be HEAD-checked first; the caller does that with a cached digest.  A
+        failure restarts the whole layer with a new session.
+        """
+        backoff = Backoff(initial=0.2, cap=5.0)
+        last: Optional[Exception] = None
+        for _attempt in range(self.retries + 1):
+            conv = make_converter()
+            conv.progress = progress  # type: ignore[attr-defined]
+            try:
+                location = self._start_upload(repo, "")
+                resp = self._send("PATCH", location, self.scope(repo), data=conv.chunks(),  # type: ignore[attr-defined]
+                                  headers={"Content-Type": "application/octet-stream"})
+                if conv.error:  # type: ignore[attr-defined]
+                    raise conv.error  # type: ignore[attr-defined]
+                if resp.status_code == 404:
+                    raise TransientError("registry %s: upload session vanished: %s" % (self.host, _error_text(resp)))
+                self._check(resp, (202,), "upload a layer to %s" % repo)
+                location = urljoin(self.base, resp.headers.get("Location") or location)
+                digest = conv.digest  # type: ignore[attr-defined]
+                resp = self._send("PUT", self._with_digest(location, digest), self.scope(repo),
+                                  headers={"Content-Length": "0"}, data=b"")
+                if resp.status_code == 404:
+                    raise TransientError("registry %s: upload session of %s vanished" % (self.host, digest))
+                self._check(resp, (201,), "commit %s to %s" % (digest, repo))
+                return digest, conv.size  # type: ignore[attr-defined]
+            except TransientError as exc:
+                last = exc
+                time.sleep(backoff.next_delay())
+        raise RegistryError("registry %s: a layer of %s failed %d times; last error: %s"
+                            % (self.host, repo, self.retries + 1, last))
 
     def get_blob(self, repo: str, digest: str) -> bytes:
         resp = self._send("GET", "/v2/%s/blobs/%s" % (repo, digest), self.scope(repo, "pull"))

@@ -26,11 +26,25 @@ ALL_MANIFEST_TYPES = (B.OCI_MANIFEST, B.DOCKER_MANIFEST, B.OCI_INDEX, B.DOCKER_L
 
 
 @dataclass
-class Blob:
-    digest: str
-    size: int
-    media_type: str
+class Convert:
+    """How to produce a blob that exists only after re-compression."""
     source: Slice
+    source_compression: str
+    target: str
+    diff_id: Optional[str]
+    origin: str
+
+
+@dataclass
+class Blob:
+    digest: Optional[str]   # None: converted on the fly, digest known after the upload
+    size: int               # for a conversion without a cached digest: the source size (an estimate)
+    media_type: str
+    source: Optional[Slice] = None
+    convert: Optional[Convert] = None
+
+    def descriptor(self) -> Dict[str, object]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
 
 
 @dataclass
@@ -38,13 +52,37 @@ class Prepared:
     artifact: Artifact
     repository: str
     tag: str
-    blobs: List[Blob] = field(default_factory=list)
-    manifests: List[Tuple[bytes, str]] = field(default_factory=list)  # children first; the last is tagged
-    unknown: bool = False   # check mode: a layer still needs converting, the digest is not known yet
+    blobs: List[Blob] = field(default_factory=list)       # config first, then the layers in order
+    verbatim: List[Tuple[bytes, str]] = field(default_factory=list)  # an index and its children, as read
+    docker: bool = False
+
+    @property
+    def unknown(self) -> bool:
+        return any(b.digest is None for b in self.blobs)
+
+    def manifests(self) -> List[Tuple[bytes, str]]:
+        """Children first; the last one is tagged."""
+        if self.verbatim:
+            return list(self.verbatim)
+        config, layers = self.blobs[0], self.blobs[1:]
+        manifest: Dict[str, object] = {
+            "schemaVersion": 2,
+            "mediaType": B.DOCKER_MANIFEST if self.docker else B.OCI_MANIFEST,
+            "config": config.descriptor(),
+            "layers": [],
+        }
+        for blob, layer in zip(layers, self.artifact.layers):
+            desc = blob.descriptor()
+            if layer.annotations:
+                desc["annotations"] = layer.annotations
+            manifest["layers"].append(desc)  # type: ignore[attr-defined]
+        if self.artifact.manifest_annotations and not self.docker:
+            manifest["annotations"] = self.artifact.manifest_annotations
+        return [(json.dumps(manifest, indent=2).encode(), str(manifest["mediaType"]))]
 
     @property
     def digest(self) -> Optional[str]:
-        return None if self.unknown else B.sha256_digest(self.manifests[-1][0])
+        return None if self.unknown else B.sha256_digest(self.manifests()[-1][0])
 
     @property
     def ref(self) -> str:
@@ -57,7 +95,8 @@ class Options:
     concurrency: int = 4
     cache_dir: str = ""
     check_mode: bool = False
-    progress: Optional[Callable[[str, str, int, int], None]] = None  # (ref, digest, done, total)
+    progress: Optional[Callable[[str, str, int, int], None]] = None  # (ref, digest or layer, done, total)
+    keep_files: bool = False   # the bundle writer needs converted layers as files
 
 
 def prepare(artifact: Artifact, repository: str, tag: str, opts: Options) -> Prepared:
@@ -68,58 +107,39 @@ def prepare(artifact: Artifact, repository: str, tag: str, opts: Options) -> Pre
             if digest not in seen:
                 seen.add(digest)
                 prepared.blobs.append(Blob(digest, blob.size, media_type, blob))
-        prepared.manifests = list(artifact.verbatim)
+        prepared.verbatim = list(artifact.verbatim)
         return prepared
     cache = B.LayerCache(opts.cache_dir or B.default_cache_dir())
-    layer_descs = []
-    for layer in artifact.layers:
-        if artifact.kind == "chart":
-            target = source = "gzip"
-        else:
-            source = layer.compression
-            target = opts.compression
-        media_type = (layer.media_type if artifact.kind == "chart"
-                      else B.layer_media_type(target, artifact.docker and target != "zstd"))
-        if source == target and layer.digest:
-            blob = Blob(layer.digest, layer.source.size, media_type, layer.source)
-        elif source == target == "none" and layer.diff_id:
-            blob = Blob(layer.diff_id, layer.source.size, media_type, layer.source)
-        elif source == target and artifact.kind == "chart":
-            with layer.source.open() as handle:
-                digest, size = B.hash_stream(handle)
-            blob = Blob(digest, size, media_type, layer.source)
-        else:
-            entry = cache.lookup(target, layer.diff_id) if layer.diff_id else None
-            if entry is None and opts.check_mode:
-                prepared.unknown = True
-                continue
-            if entry is None:
-                entry = cache.convert(layer.source.open, source, target, layer.diff_id,
-                                      threads=max(1, opts.concurrency))
-            blob = Blob(str(entry["digest"]), int(entry["size"]), media_type,  # type: ignore[call-overload]
-                        Slice(size=int(entry["size"]), path=str(entry["path"])))  # type: ignore[call-overload]
-        prepared.blobs.append(blob)
-        desc = {"mediaType": media_type, "digest": blob.digest, "size": blob.size}
-        if layer.annotations:
-            desc["annotations"] = layer.annotations
-        layer_descs.append(desc)
+    image = artifact.kind == "image"
+    # zstd exists only in OCI media types; gzip/none keep Docker schema 2 for a docker-archive (docker 18.09)
+    prepared.docker = image and artifact.docker and opts.compression != "zstd"
     config = artifact.config
     assert config is not None and artifact.config_digest
-    docker = artifact.docker and opts.compression != "zstd" and artifact.kind == "image"
-    config_type = artifact.config_media_type
-    if artifact.kind == "image":
-        config_type = B.DOCKER_CONFIG if docker else B.OCI_CONFIG
-    prepared.blobs.insert(0, Blob(artifact.config_digest, config.size, config_type, config))
-    manifest: Dict[str, object] = {
-        "schemaVersion": 2,
-        "mediaType": B.DOCKER_MANIFEST if docker else B.OCI_MANIFEST,
-        "config": {"mediaType": config_type, "digest": artifact.config_digest, "size": config.size},
-        "layers": layer_descs,
-    }
-    if artifact.manifest_annotations and not docker:
-        manifest["annotations"] = artifact.manifest_annotations
-    body = json.dumps(manifest, indent=2, sort_keys=False).encode()
-    prepared.manifests = [(body, str(manifest["mediaType"]))]
+    config_type = (B.DOCKER_CONFIG if prepared.docker else B.OCI_CONFIG) if image else artifact.config_media_type
+    prepared.blobs.append(Blob(artifact.config_digest, config.size, config_type, config))
+    for layer in artifact.layers:
+        if not image:  # a chart's content layer goes as it is
+            digest = layer.digest
+            if digest is None:
+                with layer.source.open() as handle:
+                    digest, _size = B.hash_stream(handle)
+            prepared.blobs.append(Blob(digest, layer.source.size, layer.media_type, layer.source))
+            continue
+        source, target = layer.compression, opts.compression
+        media_type = B.layer_media_type(target, prepared.docker)
+        if source == target and layer.digest:
+            prepared.blobs.append(Blob(layer.digest, layer.source.size, media_type, layer.source))
+        elif source == target == "none" and layer.diff_id:
+            prepared.blobs.append(Blob(layer.diff_id, layer.source.size, media_type, layer.source))
+        elif opts.keep_files:
+            entry = cache.convert(layer.source.open, source, target, layer.diff_id, origin=artifact.origin)
+            prepared.blobs.append(Blob(entry["digest"], entry["size"], media_type,
+                                       Slice(size=entry["size"], path=entry["path"])))
+        else:
+            entry = cache.lookup(target, layer.diff_id) if layer.diff_id else None
+            prepared.blobs.append(Blob(entry["digest"] if entry else None,
+                                       entry["size"] if entry else layer.source.size, media_type,
+                                       convert=Convert(layer.source, source, target, layer.diff_id, artifact.origin)))
     return prepared
 
 
@@ -158,34 +178,60 @@ class Pusher:
             if current == prepared.digest:
                 result.blobs_skipped = len(prepared.blobs)
                 for blob in prepared.blobs:
-                    self.located.setdefault(blob.digest, repo)
+                    self.located.setdefault(str(blob.digest), repo)
                 return result
         result.changed = True
         if self.opts.check_mode:
             for blob in prepared.blobs:
-                if reg.blob_exists(repo, blob.digest):
+                if blob.digest is not None and reg.blob_exists(repo, blob.digest):
                     result.blobs_skipped += 1
                 else:
                     result.would_upload_bytes += blob.size
             return result
 
+        cache = B.LayerCache(self.opts.cache_dir or B.default_cache_dir())
+
         def one(blob: Blob) -> Tuple[str, int]:
-            mount_from = self.located.get(blob.digest)
+            mount_from = self.located.get(blob.digest or "")
             if mount_from == repo:
                 mount_from = None
+            label = blob.digest or "layer"
             done = [0]
 
             def progress(amount: int) -> None:
                 done[0] += amount
                 if self.opts.progress:
-                    self.opts.progress(prepared.ref, blob.digest, done[0], blob.size)
+                    self.opts.progress(prepared.ref, label, done[0], blob.size)
+            conv = blob.convert
+            if conv is not None:
+                if blob.digest is not None:
+                    if reg.blob_exists(repo, blob.digest):
+                        how = "exists"
+                    elif mount_from and reg.mount_blob(repo, blob.digest, mount_from):
+                        how = "mounted"
+                    else:
+                        how = ""
+                    if how:
+                        with self.lock:
+                            self.located[blob.digest] = repo
+                        return how, blob.size
+                digest, size = reg.upload_stream(
+                    repo, lambda: B.Converter(conv.source.open, conv.source_compression, conv.target,  # type: ignore[union-attr]
+                                              conv.diff_id, conv.origin), progress)  # type: ignore[union-attr]
+                blob.digest, blob.size = digest, size
+                if conv.diff_id:
+                    cache.record(conv.target, conv.diff_id, digest, size)
+                with self.lock:
+                    self.located[digest] = repo
+                return "uploaded", size
+            assert blob.source is not None and blob.digest is not None
             how = reg.upload_blob(repo, blob.digest, blob.size, path=blob.source.path, data=blob.source.data,
                                   offset=blob.source.offset, mount_from=mount_from, progress=progress)
             with self.lock:
                 self.located[blob.digest] = repo
             return how, blob.size
 
-        unique = list({b.digest: b for b in prepared.blobs}.values())
+        unique = list({b.digest or id(b): b for b in prepared.blobs}.values())
         workers = max(1, min(self.opts.concurrency, len(unique)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             outcomes = list(pool.map(one, unique))
@@ -197,12 +243,13 @@ class Pusher:
             else:
                 result.blobs_uploaded += 1
                 result.bytes_uploaded += size
-        missing = [b.digest for b in unique if not reg.blob_exists(repo, b.digest)]
+        missing = [str(b.digest) for b in unique if not reg.blob_exists(repo, str(b.digest))]
         if missing:
             raise RegistryError("registry %s: blobs %s of %s are still missing after the upload; the tag was not written"
                                 % (reg.host, ", ".join(missing), prepared.ref))
-        for body, media_type in prepared.manifests[:-1]:
+        manifests = prepared.manifests()
+        for body, media_type in manifests[:-1]:
             reg.put_manifest(repo, B.sha256_digest(body), body, media_type)
-        body, media_type = prepared.manifests[-1]
+        body, media_type = manifests[-1]
         result.digest = reg.put_manifest(repo, prepared.tag, body, media_type)
         return result

@@ -144,21 +144,33 @@ class _TarStore:
                 handle.seek(offset)
                 with tarfile.open(fileobj=handle, mode="r:") as tar:
                     for member in tar.getmembers():
-                        self.members[os.path.normpath(member.name).lstrip("./")] = member
+                        self.members[_norm(member.name)] = member
         except (OSError, tarfile.TarError, EOFError) as exc:
             raise ArtifactError("%s: not a readable tar archive (%s)" % (path, exc)) from exc
 
+    def sub(self, prefix: str) -> "_TarStore":
+        """The same tar seen from a directory inside it (an image layout in a bundle)."""
+        view = _TarStore.__new__(_TarStore)
+        view.path, view.prefix, view.members = self.path, prefix, self.members
+        return view
+
     def get(self, name: str, depth: int = 0) -> Optional[Slice]:
-        key = os.path.normpath(self.prefix + name).lstrip("./")
+        key = _norm(self.prefix + name)
         member = self.members.get(key)
         if member is None:
             return None
         if (member.issym() or member.islnk()) and depth < 8:
-            target = member.linkname if member.islnk() else os.path.join(os.path.dirname(key), member.linkname)
-            return self.get(os.path.normpath(target)[len(self.prefix):] if self.prefix else target, depth + 1)
+            target = _norm(member.linkname if member.islnk() else os.path.join(os.path.dirname(key), member.linkname))
+            if not target.startswith(_norm(self.prefix) if self.prefix else ""):
+                return None
+            return self.get(target[len(_norm(self.prefix)) + 1:] if self.prefix else target, depth + 1)
         if not member.isfile():
             return None
         return Slice(size=member.size, path=self.path, offset=member.offset_data)
+
+
+def _norm(name: str) -> str:
+    return os.path.normpath(name).lstrip("/")
 
 
 def _json(store, name: str, origin: str) -> Any:
@@ -372,8 +384,7 @@ def read_bundle(path: str, header: Dict[str, Any]) -> List[Artifact]:
     store = _TarStore(path, offset=offset)
     result: List[Artifact] = []
     for image in header.get("images") or []:
-        sub = _TarStore.__new__(_TarStore)
-        sub.path, sub.prefix, sub.members = path, "images/%s/" % image["name"], store.members
+        sub = store.sub("images/%s/" % image["name"])
         arts = read_oci_layout("%s (image %s)" % (path, image["name"]), sub, image["name"])
         for art in arts:
             art.name, art.tag = image["name"], image["tag"]

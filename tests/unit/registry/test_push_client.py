@@ -62,12 +62,13 @@ def test_check_mode_reports_the_plan_and_writes_nothing(registry, archive, cache
     assert reg.manifest_digest("metax/gpu-device", "1.2.3", ["application/vnd.docker.distribution.manifest.v2+json"]) is None
 
 
-def test_cut_connection_mid_blob_still_completes(registry, archive, cache_dir):
+@pytest.mark.parametrize("compression", ["none", "gzip"])  # a monolithic PUT, a streamed PATCH
+def test_cut_connection_mid_blob_still_completes(registry, archive, cache_dir, compression):
     port = int(registry.host.split(":")[1])
     proxy = CuttingProxy(port, cut_after=300_000)
     try:
         req = api.PushRequest(src=archive["path"], registry="127.0.0.1:%d/metax" % proxy.port, plain_http=True,
-                              compression="none", cache_dir=cache_dir, concurrency=1)
+                              compression=compression, cache_dir=cache_dir, concurrency=1)
         result = api.push(req)
     finally:
         proxy.close()
