@@ -72,6 +72,11 @@ class _Limited:
         self.left -= len(data)
         return data
 
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
     def readable(self) -> bool:
         return True
 

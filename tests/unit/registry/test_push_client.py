@@ -145,3 +145,123 @@ def test_registry_down_is_a_clear_error(tmp_path, archive, cache_dir):
     with pytest.raises(RegistryError, match="127.0.0.1"):
         api.push(api.PushRequest(src=archive["path"], registry="127.0.0.1:%d/p" % free_port(), plain_http=True,
                                  cache_dir=cache_dir, retries=1))
+
+
+@skopeo
+def test_oci_layout_directory_and_tar(registry, archive, cache_dir, tmp_path):
+    layout = tmp_path / "layout"
+    subprocess.run(["skopeo", "copy", "docker-archive:" + archive["path"], "oci:%s:gpu-label" % layout],
+                   check=True, capture_output=True)
+    result = api.push(api.PushRequest(src=str(layout), registry=registry.host + "/metax", plain_http=True,
+                                      repository="gpu-label", tag="dir", cache_dir=cache_dir))
+    (art,) = result["artifacts"]
+    assert art["ref"].endswith("/metax/gpu-label:dir")
+    # skopeo wrote gzip layers: pushed as they are, so the manifest is skopeo's own, byte for byte
+    index = json.loads((layout / "index.json").read_text())
+    assert art["digest"] != index["manifests"][0]["digest"] or art["blobs_uploaded"] == 4
+    pulled = skopeo_inspect(art["ref"])
+    assert pulled["digest"] == art["digest"]
+    oci_tar = tmp_path / "image.oci.tar"
+    subprocess.run(["skopeo", "copy", "docker-archive:" + archive["path"], "oci-archive:%s:gpu-aware" % oci_tar],
+                   check=True, capture_output=True)
+    result = api.push(api.PushRequest(src=str(oci_tar), registry=registry.host + "/metax", plain_http=True,
+                                      cache_dir=cache_dir, compression="zstd"))
+    (art,) = result["artifacts"]
+    assert art["ref"].endswith("/metax/image.oci:gpu-aware") or art["ref"].endswith(":gpu-aware")
+    manifest = json.loads(skopeo_inspect(art["ref"])["raw"])
+    assert {l["mediaType"] for l in manifest["layers"]} == {"application/vnd.oci.image.layer.v1.tar+zstd"}
+
+
+def test_index_is_pushed_with_its_children_and_tagged_last(registry, archive, cache_dir, tmp_path):
+    # an OCI layout whose index.json points at an image index (a multi-arch image) of one manifest
+    first = api.push(api.PushRequest(src=archive["path"], registry=registry.host + "/src", plain_http=True,
+                                     cache_dir=cache_dir, compression="none"))
+    reg = Registry(registry.host, plain_http=True)
+    manifest_digest = first["artifacts"][0]["digest"]
+    raw, media_type = reg.get_manifest("src/gpu-device", manifest_digest, [
+        "application/vnd.docker.distribution.manifest.v2+json"])
+    layout = tmp_path / "multi"
+    (layout / "blobs" / "sha256").mkdir(parents=True)
+
+    def put(data):
+        digest = "sha256:" + __import__("hashlib").sha256(data).hexdigest()
+        (layout / "blobs" / "sha256" / digest[7:]).write_bytes(data)
+        return digest
+    body = json.loads(raw)
+    for desc in [body["config"]] + body["layers"]:
+        put(reg.get_blob("src/gpu-device", desc["digest"]))
+    put(raw)
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+             "manifests": [{"mediaType": media_type, "digest": manifest_digest, "size": len(raw),
+                            "platform": {"architecture": "amd64", "os": "linux"}}]}
+    index_raw = json.dumps(index).encode()
+    index_digest = put(index_raw)
+    (layout / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.index.v1+json", "digest": index_digest, "size": len(index_raw),
+        "annotations": {"org.opencontainers.image.ref.name": "multi"}}]}))
+    result = api.push(api.PushRequest(src=str(layout), registry=registry.host + "/dst", plain_http=True,
+                                      cache_dir=cache_dir))
+    (art,) = result["artifacts"]
+    assert art["kind"] == "index" and art["digest"] == index_digest
+    assert art["ref"] == registry.host + "/dst/multi:multi"
+    assert reg.manifest_digest("dst/multi", manifest_digest, [media_type]) == manifest_digest
+    assert api.push(api.PushRequest(src=str(layout), registry=registry.host + "/dst", plain_http=True,
+                                    cache_dir=cache_dir))["changed"] is False
+
+
+def test_chart_tgz_then_helm_pull(registry, cache_dir, tmp_path):
+    import glob
+    import shutil
+    helm = next(iter(sorted(glob.glob("/root/.cache/metax-gpu/helm/*/bin/helm"))), shutil.which("helm"))
+    if not helm:
+        pytest.skip("helm not installed")
+    chart = tmp_path / "src" / "metax-gpu-extensions"
+    chart.mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: metax-gpu-extensions\nversion: 0.1.0\n"
+                                      "description: test\ntype: application\n")
+    subprocess.run([helm, "package", str(chart), "-d", str(tmp_path)], check=True, capture_output=True)
+    tgz = tmp_path / "metax-gpu-extensions-0.1.0.tgz"
+    result = api.push(api.PushRequest(src=str(tgz), registry=registry.host + "/charts", plain_http=True,
+                                      cache_dir=cache_dir))
+    (art,) = result["artifacts"]
+    assert art["kind"] == "chart" and art["ref"] == registry.host + "/charts/metax-gpu-extensions:0.1.0"
+    out = tmp_path / "pulled"
+    out.mkdir()
+    proc = subprocess.run([helm, "pull", "oci://%s/charts/metax-gpu-extensions" % registry.host, "--version", "0.1.0",
+                           "--plain-http", "-d", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / tgz.name).read_bytes() == tgz.read_bytes()
+    manifest = json.loads(skopeo_inspect(art["ref"])["raw"])
+    assert manifest["config"]["mediaType"] == "application/vnd.cncf.helm.config.v1+json"
+    assert manifest["layers"][0]["mediaType"] == "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
+
+
+def test_refused_media_type_is_named_and_nothing_tagged(registry, cache_dir, tmp_path):
+    layout = tmp_path / "odd"
+    (layout / "blobs" / "sha256").mkdir(parents=True)
+    body = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.example.unknown+json",
+                       "manifests": []}).encode()
+    digest = "sha256:" + __import__("hashlib").sha256(body).hexdigest()
+    (layout / "blobs" / "sha256" / digest[7:]).write_bytes(body)
+    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.example.unknown+json", "digest": digest, "size": len(body),
+        "annotations": {"org.opencontainers.image.ref.name": "odd"}}]}))
+    with pytest.raises(RegistryError) as err:
+        api.push(api.PushRequest(src=str(layout), registry=registry.host + "/p", plain_http=True, cache_dir=cache_dir,
+                                 retries=0))
+    assert "refused the media type" in str(err.value), str(err.value)
+
+
+def test_storage_failure_is_reported_and_leaves_no_tag(registry, archive, cache_dir):
+    # the registry's blob store replaced by a file: every write fails with a 5xx, as on a full disk
+    data = os.path.join(registry.root, "data", "docker", "registry", "v2")
+    os.makedirs(data, exist_ok=True)
+    with open(os.path.join(data, "blobs"), "w") as handle:
+        handle.write("not a directory")
+    with pytest.raises(RegistryError) as err:
+        api.push(api.PushRequest(src=archive["path"], registry=registry.host + "/p", plain_http=True,
+                                 cache_dir=cache_dir, compression="none", retries=1))
+    assert "HTTP 5" in str(err.value) and "full disk" in str(err.value), str(err.value)
+    reg = Registry(registry.host, plain_http=True)
+    assert reg.manifest_digest("p/gpu-device", "1.2.3", ["application/vnd.docker.distribution.manifest.v2+json"]) is None
