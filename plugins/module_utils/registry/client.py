@@ -25,7 +25,7 @@ from urllib.parse import urlencode, urljoin
 from ansible_collections.metax.gpu.plugins.module_utils.backoff import Backoff
 from ansible_collections.metax.gpu.plugins.module_utils.registry.blobs import CHUNK, sha256_digest
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import (
-    AuthError, RegistryError, TransientError)
+    AuthError, RegistryError, StreamRefused, TransientError)
 
 try:
     import requests  # type: ignore[import-untyped,unused-ignore]
@@ -298,6 +298,9 @@ class Registry:
                     raise conv.error  # type: ignore[attr-defined]
                 if resp.status_code == 404:
                     raise TransientError("registry %s: upload session vanished: %s" % (self.host, _error_text(resp)))
+                if resp.status_code in (400, 411, 413, 501):
+                    raise StreamRefused("registry %s: chunked upload refused: HTTP %d %s"
+                                        % (self.host, resp.status_code, _error_text(resp)))
                 self._check(resp, (202,), "upload a layer to %s" % repo)
                 location = urljoin(self.base, resp.headers.get("Location") or location)
                 digest = conv.digest  # type: ignore[attr-defined]

@@ -22,3 +22,7 @@ class TransientError(RegistryError):
 
 class ArtifactError(MetaxGpuError, ValueError):
     """A source archive, layout or chart is missing or corrupt."""
+
+
+class StreamRefused(RegistryError):
+    """The registry (or a proxy before it) refuses a chunked upload: send the blob with a known length."""

@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.metax.gpu.plugins.module_utils.registry import blobs as B
 from ansible_collections.metax.gpu.plugins.module_utils.registry.client import Registry
-from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import RegistryError
+from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import RegistryError, StreamRefused
 from ansible_collections.metax.gpu.plugins.module_utils.registry.sources import Artifact, Slice
 
 ALL_MANIFEST_TYPES = (B.OCI_MANIFEST, B.DOCKER_MANIFEST, B.OCI_INDEX, B.DOCKER_LIST)
@@ -215,12 +215,19 @@ class Pusher:
                         with self.lock:
                             self.located[blob.digest] = repo
                         return how, blob.size
-                digest, size = reg.upload_stream(
-                    repo, lambda: B.Converter(conv.source.open, conv.source_compression, conv.target,  # type: ignore[union-attr]
-                                              conv.diff_id, conv.origin), progress)  # type: ignore[union-attr]
+                try:
+                    digest, size = reg.upload_stream(
+                        repo, lambda: B.Converter(conv.source.open, conv.source_compression, conv.target,  # type: ignore[union-attr]
+                                                  conv.diff_id, conv.origin), progress)  # type: ignore[union-attr]
+                    if conv.diff_id:
+                        cache.record(conv.target, conv.diff_id, digest, size)
+                except StreamRefused:
+                    # through a proxy that wants Content-Length: convert to a cached file, then a monolithic PUT
+                    entry = cache.convert(conv.source.open, conv.source_compression, conv.target, conv.diff_id,
+                                          origin=conv.origin)
+                    digest, size = entry["digest"], entry["size"]
+                    reg.upload_blob(repo, digest, size, path=entry["path"], progress=progress)
                 blob.digest, blob.size = digest, size
-                if conv.diff_id:
-                    cache.record(conv.target, conv.diff_id, digest, size)
                 with self.lock:
                     self.located[digest] = repo
                 return "uploaded", size

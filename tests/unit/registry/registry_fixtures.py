@@ -198,3 +198,34 @@ def skopeo_inspect(ref: str, tls_verify: bool = False, creds: str = "", cert_dir
         cmd += ["--cert-dir", cert_dir]
     out = subprocess.run(cmd + ["docker://" + ref], check=True, capture_output=True).stdout
     return {"raw": out, "digest": "sha256:" + hashlib.sha256(out).hexdigest()}
+
+
+class NoChunkedProxy(CuttingProxy):
+    """Like a proxy that demands Content-Length: answers 411 to any request sent with chunked transfer."""
+
+    def __init__(self, target_port: int) -> None:
+        self.refused = 0
+        super().__init__(target_port, cut_after=1 << 62)
+
+    def _pipe(self, src, dst, up: bool) -> None:
+        if not up:
+            return super()._pipe(src, dst, up)
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if b"transfer-encoding: chunked" in data.lower():
+                    self.refused += 1
+                    src.sendall(b"HTTP/1.1 411 Length Required\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                    s.close()
+                except OSError:
+                    pass

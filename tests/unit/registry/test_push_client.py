@@ -265,3 +265,15 @@ def test_storage_failure_is_reported_and_leaves_no_tag(registry, archive, cache_
     assert "HTTP 5" in str(err.value) and "full disk" in str(err.value), str(err.value)
     reg = Registry(registry.host, plain_http=True)
     assert reg.manifest_digest("p/gpu-device", "1.2.3", ["application/vnd.docker.distribution.manifest.v2+json"]) is None
+
+
+def test_proxy_refusing_chunked_uploads_falls_back_to_known_length(registry, archive, cache_dir):
+    from registry_fixtures import NoChunkedProxy
+    proxy = NoChunkedProxy(int(registry.host.split(":")[1]))
+    try:
+        result = api.push(api.PushRequest(src=archive["path"], registry="127.0.0.1:%d/metax" % proxy.port,
+                                          plain_http=True, cache_dir=cache_dir, concurrency=1))
+    finally:
+        proxy.close()
+    assert proxy.refused >= 1
+    assert skopeo_inspect(registry.host + "/metax/gpu-device:1.2.3")["digest"] == result["artifacts"][0]["digest"]
