@@ -27,15 +27,14 @@ try:  # pragma: no cover - depends on the environment
     from isal import isal_zlib as _isal_zlib  # type: ignore[import-not-found,import-untyped,unused-ignore]
     HAS_ISAL = True
 except ImportError:  # pragma: no cover
-    _igzip = None
-    _isal_zlib = None
+    _igzip = _isal_zlib = None  # type: ignore[assignment]
     HAS_ISAL = False
 
 try:  # pragma: no cover
     import zstandard as _zstd  # type: ignore[import-not-found,import-untyped,unused-ignore]
     HAS_ZSTD = True
 except ImportError:  # pragma: no cover
-    _zstd = None
+    _zstd = None  # type: ignore[assignment]
     HAS_ZSTD = False
 
 CHUNK = 1 << 20
@@ -90,15 +89,15 @@ def layer_media_type(compression: str, docker: bool) -> str:
     return OCI_LAYER[compression]
 
 
-def _decompressor(compression: str, raw: IO[bytes]) -> IO[bytes]:
+def _decompressor(compression: str, raw: IO[bytes]) -> Any:
     if compression == "gzip":
         if HAS_ISAL:
-            return _igzip.IGzipFile(fileobj=raw, mode="rb")  # type: ignore[union-attr]
+            return _igzip.IGzipFile(fileobj=raw, mode="rb")
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if compression == "zstd":
         if not HAS_ZSTD:
             raise ArtifactError("a zstd-compressed layer needs the Python package zstandard (pip install zstandard)")
-        return _zstd.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[union-attr]
+        return _zstd.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
     return raw
 
 
@@ -110,7 +109,7 @@ def _compressobj(compression: str):
     if compression == "zstd":
         if not HAS_ZSTD:
             raise ArtifactError("compression zstd needs the Python package zstandard (pip install zstandard)")
-        return _zstd.ZstdCompressor(level=3).compressobj()  # type: ignore[union-attr]
+        return _zstd.ZstdCompressor(level=3).compressobj()
     return None
 
 

@@ -25,11 +25,10 @@ import json
 import os
 import tarfile
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from ansible_collections.metax.gpu.plugins.module_utils import backoff as _backoff
 from ansible_collections.metax.gpu.plugins.module_utils import errors as _errors
-from ansible_collections.metax.gpu.plugins.module_utils.registry import __name__ as _pkg_name  # noqa: F401
 from ansible_collections.metax.gpu.plugins.module_utils.registry import api as _api
 from ansible_collections.metax.gpu.plugins.module_utils.registry import blobs as B
 from ansible_collections.metax.gpu.plugins.module_utils.registry import cli as _cli

@@ -14,12 +14,11 @@ with a new upload session; manifests keep their own media type.
 from __future__ import annotations
 
 import base64
-import os
 import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 from urllib.parse import urlencode, urljoin
 
 from ansible_collections.metax.gpu.plugins.module_utils.backoff import Backoff
@@ -33,8 +32,8 @@ try:
     HAS_REQUESTS = True
     REQUESTS_IMPORT_ERROR: Optional[ImportError] = None
 except ImportError as exc:  # pragma: no cover
-    requests = None
-    HTTPAdapter = object
+    requests = None  # type: ignore[assignment]
+    HTTPAdapter = None  # type: ignore[assignment,misc]
     HAS_REQUESTS = False
     REQUESTS_IMPORT_ERROR = exc
 
@@ -179,7 +178,7 @@ class Registry:
             auth = self._authorization(scope)
             if auth:
                 hdrs["Authorization"] = auth
-            body = body_factory() if body_factory else data
+            body: Any = body_factory() if body_factory else data
             try:
                 resp = self.session.request(method, url, headers=hdrs, params=params, data=body,
                                             timeout=self.timeout, stream=stream, allow_redirects=True)
@@ -190,7 +189,7 @@ class Registry:
                 raise TransientError("registry %s: %s %s: %s" % (self.host, method, path, exc)) from exc
             finally:
                 if hasattr(body, "close"):
-                    body.close()  # type: ignore[union-attr]
+                    body.close()
             if resp.status_code != 401 or attempt == 2:
                 return resp
             challenge = resp.headers.get("WWW-Authenticate", "")

@@ -119,11 +119,11 @@ def prepare(artifact: Artifact, repository: str, tag: str, opts: Options) -> Pre
     prepared.blobs.append(Blob(artifact.config_digest, config.size, config_type, config))
     for layer in artifact.layers:
         if not image:  # a chart's content layer goes as it is
-            digest = layer.digest
-            if digest is None:
+            chart_digest = layer.digest
+            if chart_digest is None:
                 with layer.source.open() as handle:
-                    digest, _size = B.hash_stream(handle)
-            prepared.blobs.append(Blob(digest, layer.source.size, layer.media_type, layer.source))
+                    chart_digest, _size = B.hash_stream(handle)
+            prepared.blobs.append(Blob(chart_digest, layer.source.size, layer.media_type, layer.source))
             continue
         source, target = layer.compression, opts.compression
         media_type = B.layer_media_type(target, prepared.docker)
@@ -136,9 +136,9 @@ def prepare(artifact: Artifact, repository: str, tag: str, opts: Options) -> Pre
             prepared.blobs.append(Blob(entry["digest"], entry["size"], media_type,
                                        Slice(size=entry["size"], path=entry["path"])))
         else:
-            entry = cache.lookup(target, layer.diff_id) if layer.diff_id else None
-            prepared.blobs.append(Blob(entry["digest"] if entry else None,
-                                       entry["size"] if entry else layer.source.size, media_type,
+            known = cache.lookup(target, layer.diff_id) if layer.diff_id else None
+            prepared.blobs.append(Blob(known["digest"] if known else None,
+                                       known["size"] if known else layer.source.size, media_type,
                                        convert=Convert(layer.source, source, target, layer.diff_id, artifact.origin)))
     return prepared
 
@@ -217,8 +217,8 @@ class Pusher:
                         return how, blob.size
                 try:
                     digest, size = reg.upload_stream(
-                        repo, lambda: B.Converter(conv.source.open, conv.source_compression, conv.target,  # type: ignore[union-attr]
-                                                  conv.diff_id, conv.origin), progress)  # type: ignore[union-attr]
+                        repo, lambda: B.Converter(conv.source.open, conv.source_compression, conv.target,
+                                                  conv.diff_id, conv.origin), progress)
                     if conv.diff_id:
                         cache.record(conv.target, conv.diff_id, digest, size)
                 except StreamRefused:

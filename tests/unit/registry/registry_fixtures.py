@@ -9,14 +9,11 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import socket
 import subprocess
 import tarfile
 import threading
 import time
-import urllib.request
-import ssl
 from dataclasses import dataclass
 from typing import List, Optional
 

@@ -9,7 +9,7 @@ import pytest
 
 from registry_fixtures import (CuttingProxy, make_docker_archive, random_layers, skopeo_inspect)
 
-from ansible_collections.metax.gpu.plugins.module_utils.registry.client import Credentials, Registry
+from ansible_collections.metax.gpu.plugins.module_utils.registry.client import Registry
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import ArtifactError, AuthError, RegistryError
 from ansible_collections.metax.gpu.plugins.module_utils.registry import api
 
