@@ -30,6 +30,7 @@ attributes:
     support: none
     description: The bundle is binary; the returned digests describe its content.
   platform:
+    support: full
     platforms: posix
     description: Runs on the controller (the bastion).
 options:

@@ -30,6 +30,7 @@ attributes:
     support: none
     description: The per-artifact results describe what changed.
   platform:
+    support: full
     platforms: posix
     description: Runs on the controller (the bastion).
 options:

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from test_cluster_smoke import SMOKE_SCRIPT, _run_pod, namespace  # noqa: F401  (fixture reused)
+from test_cluster_smoke import SMOKE_SCRIPT, _run_pod, namespace  # noqa: F401  # pylint: disable=unused-import  (fixture)
 
 from ansible_collections.metax.gpu.plugins.module_utils.registry import api
 
@@ -37,10 +37,11 @@ def smoke_archive(cluster, tmp_path_factory):
     try:
         for cmd in (["podman", "build", "--quiet", "--layers=false", "--network", "host", "-t", local, str(ctx)],
                     ["podman", "save", "--format", "docker-archive", "-o", archive, local]):
-            res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                                 check=False)
             assert res.returncode == 0, res.stderr
     finally:
-        subprocess.run(["podman", "rmi", "-f", local], env=env, capture_output=True, stdin=subprocess.DEVNULL)
+        subprocess.run(["podman", "rmi", "-f", local], env=env, capture_output=True, stdin=subprocess.DEVNULL, check=False)
     return {"archive": archive, "marker": marker, "cache": str(ctx / "cache")}
 
 

@@ -244,4 +244,3 @@ def hash_stream(stream: IO[bytes]) -> Tuple[str, int]:
         h.update(block)
         size += len(block)
     return "sha256:" + h.hexdigest(), size
-

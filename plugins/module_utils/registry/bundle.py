@@ -169,7 +169,8 @@ def _add_layout(tar: tarfile.TarFile, prepared, registry: str) -> None:
         if blob.digest in seen:
             continue
         seen.add(blob.digest)
-        assert blob.source is not None and blob.digest is not None
+        if blob.source is None or blob.digest is None:
+            raise AssertionError("bundle layers are converted to files before they are written")
         with blob.source.open() as handle:
             _add(tar, base + "blobs/sha256/" + blob.digest.split(":")[1], blob.size, handle)
     body, media_type = prepared.manifests()[-1]

@@ -29,8 +29,8 @@ def _progress_printer():
             return
         state[digest] = now
         pct = 100.0 * done / total if total else 100.0
-        sys.stderr.write("\r%-50s %s %5.1f%% of %d MiB%s" % (ref[-50:], digest[7:19], pct, total >> 20,
-                                                            "\n" if done >= total else ""))
+        end = "\n" if done >= total else ""
+        sys.stderr.write("\r%-50s %s %5.1f%% of %d MiB%s" % (ref[-50:], digest[7:19], pct, total >> 20, end))
         sys.stderr.flush()
     return show
 

@@ -394,4 +394,3 @@ def split_registry(ref: str) -> Tuple[str, str]:
     if not host:
         raise RegistryError("registry %r: expected DOMAIN[:port][/PROJECT]" % ref)
     return host, project
-

@@ -114,7 +114,8 @@ def prepare(artifact: Artifact, repository: str, tag: str, opts: Options) -> Pre
     # zstd exists only in OCI media types; gzip/none keep Docker schema 2 for a docker-archive (docker 18.09)
     prepared.docker = image and artifact.docker and opts.compression != "zstd"
     config = artifact.config
-    assert config is not None and artifact.config_digest
+    if config is None or not artifact.config_digest:
+        raise AssertionError("an image or chart always has a config")
     config_type = (B.DOCKER_CONFIG if prepared.docker else B.OCI_CONFIG) if image else artifact.config_media_type
     prepared.blobs.append(Blob(artifact.config_digest, config.size, config_type, config))
     for layer in artifact.layers:
@@ -231,7 +232,8 @@ class Pusher:
                 with self.lock:
                     self.located[digest] = repo
                 return "uploaded", size
-            assert blob.source is not None and blob.digest is not None
+            if blob.source is None or blob.digest is None:
+                raise AssertionError("only converted layers lack a digest or source")
             how = reg.upload_blob(repo, blob.digest, blob.size, path=blob.source.path, data=blob.source.data,
                                   offset=blob.source.offset, mount_from=mount_from, progress=progress)
             with self.lock:

@@ -115,8 +115,8 @@ def make_docker_archive(path: str, ref: str, layers: List[bytes], cmd: Optional[
             _add(tar, name, data)
             names.append(name)
         _add(tar, config_hex + ".json", config_raw)
-        _add(tar, "manifest.json", json.dumps([{"Config": config_hex + ".json", "RepoTags": [ref],
-                                                 "Layers": names}]).encode())
+        entry = {"Config": config_hex + ".json", "RepoTags": [ref], "Layers": names}
+        _add(tar, "manifest.json", json.dumps([entry]).encode())
     return {"config_digest": "sha256:" + config_hex, "diff_ids": diff_ids}
 
 
