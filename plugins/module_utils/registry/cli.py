@@ -14,13 +14,13 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.registry import api
 
 
-def _progress_printer():
+def _progress_printer() -> Callable[[str, str, int, int], None]:
     state: Dict[str, float] = {}
 
     def show(ref: str, digest: str, done: int, total: int) -> None:
