@@ -40,7 +40,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import A
 from ansible_collections.metax.gpu.plugins.module_utils.registry.sources import (
     BUNDLE_MAGIC, CONTAINERD_NAME, REF_NAME, read_bundle_header, read_chart, read_source)
 
-FORMAT = 1
+FORMAT = 2  # 2: blobs shared between images are hard links
 DEFAULT_REGISTRY = "cr.metax-tech.com/cloud"
 _PUSHER_MODULES = (_errors, _backoff, _api, B, _cli, _client, _rerrors, _push, _sources)
 _MU = "ansible_collections/metax/gpu/plugins/module_utils/"
@@ -121,8 +121,9 @@ def build(path: str, version: str, images: List[Dict[str, Any]], charts: List[st
         with os.fdopen(fd, "wb") as out:
             out.write(header)
             with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                written: Dict[str, str] = {}
                 for p in prepared:
-                    _add_layout(tar, p, registry)
+                    _add_layout(tar, p, registry, written)
                 for c in chart_entries:
                     with open(c["path"], "rb") as handle:
                         _add(tar, "charts/" + c["file"], os.path.getsize(c["path"]), handle)
@@ -161,18 +162,31 @@ def _add(tar: tarfile.TarFile, name: str, size: int, handle) -> None:
     tar.addfile(info, handle)
 
 
-def _add_layout(tar: tarfile.TarFile, prepared, registry: str) -> None:
+def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.LNKTYPE
+    info.linkname = target
+    info.mtime = 0
+    info.mode = 0o644
+    tar.addfile(info)
+
+
+def _add_layout(tar: tarfile.TarFile, prepared, registry: str, written: Dict[str, str]) -> None:
+    """One OCI layout; a blob another image already wrote (the agents share their base layers) is a hard link."""
     base = "images/%s/" % prepared.repository
     _add(tar, base + "oci-layout", 30, io.BytesIO(b'{"imageLayoutVersion":"1.0.0"}'))
-    seen = set()
     for blob in prepared.blobs:
-        if blob.digest in seen:
-            continue
-        seen.add(blob.digest)
         if blob.source is None or blob.digest is None:
             raise AssertionError("bundle layers are converted to files before they are written")
+        name = base + "blobs/sha256/" + blob.digest.split(":")[1]
+        if written.get(blob.digest) == name:  # the same layer twice in one image
+            continue
+        if blob.digest in written:
+            _add_link(tar, name, written[blob.digest])
+            continue
+        written[blob.digest] = name
         with blob.source.open() as handle:
-            _add(tar, base + "blobs/sha256/" + blob.digest.split(":")[1], blob.size, handle)
+            _add(tar, name, blob.size, handle)
     body, media_type = prepared.manifests()[-1]
     _add(tar, base + "blobs/sha256/" + B.sha256_digest(body).split(":")[1], len(body), io.BytesIO(body))
     full = "%s/%s:%s" % (registry.rstrip("/"), prepared.repository, prepared.tag)

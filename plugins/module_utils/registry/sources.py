@@ -159,19 +159,21 @@ class _TarStore:
         view.path, view.prefix, view.members = self.path, prefix, self.members
         return view
 
-    def get(self, name: str, depth: int = 0) -> Optional[Slice]:
+    def get(self, name: str) -> Optional[Slice]:
         key = _norm(self.prefix + name)
-        member = self.members.get(key)
-        if member is None:
-            return None
-        if (member.issym() or member.islnk()) and depth < 8:
-            target = _norm(member.linkname if member.islnk() else os.path.join(os.path.dirname(key), member.linkname))
-            if not target.startswith(_norm(self.prefix) if self.prefix else ""):
+        for _hop in range(8):  # links are resolved in the whole archive (a bundle links blobs across images)
+            member = self.members.get(key)
+            if member is None:
                 return None
-            return self.get(target[len(_norm(self.prefix)) + 1:] if self.prefix else target, depth + 1)
-        if not member.isfile():
-            return None
-        return Slice(size=member.size, path=self.path, offset=member.offset_data)
+            if member.islnk():
+                key = _norm(member.linkname)
+            elif member.issym():
+                key = _norm(os.path.join(os.path.dirname(key), member.linkname))
+            elif member.isfile():
+                return Slice(size=member.size, path=self.path, offset=member.offset_data)
+            else:
+                return None
+        return None
 
 
 def _norm(name: str) -> str:

@@ -143,3 +143,19 @@ def test_load_into_podman(tmp_path, inputs):
     subprocess.run([str(wrapper), "rmi", "-a", "-f"], env=env, capture_output=True, check=False)
     subprocess.run([str(wrapper), "system", "reset", "-f"], env=env, capture_output=True, check=False)
     shutil.rmtree(store, ignore_errors=True)
+
+
+def test_layers_shared_by_images_are_stored_once(tmp_path, inputs):
+    import tarfile
+    args = _args(tmp_path, inputs)
+    failed, built = run_module(offline_bundle, args)
+    assert not failed
+    from ansible_collections.metax.gpu.plugins.module_utils.registry.sources import read_bundle_header
+    offset = read_bundle_header(args["path"])["offset"]
+    with open(args["path"], "rb") as handle:
+        handle.seek(offset)
+        with tarfile.open(fileobj=handle, mode="r:") as tar:
+            members = tar.getmembers()
+    links = [m for m in members if m.islnk()]
+    assert len(links) == 1 and links[0].name.startswith("images/gpu-label/blobs/sha256/")
+    assert links[0].linkname.startswith("images/gpu-device/blobs/sha256/")
