@@ -93,7 +93,7 @@ def mutate(document: Any, rng: random.Random) -> Tuple[Any, List[str]]:
         if roll < 0.15 and isinstance(parent, dict):
             del parent[key]                                   # a missing key
         elif roll < 0.25 and isinstance(parent, list):
-            parent.append(copy.deepcopy(parent[key]))         # a repeated entry (a repeated node)
+            parent.append(copy.deepcopy(parent[int(key)]))    # a repeated entry (a repeated node)
             path = path[:-1] + (len(parent) - 1,)
         elif roll < 0.35 and names and isinstance(document.get("Nodes"), dict):
             # the scheduler's two forms at once, naming a node that is not among the Nodes
