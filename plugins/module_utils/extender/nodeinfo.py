@@ -205,7 +205,7 @@ _GOOD_QUANTITIES: Dict[Any, bool] = {}
 
 
 def _quantity_problem(value: Any) -> Optional[str]:
-    if value is None or (type(value) is str and value in _GOOD_QUANTITIES):  # pylint: disable=unidiomatic-typecheck
+    if value is None or (isinstance(value, str) and value in _GOOD_QUANTITIES):
         return None
     try:
         quantity_count(value)

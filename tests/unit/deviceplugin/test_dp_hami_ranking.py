@@ -157,7 +157,7 @@ def _contract_shape(node: SimNode) -> Tuple[Dict[int, int], Dict[int, int]]:
     for key in (C.ANNOTATION_SCORES, C.ANNOTATION_LOSSES):
         raw = json.loads(node.annotations[key])
         assert list(raw) == [str(n) for n in range(1, node.capacity + 1)], (node.name, key, raw)
-        assert all(type(v) is int for v in raw.values()), (node.name, key, raw)  # noqa: E721
+        assert all(isinstance(v, int) and not isinstance(v, bool) for v in raw.values()), (node.name, key, raw)
     return scores, losses
 
 
