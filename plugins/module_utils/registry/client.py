@@ -103,6 +103,7 @@ class Registry:
         self.session.verify = (ca_path or True) if validate_certs else False
         self.session.headers["User-Agent"] = "metax.gpu-registry-push"
         self._lock = threading.Lock()
+        self._fetch_lock = threading.Lock()
         self._tokens: Dict[str, str] = {}
         self._scheme: Optional[str] = None
         self._challenge: Dict[str, str] = {}
@@ -130,6 +131,12 @@ class Registry:
             return self.credentials.basic()
         if self._scheme == "bearer":
             token = self._tokens.get(scope or "")
+            if token is None:
+                # fetch before sending: parallel blob uploads would otherwise each take a 401 and a token
+                with self._fetch_lock:
+                    if (scope or "") not in self._tokens:
+                        self._fetch_token(scope)
+                token = self._tokens.get(scope or "")
             return "Bearer " + token if token else None
         return None
 
@@ -151,9 +158,8 @@ class Registry:
         realm = self._challenge.get("realm")
         if not realm:
             raise AuthError("registry %s: bearer challenge without a realm" % self.host)
-        query = {"service": self._challenge.get("service", "")}
-        if scope:
-            query["scope"] = scope
+        # one scope parameter per scope (what Docker's token spec and Harbor expect)
+        query = [("service", self._challenge.get("service", ""))] + [("scope", s) for s in (scope or "").split()]
         headers = {"Authorization": self.credentials.basic()} if self.credentials else {}
         try:
             resp = self.session.get(realm, params=query, headers=headers, timeout=self.timeout)

@@ -15,7 +15,7 @@ import tarfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 
@@ -226,3 +226,102 @@ class NoChunkedProxy(CuttingProxy):
                     s.close()
                 except OSError:
                     pass
+
+
+class TokenServer:
+    """A Docker token service (the bearer flow) for docker-registry's ``auth: token``: JWTs signed RS256 with x5c."""
+
+    def __init__(self, root: str, username: str, password: str, service: str = "test-registry") -> None:
+        import base64 as b64
+        import datetime
+        import http.server
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import padding, rsa
+        from cryptography.x509.oid import NameOID
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test token issuer")])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+                .not_valid_after(now + datetime.timedelta(days=2))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                .sign(key, hashes.SHA256()))
+        self.cert_path = os.path.join(root, "token.crt")
+        os.makedirs(root, exist_ok=True)
+        with open(self.cert_path, "wb") as handle:
+            handle.write(cert.public_bytes(serialization.Encoding.PEM))
+        x5c = b64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()
+        self.service = service
+        self.issuer = "test-issuer"
+        self.requests: List[str] = []
+        server = self
+
+        def b64url(data: bytes) -> str:
+            return b64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                from urllib.parse import parse_qs, urlparse
+                query = parse_qs(urlparse(self.path).query)
+                expected = "Basic " + b64.b64encode(("%s:%s" % (username, password)).encode()).decode()
+                if self.headers.get("Authorization") != expected:
+                    self.send_response(401)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                scopes = query.get("scope", [])
+                server.requests.append(" ".join(scopes))
+                access = []
+                for scope in scopes:
+                    kind, repo, actions = scope.split(":")
+                    access.append({"type": kind, "name": repo, "actions": actions.split(",")})
+                t = int(time.time())
+                header = {"typ": "JWT", "alg": "RS256", "x5c": [x5c]}
+                claims = {"iss": server.issuer, "sub": username, "aud": server.service, "exp": t + 300,
+                          "nbf": t - 10, "iat": t, "jti": os.urandom(8).hex(), "access": access}
+                signing = b64url(json.dumps(header).encode()) + "." + b64url(json.dumps(claims).encode())
+                sig = key.sign(signing.encode(), padding.PKCS1v15(), hashes.SHA256())
+                body = json.dumps({"token": signing + "." + b64url(sig)}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.realm = "http://127.0.0.1:%d/token" % self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def start_token_registry(root: str, username: str, password: str) -> Tuple[LocalRegistry, TokenServer]:
+    tokens = TokenServer(os.path.join(root, "tokens"), username, password)
+    os.makedirs(os.path.join(root, "data"), exist_ok=True)
+    port = free_port()
+    config = ["version: 0.1", "log:", "  level: error", "  accesslog:", "    disabled: true",
+              "storage:", "  filesystem:", "    rootdirectory: %s/data" % root,
+              "http:", "  addr: 127.0.0.1:%d" % port, "  secret: %s" % os.urandom(8).hex(),
+              "auth:", "  token:", "    realm: %s" % tokens.realm, "    service: %s" % tokens.service,
+              "    issuer: %s" % tokens.issuer, "    rootcertbundle: %s" % tokens.cert_path]
+    with open(os.path.join(root, "config.yml"), "w") as handle:
+        handle.write("\n".join(config) + "\n")
+    proc = subprocess.Popen([REGISTRY_BIN, "serve", os.path.join(root, "config.yml")],
+                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(root, "log"), "wb"))
+    reg = LocalRegistry("127.0.0.1:%d" % port, proc, root, username, password)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return reg, tokens
+        time.sleep(0.05)
+    reg.stop()
+    tokens.close()
+    raise RuntimeError("docker-registry (token auth) did not start: %s" % open(os.path.join(root, "log")).read())

@@ -277,3 +277,27 @@ def test_proxy_refusing_chunked_uploads_falls_back_to_known_length(registry, arc
         proxy.close()
     assert proxy.refused >= 1
     assert skopeo_inspect(registry.host + "/metax/gpu-device:1.2.3")["digest"] == result["artifacts"][0]["digest"]
+
+
+def test_bearer_token_flow_caches_a_token_per_scope(tmp_path, archive, cache_dir):
+    from registry_fixtures import start_token_registry
+    reg, tokens = start_token_registry(str(tmp_path / "token-reg"), "robot", "t0ken-pass")
+    try:
+        with pytest.raises(AuthError) as err:
+            api.push(api.PushRequest(src=archive["path"], registry=reg.host + "/metax", plain_http=True,
+                                     cache_dir=cache_dir, username="robot", password="wrong"))
+        assert reg.host in str(err.value)
+        first = api.push(api.PushRequest(src=archive["path"], registry=reg.host + "/metax", plain_http=True,
+                                         cache_dir=cache_dir, username="robot", password="t0ken-pass"))
+        assert first["changed"] is True
+        # one token for the ping, one for the repository: not one per request
+        assert sorted(set(tokens.requests)) == ["", "repository:metax/gpu-device:pull,push"]
+        assert tokens.requests.count("repository:metax/gpu-device:pull,push") == 1
+        pulled = skopeo_inspect(first["artifacts"][0]["ref"], creds="robot:t0ken-pass")
+        assert pulled["digest"] == first["artifacts"][0]["digest"]
+        again = api.push(api.PushRequest(src=archive["path"], registry=reg.host + "/metax", plain_http=True,
+                                         cache_dir=cache_dir, username="robot", password="t0ken-pass"))
+        assert again["changed"] is False
+    finally:
+        reg.stop()
+        tokens.close()
