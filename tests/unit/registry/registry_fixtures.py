@@ -64,6 +64,12 @@ def start_registry(root: str, tls_auth: bool = False) -> LocalRegistry:
         ca = os.path.join(root, "tls.crt")
         config += ["  tls:", "    certificate: %s/tls.crt" % root, "    key: %s/tls.key" % root,
                    "auth:", "  htpasswd:", "    realm: test", "    path: %s/htpasswd" % root]
+    return _serve(root, config, port, user, password, ca)
+
+
+def _serve(root: str, config: List[str], port: int, user: str = "", password: str = "",
+           ca: Optional[str] = None) -> LocalRegistry:
+    """Write the config, start docker-registry and wait for its port."""
     with open(os.path.join(root, "config.yml"), "w") as handle:
         handle.write("\n".join(config) + "\n")
     proc = subprocess.Popen([REGISTRY_BIN, "serve", os.path.join(root, "config.yml")],
@@ -167,10 +173,7 @@ class CuttingProxy:
                 if not data:
                     break
                 sent += len(data)
-                if up and self.cuts == 0 and sent > self.cut_after:
-                    self.cuts += 1
-                    src.shutdown(socket.SHUT_RDWR)
-                    dst.shutdown(socket.SHUT_RDWR)
+                if up and self.intercept(data, sent, src, dst):
                     break
                 dst.sendall(data)
         except OSError:
@@ -181,6 +184,15 @@ class CuttingProxy:
                     s.close()
                 except OSError:
                     pass
+
+    def intercept(self, data: bytes, sent: int, src, dst) -> bool:
+        """Called for every upstream chunk; True ends the connection."""
+        if self.cuts == 0 and sent > self.cut_after:
+            self.cuts += 1
+            src.shutdown(socket.SHUT_RDWR)
+            dst.shutdown(socket.SHUT_RDWR)
+            return True
+        return False
 
     def close(self) -> None:
         self.stopped = True
@@ -204,28 +216,12 @@ class NoChunkedProxy(CuttingProxy):
         self.refused = 0
         super().__init__(target_port, cut_after=1 << 62)
 
-    def _pipe(self, src, dst, up: bool) -> None:
-        if not up:
-            return super()._pipe(src, dst, up)
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if b"transfer-encoding: chunked" in data.lower():
-                    self.refused += 1
-                    src.sendall(b"HTTP/1.1 411 Length Required\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                    s.close()
-                except OSError:
-                    pass
+    def intercept(self, data: bytes, sent: int, src, dst) -> bool:
+        if b"transfer-encoding: chunked" in data.lower():
+            self.refused += 1
+            src.sendall(b"HTTP/1.1 411 Length Required\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            return True
+        return False
 
 
 class TokenServer:
@@ -311,17 +307,8 @@ def start_token_registry(root: str, username: str, password: str) -> Tuple[Local
               "http:", "  addr: 127.0.0.1:%d" % port, "  secret: %s" % os.urandom(8).hex(),
               "auth:", "  token:", "    realm: %s" % tokens.realm, "    service: %s" % tokens.service,
               "    issuer: %s" % tokens.issuer, "    rootcertbundle: %s" % tokens.cert_path]
-    with open(os.path.join(root, "config.yml"), "w") as handle:
-        handle.write("\n".join(config) + "\n")
-    proc = subprocess.Popen([REGISTRY_BIN, "serve", os.path.join(root, "config.yml")],
-                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(root, "log"), "wb"))
-    reg = LocalRegistry("127.0.0.1:%d" % port, proc, root, username, password)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return reg, tokens
-        time.sleep(0.05)
-    reg.stop()
-    tokens.close()
-    raise RuntimeError("docker-registry (token auth) did not start: %s" % open(os.path.join(root, "log")).read())
+    try:
+        return _serve(root, config, port, username, password), tokens
+    except RuntimeError:
+        tokens.close()
+        raise
