@@ -29,10 +29,11 @@ from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import (
 try:
     import requests  # type: ignore[import-untyped,unused-ignore]
     from requests.adapters import HTTPAdapter  # type: ignore[import-untyped,unused-ignore]
+    import urllib3  # requests' own dependency
     HAS_REQUESTS = True
     REQUESTS_IMPORT_ERROR: Optional[ImportError] = None
 except ImportError as exc:  # pragma: no cover
-    requests = None  # type: ignore[assignment]
+    requests = urllib3 = None  # type: ignore[assignment]
     HTTPAdapter = None  # type: ignore[assignment,misc]
     HAS_REQUESTS = False
     REQUESTS_IMPORT_ERROR = exc
@@ -101,6 +102,9 @@ class Registry:
         self.session.mount("https://", adapter)
         self.session.trust_env = False
         self.session.verify = (ca_path or True) if validate_certs else False
+        if not validate_certs:
+            # asked for explicitly (validate_certs=false): no warning per request
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         self.session.headers["User-Agent"] = "metax.gpu-registry-push"
         self._lock = threading.Lock()
         self._fetch_lock = threading.Lock()

@@ -94,6 +94,10 @@ def test_tls_and_htpasswd(auth_registry, archive, cache_dir, tmp_path):
     assert "ca_path" in str(err.value)
     good = api.push(api.PushRequest(username=auth_registry.username, password=auth_registry.password, **base))
     assert good["changed"] is True
+    unverified = api.push(api.PushRequest(src=archive["path"], registry=auth_registry.host + "/metax",
+                                          username=auth_registry.username, password=auth_registry.password,
+                                          cache_dir=cache_dir, validate_certs=False))
+    assert unverified["changed"] is False
     certs = tmp_path / "certs"
     certs.mkdir()
     (certs / "ca.crt").write_bytes(open(auth_registry.ca, "rb").read())
@@ -102,7 +106,7 @@ def test_tls_and_htpasswd(auth_registry, archive, cache_dir, tmp_path):
     assert pulled["digest"] == good["artifacts"][0]["digest"]
 
 
-def test_auth_file_supplies_credentials(auth_registry, archive, cache_dir, tmp_path):
+def test_auth_file_supplies_credentials(auth_registry, archive, cache_dir, tmp_path, monkeypatch):
     import base64
     auth = tmp_path / "auth.json"
     token = base64.b64encode(("%s:%s" % (auth_registry.username, auth_registry.password)).encode()).decode()
@@ -110,6 +114,17 @@ def test_auth_file_supplies_credentials(auth_registry, archive, cache_dir, tmp_p
     result = api.push(api.PushRequest(src=archive["path"], registry=auth_registry.host + "/metax", cache_dir=cache_dir,
                                       ca_path=auth_registry.ca, auth_file=str(auth)))
     assert result["changed"] is True
+    # no auth_file: docker's config.json in its usual place (here $DOCKER_CONFIG), as after `docker login`
+    docker_dir = tmp_path / "docker"
+    docker_dir.mkdir()
+    (docker_dir / "config.json").write_text(auth.read_text())
+    for var in ("REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DOCKER_CONFIG", str(docker_dir))
+    again = api.push(api.PushRequest(src=archive["path"], registry=auth_registry.host + "/metax", cache_dir=cache_dir,
+                                     ca_path=auth_registry.ca))
+    assert again["changed"] is False
 
 
 def test_corrupt_and_missing_archives_name_the_file(registry, tmp_path, cache_dir):
