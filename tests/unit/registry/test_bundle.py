@@ -159,3 +159,45 @@ def test_layers_shared_by_images_are_stored_once(tmp_path, inputs):
     links = [m for m in members if m.islnk()]
     assert len(links) == 1 and links[0].name.startswith("images/gpu-label/blobs/sha256/")
     assert links[0].linkname.startswith("images/gpu-device/blobs/sha256/")
+
+
+@pytest.fixture
+def containerd():
+    """A containerd of the test's own (temp root, state and socket; CRI off), for `load`."""
+    import tempfile
+    import time
+    if not (shutil.which("containerd") and shutil.which("ctr")) or os.geteuid() != 0:
+        pytest.skip("containerd/ctr not installed or not root")
+    root = tempfile.mkdtemp(prefix="ctd.")  # a socket path must stay under 108 bytes
+    config = os.path.join(root, "config.toml")
+    with open(config, "w") as handle:
+        handle.write('version = 2\nroot = "%s/root"\nstate = "%s/state"\n'
+                     'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+                     '[grpc]\n  address = "%s/c.sock"\n[ttrpc]\n  address = "%s/t.sock"\n'
+                     % (root, root, root, root))
+    proc = subprocess.Popen([shutil.which("containerd"), "--config", config],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ, CONTAINERD_ADDRESS=os.path.join(root, "c.sock"))
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if subprocess.run(["ctr", "version"], env=env, capture_output=True, check=False).returncode == 0:
+            break
+        time.sleep(0.2)
+    yield env
+    proc.terminate()
+    proc.wait(20)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_load_into_containerd_k8s_namespace(tmp_path, inputs, containerd):
+    args = _args(tmp_path, inputs)
+    run_module(offline_bundle, args)
+    env = dict(containerd, METAX_BUNDLE_RUNTIME="containerd")
+    proc = subprocess.run(["sh", args["path"], "load", "registry.local/proj"], env=env, capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    names = subprocess.run(["ctr", "-n", "k8s.io", "images", "ls", "-q"], env=containerd, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in ("gpu-device", "gpu-label"):
+        assert "registry.local/proj/%s:0.1.0" % name in names
+        assert "cr.example.com/cloud/%s:0.1.0" % name in names
