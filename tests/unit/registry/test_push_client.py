@@ -233,8 +233,10 @@ def test_chart_tgz_then_helm_pull(registry, cache_dir, tmp_path):
         pytest.skip("helm not installed")
     chart = tmp_path / "src" / "metax-gpu-extensions"
     chart.mkdir(parents=True)
+    (chart / "templates").mkdir()
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: metax-gpu-extensions\nversion: 0.1.0\n"
                                       "description: test\ntype: application\n")
+    (chart / "templates" / "cm.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: t\n")
     subprocess.run([helm, "package", str(chart), "-d", str(tmp_path)], check=True, capture_output=True)
     tgz = tmp_path / "metax-gpu-extensions-0.1.0.tgz"
     result = api.push(api.PushRequest(src=str(tgz), registry=registry.host + "/charts", plain_http=True,
@@ -247,6 +249,10 @@ def test_chart_tgz_then_helm_pull(registry, cache_dir, tmp_path):
                            "--plain-http", "-d", str(out)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert (out / tgz.name).read_bytes() == tgz.read_bytes()
+    # what `helm install oci://...` reads, without a cluster
+    shown = subprocess.run([helm, "show", "chart", "oci://%s/charts/metax-gpu-extensions" % registry.host,
+                            "--version", "0.1.0", "--plain-http"], capture_output=True, text=True, check=False)
+    assert shown.returncode == 0 and "name: metax-gpu-extensions" in shown.stdout, shown.stderr
     manifest = json.loads(skopeo_inspect(art["ref"])["raw"])
     assert manifest["config"]["mediaType"] == "application/vnd.cncf.helm.config.v1+json"
     assert manifest["layers"][0]["mediaType"] == "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
