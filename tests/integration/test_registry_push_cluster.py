@@ -15,7 +15,8 @@ import uuid
 
 import pytest
 
-from test_cluster_smoke import SMOKE_SCRIPT, _run_pod, namespace  # noqa: F401  # pylint: disable=unused-import  (fixture)
+# the namespace fixture is reused from the smoke test
+from test_cluster_smoke import SMOKE_SCRIPT, _run_pod, namespace  # noqa: F401  # pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils.registry import api
 
