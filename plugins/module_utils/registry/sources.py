@@ -233,12 +233,12 @@ def read_docker_archive(path: str, store: _TarStore) -> List[Artifact]:
         tags = entry.get("RepoTags") or []
         name, tag = _split_ref(tags[0]) if tags else ("", "latest")
         result.append(Artifact(kind="image", name=name or _stem(path), tag=tag, origin=path,
-                               config=B_slice(raw), config_media_type=B.DOCKER_CONFIG,
+                               config=_bytes_slice(raw), config_media_type=B.DOCKER_CONFIG,
                                config_digest=B.sha256_digest(raw), layers=layers, docker=True))
     return result
 
 
-def B_slice(data: bytes) -> Slice:
+def _bytes_slice(data: bytes) -> Slice:
     return Slice(size=len(data), data=data)
 
 
@@ -293,7 +293,7 @@ def _read_oci_manifest(path: str, store, desc: Dict[str, Any], name: str, tag: s
                 layer.diff_id = diff_id
         except (ValueError, KeyError, TypeError):
             pass
-    return Artifact(kind=kind, name=name, tag=tag, origin=path, config=B_slice(config_raw),
+    return Artifact(kind=kind, name=name, tag=tag, origin=path, config=_bytes_slice(config_raw),
                     config_media_type=cfg.get("mediaType", B.OCI_CONFIG), config_digest=cfg["digest"],
                     layers=layers, docker=manifest.get("mediaType") == B.DOCKER_MANIFEST or media_type == B.DOCKER_MANIFEST,
                     manifest_annotations=manifest.get("annotations") or {})
@@ -340,7 +340,7 @@ def read_chart(path: str) -> Artifact:
     config = helm_config(meta)
     size = os.path.getsize(path)
     return Artifact(kind="chart", name=str(meta["name"]), tag=str(meta["version"]).replace("+", "_"), origin=path,
-                    config=B_slice(config), config_media_type=HELM_CONFIG, config_digest=B.sha256_digest(config),
+                    config=_bytes_slice(config), config_media_type=HELM_CONFIG, config_digest=B.sha256_digest(config),
                     layers=[Layer(media_type=HELM_LAYER, source=Slice(size=size, path=path))],
                     manifest_annotations={"org.opencontainers.image.title": str(meta["name"]),
                                           "org.opencontainers.image.version": str(meta["version"])})
@@ -402,7 +402,7 @@ def read_bundle(path: str, header: Dict[str, Any]) -> List[Artifact]:
             raise ArtifactError("%s: chart %s is missing from the payload" % (path, chart["file"]))
         config = helm_config(chart["metadata"])
         result.append(Artifact(kind="chart", name=chart["name"], tag=str(chart["version"]).replace("+", "_"),
-                               origin=path, config=B_slice(config), config_media_type=HELM_CONFIG,
+                               origin=path, config=_bytes_slice(config), config_media_type=HELM_CONFIG,
                                config_digest=B.sha256_digest(config),
                                layers=[Layer(media_type=HELM_LAYER, source=blob, digest=chart["digest"])],
                                manifest_annotations={"org.opencontainers.image.title": chart["name"],
