@@ -93,7 +93,11 @@ def query_mx_smi(host: HostRoot, warnings: List[str], topology: bool = True) -> 
 def _gpu_link(a: Gpu, b: Gpu, view: _MxSmiView) -> LinkClass:
     if view.links is not None:
         key = (a.bdf, b.bdf) if a.bdf < b.bdf else (b.bdf, a.bdf)
-        found = view.links.get(key) or view.links.get((key[1], key[0]))
+        # LinkClass.SYS is 0 (falsy): test for None, or SYS pairs would fall
+        # through to the PCIe guess and could be reported closer than they are.
+        found = view.links.get(key)
+        if found is None:
+            found = view.links.get((key[1], key[0]))
         if found is not None:
             return found
     return pci.pci_link(a.pci_path, a.numa_node, b.pci_path, b.numa_node)

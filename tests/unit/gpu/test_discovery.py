@@ -84,6 +84,19 @@ def test_without_mx_smi_metaxlink_is_unknown(make_node):
     assert any("mx-smi not found" in w for w in inv.warnings)
 
 
+def test_sys_from_topo_is_kept_not_replaced_by_the_pcie_guess(make_node):
+    # LinkClass.SYS == 0: a truthiness test once dropped it and reported the
+    # PCIe class (PIX here: GPU0 and GPU1 share a switch) instead.
+    host = make_node("8xC500")
+    state = generator.load_state(host)
+    state["links"][0][1] = state["links"][1][0] = "SYS"
+    generator.save_state(host, state)
+    inv = discover(host)
+    assert inv.topology.metaxlink_known
+    assert inv.topology.link(0, 1) == LinkClass.SYS
+    assert inv.topology.link(0, 2) == LinkClass.MX
+
+
 def write_fake_mx_smi(host, script):
     path = host.join("usr/bin/mx-smi")
     with open(path, "w") as handle:
