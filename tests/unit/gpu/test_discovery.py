@@ -104,12 +104,16 @@ def write_fake_mx_smi(host, script):
     os.chmod(path, 0o755)
 
 
-def test_garbage_mx_smi_is_a_clear_error(make_node):
+def test_garbage_mx_smi_degrades_to_pci_with_a_warning(make_node):
     host = make_node("8xC500")
     write_fake_mx_smi(host, "echo '| 0  MXC500 | not-a-bdf | 0% |'")
-    with pytest.raises(DiscoveryError) as err:
-        discover(host)
-    assert host.join("usr/bin/mx-smi") in str(err.value) and "not-a-bdf" in str(err.value)
+    inv = discover(host)
+    assert inv.gpu_count == 8 and len(inv.devices) == 8 and not inv.mx_smi_available
+    assert all(g.healthy and g.product == "C500" and g.memory_gib == 64 for g in inv.gpus)
+    assert not inv.topology.metaxlink_known and inv.topology.link(0, 1) == LinkClass.PIX
+    assert len(inv.unparsed) == 1 and inv.unparsed[0] in inv.warnings
+    assert host.join("usr/bin/mx-smi") in inv.unparsed[0] and "not-a-bdf" in inv.unparsed[0]
+    assert "(line 1:" in inv.unparsed[0]
 
 
 def test_failing_mx_smi_is_a_warning(make_node):

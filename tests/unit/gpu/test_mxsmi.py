@@ -59,18 +59,26 @@ def test_table_with_extra_columns_and_blank_lines():
     assert len(table.gpus) == 2
 
 
-@pytest.mark.parametrize("text, message", [
-    ("Segmentation fault\n", "no device table"),
-    ("", "no device table"),
-    (TABLE.replace("0000:03:00.0", "zz:zz"), "bad Bus-id"),
-    (TABLE.replace("| 36C         52W / 350W             | 858/65536 MiB       | Available            |\n", ""),
-     "without its second line|no Memory-Usage line"),
-    (TABLE.replace("| 1           MXC500", "| 0           MXC500"), "duplicate GPU indices"),
-])
-def test_table_garbage_is_a_clear_error(text, message):
-    with pytest.raises(mxsmi.MxSmiParseError, match=message) as err:
+@pytest.mark.parametrize("text", ["Segmentation fault\n", "", "| a | b |\n| c | d |\n"])
+def test_table_without_a_header_is_a_clear_error(text):
+    with pytest.raises(mxsmi.MxSmiParseError, match="no device table header") as err:
         mxsmi.parse_table(text)
-    assert "mx-smi" in str(err.value)
+    assert "`mx-smi`" in str(err.value)
+
+
+@pytest.mark.parametrize("text, message, lineno, parsed", [
+    (TABLE.replace("0000:03:00.0", "zz:zz"), "row belongs to no GPU record", 14, [1]),
+    (TABLE.replace("| 36C         52W / 350W             | 858/65536 MiB       | Available            |\n", ""),
+     "GPU 0 has no Memory-Usage cell", 14, [0, 1]),
+    (TABLE.replace("| 1           MXC500", "| 0           MXC500"), "duplicate GPU index 0", 17, [0]),
+    (TABLE.replace("858/65536 MiB", "lots"), "bad Memory-Usage 'lots' of GPU 0", 15, [0, 1]),
+])
+def test_table_record_problems_name_the_line_and_keep_the_rest(text, message, lineno, parsed):
+    table = mxsmi.parse_table(text)
+    assert [g.index for g in table.gpus] == parsed
+    assert len(table.problems) == 1, table.problems
+    assert message in table.problems[0] and "(line %d:" % lineno in table.problems[0]
+    assert table.problems[0].startswith("`mx-smi` output not understood")
 
 
 def test_list_parses_uuid_and_serial_and_rejects_garbage():
@@ -79,6 +87,10 @@ def test_list_parses_uuid_and_serial_and_rejects_garbage():
     assert parsed[1]["uuid"] == "GPU-5678"
     with pytest.raises(mxsmi.MxSmiParseError, match="line 1"):
         mxsmi.parse_list("No devices were found\n")
+    problems = []
+    assert mxsmi.parse_list("GPU 0: MetaX C500 (UUID: GPU-1)\nbanana\n", problems) == {
+        0: {"name": "MetaX C500", "uuid": "GPU-1"}}
+    assert problems == ["`mx-smi -L` output not understood: expected 'GPU N: NAME (UUID: ...)' (line 2: 'banana')"]
 
 
 def test_topology_with_nic_columns_tabs_and_link_counts():
