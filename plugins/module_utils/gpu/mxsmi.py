@@ -156,9 +156,10 @@ def _field(record: List[Optional[Tuple[int, str]]], layout: _Layout, field: str)
     if field not in layout.where:
         return None
     row, cell = layout.where[field]
-    if record[row] is None:
+    entry = record[row]
+    if entry is None:
         return None
-    lineno, line = record[row]
+    lineno, line = entry
     cells = _cells(line)
     if cell >= len(cells) or not cells[cell]:
         return None

@@ -69,7 +69,7 @@ def test_table_without_a_header_is_a_clear_error(text):
 @pytest.mark.parametrize("text, message, lineno, parsed", [
     (TABLE.replace("0000:03:00.0", "zz:zz"), "row belongs to no GPU record", 14, [1]),
     (TABLE.replace("| 36C         52W / 350W             | 858/65536 MiB       | Available            |\n", ""),
-     "GPU 0 has no Memory-Usage cell", 14, [0, 1]),
+     "GPU 0 has no Memory-Usage or GPU-State cell", 14, [0, 1]),
     (TABLE.replace("| 1           MXC500", "| 0           MXC500"), "duplicate GPU index 0", 17, [0]),
     (TABLE.replace("858/65536 MiB", "lots"), "bad Memory-Usage 'lots' of GPU 0", 15, [0, 1]),
 ])
