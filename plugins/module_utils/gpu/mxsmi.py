@@ -134,13 +134,19 @@ def _find_layout(rows: List[Tuple[int, str, bool]]) -> Tuple[Optional[_Layout], 
         first = _header_fields(_cells(line))
         if not any(f in first for f in _HEADER_FIELDS):
             continue
+        # the header starts below the separator above it (its first rows
+        # may name only cells we do not read)
+        while pos > 0 and not rows[pos - 1][2] and not _holds_data(rows[pos - 1][1]):
+            pos -= 1
         where: Dict[str, Tuple[int, int]] = {}
         widths: List[int] = []
         end = pos
         while end < len(rows) and not rows[end][2]:
             cells = _cells(rows[end][1])
             fields = _header_fields(cells)
-            if end > pos and not any(f in fields for f in _HEADER_FIELDS + ("index",)):
+            # the header runs to the separator under it; a row holding data
+            # (a PCI address or a memory value) means there was none
+            if end > pos and _holds_data(rows[end][1]):
                 break
             for field, cell in fields.items():
                 where.setdefault(field, (len(widths), cell))
@@ -164,6 +170,11 @@ def _field(record: List[Optional[Tuple[int, str]]], layout: _Layout, field: str)
     if cell >= len(cells) or not cells[cell]:
         return None
     return cells[cell], lineno, line
+
+
+def _holds_data(line: str) -> bool:
+    """A table row with a PCI address or a memory value: a GPU's data, not a header."""
+    return bool(_MEMORY.search(line)) or any(_bdf_in(line, c) for c in range(len(_cells(line))))
 
 
 def _bdf_in(line: str, cell: int) -> bool:
@@ -250,7 +261,7 @@ def parse_table(text: str) -> MxSmiTable:
         cells = _cells(line)
         if separator or not any(cells):
             continue
-        if (len(cells) == 1 and max(layout.widths) > 1) or _OTHER_TABLE.search(line):
+        if (len(cells) == 1 and 1 not in layout.widths) or _OTHER_TABLE.search(line):
             break   # a full-width row or the process table: the GPU table is over
         data.append((lineno, line))
     # A record is anchored on the row whose Bus-id cell holds a PCI address;
