@@ -86,6 +86,13 @@ def query_mx_smi(host: HostRoot, warnings: List[str], topology: bool = True) -> 
         _not_understood(view, warnings, binary, str(exc),
                         "GPUs from PCI/sysfs only (health, UUIDs and MetaXLink unknown)")
         return view
+    if not table.gpus:
+        # called only when PCI shows MetaX GPUs: a table without any is a
+        # layout we did not follow, not proof that every GPU failed
+        _not_understood(view, warnings, binary, "the device table lists no GPU (%s)"
+                        % ("; ".join(table.problems) or "header only"),
+                        "GPUs from PCI/sysfs only (health, UUIDs and MetaXLink unknown)")
+        return view
     view.available = True
     view.complete = not table.problems
     for problem in table.problems:

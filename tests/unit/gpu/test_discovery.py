@@ -11,7 +11,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import Dis
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
-from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import GpuSpec, NodeSpec, expected_link
+from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import GpuSpec, NodeSpec, expected_link, preset
 
 
 def groups(inv):
@@ -200,3 +200,87 @@ def test_any_generated_topology_is_discovered_as_generated(tmp_path_factory, spe
                 want = expected_link(dataclasses.replace(ordered[a], metaxlink_group=None), ordered[b])
             assert inv.topology.link(a, b) == want, (a, b)
     assert inv.topology.metaxlink_known == with_mx_smi
+
+
+# -- real mx-smi layouts and degradation (issue 17) -------------------------------------------
+SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "mx-smi")
+BDFS_8XC500 = ["0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0",
+               "0000:43:00.0", "0000:44:00.0", "0000:45:00.0", "0000:46:00.0"]
+
+
+def real_table_for(bdfs):
+    """The real table sample (GPU 0 only), extended to ``bdfs`` the way the guide elides it."""
+    with open(os.path.join(SAMPLES, "table-C500-excerpt.txt")) as handle:
+        lines = handle.read().splitlines()
+    head, row1, row2 = lines[:6], lines[6], lines[7]
+    out = list(head)
+    for index, bdf in enumerate(bdfs):
+        out.append(row1.replace("| 0  MetaX", "| %d  MetaX" % index).replace("| 0  Off", "| %d  Off" % index)
+                   .replace("0000:0e:00.0", bdf))
+        out.append(row2)
+    return "\n".join(out)
+
+
+def fake_mx_smi_printing(host, table, topo, listing=""):
+    for name, text in (("table", table), ("topo", topo), ("list", listing)):
+        with open(host.join("usr/bin/mx-smi.%s" % name), "w") as handle:
+            handle.write(text + "\n")
+    write_fake_mx_smi(host, 'd=$(dirname "$0")\ncase "$1" in\n  topo) cat "$d/mx-smi.topo";;\n'
+                      '  -L) cat "$d/mx-smi.list";;\n  *) cat "$d/mx-smi.table";;\nesac')
+
+
+def test_real_samples_discovered_on_8xc500(make_node):
+    host = make_node("8xC500")
+    assert [g.bdf for g in discover(host).gpus] == BDFS_8XC500
+    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+        fake_mx_smi_printing(host, real_table_for(BDFS_8XC500), handle.read())
+    inv = discover(host)
+    assert inv.warnings == () and inv.mx_smi_available and inv.topology.metaxlink_known
+    assert all(g.healthy and g.product == "C500" and g.family == "MXC" and g.memory_gib == 64 for g in inv.gpus)
+    assert groups(inv) == [("metaxlink", (0, 1, 2, 3)), ("metaxlink", (4, 5, 6, 7))]
+    assert inv.topology.link(0, 3) == LinkClass.MX and inv.topology.link(3, 4) == LinkClass.SYS
+
+
+def test_legacy_layout_is_discovered_alike(make_node):
+    real = discover(make_node("2xC550-sriov"))
+    host = make_node("2xC550-sriov")
+    generator.set_mx_smi_layout(host, "legacy")
+    legacy = discover(host)
+    assert legacy.warnings == () and legacy.to_dict() == real.to_dict()
+
+
+def test_one_unreadable_record_keeps_that_gpu_healthy_from_pci(make_node):
+    host = make_node("8xC500")
+    table = real_table_for(BDFS_8XC500).replace("0000:05:00.0", "0000:zz:00.0")
+    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+        fake_mx_smi_printing(host, table, handle.read())
+    inv = discover(host)
+    assert inv.gpu_count == 8 and all(g.healthy for g in inv.gpus)
+    assert len(inv.unparsed) >= 1 and "0000:zz:00.0" in inv.unparsed[0] and "(line 11:" in inv.unparsed[0]
+    # topo -m now names a GPU the table lost: MetaXLink unknown rather than guessed
+    assert not inv.topology.metaxlink_known and any("topo -m" in w for w in inv.unparsed)
+
+
+def test_unreadable_topology_degrades_to_the_pcie_tree(make_node):
+    host = make_node("8xC500")
+    fake_mx_smi_printing(host, real_table_for(BDFS_8XC500), "GPU0 GPU1\nGPU0 X ??\nGPU1 ?? X")
+    inv = discover(host)
+    assert inv.mx_smi_available and all(g.healthy for g in inv.gpus)
+    assert not inv.topology.metaxlink_known and inv.topology.link(0, 1) == LinkClass.PIX
+    assert len(inv.unparsed) == 1 and "topo -m" in inv.unparsed[0]
+    assert "MetaXLink unknown" in inv.unparsed[0]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(table=st.one_of(st.text(max_size=300), st.sampled_from(["", "|", "| Bus-id |\n| x |", "+--+\n|==|"])),
+       topo=st.text(max_size=200), listing=st.text(max_size=100))
+def test_garbage_from_mx_smi_never_leaves_discovery(tmp_path_factory, table, topo, listing):
+    host = generator.create(str(tmp_path_factory.mktemp("node")), preset("4xN100"))
+    fake_mx_smi_printing(host, table, topo, listing)
+    inv = discover(host)
+    assert inv.gpu_count == 4 and len(inv.devices) == 4
+    if inv.unparsed or not inv.mx_smi_available:
+        # nothing understood about a GPU is no reason to call it unhealthy
+        assert all(g.healthy for g in inv.gpus)
+    for warning in inv.unparsed:
+        assert "mx-smi" in warning and warning in inv.warnings
