@@ -117,11 +117,13 @@ LINKS = st.sampled_from(["MX", "PIX", "PXB", "PHB", "NODE", "SYS"])
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(min_value=1, max_value=12).flatmap(
-    lambda n: st.tuples(st.just(n), st.lists(LINKS, min_size=n * n, max_size=n * n))))
-def test_topology_round_trips_through_the_printed_matrix(case):
+    lambda n: st.tuples(st.just(n), st.lists(LINKS, min_size=n * n, max_size=n * n))),
+    st.sampled_from(["real", "legacy"]))
+def test_topology_round_trips_through_the_printed_matrix(case, layout):
     n, cells = case
     matrix = [[None if a == b else cells[min(a, b) * n + max(a, b)] for b in range(n)] for a in range(n)]
-    state = {"gpus": [{"index": i, "failed": None, "numa_node": i % 2} for i in range(n)], "links": matrix}
+    state = {"gpus": [{"index": i, "failed": None, "numa_node": i % 2} for i in range(n)], "links": matrix,
+             "mx_smi_layout": layout}
     parsed = mxsmi.parse_topology(fake._topo(state))
     assert parsed == {(a, b): LinkClass.from_legend(matrix[a][b]) for a in range(n) for b in range(a + 1, n)}
 
