@@ -96,7 +96,7 @@ def query_mx_smi(host: HostRoot, warnings: List[str], topology: bool = True) -> 
     view.available = True
     view.complete = not table.problems
     for problem in table.problems:
-        _not_understood(view, warnings, binary, problem, "that GPU's mx-smi data is ignored")
+        _not_understood(view, warnings, binary, problem, "PCI/sysfs stand in for what it would have said")
     view.maca_version = table.maca_version
     view.driver_version = table.driver_version
     view.by_bdf = {g.bdf: g for g in table.gpus}
@@ -271,8 +271,12 @@ def discover(host: HostRoot, topology: bool = True) -> Inventory:
         gx, gy = devices[x].gpu_index, devices[y].gpu_index
         return LinkClass.SAME_GPU if gx == gy else gpu_links[pair_key(gx, gy)]
 
+    # known only when topo -m covered every GPU (a GPU whose table record was
+    # unreadable has PCIe-guessed links)
+    covered = {bdf for pair in (view.links or {}) for bdf in pair}
+    metaxlink_known = view.links is not None and (len(gpus) < 2 or all(g.bdf in covered for g in gpus))
     topo = build_topology((d.index for d in devices), device_link,
-                          _link_groups(gpus, gpu_link), metaxlink_known=view.links is not None)
+                          _link_groups(gpus, gpu_link), metaxlink_known=metaxlink_known)
     sriov = SriovState(capable=any(g.sriov_totalvfs > 0 for g in gpus),
                        totalvfs=max((g.sriov_totalvfs for g in gpus), default=0),
                        numvfs=max((g.sriov_numvfs for g in gpus), default=0))

@@ -284,3 +284,19 @@ def test_garbage_from_mx_smi_never_leaves_discovery(tmp_path_factory, table, top
         assert all(g.healthy for g in inv.gpus)
     for warning in inv.unparsed:
         assert "mx-smi" in warning and warning in inv.warnings
+
+
+def test_metaxlink_known_only_when_topo_covers_every_gpu(make_node):
+    host = make_node("8xC500")
+    table = real_table_for(BDFS_8XC500).replace("0000:05:00.0", "0000:zz:00.0")
+    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+        rows = [line.split() for line in handle.read().splitlines()]
+    # GPU2's row and column taken out: topo -m agrees with the table that GPU2 is not there
+    keep = [i for i in range(8) if i != 2]
+    topo = ["\t" + "\t".join("GPU%d" % i for i in keep)]
+    topo += ["GPU%d\t" % i + "\t".join(rows[3 + i][1 + j] for j in keep) for i in keep]
+    fake_mx_smi_printing(host, table, "\n".join(topo))
+    inv = discover(host)
+    assert all(g.healthy for g in inv.gpus) and inv.topology.link(0, 1) == LinkClass.MX
+    assert not inv.topology.metaxlink_known          # GPU2's links are PCIe guesses
+    assert len(inv.unparsed) == 1 and "0000:zz:00.0" in inv.unparsed[0]
