@@ -117,9 +117,8 @@ def _table_legacy(state):
 
 
 def _list(state):
-    real = _layout(state) == "real"
-    return "\n".join("GPU %d: %s%s (UUID: %s, SN: %s)" % (pos, "MetaX " if real else "MX", g["product"],
-                                                         g["uuid"], g["serial"])
+    prefix = "MetaX " if _layout(state) == "real" else "MX"
+    return "\n".join("GPU %d: %s%s (UUID: %s, SN: %s)" % (pos, prefix, g["product"], g["uuid"], g["serial"])
                      for pos, g in enumerate(_visible(state)))
 
 

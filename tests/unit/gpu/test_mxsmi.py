@@ -1,6 +1,7 @@
 """mx-smi parsers: realistic output, real-hardware variations, garbage."""
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -165,6 +166,10 @@ _FILLERS = [("GPU Persist-M", "{i}  Off"), ("GPU-Util      sGPU-M", "0%  Disable
             ("Fan", "N/A"), ("Compute M.", "Default")]
 
 
+def _filler(value, gpu):
+    return value.format(i=gpu.index)
+
+
 @st.composite
 def layouts(draw):
     """(text, expected gpus): a table in a random layout the header names."""
@@ -179,7 +184,7 @@ def layouts(draw):
              ("Memory-Usage", lambda g: "%d/%d MiB" % (g.memory_total_mib // 7, g.memory_total_mib)),
              ("GPU-State", lambda g: g.state)]
     fillers = draw(st.lists(st.sampled_from(_FILLERS), max_size=5, unique=True))
-    cells += [(head, (lambda v: lambda g: v.format(i=g.index))(value)) for head, value in fillers]
+    cells += [(head, functools.partial(_filler, value)) for head, value in fillers]
     cells = draw(st.permutations(cells))
     rows = draw(st.integers(min_value=1, max_value=3))
     split = sorted(draw(st.lists(st.integers(1, max(1, len(cells) - 1)), min_size=rows - 1,
@@ -194,11 +199,11 @@ def layouts(draw):
         return "|" + "|".join(" %s%s " % (v, " " * ((len(v) * 7 + pad) % 9)) for v in values) + "|"
 
     out = ["Attached GPUs : %d" % count, "+---+---+"]
-    out += [line([head for head, _ in row]) for row in grid]
+    out += [line([head for head, _render in row]) for row in grid]
     out.append("|===+===|")
     for gpu in gpus:
         for row in grid:
-            out.append(line([render(gpu) for _, render in row]))
+            out.append(line([render(gpu) for _head, render in row]))
             if blank:
                 out.append("")
         out.append("+---+---+")
@@ -216,7 +221,7 @@ def test_any_layout_the_header_names_is_read(case):
 
 def _mutate(text, data):
     lines = text.splitlines()
-    for _ in range(data.draw(st.integers(1, 4))):
+    for _step in range(data.draw(st.integers(1, 4))):
         if not lines:
             break
         at = data.draw(st.integers(0, len(lines) - 1))
