@@ -61,7 +61,7 @@ def _healthy_devices(agents):
 
 def test_real_layout_then_garbage_keeps_devices_served(device_agent, node_mx_smi):  # noqa: F811
     with open(HERE_MX_SMI) as handle:
-        _write(node_mx_smi, handle.read())
+        _write(node_mx_smi, "#!/usr/bin/env python3\n" + handle.read())
     device_agent.restart("gpu-device")
     wait_for(lambda: len(_healthy_devices(device_agent)) == 8, 90, "8 healthy devices with the real layout")
     wait_for(lambda: metrics(device_agent).get("metax_gpu_mx_smi_unparsed") == 0.0, 30,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import MetaxGpuError
-from ..host import HostRoot
+from ..host import HostRoot, HostRootError
 from . import mxsmi, pci
 from .model import (
     PRODUCTS_BY_NAME, Device, DriverState, Gpu, Inventory, LinkClass, LinkGroup, SriovState,
@@ -51,7 +51,14 @@ class _MxSmiView:
 
 
 def _run(host: HostRoot, binary: str, args: List[str], warnings: List[str]) -> Optional[str]:
-    rc, out, err = host.run([binary] + args)
+    try:
+        rc, out, err = host.run([binary] + args)
+    except (HostRootError, OSError) as exc:
+        # an mx-smi that cannot run at all (wrong architecture after a driver
+        # update, hung, not executable) degrades like one that fails
+        warnings.append("`mx-smi %s` could not be run (%s): GPUs from PCI/sysfs only"
+                        % (" ".join(args), exc))
+        return None
     if rc != 0:
         detail = (err.strip() or out.strip() or "no output").splitlines()[0][:200]
         warnings.append("`mx-smi %s` exited %d: %s" % (" ".join(args), rc, detail))

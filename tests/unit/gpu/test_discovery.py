@@ -300,3 +300,14 @@ def test_metaxlink_known_only_when_topo_covers_every_gpu(make_node):
     assert all(g.healthy for g in inv.gpus) and inv.topology.link(0, 1) == LinkClass.MX
     assert not inv.topology.metaxlink_known          # GPU2's links are PCIe guesses
     assert len(inv.unparsed) == 1 and "0000:zz:00.0" in inv.unparsed[0]
+
+
+def test_mx_smi_that_cannot_run_degrades_like_one_that_fails(make_node):
+    # found on the local cluster: an mx-smi of the wrong format ("Exec format
+    # error") made every scan fail, and gpu-device marked every device Unhealthy
+    host = make_node("8xC500")
+    with open(host.join("usr/bin/mx-smi"), "wb") as handle:
+        handle.write(b"\x7fELF\x02\x01\x01 not for this machine")
+    inv = discover(host)
+    assert inv.gpu_count == 8 and all(g.healthy for g in inv.gpus) and not inv.mx_smi_available
+    assert any("could not be run" in w and "Exec format error" in w for w in inv.warnings), inv.warnings
