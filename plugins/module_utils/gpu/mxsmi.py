@@ -32,6 +32,7 @@ _MEMORY = re.compile(r"(\d+)\s*/\s*(\d+)\s*(MiB|MB|GiB|GB)\b", re.IGNORECASE)
 _LIST_LINE = re.compile(r"^GPU\s+(\d+):\s*(.*?)\s*\((.*)\)\s*$")
 _DRIVER = re.compile(r"Kernel Mode Driver Version:\s*(\S+)")
 _MACA = re.compile(r"MACA Version:\s*(\S+)")
+_ATTACHED = re.compile(r"^\s*Attached GPUs\s*:\s*(\d+)\s*$")
 _VENDOR_PREFIX = re.compile(r"^\s*metax\s+", re.IGNORECASE)
 _MX_PRODUCT = re.compile(r"^MX([A-Z]\d+[A-Z0-9]*)$", re.IGNORECASE)
 _UNHEALTHY_STATES = ("unavailable", "fault", "error", "lost", "offline")
@@ -239,7 +240,11 @@ def parse_table(text: str) -> MxSmiTable:
     lines = text.splitlines()
     driver = maca = None
     rows: List[Tuple[int, str, bool]] = []
+    attached: Optional[Tuple[int, int, str]] = None
     for lineno, line in enumerate(lines, start=1):
+        counted = _ATTACHED.match(line) if attached is None else None
+        if counted:
+            attached = (int(counted.group(1)), lineno, line)
         found = _DRIVER.search(line) if driver is None else None
         if found:
             driver = found.group(1)
@@ -257,12 +262,18 @@ def parse_table(text: str) -> MxSmiTable:
     problems: List[str] = []
     gpus: List[MxSmiGpu] = []
     data = []
-    for lineno, line, separator in rows[pos:]:
+    rest = rows[pos:]
+    for at, (lineno, line, separator) in enumerate(rest):
         cells = _cells(line)
-        if separator or not any(cells):
-            continue
-        if (len(cells) == 1 and 1 not in layout.widths) or _OTHER_TABLE.search(line):
-            break   # a full-width row or the process table: the GPU table is over
+        if separator or not any(cells) or (len(cells) == 1 and 1 not in layout.widths):
+            continue    # full-width rows (titles, notes) are no GPU's
+        if _OTHER_TABLE.search(line):
+            # the process table: the GPU table is over, unless GPU rows follow
+            later = [(n, l) for n, l, _sep in rest[at + 1:] if _bdf_in(l, layout.where["bdf"][1])]
+            if later:
+                problems.append(_problem(TABLE_COMMAND, "GPU rows after a process table", later[0][0],
+                                         later[0][1]))
+            break
         data.append((lineno, line))
     # A record is anchored on the row whose Bus-id cell holds a PCI address;
     # its other rows are the neighbours in header order, unless they are
@@ -297,6 +308,11 @@ def parse_table(text: str) -> MxSmiTable:
                                      lineno, line))
         if at not in used:
             previous = at
+    if attached is not None and attached[0] != len(gpus):
+        # fewer GPUs read than the tool counts: the rest were printed in a way
+        # we did not follow (or elided), which says nothing about their health
+        problems.append(_problem(TABLE_COMMAND, "%d GPUs attached, %d read from the table"
+                                 % (attached[0], len(gpus)), attached[1], attached[2]))
     return MxSmiTable(driver, maca, tuple(gpus), tuple(problems))
 
 

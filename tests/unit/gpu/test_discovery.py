@@ -299,7 +299,8 @@ def test_metaxlink_known_only_when_topo_covers_every_gpu(make_node):
     inv = discover(host)
     assert all(g.healthy for g in inv.gpus) and inv.topology.link(0, 1) == LinkClass.MX
     assert not inv.topology.metaxlink_known          # GPU2's links are PCIe guesses
-    assert len(inv.unparsed) == 1 and "0000:zz:00.0" in inv.unparsed[0]
+    assert len(inv.unparsed) == 2 and "0000:zz:00.0" in inv.unparsed[0]
+    assert "8 GPUs attached, 7 read from the table" in inv.unparsed[1]
 
 
 def test_mx_smi_that_cannot_run_degrades_like_one_that_fails(make_node):
@@ -311,3 +312,36 @@ def test_mx_smi_that_cannot_run_degrades_like_one_that_fails(make_node):
     inv = discover(host)
     assert inv.gpu_count == 8 and all(g.healthy for g in inv.gpus) and not inv.mx_smi_available
     assert any("could not be run" in w and "Exec format error" in w for w in inv.warnings), inv.warnings
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_real_layouts_never_leave_discovery_nor_fail_a_gpu(tmp_path_factory, data):
+    host = generator.create(str(tmp_path_factory.mktemp("node")), preset("8xC500"))
+    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+        texts = [real_table_for(BDFS_8XC500).splitlines(), handle.read().splitlines()]
+    for lines in texts:
+        for _step in range(data.draw(st.integers(0, 3))):
+            at = data.draw(st.integers(0, len(lines) - 1))
+            action = data.draw(st.sampled_from(["drop", "dup", "swap", "widen", "cut"]))
+            if action == "drop" and len(lines) > 1:
+                del lines[at]
+            elif action == "dup":
+                lines.insert(at, lines[at])
+            elif action == "swap":
+                other = data.draw(st.integers(0, len(lines) - 1))
+                lines[at], lines[other] = lines[other], lines[at]
+            elif action == "widen":
+                lines[at] = lines[at].replace(" |", "      | ").replace("  ", "\t")
+            else:
+                lines[at] = lines[at][:data.draw(st.integers(0, max(0, len(lines[at]) - 1)))]
+    fake_mx_smi_printing(host, "\n".join(texts[0]), "\n".join(texts[1]))
+    inv = discover(host)
+    assert [g.bdf for g in inv.gpus] == BDFS_8XC500
+    # no mutation here says a GPU is unavailable: only a GPU mx-smi no longer
+    # prints at all, in a table that is otherwise read whole, may be unhealthy
+    for gpu in inv.gpus:
+        assert gpu.healthy or (gpu.bdf not in "\n".join(texts[0]) and not inv.unparsed), inv.warnings
+    assert all(g.product == "C500" and g.memory_gib == 64 for g in inv.gpus)
+    if inv.topology.metaxlink_known:
+        assert groups(inv) == [("metaxlink", (0, 1, 2, 3)), ("metaxlink", (4, 5, 6, 7))]
