@@ -19,6 +19,7 @@ help:
 	@echo "make unit            unit tests only (fast)"
 	@echo "make sanity | lint   ansible-test sanity | ansible-lint + yamllint"
 	@echo "make cluster-up | cluster-status | cluster-down   local Kubernetes cluster"
+	@echo "make cluster-up NODES=\"8xC500 4xN100 2xC550-sriov\"   ... with several GPU nodes"
 
 $(BIN)/.installed: requirements/*.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +45,10 @@ sanity: venv
 lint: venv
 	scripts/run-tests.sh lint
 
+# NODES="8xC500 4xN100 2xC550-sriov": one simulated GPU node per preset (default:
+# one 8xC500 node, or the running cluster's nodes)
 cluster-up: venv
-	scripts/cluster/cluster.sh up
+	$(if $(NODES),NODES="$(NODES)") scripts/cluster/cluster.sh up
 
 cluster-status: venv
 	scripts/cluster/cluster.sh status

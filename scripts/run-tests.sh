@@ -15,6 +15,7 @@ export PYTHONPATH="$ROOT/.build/collections${PYTHONPATH:+:$PYTHONPATH}"
 export ANSIBLE_COLLECTIONS_PATH="$ROOT/.build/collections"
 OUT="$ROOT/tests/output"
 mkdir -p "$OUT"
+rm -f "$OUT/cluster-skipped.txt"   # each run says afresh whether the cluster tests ran
 what=${1:-all}
 
 declare -a PHASES=() RESULTS=() SECONDS_TAKEN=()
@@ -72,6 +73,24 @@ lint_phase() {
   # node-side code (modules and the module_utils they ship) must run on Python 3.8
   # shellcheck disable=SC2046  # one file name per line, no spaces in our paths
   vermin --no-tips --violations -t=3.8- $(python scripts/lib/node_side_files.py "$ROOT") || rc=1
+  helm_lint || rc=1
+  return "$rc"
+}
+
+helm_lint() {     # every chart under files/charts; helm from $METAX_HELM, PATH or the cluster build cache
+  local helm=${METAX_HELM:-} chart rc=0
+  [ -n "$helm" ] || helm=$(command -v helm || true)
+  if [ -z "$helm" ]; then
+    helm=$(find "${METAX_CACHE_DIR:-$HOME/.cache/metax-gpu}/helm" -path '*/bin/helm' -type f 2>/dev/null | sort | tail -n1)
+  fi
+  if [ -z "$helm" ]; then
+    echo "helm lint: no helm binary (set METAX_HELM or build the cluster once)" >&2
+    return 1
+  fi
+  for chart in files/charts/*/; do
+    [ -f "${chart}Chart.yaml" ] || continue
+    "$helm" lint --strict "$chart" || rc=1
+  done
   return "$rc"
 }
 
@@ -127,4 +146,10 @@ if [ "$what" = all ] && [ "${npassed:-0}" -eq 0 ]; then
 fi
 if [ "$failed" -ne 0 ] && [ "${nfailed:-0}" -eq 0 ]; then nfailed=1; fi   # a sanity/lint failure counts
 echo "tests: ${npassed:-0} passed, ${nfailed:-0} failed, ${nskipped:-0} skipped"
+# Written by tests/integration/conftest.py when the cluster tests were skipped
+# (only allowed when not root outside CI): say it in words.
+if [ -s "$OUT/cluster-skipped.txt" ]; then
+  echo "NOTE: the cluster tests did NOT run (skipped): $(head -n1 "$OUT/cluster-skipped.txt")"
+  echo "      Run 'make test' as root to run them; as root they run or fail."
+fi
 exit "$failed"

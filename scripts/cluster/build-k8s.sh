@@ -108,6 +108,11 @@ TMP_BIN=${VERSION_DIR}/bin.partial
 mkdir -p "${TMP_BIN}"
 TIMES=${VERSION_DIR}/build-times.txt
 : >"${TIMES}.partial"
+# a cache made before a binary joined KUBE_BINARIES: keep what it has
+for b in "${KUBE_BINARIES[@]}"; do
+  if [[ -x ${BIN_DIR}/${b} && ! -e ${TMP_BIN}/${b} ]]; then cp -p "${BIN_DIR}/${b}" "${TMP_BIN}/${b}"; fi
+done
+if [[ -f ${TIMES} ]]; then cp "${TIMES}" "${TIMES}.partial"; fi
 for b in "${KUBE_BINARIES[@]}"; do
   if [[ -x ${TMP_BIN}/${b} ]]; then
     log "${b}: already built in an interrupted run, keeping it"

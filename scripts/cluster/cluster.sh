@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# The local single-node Kubernetes cluster of metax.gpu (tests, CI, demo):
-# etcd, kube-apiserver, kube-controller-manager and kubelet as processes, a
-# static-pod kube-scheduler from /etc/kubernetes/manifests, containerd + runc,
-# bridge CNI, two registries (plain HTTP and htpasswd+TLS) and a simulated
-# MetaX node root. Everything listens on loopback.
+# The local Kubernetes cluster of metax.gpu (tests, CI, demo): etcd,
+# kube-apiserver, kube-controller-manager as host processes; one or more
+# simulated GPU nodes, each a kubelet + containerd 2 (+ runc) in its own
+# network and mount namespace with its own simulated MetaX root; the first
+# node carries the static-pod kube-scheduler from /etc/kubernetes/manifests;
+# bridge CNI per node, two registries (plain HTTP and htpasswd+TLS). Nothing
+# listens outside loopback and the cluster bridge.
 #
-# Usage: cluster.sh up | down | status | env | json | podman-env
-#   up      idempotent; builds/installs what is missing first
+# Usage: [NODES="8xC500 4xN100 ..."] cluster.sh up | down | status | env | json | inventory
+#          | restart-kubelet [NODE] | podman-env
+#   up      idempotent; builds/installs what is missing first; NODES: one
+#           preset per node (default: one 8xC500 node)
 #   down    stops only what `up` started (PID files), unmounts, removes what it
 #           added (files, CNI, iptables chains, cgroups); always safe to run
 #   status  components, kubeconfig, registries, node; exit 0 when all run
 #   env     shell exports for using the cluster: eval "$(cluster.sh env)"
-#   json    the same as JSON (used by tests/integration/conftest.py)
+#   json    the same as JSON with the node list (used by tests/integration/conftest.py)
+#   inventory  an Ansible YAML inventory of the running cluster
 #   podman-env  CONTAINERS_CONF/CONTAINERS_REGISTRIES_CONF exports (no cluster needed)
 # See docs/local-cluster.md.
 set -euo pipefail
@@ -29,26 +34,90 @@ PIDS=${STATE}/pids
 BASELINE=${STATE}/baseline
 MARKER_NAME=.metax-gpu-cluster
 ADMIN_CONF=${ETC}/admin.conf
-CONTAINERD_SOCK=${RUN}/containerd/containerd.sock
 SERVICE_CIDR=10.96.0.0/12
 SERVICE_IP=10.96.0.1
-POD_CIDR=10.244.0.0/24
-POD_GW=10.244.0.1
+# Node i (1-based) gets pod CIDR 10.244.<i-1>.0/24 and the address
+# 10.250.0.<10+i> on the cluster bridge; the host is 10.250.0.1 there.
+CLUSTER_NET=10.250.0.0/24
+HOST_IP=10.250.0.1
+CLUSTER_BRIDGE=metax-br0
+# the pod bridge inside every node's network namespace (same name in each)
 BRIDGE=metax-cni0
+NETNS_PREFIX=metax-gpu-
+VETH_PREFIX=metax-v
+CGROUP_PREFIX=metax-gpu-
 CNI_NAME=metax-gpu-cluster
 CHAIN=METAX-GPU-CLUSTER
 CHAIN_FWD=METAX-GPU-CLUSTER-FWD
+CHAIN_IN=METAX-GPU-CLUSTER-IN
 SCHED_PORT=10259
 KCM_PORT=10257
 KUBELET_HEALTHZ_PORT=10248
+KUBE_PROXY_HEALTHZ_PORT=10256
 APISERVER=https://127.0.0.1:${METAX_APISERVER_PORT}
+# what the nodes (and pods, through the service IP) use
+APISERVER_NODES=https://${HOST_IP}:${METAX_APISERVER_PORT}
+SIM_PARENT=$(dirname "${METAX_SIM_ROOT}")
+# NODES unset: the running cluster's nodes, else one ${METAX_SIM_PRESET} node
+if [[ -z ${NODES:-} && -f ${STATE}/node-table ]]; then
+  NODES=$(awk '{printf "%s ", $3}' "${STATE}/node-table")
+fi
+: "${NODES:=${METAX_SIM_PRESET}}"
 # Host paths the cluster creates and `down` removes unless they pre-existed.
 TRACKED_PATHS=("${ETC}" "${KUBELET_DIR}" /var/log/pods /var/log/containers /var/lib/cni
-  "$(dirname "${METAX_SIM_ROOT}")" "${RUN}" /run/netns /run/containerd)
+  "${SIM_PARENT}" "${RUN}" /run/netns /run/containerd /etc/cdi /run/cdi)
 
 BIN=$(k8s_bin_dir)
+CTRD_BIN=$(containerd_bin_dir)
+HELM_BIN=$(helm_bin_dir)
+# containerd finds its shim on PATH
+export PATH=${CTRD_BIN}:${PATH}
 kubectl() { "${BIN}/kubectl" --kubeconfig "${ADMIN_CONF}" "$@"; }
-ctr_k8s() { ctr --address "${CONTAINERD_SOCK}" -n k8s.io "$@"; }
+
+# ------------------------------------------------------------------ nodes
+# The node table, fixed at `up` in ${STATE}/node-table: "INDEX NAME PRESET".
+NODE_IDX=()
+NODE_NAMES=()
+NODE_PRESETS=()
+load_nodes() {
+  local i n p
+  NODE_IDX=() NODE_NAMES=() NODE_PRESETS=()
+  [[ -f ${STATE}/node-table ]] || return 1
+  while read -r i n p; do
+    NODE_IDX+=("${i}") NODE_NAMES+=("${n}") NODE_PRESETS+=("${p}")
+  done <"${STATE}/node-table"
+  ((${#NODE_NAMES[@]}))
+}
+# plan_nodes: the node table NODES asks for (first name as today: node_name).
+plan_nodes() {
+  local first i=0 p
+  first=$(node_name)
+  for p in ${NODES}; do
+    i=$((i + 1))
+    if ((i == 1)); then echo "1 ${first} ${p}"; else echo "${i} ${first}-${i} ${p}"; fi
+  done
+}
+node_ip() { echo "10.250.0.$((10 + $1))"; }
+pod_cidr() { echo "10.244.$(($1 - 1)).0/24"; }
+pod_gw() { echo "10.244.$(($1 - 1)).1"; }
+netns_of() { echo "${NETNS_PREFIX}$1"; }
+node_dir() { echo "${STATE}/nodes/$1"; }
+node_run() { echo "${RUN}/nodes/$1"; }
+sim_dir_of() { echo "${SIM_PARENT}/$1"; }
+sock_of() { echo "$(node_run "$1")/containerd.sock"; }
+cgroup_root_of() { echo "/${CGROUP_PREFIX}$1"; }
+ctr_node() {
+  local node=$1
+  shift
+  "${CTRD_BIN}/ctr" --address "$(sock_of "${node}")" -n k8s.io "$@"
+}
+# Run a command inside a node's mount and network namespaces.
+in_node() {
+  local node=$1 pid
+  shift
+  pid=$(pid_of "ns-${node}") || die "node ${node}: its namespace holder is not running"
+  nsenter -t "${pid}" -m -n -- "$@"
+}
 
 # ------------------------------------------------------------------ helpers
 node_name() {
@@ -92,7 +161,7 @@ start() {
   local name=$1 bin=$2 hash f
   shift 2
   hash=$({
-    printf '%s\n' "${bin}" "$@"
+    printf '%s\n' "${START_WRAP:-}" "${bin}" "$@"
     for f in ${START_CONFIG:-}; do cat "${f}"; done
   } | sha256sum | cut -d' ' -f1)
   if running "${name}"; then
@@ -109,8 +178,11 @@ start() {
   fi
   bin=$(readlink -f "${bin}")
   printf '\n==== %s start %s\n' "$(date -Is)" "${name}" >>"${LOGS}/${name}.log"
-  # fd 8 is cluster.lock: the daemon must not inherit (and hold) it
-  setsid "${bin}" "$@" </dev/null >>"${LOGS}/${name}.log" 2>&1 8>&- &
+  # fd 8 is cluster.lock: the daemon must not inherit (and hold) it.
+  # START_WRAP (nsenter/unshare, which exec) runs it inside a node's
+  # namespaces with the same PID.
+  # shellcheck disable=SC2086 # START_WRAP is a word list
+  setsid ${START_WRAP:-} "${bin}" "$@" </dev/null >>"${LOGS}/${name}.log" 2>&1 8>&- &
   echo $! >"${PIDS}/${name}.pid"
   echo "${bin}" >"${PIDS}/${name}.exe"
   echo "${hash}" >"${PIDS}/${name}.hash"
@@ -234,11 +306,13 @@ preflight() {
   check_port kube-controller-manager "${KCM_PORT}"
   check_port registry "${METAX_REGISTRY_PORT}"
   check_port registry-auth "${METAX_REGISTRY_AUTH_PORT}"
-  check_port kubelet "${METAX_KUBELET_PORT}"
-  check_port kubelet "${KUBELET_HEALTHZ_PORT}"
-  if ! running kubelet && port_in_use "${SCHED_PORT}"; then
-    die "port 127.0.0.1:${SCHED_PORT} (kube-scheduler) is already in use by $(port_owner "${SCHED_PORT}").
-  Stop that process (a leftover of this cluster: 'make cluster-down'), then 'make cluster-up' again."
+  # kubelets and the scheduler listen inside the nodes' network namespaces
+  if ip link show "${CLUSTER_BRIDGE}" >/dev/null 2>&1 && [[ ! -f ${STATE}/node-table ]]; then
+    die "the network interface ${CLUSTER_BRIDGE} exists but no cluster is recorded in ${STATE}: a leftover?
+  Remove it (ip link delete ${CLUSTER_BRIDGE}) or run 'make cluster-down', then 'make cluster-up' again."
+  fi
+  if ip route show "${CLUSTER_NET}" 2>/dev/null | grep -qv "${CLUSTER_BRIDGE}"; then
+    die "${CLUSTER_NET} (the local cluster's node network) is already routed on this machine: $(ip route show "${CLUSTER_NET}")"
   fi
 }
 
@@ -268,8 +342,8 @@ cert() {
   chmod 600 "${PKI}/${name}.key"
 }
 
-kubeconfig() { # FILE USER CERTNAME
-  local file=$1 user=$2 crt=$3
+kubeconfig() { # FILE USER CERTNAME [SERVER]
+  local file=$1 user=$2 crt=$3 server=${4:-${APISERVER}}
   [[ -s ${file} ]] && return 0
   umask 077
   cat >"${file}" <<EOF
@@ -278,7 +352,7 @@ kind: Config
 clusters:
   - name: kubernetes
     cluster:
-      server: ${APISERVER}
+      server: ${server}
       certificate-authority-data: $(base64 -w0 <"${PKI}/ca.crt")
 users:
   - name: ${user}
@@ -296,7 +370,7 @@ EOF
 }
 
 make_pki() {
-  local node=$1
+  local node i n
   mkdir -p "${PKI}" "${MANIFESTS}"
   echo "${STATE}" >"${ETC}/${MARKER_NAME}"
   if [[ ! -s ${PKI}/ca.crt ]]; then
@@ -307,13 +381,19 @@ make_pki() {
       -out "${PKI}/ca.crt" 2>/dev/null
   fi
   cert apiserver kube-apiserver "" server \
-    "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,DNS:${node},IP:127.0.0.1,IP:${SERVICE_IP}"
+    "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:${SERVICE_IP},IP:${HOST_IP}"
   cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters client
   cert admin kubernetes-admin system:masters client
   cert controller-manager system:kube-controller-manager "" client
   cert scheduler system:kube-scheduler "" client
-  cert kubelet-client "system:node:${node}" system:nodes client
-  cert kubelet "${node}" "" server "DNS:${node},DNS:localhost,IP:127.0.0.1"
+  # bound to system:node-proxier by the default RBAC policy
+  cert kube-proxy system:kube-proxy "" client
+  for i in "${!NODE_NAMES[@]}"; do
+    node=${NODE_NAMES[$i]}
+    n=${NODE_IDX[$i]}
+    cert "kubelet-client-${node}" "system:node:${node}" system:nodes client
+    cert "kubelet-${node}" "${node}" "" server "DNS:${node},DNS:localhost,IP:127.0.0.1,IP:$(node_ip "${n}")"
+  done
   if [[ ! -s ${PKI}/sa.key ]]; then
     openssl genrsa -out "${PKI}/sa.key" 2048 2>/dev/null
     chmod 600 "${PKI}/sa.key"
@@ -321,31 +401,33 @@ make_pki() {
   fi
   kubeconfig "${ETC}/admin.conf" kubernetes-admin admin
   kubeconfig "${ETC}/controller-manager.conf" system:kube-controller-manager controller-manager
-  kubeconfig "${ETC}/scheduler.conf" system:kube-scheduler scheduler
-  kubeconfig "${ETC}/kubelet.conf" "system:node:${node}" kubelet-client
+  # the scheduler runs in the first node's network namespace
+  kubeconfig "${ETC}/scheduler.conf" system:kube-scheduler scheduler "${APISERVER_NODES}"
+  kubeconfig "${STATE}/kube-proxy.conf" system:kube-proxy kube-proxy "${APISERVER_NODES}"
+  for node in "${NODE_NAMES[@]}"; do
+    mkdir -p "$(node_dir "${node}")"
+    kubeconfig "$(node_dir "${node}")/kubelet.conf" "system:node:${node}" "kubelet-client-${node}" "${APISERVER_NODES}"
+  done
+  # kubeadm's path, for the first (control-plane) node
+  [[ -e ${ETC}/kubelet.conf ]] || cp "$(node_dir "${NODE_NAMES[0]}")/kubelet.conf" "${ETC}/kubelet.conf"
 }
 
 # ------------------------------------------------------------------ sim node
-make_sim_root() {
-  local py want have=""
-  want=${METAX_SIM_PRESET}
-  [[ -f ${STATE}/sim-preset ]] && have=$(cat "${STATE}/sim-preset")
-  if [[ -d ${METAX_SIM_ROOT} && ${have} == "${want}" ]]; then
-    log "simulated MetaX node (${want}) present at ${METAX_SIM_ROOT}"
+make_sim_root() { # NODE PRESET
+  local node=$1 want=$2 dir py have=""
+  dir=$(sim_dir_of "${node}")
+  [[ -f $(node_dir "${node}")/sim-preset ]] && have=$(cat "$(node_dir "${node}")/sim-preset")
+  if [[ -d ${dir} && ${have} == "${want}" ]]; then
+    log "simulated MetaX node ${node} (${want}) present at ${dir}"
     return 0
   fi
   ensure_collection_path
   py=$(project_python)
-  mkdir -p "$(dirname "${METAX_SIM_ROOT}")"
-  if "${py}" -c 'import ansible_collections.metax.gpu.plugins.module_utils.sim.__main__' 2>/dev/null; then
-    "${py}" -m ansible_collections.metax.gpu.plugins.module_utils.sim create --force \
-      --preset "${want}" "${METAX_SIM_ROOT}" >&2 ||
-      die "the simulated node generator failed for preset ${want} (METAX_SIM_PRESET)"
-  else
-    warn "simulated node generator not importable with ${py}; creating an empty ${METAX_SIM_ROOT}"
-    mkdir -p "${METAX_SIM_ROOT}"
-  fi
-  echo "${want}" >"${STATE}/sim-preset"
+  mkdir -p "${SIM_PARENT}"
+  "${py}" -m ansible_collections.metax.gpu.plugins.module_utils.sim create --force \
+    --preset "${want}" "${dir}" >&2 ||
+    die "the simulated node generator failed for preset ${want} (NODES=\"${NODES}\")"
+  echo "${want}" >"$(node_dir "${node}")/sim-preset"
 }
 
 # ------------------------------------------------------------------ registries
@@ -367,7 +449,9 @@ storage:
   delete:
     enabled: true
 http:
-  addr: ${METAX_REGISTRY}
+  # loopback for the host, the bridge address for the nodes' containerd
+  # (other interfaces: dropped by the ${CHAIN_IN} chain)
+  addr: :${METAX_REGISTRY_PORT}
   secret: $(cat "${d}/secret")
 EOF
   if [[ ! -s ${a}/password ]]; then
@@ -378,7 +462,7 @@ EOF
   fi
   if [[ ! -s ${a}/tls.crt ]]; then
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
-      -subj "/CN=metax-gpu local registry" -addext "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+      -subj "/CN=metax-gpu local registry" -addext "subjectAltName=IP:127.0.0.1,IP:${HOST_IP},DNS:localhost" \
       -keyout "${a}/tls.key" -out "${a}/tls.crt" 2>/dev/null
     chmod 600 "${a}/tls.key"
   fi
@@ -395,7 +479,7 @@ storage:
   delete:
     enabled: true
 http:
-  addr: ${METAX_REGISTRY_AUTH}
+  addr: :${METAX_REGISTRY_AUTH_PORT}
   secret: $(cat "${a}/secret")
   tls:
     certificate: ${a}/tls.crt
@@ -416,16 +500,49 @@ EOF
 }
 
 # ------------------------------------------------------------------ network
-# Pods reach the apiserver (which listens on 127.0.0.1 only) at the service IP
-# 10.96.0.1:443 as usual: that address is put on lo (so nothing aimed at the
-# service range can leave the machine) and DNAT'ed to 127.0.0.1:6443, from
-# the host (OUTPUT: hostNetwork pods) and from the pod bridge (PREROUTING,
-# with route_localnet on the bridge only). Pods get no default route and
+# The host holds the cluster bridge ${CLUSTER_BRIDGE} (${HOST_IP}); every node
+# is a network namespace joined to it by a veth pair, with its own pod bridge
+# and pod CIDR; the host and every node route each pod CIDR to its node.
+# Services (the apiserver's at 10.96.0.1:443 included) are kube-proxy's, in
+# each node's namespace; the host itself reaches 10.96.0.1:443 by DNAT.
+# The apiserver and the registries listen on every address, and the
+# ${CHAIN_IN} chain drops their ports on every interface but lo and the bridge;
 # nothing is forwarded between the bridge and other interfaces.
 network_up() {
-  local d=${STATE}/cni
+  if ! ip link show "${CLUSTER_BRIDGE}" >/dev/null 2>&1; then
+    ip link add "${CLUSTER_BRIDGE}" type bridge
+    ip addr add "${HOST_IP}/24" dev "${CLUSTER_BRIDGE}"
+    ip link set "${CLUSTER_BRIDGE}" up
+  fi
+  # the host, as a client, also uses the service IP (as before: OUTPUT DNAT)
+  [[ $(ip -4 -o addr show dev lo) == *" ${SERVICE_IP}/32 "* ]] || ip addr add "${SERVICE_IP}/32" dev lo
+  iptables -t nat -N "${CHAIN}" 2>/dev/null || true
+  iptables -t nat -F "${CHAIN}"
+  iptables -t nat -A "${CHAIN}" -d "${SERVICE_IP}/32" -p tcp --dport 443 \
+    -j DNAT --to-destination "127.0.0.1:${METAX_APISERVER_PORT}"
+  iptables -t nat -C OUTPUT -j "${CHAIN}" 2>/dev/null || iptables -t nat -I OUTPUT -j "${CHAIN}"
+  iptables -t filter -N "${CHAIN_FWD}" 2>/dev/null || true
+  iptables -t filter -F "${CHAIN_FWD}"
+  iptables -t filter -A "${CHAIN_FWD}" -i "${CLUSTER_BRIDGE}" ! -o "${CLUSTER_BRIDGE}" -j DROP
+  iptables -t filter -A "${CHAIN_FWD}" -o "${CLUSTER_BRIDGE}" ! -i "${CLUSTER_BRIDGE}" -j DROP
+  iptables -t filter -C FORWARD -j "${CHAIN_FWD}" 2>/dev/null || iptables -t filter -I FORWARD -j "${CHAIN_FWD}"
+  iptables -t filter -N "${CHAIN_IN}" 2>/dev/null || true
+  iptables -t filter -F "${CHAIN_IN}"
+  iptables -t filter -A "${CHAIN_IN}" -i lo -j RETURN
+  iptables -t filter -A "${CHAIN_IN}" -i "${CLUSTER_BRIDGE}" -j RETURN
+  iptables -t filter -A "${CHAIN_IN}" -p tcp -m multiport \
+    --dports "${METAX_APISERVER_PORT},${METAX_REGISTRY_PORT},${METAX_REGISTRY_AUTH_PORT}" -j DROP
+  iptables -t filter -C INPUT -j "${CHAIN_IN}" 2>/dev/null || iptables -t filter -I INPUT -j "${CHAIN_IN}"
+}
+
+# node_network_up INDEX NAME: namespace, veth, addresses, routes, CNI config.
+node_network_up() {
+  local i=$1 node=$2 ns veth d j
+  ns=$(netns_of "${node}")
+  veth=${VETH_PREFIX}${i}
+  d=$(node_dir "${node}")/cni
   mkdir -p "${d}/net.d" "${d}/ipam"
-  cat >"${d}/net.d/10-${CNI_NAME}.conflist" <<EOF
+  cat >"${d}/net.d/10-${CNI_NAME}.conflist" <<EOC
 {
   "cniVersion": "0.4.0",
   "name": "${CNI_NAME}",
@@ -434,61 +551,145 @@ network_up() {
       "type": "bridge",
       "bridge": "${BRIDGE}",
       "isGateway": true,
+      "isDefaultGateway": true,
       "ipMasq": false,
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
         "dataDir": "${d}/ipam",
-        "ranges": [[{"subnet": "${POD_CIDR}", "gateway": "${POD_GW}"}]],
-        "routes": [{"dst": "${SERVICE_CIDR}"}]
+        "ranges": [[{"subnet": "$(pod_cidr "${i}")", "gateway": "$(pod_gw "${i}")"}]]
       }
     }
   ]
 }
-EOF
-  if ! ip link show "${BRIDGE}" >/dev/null 2>&1; then
-    ip link add "${BRIDGE}" type bridge
-    ip addr add "${POD_GW}/24" dev "${BRIDGE}"
-    ip link set "${BRIDGE}" up
+EOC
+  [[ -e /run/netns/${ns} ]] || ip netns add "${ns}"
+  if ! ip link show "${veth}" >/dev/null 2>&1; then
+    ip link add "${veth}" type veth peer name eth0 netns "${ns}"
+    ip link set "${veth}" master "${CLUSTER_BRIDGE}" up
+    ip -n "${ns}" addr add "$(node_ip "${i}")/24" dev eth0
+    ip -n "${ns}" link set eth0 up
+    ip -n "${ns}" link set lo up
   fi
-  sysctl -qw "net.ipv4.conf.${BRIDGE}.route_localnet=1"
-  [[ $(ip -4 -o addr show dev lo) == *" ${SERVICE_IP}/32 "* ]] || ip addr add "${SERVICE_IP}/32" dev lo
-  local rule
-  iptables -t nat -N "${CHAIN}" 2>/dev/null || true
-  iptables -t nat -F "${CHAIN}"
-  iptables -t nat -A "${CHAIN}" -d "${SERVICE_IP}/32" -p tcp --dport 443 \
-    -j DNAT --to-destination "127.0.0.1:${METAX_APISERVER_PORT}"
-  for rule in OUTPUT PREROUTING; do
-    iptables -t nat -C "${rule}" -j "${CHAIN}" 2>/dev/null || iptables -t nat -I "${rule}" -j "${CHAIN}"
+  ip netns exec "${ns}" sysctl -qw net.ipv4.ip_forward=1
+  ip -n "${ns}" route replace default via "${HOST_IP}"
+  ip route replace "$(pod_cidr "${i}")" via "$(node_ip "${i}")" dev "${CLUSTER_BRIDGE}"
+  for j in "${NODE_IDX[@]}"; do
+    ((j == i)) && continue
+    ip -n "${ns}" route replace "$(pod_cidr "${j}")" via "$(node_ip "${j}")" dev eth0
   done
-  iptables -t filter -N "${CHAIN_FWD}" 2>/dev/null || true
-  iptables -t filter -F "${CHAIN_FWD}"
-  iptables -t filter -A "${CHAIN_FWD}" -i "${BRIDGE}" ! -o "${BRIDGE}" -j DROP
-  iptables -t filter -A "${CHAIN_FWD}" -o "${BRIDGE}" ! -i "${BRIDGE}" -j DROP
-  iptables -t filter -C FORWARD -j "${CHAIN_FWD}" 2>/dev/null || iptables -t filter -I FORWARD -j "${CHAIN_FWD}"
+}
+
+# node_ns_up NAME: a holder process in the node's network namespace and in a
+# new mount namespace (slave: the host's later mounts show, the node's stay
+# inside) where the node's own directories are bind-mounted at the standard
+# paths, so one DaemonSet spec resolves hostPaths to each node's own
+# device-plugin dir, pod-resources socket and simulated root. The node's
+# containerd and kubelet are started inside with nsenter.
+node_ns_up() {
+  local node=$1 d r src dst
+  d=$(node_dir "${node}")
+  r=$(node_run "${node}")
+  mkdir -p "${d}/kubelet" "${d}/cni-cache" "${d}/cdi-etc" "${r}/containerd" "${r}/cdi"
+  # mount points on the machine (empty there)
+  mkdir -p "${KUBELET_DIR}" "${METAX_SIM_ROOT}" /var/lib/cni /run/containerd /etc/cdi /run/cdi
+  if ! running "ns-${node}"; then
+    START_WRAP="nsenter --net=/run/netns/$(netns_of "${node}") unshare --mount --propagation slave --" \
+      start "ns-${node}" /usr/bin/sleep infinity
+    sleep 0.2
+    running "ns-${node}" || die "node ${node}: cannot start its namespace holder (log ${LOGS}/ns-${node}.log)"
+  fi
+  while read -r src dst; do
+    if [[ $(in_node "${node}" stat -c %d:%i "${dst}") != $(stat -c %d:%i "${src}") ]]; then
+      in_node "${node}" mount --bind "${src}" "${dst}"
+    fi
+  done <<EOM
+${d}/kubelet ${KUBELET_DIR}
+$(sim_dir_of "${node}") ${METAX_SIM_ROOT}
+${d}/cni-cache /var/lib/cni
+${r}/containerd /run/containerd
+${d}/cdi-etc /etc/cdi
+${r}/cdi /run/cdi
+EOM
+}
+
+# The first node's kubelet dir and simulated root also at the standard paths
+# on the machine itself (what single-node tests and tools read). Made before
+# any node namespace, which then inherits them.
+host_binds_up() {
+  local node=${NODE_NAMES[0]} src dst
+  while read -r src dst; do
+    mkdir -p "${src}" "${dst}"
+    mountpoint -q "${dst}" || mount --bind "${src}" "${dst}"
+  done <<EOM
+$(node_dir "${node}")/kubelet ${KUBELET_DIR}
+$(sim_dir_of "${node}") ${METAX_SIM_ROOT}
+EOM
+}
+
+# Each kubelet gets its own cgroupRoot: two kubelets on one root remove each
+# other's pod cgroups. The kubelet wants it to exist in every hierarchy.
+node_cgroups_up() {
+  local node=$1 c
+  for c in /sys/fs/cgroup/*/; do
+    [[ -f ${c}cgroup.procs ]] || continue
+    mkdir -p "${c}${CGROUP_PREFIX}${node}"
+  done
 }
 
 # ------------------------------------------------------------------ containerd
+# Registry host config (containerd's config_path, shared by every node): the
+# nodes reach the registries on the bridge address, by the names the images
+# carry (127.0.0.1:5000/..., localhost:5000/..., 127.0.0.1:5443/...).
+registry_hosts() {
+  local d=${STATE}/containerd-certs.d a=${STATE}/registry-auth h
+  for h in "${METAX_REGISTRY}" "localhost:${METAX_REGISTRY_PORT}" "${HOST_IP}:${METAX_REGISTRY_PORT}"; do
+    mkdir -p "${d}/${h}"
+    cat >"${d}/${h}/hosts.toml" <<EOT
+server = "http://${HOST_IP}:${METAX_REGISTRY_PORT}"
+[host."http://${HOST_IP}:${METAX_REGISTRY_PORT}"]
+  capabilities = ["pull", "resolve"]
+EOT
+  done
+  for h in "${METAX_REGISTRY_AUTH}" "${HOST_IP}:${METAX_REGISTRY_AUTH_PORT}"; do
+    mkdir -p "${d}/${h}"
+    cat >"${d}/${h}/hosts.toml" <<EOT
+server = "https://${HOST_IP}:${METAX_REGISTRY_AUTH_PORT}"
+[host."https://${HOST_IP}:${METAX_REGISTRY_AUTH_PORT}"]
+  capabilities = ["pull", "resolve"]
+  ca = "${a}/tls.crt"
+EOT
+  done
+}
+
+# containerd_up NAME: the node's own containerd 2 (root, state, socket), in
+# the node's namespaces; CDI on with the standard spec dirs (the node's own,
+# through its mount namespace).
 containerd_up() {
-  local d=${STATE}/containerd a=${STATE}/registry-auth
-  mkdir -p "${d}" "${RUN}/containerd"
+  local node=$1 d r sock a=${STATE}/registry-auth pw
+  d=$(node_dir "${node}")/containerd
+  r=$(node_run "${node}")
+  sock=$(sock_of "${node}")
+  pw=$(cat "${a}/password")
+  mkdir -p "${d}" "${r}"
   (
     umask 077
-    cat >"${d}/config.toml" <<EOF
-# Generated by scripts/cluster/cluster.sh: the local cluster's own containerd
-# (own root, state and socket; the machine's containerd, if any, is untouched).
-version = 2
+    cat >"${d}/config.toml" <<EOT
+# Generated by scripts/cluster/cluster.sh: node ${node}'s containerd (own root,
+# state and socket; the machine's containerd, if any, is untouched).
+version = 3
 root = "${d}/root"
-state = "${RUN}/containerd/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+state = "${r}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
+  "io.containerd.nri.v1.nri"]
 
 [grpc]
-  address = "${CONTAINERD_SOCK}"
+  address = "${sock}"
 
 [ttrpc]
-  address = "${CONTAINERD_SOCK}.ttrpc"
+  address = "${sock}.ttrpc"
 
 [debug]
   address = ""
@@ -499,54 +700,61 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [plugins."io.containerd.internal.v1.opt"]
   path = "${d}/opt"
 
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "${METAX_PAUSE_IMAGE}"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "${METAX_PAUSE_IMAGE}"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "${STATE}/containerd-certs.d"
+    # credentials (hosts.toml has no place for them; kubelet pull secrets win)
+    [plugins."io.containerd.cri.v1.images".registry.configs."${METAX_REGISTRY_AUTH}".auth]
+      username = "${METAX_REGISTRY_USER}"
+      password = "${pw}"
+    [plugins."io.containerd.cri.v1.images".registry.configs."${HOST_IP}:${METAX_REGISTRY_AUTH_PORT}".auth]
+      username = "${METAX_REGISTRY_USER}"
+      password = "${pw}"
+
+[plugins."io.containerd.cri.v1.runtime"]
   # root cannot lower oom_score_adj on these machines (no CAP_SYS_RESOURCE in
   # the bounding set): without this every sandbox fails with
   # "can't get final child's PID from pipe: EOF".
   restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
   enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "$(command -v runc)"
-        Root = "${RUN}/runc"
+        Root = "${r}/runc"
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "${STATE}/cni/net.d"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "$(node_dir "${node}")/cni/net.d"
     max_conf_num = 1
-  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."${METAX_REGISTRY}"]
-    endpoint = ["http://${METAX_REGISTRY}"]
-  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."localhost:${METAX_REGISTRY_PORT}"]
-    endpoint = ["http://${METAX_REGISTRY}"]
-  # containerd would use plain HTTP for a loopback host without an explicit endpoint
-  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."${METAX_REGISTRY_AUTH}"]
-    endpoint = ["https://${METAX_REGISTRY_AUTH}"]
-  [plugins."io.containerd.grpc.v1.cri".registry.configs."${METAX_REGISTRY_AUTH}".tls]
-    ca_file = "${a}/tls.crt"
-  [plugins."io.containerd.grpc.v1.cri".registry.configs."${METAX_REGISTRY_AUTH}".auth]
-    username = "${METAX_REGISTRY_USER}"
-    password = "$(cat "${a}/password")"
-EOF
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+EOT
   )
-  START_CONFIG="${d}/config.toml" start containerd /usr/bin/containerd --config "${d}/config.toml"
-  wait_for "containerd (${CONTAINERD_SOCK})" 60 containerd ctr --address "${CONTAINERD_SOCK}" version
-  # Images the node needs without any pull: the pod sandbox and the scheduler.
-  local img archive
+  START_WRAP="nsenter -t $(pid_of "ns-${node}") -m -n --" START_CONFIG="${d}/config.toml" \
+    start "containerd-${node}" "${CTRD_BIN}/containerd" --config "${d}/config.toml"
+  wait_for "containerd of ${node} (${sock})" 60 "containerd-${node}" "${CTRD_BIN}/ctr" --address "${sock}" version
+  # Images the node needs without any pull: the pod sandbox (and the
+  # scheduler on the control-plane node).
+  local img archive want=("${METAX_PAUSE_IMAGE}") have
   for img in pause scheduler; do
+    [[ ${img} == scheduler && ${node} != "${NODE_NAMES[0]}" ]] && continue
     archive=$("${CLUSTER_SCRIPTS}/images.sh" archive "${img}")
-    ctr_k8s images import "${archive}" >/dev/null ||
-      die "importing ${archive} into containerd failed"
+    ctr_node "${node}" images import "${archive}" >/dev/null ||
+      die "importing ${archive} into the containerd of ${node} failed"
   done
-  local have
-  have=$(ctr_k8s images ls -q)
-  for img in "${METAX_PAUSE_IMAGE}" "${METAX_SCHEDULER_IMAGE}"; do
-    grep -qxF "${img}" <<<"${have}" || die "the image ${img} is not in containerd after import"
+  [[ ${node} == "${NODE_NAMES[0]}" ]] && want+=("${METAX_SCHEDULER_IMAGE}")
+  have=$(ctr_node "${node}" images ls -q)
+  for img in "${want[@]}"; do
+    grep -qxF "${img}" <<<"${have}" || die "the image ${img} is not in the containerd of ${node} after import"
   done
 }
 
@@ -566,9 +774,9 @@ etcd_up() {
 
 apiserver_up() {
   start kube-apiserver "${BIN}/kube-apiserver" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="${METAX_APISERVER_PORT}" \
+    --bind-address=0.0.0.0 --advertise-address="${HOST_IP}" --secure-port="${METAX_APISERVER_PORT}" \
     --etcd-servers="http://127.0.0.1:${METAX_ETCD_PORT}" \
-    --endpoint-reconciler-type=none \
+    --endpoint-reconciler-type=lease \
     --service-cluster-ip-range="${SERVICE_CIDR}" \
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
     --allow-privileged=true \
@@ -577,7 +785,7 @@ apiserver_up() {
     --kubelet-client-certificate="${PKI}/apiserver-kubelet-client.crt" \
     --kubelet-client-key="${PKI}/apiserver-kubelet-client.key" \
     --kubelet-certificate-authority="${PKI}/ca.crt" \
-    --kubelet-preferred-address-types=Hostname,InternalIP \
+    --kubelet-preferred-address-types=InternalIP,Hostname \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="${PKI}/sa.pub" --service-account-signing-key-file="${PKI}/sa.key" \
     --profiling=false --v=1
@@ -679,17 +887,21 @@ EOF
   mv "${f}.tmp" "${f}"
 }
 
-kubelet_up() {
-  local node=$1 d=${STATE}/kubelet
-  mkdir -p "${d}" "${KUBELET_DIR}" "${STATE}/pod-logs"
-  touch "${KUBELET_DIR}/${MARKER_NAME}"
-  cat >"${d}/config.yaml" <<EOF
+kubelet_up() { # INDEX NAME
+  local i=$1 node=$2 d ip static=""
+  d=$(node_dir "${node}")
+  ip=$(node_ip "${i}")
+  mkdir -p "${d}/pod-logs"
+  touch "${d}/kubelet/${MARKER_NAME}"
+  # the control-plane node runs the static pods of the machine's manifests dir
+  ((i == 1)) && static="staticPodPath: ${MANIFESTS}"
+  cat >"${d}/kubelet-config.yaml" <<EOK
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: ${ip}
 port: ${METAX_KUBELET_PORT}
 readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
+healthzBindAddress: ${ip}
 healthzPort: ${KUBELET_HEALTHZ_PORT}
 authentication:
   anonymous:
@@ -700,17 +912,19 @@ authentication:
     clientCAFile: ${PKI}/ca.crt
 authorization:
   mode: Webhook
-tlsCertFile: ${PKI}/kubelet.crt
-tlsPrivateKeyFile: ${PKI}/kubelet.key
+tlsCertFile: ${PKI}/kubelet-${node}.crt
+tlsPrivateKeyFile: ${PKI}/kubelet-${node}.key
 rotateCertificates: false
 serverTLSBootstrap: false
 cgroupDriver: cgroupfs
+cgroupRoot: $(cgroup_root_of "${node}")
 failCgroupV1: false
 failSwapOn: false
-containerRuntimeEndpoint: unix://${CONTAINERD_SOCK}
-imageServiceEndpoint: unix://${CONTAINERD_SOCK}
-staticPodPath: ${MANIFESTS}
-podLogsDir: ${STATE}/pod-logs
+containerRuntimeEndpoint: unix://$(sock_of "${node}")
+imageServiceEndpoint: unix://$(sock_of "${node}")
+${static}
+podLogsDir: ${d}/pod-logs
+podCIDR: $(pod_cidr "${i}")
 clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
 maxPods: 110
@@ -727,10 +941,53 @@ nodeStatusReportFrequency: 10s
 # Allocatable changes (a GPU turning unhealthy) reach the Node object at the
 # next status update; 1s keeps that within gpu-device's healthyInterval + 2s.
 nodeStatusUpdateFrequency: 1s
-EOF
-  START_CONFIG="${d}/config.yaml" start kubelet "${BIN}/kubelet" --config="${d}/config.yaml" --kubeconfig="${ETC}/kubelet.conf" \
-    --hostname-override="${node}" --root-dir="${KUBELET_DIR}" --v=1
-  wait_for "kubelet /healthz" 120 kubelet curl -fsS --max-time 2 "http://127.0.0.1:${KUBELET_HEALTHZ_PORT}/healthz"
+EOK
+  START_WRAP="nsenter -t $(pid_of "ns-${node}") -m -n --" START_CONFIG="${d}/kubelet-config.yaml" \
+    start "kubelet-${node}" "${BIN}/kubelet" --config="${d}/kubelet-config.yaml" \
+    --kubeconfig="${d}/kubelet.conf" --hostname-override="${node}" --node-ip="${ip}" \
+    --root-dir="${KUBELET_DIR}" --v=1
+  wait_for "kubelet of ${node} /healthz" 120 "kubelet-${node}" \
+    curl -fsS --max-time 2 "http://${ip}:${KUBELET_HEALTHZ_PORT}/healthz"
+}
+
+# kube_proxy_up INDEX NAME: kube-proxy (iptables mode) in the node's network
+# namespace, so Service ClusterIPs work from pods and hostNetwork pods (the
+# static kube-scheduler reaches an extender through its Service) as on a real
+# cluster. masqueradeAll: without br_netfilter (not loaded on these VMs) a
+# reply between two pods of one bridge would bypass the un-DNAT.
+kube_proxy_up() {
+  local i=$1 node=$2 d ip
+  d=$(node_dir "${node}")
+  ip=$(node_ip "${i}")
+  cat >"${d}/kube-proxy.yaml" <<EOK
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: ${STATE}/kube-proxy.conf
+mode: iptables
+hostnameOverride: ${node}
+clusterCIDR: 10.244.0.0/16
+bindAddress: ${ip}
+healthzBindAddress: ${ip}:${KUBE_PROXY_HEALTHZ_PORT}
+metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: ["primary"]
+iptables:
+  masqueradeAll: true
+# conntrack sysctls are left as the kernel has them (per-namespace limits)
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+# root cannot lower oom_score_adj on these machines
+oomScoreAdj: 0
+EOK
+  START_WRAP="nsenter -t $(pid_of "ns-${node}") -m -n --" START_CONFIG="${d}/kube-proxy.yaml" \
+    start "kube-proxy-${node}" "${BIN}/kube-proxy" --config="${d}/kube-proxy.yaml" --v=1
+}
+
+kube_proxy_ready() { # INDEX
+  curl -fsS --max-time 2 "http://$(node_ip "$1"):${KUBE_PROXY_HEALTHZ_PORT}/healthz" >/dev/null
 }
 
 node_ready() {
@@ -744,12 +1001,19 @@ default_sa() { kubectl -n default get serviceaccount default >/dev/null 2>&1; }
 
 # ------------------------------------------------------------------ env/json
 write_env() {
-  local node=$1
+  local node=${NODE_NAMES[0]} i names=() rows=()
+  for i in "${!NODE_NAMES[@]}"; do
+    names+=("${NODE_NAMES[$i]}")
+    rows+=("${NODE_IDX[$i]} ${NODE_NAMES[$i]} ${NODE_PRESETS[$i]} $(sim_dir_of "${NODE_NAMES[$i]}") $(node_ip "${NODE_IDX[$i]}") $(pod_cidr "${NODE_IDX[$i]}") $(sock_of "${NODE_NAMES[$i]}") $(node_dir "${NODE_NAMES[$i]}")/kubelet $(netns_of "${NODE_NAMES[$i]}")")
+  done
   cat >"${STATE}/cluster.env" <<EOF
 export KUBECONFIG=${ADMIN_CONF}
 export METAX_KUBE_BIN=${BIN}
 export METAX_NODE_NAME=${node}
+export METAX_NODES="${names[*]}"
+export METAX_NODES_FILE=${STATE}/nodes.json
 export METAX_APISERVER=${APISERVER}
+export METAX_APISERVER_NODES=${APISERVER_NODES}
 export METAX_REGISTRY=${METAX_REGISTRY}
 export METAX_REGISTRY_AUTH=${METAX_REGISTRY_AUTH}
 export METAX_REGISTRY_AUTH_USER=${METAX_REGISTRY_USER}
@@ -757,16 +1021,27 @@ export METAX_REGISTRY_AUTH_PASSWORD_FILE=${STATE}/registry-auth/password
 export METAX_REGISTRY_AUTH_CA=${STATE}/registry-auth/tls.crt
 export METAX_REGISTRY_AUTH_CERT_DIR=${STATE}/registry-auth/certs.d/${METAX_REGISTRY_AUTH}
 export METAX_SIM_ROOT=${METAX_SIM_ROOT}
-export METAX_SIM_PRESET=$(cat "${STATE}/sim-preset" 2>/dev/null || echo "${METAX_SIM_PRESET}")
-export METAX_CONTAINERD_ADDRESS=${CONTAINERD_SOCK}
+export METAX_SIM_PRESET=${NODE_PRESETS[0]}
+export METAX_CONTAINERD_ADDRESS=$(sock_of "${node}")
+export METAX_CONTAINERD_BIN=${CTRD_BIN}
 export METAX_PAUSE_IMAGE=${METAX_PAUSE_IMAGE}
 export METAX_SCHEDULER_IMAGE=${METAX_SCHEDULER_IMAGE}
 export METAX_BASE_IMAGE=${METAX_BASE_IMAGE}
 export METAX_REGISTRY_BASE_IMAGE=${METAX_REGISTRY}/metax-gpu/base:${METAX_BASE_SUITE}
+export METAX_HELM=${HELM_BIN}/helm
+export HELM_PLUGINS=$(helm_plugins_dir)
 export CONTAINERS_CONF=${CONTAINERS_CONF}
 export CONTAINERS_REGISTRIES_CONF=${CONTAINERS_REGISTRIES_CONF}
-export PATH=${BIN}:\${PATH}
+export PATH=${BIN}:${HELM_BIN}:${CTRD_BIN}:\${PATH}
 EOF
+  printf '%s\n' "${rows[@]}" | python3 -c '
+import json, sys
+keys = ["index", "name", "preset", "sim_root", "ip", "pod_cidr", "containerd_address", "kubelet_dir", "netns"]
+nodes = [dict(zip(keys, line.split())) for line in sys.stdin if line.strip()]
+for n in nodes:
+    n["index"] = int(n["index"])
+    n["control_plane"] = n["index"] == 1
+print(json.dumps(nodes, indent=2))' >"${STATE}/nodes.json"
 }
 
 cmd_env() {
@@ -779,110 +1054,211 @@ cmd_json() {
   # shellcheck disable=SC1091
   (source "${STATE}/cluster.env" && python3 - <<'PY'
 import json, os
-keys = ["KUBECONFIG", "METAX_KUBE_BIN", "METAX_NODE_NAME", "METAX_APISERVER", "METAX_REGISTRY",
-        "METAX_REGISTRY_AUTH", "METAX_REGISTRY_AUTH_USER", "METAX_REGISTRY_AUTH_PASSWORD_FILE",
+keys = ["KUBECONFIG", "METAX_KUBE_BIN", "METAX_NODE_NAME", "METAX_APISERVER", "METAX_APISERVER_NODES",
+        "METAX_REGISTRY", "METAX_REGISTRY_AUTH", "METAX_REGISTRY_AUTH_USER", "METAX_REGISTRY_AUTH_PASSWORD_FILE",
         "METAX_REGISTRY_AUTH_CA", "METAX_REGISTRY_AUTH_CERT_DIR", "METAX_SIM_ROOT", "METAX_SIM_PRESET",
-        "METAX_CONTAINERD_ADDRESS", "METAX_PAUSE_IMAGE", "METAX_SCHEDULER_IMAGE", "METAX_BASE_IMAGE",
-        "METAX_REGISTRY_BASE_IMAGE", "CONTAINERS_CONF", "CONTAINERS_REGISTRIES_CONF"]
-print(json.dumps({k: os.environ.get(k, "") for k in keys}, indent=2, sort_keys=True))
+        "METAX_CONTAINERD_ADDRESS", "METAX_CONTAINERD_BIN", "METAX_PAUSE_IMAGE", "METAX_SCHEDULER_IMAGE",
+        "METAX_BASE_IMAGE", "METAX_REGISTRY_BASE_IMAGE", "METAX_HELM", "HELM_PLUGINS", "CONTAINERS_CONF",
+        "CONTAINERS_REGISTRIES_CONF"]
+info = {k: os.environ.get(k, "") for k in keys}
+with open(os.environ["METAX_NODES_FILE"]) as fh:
+    info["nodes"] = json.load(fh)
+print(json.dumps(info, indent=2, sort_keys=True))
 PY
   )
 }
 
+# inventory: an Ansible YAML inventory of the running cluster (the
+# collection's conventions: docs/local-cluster.md).
+cmd_inventory() {
+  [[ -f ${STATE}/nodes.json ]] || die "no cluster state in ${STATE}: run 'make cluster-up' first"
+  python3 - "${STATE}/nodes.json" "${ADMIN_CONF}" <<'PY'
+import json, sys
+nodes = json.load(open(sys.argv[1]))
+out = ["# Ansible inventory of the local cluster (scripts/cluster/cluster.sh inventory)", "all:",
+       "  vars:", "    metax_gpu_kubeconfig: %s" % sys.argv[2], "  children:"]
+def host(n):
+    return ["        %s:" % n["name"], "          ansible_connection: local",
+            "          ansible_python_interpreter: \"{{ ansible_playbook_python }}\"",
+            "          metax_gpu_host_root: %s" % n["sim_root"], "          metax_gpu_node_name: %s" % n["name"]]
+out += ["    kube_control_plane:", "      hosts:"]
+for n in nodes:
+    if n["control_plane"]:
+        out += host(n)
+out += ["    gpu_nodes:", "      hosts:"]
+for n in nodes:
+    out += host(n)
+out += ["  hosts:", "    localhost:", "      ansible_connection: local",
+        "      ansible_python_interpreter: \"{{ ansible_playbook_python }}\""]
+print("\n".join(out))
+PY
+}
+
 # ------------------------------------------------------------------ up
+# node_up INDEX NAME PRESET: everything of one GPU node, up to Ready.
+node_up() {
+  local i=$1 node=$2 preset=$3
+  make_sim_root "${node}" "${preset}"
+  node_network_up "${i}" "${node}"
+  node_cgroups_up "${node}"
+  node_ns_up "${node}"
+  containerd_up "${node}"
+  kubelet_up "${i}" "${node}"
+  kube_proxy_up "${i}" "${node}"
+}
+
 cmd_up() {
   require_root
-  local node
+  local i node first planned
   phase_start "debian packages"
   "${CLUSTER_SCRIPTS}/packages.sh"
-  phase_start "kubernetes binaries"
+  phase_start "kubernetes, containerd, helm binaries"
   "${CLUSTER_SCRIPTS}/build-k8s.sh"
+  "${CLUSTER_SCRIPTS}/build-containerd.sh"
+  "${CLUSTER_SCRIPTS}/build-helm.sh"
   phase_start "preflight"
+  planned=$(plan_nodes)
+  [[ -n ${planned} ]] || die "NODES is empty: give one preset per node, e.g. NODES=\"8xC500 4xN100\""
+  ensure_collection_path
+  "$(project_python)" - "${NODES}" <<'PY' || die "NODES=\"${NODES}\": unknown preset (see above)"
+import sys
+from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import PRESETS
+bad = [p for p in sys.argv[1].split() if p not in PRESETS]
+if bad:
+    sys.exit("unknown simulated node preset(s) %s; known: %s" % (" ".join(bad), " ".join(sorted(PRESETS))))
+PY
+  # a cluster started by another checkout, other cluster scripts or with
+  # other nodes is never reused silently (scripts/cluster/identity.py)
+  local verdict
+  verdict=$(python3 "${CLUSTER_SCRIPTS}/identity.py" check "${STATE}/identity.json" "${REPO_ROOT}" "${CLUSTER_SCRIPTS}" "${NODES}")
+  case ${verdict} in
+    replace*)
+      warn "replacing the running cluster: ${verdict#replace: }"
+      NODES='' METAX_CLUSTER_LOCK_HELD=1 bash "${CLUSTER_SCRIPTS}/cluster.sh" down ||
+        die "could not take the running cluster down"
+      ;;
+    reuse:*) warn "reusing the running cluster: ${verdict#reuse: }" ;;
+  esac
   preflight
   mkdir -p "${STATE}" "${LOGS}" "${PIDS}"
   chmod 700 "${STATE}"
   record_baseline
   mkdir -p "${RUN}"
-  node=$(node_name)
-  echo "${node}" >"${STATE}/node-name"
-  log "node name: ${node}"
+  echo "${planned}" >"${STATE}/node-table"
+  python3 "${CLUSTER_SCRIPTS}/identity.py" record "${STATE}/identity.json" "${REPO_ROOT}" "${CLUSTER_SCRIPTS}" "${NODES}"
+  load_nodes
+  first=${NODE_NAMES[0]}
+  echo "${first}" >"${STATE}/node-name"
+  log "nodes: $(awk '{print $2 " (" $3 ")"}' "${STATE}/node-table" | xargs)"
   phase_start "pki + kubeconfigs"
-  make_pki "${node}"
-  phase_start "simulated node"
-  make_sim_root
+  make_pki
   phase_start "registries"
   registries
+  registry_hosts
   phase_start "images (build + push)"
   "${CLUSTER_SCRIPTS}/images.sh" build
   "${CLUSTER_SCRIPTS}/images.sh" push
-  phase_start "network (cni, service ip)"
+  phase_start "network (bridge, service ip)"
   network_up
-  phase_start "containerd"
-  containerd_up
   phase_start "etcd"
   etcd_up
   phase_start "kube-apiserver"
   apiserver_up
   phase_start "kube-controller-manager"
   controller_manager_up
-  phase_start "kubelet + static kube-scheduler"
   scheduler_manifest
-  kubelet_up "${node}"
-  wait_for "node ${node} Ready" 180 kubelet node_ready "${node}"
-  kubectl label node "${node}" --overwrite node-role.kubernetes.io/control-plane= >/dev/null
-  wait_for "static pod kube-system/kube-scheduler-${node} Ready" 180 kubelet scheduler_ready "${node}"
+  make_sim_root "${first}" "${NODE_PRESETS[0]}"
+  host_binds_up
+  for i in "${!NODE_NAMES[@]}"; do
+    phase_start "node ${NODE_NAMES[$i]} (${NODE_PRESETS[$i]})"
+    node_up "${NODE_IDX[$i]}" "${NODE_NAMES[$i]}" "${NODE_PRESETS[$i]}"
+  done
+  # single-node tools read the first kubelet's config at the old path
+  mkdir -p "${STATE}/kubelet"
+  ln -sfn "$(node_dir "${first}")/kubelet-config.yaml" "${STATE}/kubelet/config.yaml"
+  phase_start "nodes Ready + static kube-scheduler"
+  for node in "${NODE_NAMES[@]}"; do
+    wait_for "node ${node} Ready" 180 "kubelet-${node}" node_ready "${node}"
+  done
+  kubectl label node "${first}" --overwrite node-role.kubernetes.io/control-plane= >/dev/null
+  for i in "${NODE_IDX[@]}"; do
+    wait_for "kube-proxy of node ${i} /healthz" 60 "kube-proxy-$(awk -v i="${i}" '$1 == i {print $2}' "${STATE}/node-table")" \
+      kube_proxy_ready "${i}"
+  done
+  # what the node IPAM controller would record (the CNI config already uses it)
+  for i in "${!NODE_NAMES[@]}"; do
+    node=${NODE_NAMES[$i]}
+    if [[ -z $(kubectl get node "${node}" -o jsonpath='{.spec.podCIDR}') ]]; then
+      kubectl patch node "${node}" --type merge \
+        -p "{\"spec\":{\"podCIDR\":\"$(pod_cidr "${NODE_IDX[$i]}")\",\"podCIDRs\":[\"$(pod_cidr "${NODE_IDX[$i]}")\"]}}" >/dev/null
+    fi
+  done
+  wait_for "static pod kube-system/kube-scheduler-${first} Ready" 180 "kubelet-${first}" scheduler_ready "${first}"
   wait_for "default ServiceAccount" 60 kube-controller-manager default_sa
-  write_env "${node}"
+  write_env
   phase_report "cluster up"
   cmd_status
 }
 
-# restart-kubelet: what a kubelet upgrade or crash does to device plugins
-# (kubelet.sock recreated, plugin sockets removed), for tests and demos.
+# restart-kubelet [NODE]: what a kubelet upgrade or crash does to device
+# plugins (kubelet.sock recreated, plugin sockets removed), for tests and
+# demos. Default: the first node.
 cmd_restart_kubelet() {
   require_root
-  running kubelet || die "the kubelet is not running; start the cluster first: make cluster-up"
-  local node
-  node=$(node_name)
-  stop kubelet
-  kubelet_up "${node}"
-  wait_for "node ${node} Ready" 120 kubelet node_ready "${node}"
-  log "kubelet restarted"
+  load_nodes || die "no cluster recorded in ${STATE}; start it first: make cluster-up"
+  local target=${1:-${NODE_NAMES[0]}} i
+  for i in "${!NODE_NAMES[@]}"; do
+    [[ ${NODE_NAMES[$i]} == "${target}" ]] || continue
+    running "kubelet-${target}" || die "the kubelet of ${target} is not running; start the cluster first: make cluster-up"
+    stop "kubelet-${target}"
+    kubelet_up "${NODE_IDX[$i]}" "${target}"
+    wait_for "node ${target} Ready" 120 "kubelet-${target}" node_ready "${target}"
+    log "kubelet of ${target} restarted"
+    return 0
+  done
+  die "no node ${target} in this cluster (nodes: ${NODE_NAMES[*]})"
 }
 
 # ------------------------------------------------------------------ status
 cmd_status() {
-  local c ok=0 total=0 node
+  local c ok=0 total=0 i node comps=(etcd kube-apiserver kube-controller-manager registry registry-auth)
   if [[ ! -d ${STATE} ]]; then
     echo "cluster: down (no state in ${STATE})"
     return 3
   fi
+  load_nodes || true
+  for node in "${NODE_NAMES[@]}"; do comps+=("ns-${node}" "containerd-${node}" "kubelet-${node}" "kube-proxy-${node}"); done
   echo "cluster state: ${STATE}"
-  for c in containerd etcd kube-apiserver kube-controller-manager kubelet registry registry-auth; do
+  for c in "${comps[@]}"; do
     total=$((total + 1))
     if running "${c}"; then
       ok=$((ok + 1))
-      printf '  %-24s running (pid %s)\n' "${c}" "$(pid_of "${c}")"
+      printf '  %-34s running (pid %s)\n' "${c}" "$(pid_of "${c}")"
     elif [[ -f ${PIDS}/${c}.pid ]]; then
-      printf '  %-24s NOT RUNNING (stale PID file %s)\n' "${c}" "$(pid_of "${c}")"
+      printf '  %-34s NOT RUNNING (stale PID file %s)\n' "${c}" "$(pid_of "${c}")"
     else
-      printf '  %-24s stopped\n' "${c}"
+      printf '  %-34s stopped\n' "${c}"
     fi
   done
-  node=$(cat "${STATE}/node-name" 2>/dev/null || echo "?")
   cat <<EOF
 kubeconfig (admin):   ${ADMIN_CONF}
-apiserver:            ${APISERVER}
+apiserver:            ${APISERVER} (nodes: ${APISERVER_NODES})
 kubectl:              ${BIN}/kubectl
-node:                 ${node}
+helm:                 ${HELM_BIN}/helm (HELM_PLUGINS=$(helm_plugins_dir))
 registry (http):      ${METAX_REGISTRY}
 registry (tls+auth):  ${METAX_REGISTRY_AUTH}  user ${METAX_REGISTRY_USER}, password in ${STATE}/registry-auth/password, CA ${STATE}/registry-auth/tls.crt
-simulated node root:  ${METAX_SIM_ROOT} (preset $(cat "${STATE}/sim-preset" 2>/dev/null || echo "?"))
 static pod manifests: ${MANIFESTS}
-containerd socket:    ${CONTAINERD_SOCK}
 logs:                 ${LOGS}
-use it:               eval "\$(scripts/cluster/cluster.sh env)"
+use it:               eval "\$(scripts/cluster/cluster.sh env)"; scripts/cluster/cluster.sh inventory
+nodes (name, preset, simulated root, node IP, pod CIDR, containerd socket):
 EOF
+  for i in "${!NODE_NAMES[@]}"; do
+    node=${NODE_NAMES[$i]}
+    printf '  %-22s %-13s %-36s %-12s %-15s %s%s\n' "${node}" "${NODE_PRESETS[$i]}" "$(sim_dir_of "${node}")" \
+      "$(node_ip "${NODE_IDX[$i]}")" "$(pod_cidr "${NODE_IDX[$i]}")" "$(sock_of "${node}")" \
+      "$( ((i == 0)) && echo "  control plane")"
+  done
+  echo "  (inside every node its own simulated root is at ${METAX_SIM_ROOT}, its kubelet dir at ${KUBELET_DIR})"
   if running kube-apiserver && [[ -f ${ADMIN_CONF} ]]; then
     kubectl get nodes -o wide 2>/dev/null | sed 's/^/  /' || true
     kubectl -n kube-system get pods 2>/dev/null | sed 's/^/  /' || true
@@ -919,11 +1295,13 @@ unmount_under() {
 }
 
 drain_pods() {
-  # Let the kubelet tear pods down properly (CNI DEL, volume unmounts) while
-  # it and the apiserver still run: static pods by removing the manifests we
+  # Let the kubelets tear pods down properly (CNI DEL, volume unmounts) while
+  # they and the apiserver still run: static pods by removing the manifests we
   # put there, other pods by force deletion.
-  running kubelet && running kube-apiserver && [[ -f ${ADMIN_CONF} ]] || return 0
-  log "removing pods (kubelet tears down sandboxes, networks and volumes)"
+  local node any=0
+  for node in "${NODE_NAMES[@]}"; do running "kubelet-${node}" && any=1; done
+  ((any)) && running kube-apiserver && [[ -f ${ADMIN_CONF} ]] || return 0
+  log "removing pods (the kubelets tear down sandboxes, networks and volumes)"
   mkdir -p "${STATE}/manifests-removed"
   local f rel
   while IFS= read -r f; do
@@ -932,55 +1310,66 @@ drain_pods() {
     mv "${f}" "${STATE}/manifests-removed/" 2>/dev/null || true
   done < <(find "${MANIFESTS}" -mindepth 1 -maxdepth 1 -type f 2>/dev/null)
   kubectl delete pods --all --all-namespaces --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
-  local t0
+  local t0 left
   t0=$(date +%s)
   while (($(date +%s) - t0 < 45)); do
-    [[ -z $(ctr_k8s tasks ls -q 2>/dev/null) ]] && break
+    left=""
+    for node in "${NODE_NAMES[@]}"; do
+      running "containerd-${node}" && left+=$(ctr_node "${node}" tasks ls -q 2>/dev/null)
+    done
+    [[ -z ${left} ]] && break
     sleep 1
   done
   # the kubelet removes stopped sandboxes lazily; stopping them is enough
 }
 
-kill_containers() {
-  # Whatever still runs in our containerd: kill tasks, delete containers
-  # (their shims exit with them).
-  running containerd || return 0
-  local id
-  for id in $(ctr_k8s tasks ls -q 2>/dev/null); do
-    ctr_k8s tasks kill -s SIGKILL "${id}" >/dev/null 2>&1 || true
+kill_containers() { # NODE
+  # Whatever still runs in the node's containerd: kill tasks, delete
+  # containers (their shims exit with them).
+  local node=$1 id
+  running "containerd-${node}" || return 0
+  for id in $(ctr_node "${node}" tasks ls -q 2>/dev/null); do
+    ctr_node "${node}" tasks kill -s SIGKILL "${id}" >/dev/null 2>&1 || true
   done
   sleep 1
-  for id in $(ctr_k8s tasks ls -q 2>/dev/null); do
-    ctr_k8s tasks delete -f "${id}" >/dev/null 2>&1 || true
+  for id in $(ctr_node "${node}" tasks ls -q 2>/dev/null); do
+    ctr_node "${node}" tasks delete -f "${id}" >/dev/null 2>&1 || true
   done
-  for id in $(ctr_k8s containers ls -q 2>/dev/null); do
-    ctr_k8s containers delete "${id}" >/dev/null 2>&1 || true
+  for id in $(ctr_node "${node}" containers ls -q 2>/dev/null); do
+    ctr_node "${node}" containers delete "${id}" >/dev/null 2>&1 || true
   done
 }
 
-kill_leftover_shims() {
-  # containerd-shim-runc-v2 processes started by OUR containerd (they carry
-  # its socket address on their command line); also their children.
-  local pid cmdline found=0
-  for pid in $(pgrep -f -- "-address ${CONTAINERD_SOCK}" 2>/dev/null || true); do
-    cmdline=$(tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null) || continue
-    [[ ${cmdline} == *containerd-shim* ]] || continue
-    pkill -KILL -P "${pid}" 2>/dev/null || true
-    kill -KILL "${pid}" 2>/dev/null || true
-    found=1
+# kill_node_leftovers NODE: every process still in the node's network
+# namespace or under its cgroupRoot (shims, container processes) is ours.
+kill_node_leftovers() {
+  local node=$1 pids pid c found=0
+  pids=$(ip netns pids "$(netns_of "${node}")" 2>/dev/null || true)
+  for c in /sys/fs/cgroup/*/"${CGROUP_PREFIX}${node}"; do
+    [[ -d ${c} ]] || continue
+    pids+=" $(find "${c}" -name cgroup.procs -exec cat {} + 2>/dev/null | tr '\n' ' ')"
   done
-  if ((found)); then warn "killed leftover containerd shims of this cluster"; fi
+  for pid in ${pids}; do
+    [[ ${pid} == "$(pid_of "ns-${node}" 2>/dev/null)" ]] && continue
+    kill -KILL "${pid}" 2>/dev/null && found=1
+  done
+  if ((found)); then
+    warn "killed leftover processes of node ${node}"
+    sleep 0.5
+  fi
 }
 
 remove_netns() {
   local n
   [[ -d /run/netns ]] || return 0
-  for n in /run/netns/cni-*; do
+  for n in /run/netns/cni-* /run/netns/"${NETNS_PREFIX}"*; do
     [[ -e ${n} ]] || continue
     n=${n##*/}
     grep -qxF "${n}" "${BASELINE}/netns" 2>/dev/null && continue
-    umount "/run/netns/${n}" 2>/dev/null || umount -l "/run/netns/${n}" 2>/dev/null || true
-    rm -f "/run/netns/${n}"
+    ip netns delete "${n}" 2>/dev/null || {
+      umount "/run/netns/${n}" 2>/dev/null || umount -l "/run/netns/${n}" 2>/dev/null || true
+      rm -f "/run/netns/${n}"
+    }
   done
   if ! existed_before /run/netns && [[ -d /run/netns ]] && [[ -z $(ls -A /run/netns) ]]; then
     # /run/netns is made a shared bind mount of itself by ip-netns/containerd
@@ -989,9 +1378,49 @@ remove_netns() {
   fi
 }
 
+# sweep_own_leftovers: what a cluster killed without `down` (its state dir
+# gone, e.g. removed by an older generation of this script) leaves behind
+# that carries our names: node namespaces and their processes, our veths and
+# bridge, our iptables chains. Without a baseline nothing else (KUBE-*/CNI-*
+# chains, cgroups) is touched: it might not be ours.
+sweep_own_leftovers() {
+  local n pid link tool t chain line found=0
+  for n in /run/netns/"${NETNS_PREFIX}"*; do
+    [[ -e ${n} ]] || continue
+    n=${n##*/}
+    found=1
+    for pid in $(ip netns pids "${n}" 2>/dev/null || true); do kill -KILL "${pid}" 2>/dev/null || true; done
+    ip netns delete "${n}" 2>/dev/null || { umount -l "/run/netns/${n}" 2>/dev/null || true; rm -f "/run/netns/${n}"; }
+  done
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${VETH_PREFIX}[0-9]" || true); do
+    found=1
+    ip link delete "${link}" 2>/dev/null || true
+  done
+  if ip link show "${CLUSTER_BRIDGE}" >/dev/null 2>&1; then
+    found=1
+    ip link delete "${CLUSTER_BRIDGE}" 2>/dev/null || true
+  fi
+  for tool in iptables ip6tables; do
+    command -v "${tool}" >/dev/null || continue
+    for t in filter nat mangle raw; do
+      for chain in $("${tool}" -t "${t}" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^METAX-GPU-CLUSTER/ {print $2}'); do
+        found=1
+        while IFS= read -r line; do
+          # shellcheck disable=SC2086
+          "${tool}" -t "${t}" ${line/-A/-D} 2>/dev/null || true
+        done < <("${tool}" -t "${t}" -S 2>/dev/null | grep -E -- "^-A .* -j ${chain}( |$)" || true)
+        "${tool}" -t "${t}" -F "${chain}" 2>/dev/null || true
+        "${tool}" -t "${t}" -X "${chain}" 2>/dev/null || true
+      done
+    done
+  done
+  if ((found)); then warn "removed leftovers of a cluster that was not taken down (namespaces, links, chains named ours)"; fi
+  return 0
+}
+
 remove_cgroups() {
   local d
-  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/"${CGROUP_PREFIX}"*; do
     [[ -d ${d} ]] || continue
     grep -qxF "${d}" "${BASELINE}/cgroups" 2>/dev/null && continue
     find "${d}" -depth -type d -exec rmdir {} + 2>/dev/null || true
@@ -1001,7 +1430,12 @@ remove_cgroups() {
 }
 
 network_down() {
-  local t tool chain line
+  local t tool chain line link
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${VETH_PREFIX}[0-9]" || true); do
+    ip link delete "${link}" 2>/dev/null || true
+  done
+  if ip link show "${CLUSTER_BRIDGE}" >/dev/null 2>&1; then ip link delete "${CLUSTER_BRIDGE}" 2>/dev/null || true; fi
+  # the single-node cluster of before had its pod bridge on the host
   if ip link show "${BRIDGE}" >/dev/null 2>&1; then ip link delete "${BRIDGE}" 2>/dev/null || true; fi
   if [[ $(ip -4 -o addr show dev lo 2>/dev/null) == *" ${SERVICE_IP}/32 "* ]]; then
     ip addr del "${SERVICE_IP}/32" dev lo || true
@@ -1033,6 +1467,7 @@ network_down() {
   fi
   # CNI result cache entries of our network
   rm -f /var/lib/cni/results/"${CNI_NAME}"-* 2>/dev/null || true
+  return 0
 }
 
 # remove_new DIR LISTFILE: remove what DIR holds now that LISTFILE (relative
@@ -1059,22 +1494,33 @@ cmd_down() {
       rm -rf "${ETC}"
       [[ -f ${KUBELET_DIR}/${MARKER_NAME} ]] && { unmount_under "${KUBELET_DIR}"; rm -rf "${KUBELET_DIR}"; }
     fi
+    sweep_own_leftovers
     log "cluster is down (nothing recorded in ${STATE})"
     return 0
   fi
+  load_nodes || true
   phase_start "drain pods"
   # no controller may recreate what is drained
   stop kube-controller-manager
   drain_pods
-  phase_start "stop kubelet"
-  stop kubelet
+  phase_start "stop kubelets"
+  local node
+  for node in "${NODE_NAMES[@]}"; do
+    stop "kubelet-${node}"
+    stop "kube-proxy-${node}"
+  done
+  stop kubelet # a cluster of the single-node generation
   phase_start "stop containers + containerd"
-  kill_containers
+  for node in "${NODE_NAMES[@]}"; do kill_containers "${node}"; done
   stop kube-controller-manager
   stop kube-apiserver
   stop etcd
+  for node in "${NODE_NAMES[@]}"; do
+    stop "containerd-${node}"
+    kill_node_leftovers "${node}"
+    stop "ns-${node}"
+  done
   stop containerd
-  kill_leftover_shims
   stop registry
   stop registry-auth
   phase_start "unmount + remove"
@@ -1086,7 +1532,7 @@ cmd_down() {
   remove_new "${ETC}" "${BASELINE}/etc-files"
   remove_new "${KUBELET_DIR}" "${BASELINE}/kubelet-files"
   local p
-  for p in /var/log/pods /var/log/containers /var/lib/cni "$(dirname "${METAX_SIM_ROOT}")" "${RUN}"; do
+  for p in /var/log/pods /var/log/containers /var/lib/cni "${SIM_PARENT}" "${RUN}" /etc/cdi /run/cdi; do
     if [[ -e ${p} ]] && ! existed_before "${p}"; then rm -rf "${p}"; fi
   done
   # containerd 1.6 puts shim sockets under /run/containerd/s whatever its
@@ -1110,11 +1556,16 @@ cmd_down() {
 mkdir -p "${METAX_CACHE_DIR}"
 case ${1:-} in
   up | down | restart-kubelet)
-    exec 8>"${METAX_CACHE_DIR}/cluster.lock"
-    flock -n 8 || { log "another cluster.sh up/down is running; waiting for it"; flock 8; }
-    "cmd_${1//-/_}"
+    # METAX_CLUSTER_LOCK_HELD: `up` replacing a foreign cluster runs `down`
+    # while it holds the lock (fd 8, inherited)
+    if [[ -z ${METAX_CLUSTER_LOCK_HELD:-} ]]; then
+      exec 8>"${METAX_CACHE_DIR}/cluster.lock"
+      flock -n 8 || { log "another cluster.sh up/down is running; waiting for it"; flock 8; }
+    fi
+    "cmd_${1//-/_}" "${@:2}"
     ;;
   status) cmd_status ;;
+  inventory) cmd_inventory ;;
   env) cmd_env ;;
   podman-env)
     # usable without a cluster (Molecule, image builds)
@@ -1123,7 +1574,7 @@ case ${1:-} in
     ;;
   json) cmd_json ;;
   *)
-    echo "usage: $0 up|down|status|restart-kubelet|env|json|podman-env" >&2
+    echo "usage: $0 up|down|status|restart-kubelet [NODE]|env|json|inventory|podman-env" >&2
     exit 2
     ;;
 esac

@@ -45,7 +45,7 @@ go_version() { "${GO}" env GOVERSION 2>/dev/null || echo unknown; }
 k8s_bin_dir() { echo "${METAX_CACHE_DIR}/k8s/${KUBE_VERSION}-$(go_version)/bin"; }
 
 # shellcheck disable=SC2034 # used by the scripts that source this file
-KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy)
 
 # ---------------------------------------------------------------- output
 _ts() { date +%H:%M:%S; }
@@ -80,10 +80,10 @@ phase_report() {
   ((${#PHASE_NAMES[@]})) || return 0
   printf '\nPhase timings (%s):\n' "${1:-cluster}" >&2
   for i in "${!PHASE_NAMES[@]}"; do
-    printf '  %-34s %5ss\n' "${PHASE_NAMES[$i]}" "${PHASE_SECS[$i]}" >&2
+    printf '  %-38s %5ss\n' "${PHASE_NAMES[$i]}" "${PHASE_SECS[$i]}" >&2
     total=$((total + PHASE_SECS[i]))
   done
-  printf '  %-34s %5ss\n' "total" "${total}" >&2
+  printf '  %-38s %5ss\n' "total" "${total}" >&2
 }
 
 require_root() {
@@ -133,3 +133,38 @@ port_owner() {
   ss -Hltnp "( sport = :$1 )" 2>/dev/null | sed -n 's/.*users:\(.*\)$/\1/p' | head -n1
 }
 port_in_use() { [[ -n $(ss -Hltn "( sport = :$1 )" 2>/dev/null) ]]; }
+
+# ---------------------------------------------------------------- go builds
+# Helm, helm-diff and containerd, pinned like Kubernetes (each must exist on
+# the Go module proxy; the proxy is a filtered mirror, list versions first).
+: "${HELM_VERSION:=v3.22.0}"
+: "${HELM_DIFF_VERSION:=v3.9.14}"
+: "${CONTAINERD_VERSION:=v2.4.2}"
+export HELM_VERSION HELM_DIFF_VERSION CONTAINERD_VERSION
+
+# Cache layout (contract: docs/local-cluster.md; other tools look for helm at
+# helm_bin_dir/helm).
+helm_bin_dir() { echo "${METAX_CACHE_DIR}/helm/${HELM_VERSION}/bin"; }
+# A HELM_PLUGINS directory holding only the diff plugin.
+helm_plugins_dir() { echo "${METAX_CACHE_DIR}/helm-diff/${HELM_DIFF_VERSION}/plugins"; }
+containerd_bin_dir() { echo "${METAX_CACHE_DIR}/containerd/${CONTAINERD_VERSION}/bin"; }
+
+# Go environment shared by every build script: one module and build cache.
+go_build_env() {
+  export GOCACHE=${METAX_CACHE_DIR}/go/build
+  export GOMODCACHE=${METAX_CACHE_DIR}/go/mod
+  export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
+  [[ -n ${HOME:-} ]] || export GOPATH=${METAX_CACHE_DIR}/go/path
+  mkdir -p "${METAX_CACHE_DIR}/go"
+}
+
+# One Go build at a time on this machine (a build uses every core). Takes the
+# lock on fd 9 and keeps it until the calling script exits.
+go_build_lock() {
+  mkdir -p "${METAX_CACHE_DIR}/k8s"
+  exec 9>"${METAX_CACHE_DIR}/k8s/.build.lock"
+  if ! flock -n 9; then
+    log "another Go build holds ${METAX_CACHE_DIR}/k8s/.build.lock; waiting for it..."
+    flock 9
+  fi
+}

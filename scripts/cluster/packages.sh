@@ -35,16 +35,19 @@ fi
 
 log "installing Debian packages: ${missing[*]}"
 # Keep package maintainer scripts from starting etcd, containerd or
-# docker-registry services on the ports the cluster uses.
+# docker-registry services on the ports the cluster uses. Many images ship
+# their own policy-rc.d: it is left as it is. (The path is overridable for
+# tests/unit/scripts/test_packages_sh.py only.)
+POLICY_RC_D=${METAX_POLICY_RC_D:-/usr/sbin/policy-rc.d}
 created_policy=0
-if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-  chmod 755 /usr/sbin/policy-rc.d
+if [[ ! -e ${POLICY_RC_D} ]]; then
+  printf '#!/bin/sh\nexit 101\n' >"${POLICY_RC_D}"
+  chmod 755 "${POLICY_RC_D}"
   created_policy=1
 fi
 # An EXIT trap's last status becomes the script's: never end on a false test.
 cleanup() {
-  if ((created_policy)); then rm -f /usr/sbin/policy-rc.d; fi
+  if ((created_policy)); then rm -f "${POLICY_RC_D}"; fi
 }
 trap cleanup EXIT
 

@@ -10,9 +10,11 @@ is outside every test's timeout, a cold run builds Kubernetes first) and
 brought down when the session ends, unless it was already up before the
 session (then it is left running) or METAX_KEEP_CLUSTER=1.
 
-Harness failures (not root, ``cluster.sh up`` failing, ``down`` failing):
-under CI (env CI set and not false) they FAIL the tests; elsewhere the cluster
-tests are skipped with the reason printed.
+Harness failures (``cluster.sh up`` failing, ``down`` failing) FAIL the
+cluster tests whenever the cluster could run: as root, and always under CI
+(env CI set and not false). Only a run that is not root outside CI skips
+them; it then writes the reason to tests/output/cluster-skipped.txt, which the
+closing summary of scripts/run-tests.sh prints in words.
 """
 
 from __future__ import annotations
@@ -30,8 +32,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CLUSTER_SH = os.path.join(REPO, "scripts", "cluster", "cluster.sh")
 LOG_DIR = os.path.join(REPO, "tests", "output")
 UP_TIMEOUT = int(os.environ.get("METAX_CLUSTER_UP_TIMEOUT", "3600"))
+# The nodes a test session brings up: three, so the multi-node tests run in
+# CI (each extra node adds a few seconds to a warm cluster-up). A running
+# cluster is reused only if it has these nodes and was started by this
+# checkout with these cluster scripts.
+TEST_NODES = os.environ.get("METAX_TEST_NODES", "8xC500 4xN100 2xC550-sriov")
 
-_STATE = {"wanted": False, "tried": False, "error": None, "info": None, "was_up": False, "up_seconds": None}
+# what cluster.sh up logs when it takes down a cluster it may not reuse
+REPLACED = "replacing the running cluster:"
+
+_STATE = {"wanted": False, "tried": False, "ran_up": False, "error": None, "info": None, "was_up": False, "up_seconds": None}
 
 
 def in_ci():
@@ -42,6 +52,20 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cluster: needs the local Kubernetes cluster (tests/integration)")
 
 
+def must_run():
+    """The cluster tests fail rather than skip on a harness error (root, or CI)."""
+    return in_ci() or os.geteuid() == 0
+
+
+SKIP_NOTE = os.path.join(LOG_DIR, "cluster-skipped.txt")
+
+
+def _note_skip(reason):
+    os.makedirs(LOG_DIR, exist_ok=True)
+    with open(SKIP_NOTE, "w") as fh:
+        fh.write(reason + "\n")
+
+
 def _write(config, line):
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
@@ -50,15 +74,19 @@ def _write(config, line):
         sys.stderr.write(line + "\n")
 
 
-def _run_cluster(action, log_name, timeout, echo=None):
+def _run_cluster(action, log_name, timeout, echo=None, nodes=None):
     """Run cluster.sh ACTION with its output in tests/output/LOG_NAME (and echoed)."""
     os.makedirs(LOG_DIR, exist_ok=True)
     path = os.path.join(LOG_DIR, log_name)
     start = time.time()
     lines = []
     with open(path, "w") as log:
+        env = dict(os.environ)
+        env.pop("NODES", None)
+        if nodes:
+            env["NODES"] = nodes
         proc = subprocess.Popen(["bash", CLUSTER_SH, action], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, cwd=REPO, text=True, errors="replace")
+                                stderr=subprocess.STDOUT, cwd=REPO, text=True, errors="replace", env=env)
         watchdog = threading.Timer(timeout, proc.kill)
         watchdog.start()
         try:
@@ -148,12 +176,22 @@ def _bring_up(config):
                             text=True, cwd=REPO, timeout=120, check=False)
     _STATE["was_up"] = status.returncode == 0
     if _STATE["was_up"]:
-        _write(config, "local cluster: already up, using it (it will be left running)")
+        _write(config, "local cluster: already up; cluster.sh up checks whether this checkout may reuse it")
     else:
         _write(config, "local cluster: bringing it up (scripts/cluster/cluster.sh up; log: "
                        "tests/output/cluster-up.log; a cold run installs packages and builds Kubernetes first)")
-    rc, text, path, secs = _run_cluster("up", "cluster-up.log", UP_TIMEOUT, echo=lambda l: _write(config, l))
+    # cluster.sh up reuses a running cluster only when this checkout started
+    # it, with these scripts and TEST_NODES; otherwise it replaces it and says
+    # why (scripts/cluster/identity.py)
+    rc, text, path, secs = _run_cluster("up", "cluster-up.log", UP_TIMEOUT, echo=lambda l: _write(config, l),
+                                        nodes=TEST_NODES)
+    _STATE["ran_up"] = True
     _STATE["up_seconds"] = secs
+    if REPLACED in text:
+        _STATE["was_up"] = False  # this session brought up its own
+        _write(config, "local cluster: the running one was not this checkout's; replaced (see the warning above)")
+    elif _STATE["was_up"]:
+        _write(config, "local cluster: reusing it (it will be left running)")
     if not _STATE["was_up"] and os.path.isdir(_state_dir()):
         # brought up by a test session: the last session using it stops it
         open(_started_by_tests_marker(), "w").close()
@@ -168,19 +206,40 @@ def _bring_up(config):
 
 
 def pytest_collection_finish(session):
+    try:
+        os.unlink(SKIP_NOTE)
+    except OSError:
+        pass
     wanted = any(item.get_closest_marker("cluster") is not None for item in session.items)
     _STATE["wanted"] = wanted
     if wanted and not session.config.option.collectonly:
         _bring_up(session.config)
         if _STATE["error"]:
-            verdict = "the cluster tests will FAIL (CI)" if in_ci() else "the cluster tests are SKIPPED (not CI)"
+            if must_run():
+                verdict = "the cluster tests will FAIL (root or CI: the cluster must run here)"
+            else:
+                verdict = "the cluster tests are SKIPPED (not root, not CI)"
+                _note_skip(_STATE["error"])
             _write(session.config, "local cluster harness error: %s\n%s" % (_STATE["error"], verdict))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say in words, at the very end, that the cluster tests did not run and why (not only a skip count)."""
+    if not _STATE["wanted"] or not _STATE["error"] or must_run():
+        return
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "cluster" in getattr(r, "keywords", {})]
+    terminalreporter.write_sep("=", "the local cluster tests did NOT run", red=True, bold=True)
+    terminalreporter.write_line("%d cluster test(s) were SKIPPED, not passed: %s"
+                                % (len(skipped), _STATE["error"]))
+    terminalreporter.write_line("Run the tests as root (or under CI, where they fail instead) to run them.")
 
 
 def pytest_sessionfinish(session, exitstatus):
     if not _STATE["tried"]:
         return
     _drop_lease()
+    if not _STATE["ran_up"]:
+        return  # not root, or no cluster.sh: this session started nothing to stop
     others = _other_live_leases()
     if others:
         _write(session.config, "local cluster: left running, still used by test session(s) %s" % others)
@@ -198,7 +257,7 @@ def pytest_sessionfinish(session, exitstatus):
     rc, text, path, secs = _run_cluster("down", "cluster-down.log", 600)
     if rc != 0:
         _write(session.config, "local cluster: 'cluster.sh down' FAILED (%s); see %s:\n%s" % (rc, path, _tail(text)))
-        if in_ci():
+        if must_run():
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
     else:
         _write(session.config, "local cluster: down in %.0fs" % secs)
@@ -223,6 +282,24 @@ class Cluster(object):
         self.sim_preset = info["METAX_SIM_PRESET"]
         self.base_image = info["METAX_BASE_IMAGE"]
         self.scheduler_image = info["METAX_SCHEDULER_IMAGE"]
+        # [{"name", "preset", "sim_root", "ip", "pod_cidr", "containerd_address", "kubelet_dir", "netns",
+        #   "index", "control_plane"}, ...]; the first is the control-plane node (node_name)
+        self.nodes = info.get("nodes") or []
+        self.helm = info.get("METAX_HELM", "")
+
+    def node(self, name):
+        for node in self.nodes:
+            if node["name"] == name:
+                return node
+        raise KeyError(name)
+
+    def cluster_sh(self, *args, **kwargs):
+        """Run scripts/cluster/cluster.sh ARGS (e.g. restart-kubelet NODE)."""
+        kwargs.setdefault("capture_output", True)
+        kwargs.setdefault("text", True)
+        kwargs.setdefault("timeout", 300)
+        return subprocess.run(["bash", CLUSTER_SH] + list(args), stdin=subprocess.DEVNULL, cwd=REPO,
+                              check=False, **kwargs)
 
     @property
     def registry_auth_password(self):
@@ -233,8 +310,10 @@ class Cluster(object):
     def env(self):
         """Environment for subprocesses (kubectl, podman, skopeo) using the cluster."""
         env = dict(os.environ)
-        env.update({k: v for k, v in self.info.items() if v})
-        env["PATH"] = self.info["METAX_KUBE_BIN"] + os.pathsep + env.get("PATH", "")
+        env.update({k: v for k, v in self.info.items() if v and isinstance(v, str)})
+        # the same PATH as `eval "$(cluster.sh env)"`: kubectl, helm (the bastion's tools)
+        tools = [self.info["METAX_KUBE_BIN"]] + ([os.path.dirname(self.helm)] if self.helm else [])
+        env["PATH"] = os.pathsep.join(tools + [env.get("PATH", "")])
         return env
 
     def kubectl(self, *args, **kwargs):
@@ -257,7 +336,7 @@ def cluster(request):
     if not _STATE["tried"]:  # requested by a test that is not marked `cluster`
         _bring_up(request.config)
     if _STATE["error"]:
-        if in_ci():
+        if must_run():
             pytest.fail("local cluster harness: %s" % _STATE["error"], pytrace=False)
-        pytest.skip("local cluster unavailable (outside CI, so skipped): %s" % _STATE["error"])
+        pytest.skip("local cluster unavailable (not root, not CI, so skipped): %s" % _STATE["error"])
     return Cluster(_STATE["info"])

@@ -196,8 +196,23 @@ class Agents:
     def delete(self, name):
         self.cluster.kubectl("-n", NS, "delete", "daemonset", name, "--ignore-not-found", "--wait=true",
                              timeout=180)
-        wait_for(lambda: not self.api.list_namespaced_pod(NS, label_selector="app=%s" % name).items, 120,
-                 "%s pods gone" % name, interval=1)
+
+        def gone():
+            return not self.api.list_namespaced_pod(NS, label_selector="app=%s" % name).items
+        try:
+            wait_for(gone, 60, "%s pods gone" % name, interval=1)
+        except AssertionError:
+            # a pod whose kubelet is gone (a node restarted or taken down by
+            # another session) is never confirmed deleted: force it, as
+            # `kubectl delete --force` would, so teardown cannot hang
+            from kubernetes.client.rest import ApiException
+            for pod in self.api.list_namespaced_pod(NS, label_selector="app=%s" % name).items:
+                try:
+                    self.api.delete_namespaced_pod(pod.metadata.name, NS, grace_period_seconds=0)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+            wait_for(gone, 60, "%s pods gone after a forced delete" % name, interval=1)
         self.cluster.kubectl("delete", "clusterrolebinding,clusterrole", "%s-%s" % (NS, name), "--ignore-not-found")
 
     # -- node ------------------------------------------------------------------

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the metax.gpu agent image and push it as gpu-device, gpu-label and
-# gpu-aware to the local registry, tagged with a hash of its content (the
+# Build the metax.gpu agent images gpu-device, gpu-label and gpu-aware (one
+# Containerfile stage each over shared layers) and push them to the local registry, tagged with a hash of its content (the
 # Containerfile, the entrypoint, requirements/agents.txt, the collection files
 # it copies and the base image ID). Nothing is built or pushed when the
 # registry already has that tag.
@@ -17,7 +17,7 @@ source "${HERE}/../../../scripts/cluster/lib.sh"
 
 NAMES=(gpu-device gpu-label gpu-aware)
 PREFIX=${METAX_AGENT_REPO_PREFIX:-${METAX_REGISTRY}/metax-gpu}
-LOCAL=localhost/metax-gpu/agent
+LOCAL=localhost/metax-gpu
 CA_BUNDLE=${METAX_HOST_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 
 force=0 push=1 print_only=0
@@ -84,7 +84,9 @@ main() {
     print_refs "${tag}"
     return
   fi
-  if ((force)) || ! podman image exists "${LOCAL}:${tag}"; then
+  local version
+  version=$(awk '$1 == "version:" {print $2; exit}' "${REPO_ROOT}/galaxy.yml")
+  if ((force)) || ! podman image exists "${LOCAL}/gpu-aware:${tag}"; then
     local ctx
     ctx=$(mktemp -d)
     trap 'rm -rf "${ctx}"' RETURN
@@ -94,20 +96,22 @@ main() {
     content_files | (cd "${REPO_ROOT}" && tar --null -T - -cf -) | tar -C "${ctx}/collection" -xf -
     local mount=()
     [[ -s ${CA_BUNDLE} ]] && mount=(-v "${CA_BUNDLE}:/run/host-ca.crt:ro")
-    log "podman build ${LOCAL}:${tag}"
-    nice podman build --quiet --layers --network host "${mount[@]}" \
-      --build-arg "BASE=${METAX_BASE_IMAGE}" --build-arg "CONTENT=${tag}" \
-      -f "${HERE}/Containerfile" -t "${LOCAL}:${tag}" "${ctx}" >/dev/null ||
-      die "podman build of the agent image failed"
-    # keep only the current local tag
-    podman images --format '{{.Repository}}:{{.Tag}}' "${LOCAL}" | grep -vxF "${LOCAL}:${tag}" |
-      xargs -r podman rmi --force >/dev/null 2>&1 || true
+    for name in "${NAMES[@]}"; do
+      log "podman build --target ${name} ${LOCAL}/${name}:${tag}"
+      nice podman build --quiet --layers --network host "${mount[@]}" --target "${name}" \
+        --build-arg "BASE=${METAX_BASE_IMAGE}" --build-arg "CONTENT=${tag}" --build-arg "VERSION=${version}" \
+        -f "${HERE}/Containerfile" -t "${LOCAL}/${name}:${tag}" "${ctx}" >/dev/null ||
+        die "podman build of the ${name} image failed"
+      # keep only the current local tag
+      podman images --format '{{.Repository}}:{{.Tag}}' "${LOCAL}/${name}" | grep -vxF "${LOCAL}/${name}:${tag}" |
+        xargs -r podman rmi --force >/dev/null 2>&1 || true
+    done
   fi
   if ((push)); then
     curl -fsS --max-time 5 "http://${METAX_REGISTRY}/v2/" >/dev/null ||
       die "registry ${METAX_REGISTRY} is not answering: run scripts/cluster/cluster.sh up"
     for name in "${NAMES[@]}"; do
-      podman push --quiet --tls-verify=false "${LOCAL}:${tag}" "docker://${PREFIX}/${name}:${tag}" ||
+      podman push --quiet --tls-verify=false "${LOCAL}/${name}:${tag}" "docker://${PREFIX}/${name}:${tag}" ||
         die "cannot push ${PREFIX}/${name}:${tag}"
     done
     log "pushed ${PREFIX}/{$(IFS=,; echo "${NAMES[*]}")}:${tag}"

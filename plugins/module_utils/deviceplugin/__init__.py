@@ -11,6 +11,6 @@
 ``server``          the DevicePlugin gRPC service (Allocate & co.)
 ``registration``    Register with the kubelet
 ``podresources``    which devices the kubelet has assigned to containers
-``annotations``     the node annotations read by gpu-aware and HAMi
+``annotations``     the node annotations (gpu-aware: all three; HAMi: the two topology tables only)
 ``metrics``         Prometheus metrics and the /metrics, /healthz endpoint
 """

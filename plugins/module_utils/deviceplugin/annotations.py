@@ -7,6 +7,19 @@
     score of the best allocation of n devices from those free and healthy now
 ``metax-tech.com/gpu.topology.losses``  same keys: topology damage that
     allocation would cause to the devices left free
+Contract (issue 12; HAMi's metax plugin reads exactly these two tables as a
+Go ``map[int]int`` and ranks with ``2000 - losses[n]`` / ``2000 - scores[n]``):
+
+- keys ``"1"`` .. ``"C"``, C = device capacity of the node (healthy or not),
+  always present on a node with devices; ``{}`` only on a node without devices;
+- a size that cannot be served now (more than the free healthy devices)
+  carries the worst values: score 0 and loss :data:`MAX_LOSS`;
+- scores in 0..1000 (higher = better communication), losses in 0..1000
+  (lower = less damage); a servable size never reaches :data:`MAX_LOSS`;
+- losses are a monotone compression of the allocator's weighted cut, so
+  within one node the order of sizes and candidate sets is unchanged (ties
+  may appear only between very large cuts).
+
 ``metax-tech.com/gpu.devices``          [{"id", "index", "bdf", "uuid", "gpu",
     "vf", "numa", "link_group", "link_kind", "health", "allocated"}, ...]
 
@@ -29,6 +42,18 @@ from . import constants as C
 from .devices import Snapshot
 
 LOG = logging.getLogger("gpu-device.annotations")
+
+MAX_SCORE = 1000
+MAX_LOSS = 1000
+# A raw weighted cut of this size is published as about half the scale.
+_LOSS_HALF = 2000
+
+
+def bounded_loss(raw: int) -> int:
+    """Compress a raw weighted cut into 0..MAX_LOSS-1, keeping its order."""
+    if raw <= 0:
+        return 0
+    return 1 + ((MAX_LOSS - 2) * raw) // (raw + _LOSS_HALF)
 
 
 def _compact(value) -> str:
@@ -83,9 +108,19 @@ def node_annotations(snapshot: Snapshot, allocated: FrozenSet[str]) -> Dict[str,
     losses: Dict[int, int] = {}
     if free and snapshot.inventory is not None:
         scores, losses = per_count_tables(snapshot.inventory.topology, free)
+    capacity = len(snapshot.devices)
+    out_scores = {}
+    out_losses = {}
+    for n in range(1, capacity + 1):
+        if n in scores:
+            out_scores[str(n)] = max(0, min(MAX_SCORE, scores[n]))
+            out_losses[str(n)] = bounded_loss(losses[n])
+        else:
+            out_scores[str(n)] = 0
+            out_losses[str(n)] = MAX_LOSS
     return {
-        C.ANNOTATION_SCORES: _compact({str(n): scores[n] for n in sorted(scores)}),
-        C.ANNOTATION_LOSSES: _compact({str(n): losses[n] for n in sorted(losses)}),
+        C.ANNOTATION_SCORES: _compact(out_scores),
+        C.ANNOTATION_LOSSES: _compact(out_losses),
         C.ANNOTATION_DEVICES: _compact(device_entries(snapshot, allocated)),
     }
 

@@ -18,7 +18,8 @@ PLUGIN_SOCKET_PREFIX = "metax-gpu-"
 # kubelet pod-resources API (k8s.io/kubelet/pkg/apis/podresources/v1)
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
-# Node annotations published by gpu-device (read by gpu-aware and HAMi).
+# Node annotations published by gpu-device: gpu-aware reads all three; HAMi
+# reads only the two topology tables (never gpu.devices).
 ANNOTATION_SCORES = "metax-tech.com/gpu.topology.scores"
 ANNOTATION_LOSSES = "metax-tech.com/gpu.topology.losses"
 ANNOTATION_DEVICES = "metax-tech.com/gpu.devices"

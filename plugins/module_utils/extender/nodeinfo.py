@@ -146,7 +146,8 @@ def gpu_state(fields: NodeFields) -> GpuState:
     capacity_count = _count(capacity)
     allocatable_count = _count(allocatable)
     if free is None and scores is not None:
-        free = max(scores) if scores else 0
+        # unservable sizes are published with score 0 (issue 12 contract)
+        free = max((n for n, v in scores.items() if v > 0), default=0)
         source = "scores"
     if free is None and allocatable_count is not None:
         free = allocatable_count

@@ -15,7 +15,7 @@ import pytest
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin import constants as C
 from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.annotations import (
-    AnnotationPublisher, merge_patch, node_annotations,
+    MAX_LOSS, AnnotationPublisher, bounded_loss, merge_patch, node_annotations,
 )
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.devices import DeviceState
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.metrics import (
@@ -38,9 +38,13 @@ def test_tables_and_devices(make_node):
     snap = state.snapshot()
     out = node_annotations(snap, frozenset(BDFS[:2]))
     scores, losses = per_count_tables(snap.inventory.topology, range(2, 8))
-    assert json.loads(out[C.ANNOTATION_SCORES]) == {str(n): v for n, v in scores.items()}
-    assert json.loads(out[C.ANNOTATION_LOSSES]) == {str(n): v for n, v in losses.items()}
-    assert sorted(json.loads(out[C.ANNOTATION_SCORES])) == [str(n) for n in range(1, 7)]
+    published_scores = json.loads(out[C.ANNOTATION_SCORES])
+    published_losses = json.loads(out[C.ANNOTATION_LOSSES])
+    assert sorted(published_scores, key=int) == [str(n) for n in range(1, 9)]
+    assert {n: published_scores[str(n)] for n in scores} == scores
+    assert {n: published_losses[str(n)] for n in losses} == {n: bounded_loss(v) for n, v in losses.items()}
+    assert [published_scores[k] for k in ("7", "8")] == [0, 0]
+    assert [published_losses[k] for k in ("7", "8")] == [MAX_LOSS, MAX_LOSS]
     devices = json.loads(out[C.ANNOTATION_DEVICES])
     assert [d["id"] for d in devices] == BDFS
     assert devices[0] == {"id": BDFS[0], "index": 0, "bdf": BDFS[0], "uuid": devices[0]["uuid"], "gpu": 0,
@@ -55,14 +59,57 @@ def test_tables_and_devices(make_node):
     out = node_annotations(state.snapshot(), frozenset())
     devices = json.loads(out[C.ANNOTATION_DEVICES])
     assert devices[-1]["id"] == BDFS[7] and devices[-1]["index"] is None and devices[-1]["health"] == "Unhealthy"
-    assert sorted(json.loads(out[C.ANNOTATION_SCORES]), key=int)[-1] == "7"
+    # capacity counts the failed GPU; size 8 cannot be served and is worst
+    assert sorted(json.loads(out[C.ANNOTATION_SCORES]), key=int)[-1] == "8"
+    assert json.loads(out[C.ANNOTATION_LOSSES])["8"] == MAX_LOSS
 
 
-def test_no_free_device_gives_empty_tables(make_node):
+def test_full_node_publishes_worst_values_not_empty_tables(make_node):
     state = DeviceState(make_node("1xC500"))
     state.refresh()
     out = node_annotations(state.snapshot(), frozenset(["0000:03:00.0"]))
-    assert out[C.ANNOTATION_SCORES] == "{}" and out[C.ANNOTATION_LOSSES] == "{}"
+    assert json.loads(out[C.ANNOTATION_SCORES]) == {"1": 0}
+    assert json.loads(out[C.ANNOTATION_LOSSES]) == {"1": MAX_LOSS}
+
+
+def test_bounded_loss_is_monotone_and_below_max():
+    previous = -1
+    for raw in list(range(0, 5000)) + [70880, 10 ** 6, 10 ** 9]:
+        value = bounded_loss(raw)
+        assert previous <= value < MAX_LOSS
+        previous = value
+    assert bounded_loss(0) == 0 and bounded_loss(1) >= 1
+
+
+def _hami_score(annotation: str, n: int, policy: str) -> int:
+    """HAMi pkg/device/metax: decode map[int]int, missing key or parse error = 0."""
+    try:
+        table = {int(k): int(v) for k, v in json.loads(annotation).items()}
+    except (ValueError, TypeError, AttributeError):
+        return 0
+    return 2000 - table.get(n, 0)
+
+
+def test_hami_binpack_never_prefers_full_or_failed_node(make_node):
+    full = DeviceState(make_node("8xC500"))
+    full.refresh()
+    failed_host = make_node("8xC500")
+    failed = DeviceState(failed_host)
+    failed.refresh()
+    # fail after the first discovery: a GPU absent at start is not counted in capacity
+    generator.fail_gpu(failed_host, 7, "bus")
+    failed.refresh()
+    empty = DeviceState(make_node("8xC500"))
+    empty.refresh()
+    nodes = {
+        "full": node_annotations(full.snapshot(), frozenset(BDFS)),
+        "failed": node_annotations(failed.snapshot(), frozenset()),
+        "empty": node_annotations(empty.snapshot(), frozenset()),
+    }
+    ranked = sorted(nodes, key=lambda name: -_hami_score(nodes[name][C.ANNOTATION_LOSSES], 8, "binpack"))
+    assert ranked[0] == "empty"
+    ranked = sorted(nodes, key=lambda name: -_hami_score(nodes[name][C.ANNOTATION_LOSSES], 1, "binpack"))
+    assert ranked[-1] == "full"
 
 
 def test_merge_patch_shape():
@@ -147,12 +194,12 @@ def test_agent_refreshes_annotations_from_pod_resources(make_node, kubelet, pod_
         with seen:
             assert seen.wait_for(lambda: allocated_in_last() == BDFS[2:4], 5)
         assert patches[-1][0] - t0 < 5
-        assert len(json.loads(patches[-1][1][C.ANNOTATION_SCORES])) == 6
+        assert sum(1 for v in json.loads(patches[-1][1][C.ANNOTATION_SCORES]).values() if v) == 6
         assert agent.allocated == frozenset(BDFS[2:4])
         # a GPU failure changes the annotations too
         generator.fail_gpu(host, 0, "smi")
         with seen:
-            assert seen.wait_for(lambda: len(json.loads(patches[-1][1][C.ANNOTATION_SCORES])) == 5, 5)
+            assert seen.wait_for(lambda: sum(1 for v in json.loads(patches[-1][1][C.ANNOTATION_SCORES]).values() if v) == 5, 5)
         count = len(patches)
         time.sleep(1.2)
         assert len(patches) == count                # no change, no write

@@ -1,0 +1,151 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""End to end on the local three-node cluster, the administrator's way (issue 15).
+
+ansible-playbook metax.gpu.site with docs/examples/local-cluster-inventory.yml
+(images built and pushed, chart installed, gpu-aware enabled, verify), then:
+every node shows its preset's capacity, allocatable and labels; a 2-GPU pod is
+placed through the extender and sees its devices; a simulated GPU fault drops
+allocatable by one; metax.gpu.uninstall leaves the nodes as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import gpu_node_problems
+from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
+from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
+
+pytestmark = pytest.mark.cluster
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+INVENTORY = os.path.join(ROOT, "docs", "examples", "local-cluster-inventory.yml")
+SIM_PARENT = "/var/lib/metax-sim"
+PRESET_GPUS = {"8xC500": 8, "4xN100": 4}
+
+
+def _playbook(cluster, name, *extra):
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", INVENTORY,
+           "-e", "metax_gpu_kubeconfig=" + cluster.kubeconfig, "metax.gpu." + name] + list(extra)
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=cluster.env, timeout=1800, check=False)
+    assert proc.returncode == 0, "%s failed:\n%s\n%s" % (name, proc.stdout[-6000:], proc.stderr[-3000:])
+    return proc.stdout, time.monotonic() - start
+
+
+def _nodes(cluster):
+    out = cluster.kubectl("get", "nodes", "-o", "json", check=True).stdout
+    return {n["metadata"]["name"]: n for n in json.loads(out)["items"]}
+
+
+def _ours(node):
+    meta = node["metadata"]
+    return {k: v for part in ("labels", "annotations") for k, v in (meta.get(part) or {}).items()
+            if k.startswith(N.PREFIX)}
+
+
+def _wait(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(2)
+    pytest.fail("timed out waiting for " + what)
+
+
+@pytest.fixture(scope="module")
+def site(cluster):
+    before = {name: _ours(node) for name, node in _nodes(cluster).items()}
+    out, secs = _playbook(cluster, "site")
+    yield {"before": before, "stdout": out, "seconds": secs}
+    # uninstall is a test of its own below; this only makes sure nothing stays on failure
+    subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", INVENTORY,
+                    "-e", "metax_gpu_kubeconfig=" + cluster.kubeconfig, "metax.gpu.uninstall"],
+                   capture_output=True, env=cluster.env, timeout=900, check=False)
+
+
+def test_every_node_shows_its_preset(cluster, site):
+    nodes = _nodes(cluster)
+    assert len(nodes) >= 3
+    for name, node in nodes.items():
+        assert gpu_node_problems(node) == [], (name, gpu_node_problems(node))
+        labels = node["metadata"]["labels"]
+        capacity = int(node["status"]["capacity"][N.RESOURCE_NAME])
+        count = int(labels[N.LABEL_GPU_COUNT])
+        vfnum = int(labels[N.LABEL_GPU_VFNUM])
+        assert capacity == (count * vfnum if vfnum else count)
+        preset = (cluster.info.get("METAX_SIM_PRESET_" + name.upper().replace("-", "_")) or "")
+        if preset in PRESET_GPUS:
+            assert count == PRESET_GPUS[preset]
+
+
+def test_second_site_run_changes_nothing(cluster, site):
+    out, _secs = _playbook(cluster, "site")
+    recap = [line for line in out.splitlines() if "changed=" in line]
+    assert recap and all("changed=0" in line for line in recap), "\n".join(recap)
+
+
+def test_two_gpu_pod_goes_through_the_extender(cluster, site):
+    def metric_total():
+        raw = cluster.kubectl("get", "--raw",
+                              "/api/v1/namespaces/%s/services/gpu-aware:8080/proxy/metrics" % N.NAMESPACE)
+        assert raw.returncode == 0, raw.stderr
+        return sum(float(line.rsplit(" ", 1)[1]) for line in raw.stdout.splitlines()
+                   if line.startswith("gpu_aware_filter_nodes_total"))
+
+    before = metric_total()
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "e2e-two-gpus", "namespace": "default"},
+           "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "c", "image": cluster.base_image.replace("localhost/", cluster.registry + "/"),
+                                    "command": ["sleep", "600"],
+                                    "resources": {"limits": {N.RESOURCE_NAME: "2"}}}]}}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod), check=True)
+    try:
+        _wait(lambda: cluster.kubectl("get", "pod", "e2e-two-gpus", "-o", "jsonpath={.status.phase}").stdout
+              == "Running", 180, "the 2-GPU pod to run")
+        assert metric_total() > before
+        node_name = cluster.kubectl("get", "pod", "e2e-two-gpus", "-o", "jsonpath={.spec.nodeName}").stdout
+        node = _nodes(cluster)[node_name]
+        devices = json.loads(node["metadata"]["annotations"][N.ANNOTATION_DEVICES])
+
+        def allocated():
+            annotations = _nodes(cluster)[node_name]["metadata"]["annotations"]
+            return sum(1 for d in json.loads(annotations[N.ANNOTATION_DEVICES]) if d["allocated"])
+
+        _wait(lambda: allocated() == 2, 60, "gpu-device to report the allocation")
+        listing = cluster.kubectl("exec", "e2e-two-gpus", "--", "sh", "-c", "ls /dev/dri | grep -c renderD").stdout
+        assert listing.strip() == "2", (listing, devices)
+    finally:
+        cluster.kubectl("delete", "pod", "e2e-two-gpus", "--wait=true", "--ignore-not-found")
+
+
+def test_gpu_fault_drops_allocatable_by_one(cluster, site):
+    nodes = _nodes(cluster)
+    name = sorted(nodes)[0]
+    host = HostRoot(os.path.join(SIM_PARENT, name))
+    before = int(nodes[name]["status"]["allocatable"][N.RESOURCE_NAME])
+    generator.fail_gpu(host, 0, "smi")
+    try:
+        _wait(lambda: int(_nodes(cluster)[name]["status"]["allocatable"][N.RESOURCE_NAME]) == before - 1,
+              120, "allocatable of %s to drop to %d" % (name, before - 1))
+    finally:
+        generator.recover_gpu(host, 0)
+    _wait(lambda: int(_nodes(cluster)[name]["status"]["allocatable"][N.RESOURCE_NAME]) == before,
+          120, "allocatable of %s to come back" % name)
+
+
+def test_uninstall_leaves_the_nodes_as_before(cluster, site):
+    _playbook(cluster, "uninstall")
+    after = {name: _ours(node) for name, node in _nodes(cluster).items()}
+    assert after == site["before"]
+    assert cluster.kubectl("get", "namespace", N.NAMESPACE).returncode != 0

@@ -1,0 +1,255 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The GPU Extensions chart: every manual option reaches the agents' own parsers.
+
+Renders files/charts/metax-gpu-extensions with `helm template` for several
+value sets and parses every container's arguments with that agent's
+build_parser(), so a chart flag the agent does not know fails here, not on a
+node. Bad values must be refused by values.schema.json with a message naming
+the option.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+
+from ansible_collections.metax.gpu.plugins.module_utils import names
+from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_aware, gpu_device, gpu_label
+from ansible_collections.metax.gpu.plugins.module_utils.agents.common import parse_duration
+from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import parse_weight
+
+from .helm import CHART, CHARTS, ROOT, find_helm, render
+
+HELM = find_helm()
+pytestmark = pytest.mark.skipif(HELM is None, reason="helm not found (METAX_HELM, PATH or ~/.cache/metax-gpu/helm)")
+
+PARSERS = {"gpu-device": gpu_device.build_parser, "gpu-label": gpu_label.build_parser,
+           "gpu-aware": gpu_aware.build_parser}
+
+SIM = {"hostRoot": {"path": "/var/lib/metax-sim", "subPathExpr": "$(NODE_NAME)"}}
+
+VALUE_SETS = {
+    "defaults": {},
+    "extender": {"deployExtenderGPUAware": True, "registry": "registry.local:5000/metax",
+                 "pullPolicy": "Always", "gpuAware": {"scoreWeight": "2.5", "lossWeight": "0"}},
+    "per-component-logs": {
+        "deployExtenderGPUAware": True,
+        "log": {"dir": "", "level": "warning", "format": "text", "rotationTime": "1d", "maxAge": "4w"},
+        "gpuDevice": {"healthyInterval": 0, "log": {"level": "debug", "dir": "/var/log/metax-dev"}},
+        "gpuLabel": {"log": {"format": "json"}},
+        "gpuAware": {"log": {"level": "error", "rotationTime": "12h", "maxAge": "1d"}},
+    },
+    "simulated-nodes": dict(SIM, deployExtenderGPUAware=True, log={"dir": ""}, imageTag="dev"),
+}
+
+
+def containers(objects: List[Dict[str, Any]]):
+    for obj in objects:
+        if obj["kind"] in ("DaemonSet", "Deployment"):
+            pod = obj["spec"]["template"]["spec"]
+            for container in pod["containers"]:
+                yield obj, pod, container
+
+
+def parse(container: Dict[str, Any]):
+    """The agent's own parser over the container's args (SystemExit = unknown flag or bad value)."""
+    args = container.get("args", [])
+    try:
+        parsed = PARSERS[container["name"]]().parse_args(args)
+    except SystemExit as exc:  # argparse reports on stderr and exits 2
+        pytest.fail("%s rejects the chart's arguments %r (exit %s)" % (container["name"], args, exc.code))
+    # what the agents validate after parsing, at start-up
+    parse_duration(parsed.log_rotation_time, "--log-rotation-time")
+    parse_duration(parsed.log_max_age, "--log-max-age")
+    return parsed
+
+
+def by_kind_name(objects):
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+@pytest.mark.parametrize("case", sorted(VALUE_SETS))
+def test_every_container_parses_with_its_agent(case):
+    rc, objects, err = render(HELM, VALUE_SETS[case])
+    assert rc == 0, err
+    seen = set()
+    for _obj, _pod, container in containers(objects):
+        parse(container)
+        seen.add(container["name"])
+    expected = {"gpu-device", "gpu-label"}
+    if VALUE_SETS[case].get("deployExtenderGPUAware"):
+        expected.add("gpu-aware")
+    assert seen == expected
+
+
+def test_manual_options_reach_the_agents():
+    rc, objects, err = render(HELM, VALUE_SETS["per-component-logs"])
+    assert rc == 0, err
+    args = {c["name"]: parse(c) for _obj, _pod, c in containers(objects)}
+    dev, lab, aware = args["gpu-device"], args["gpu-label"], args["gpu-aware"]
+    assert dev.healthy_interval == 0
+    # component members override the global Log Options, the rest is inherited
+    assert (dev.log_level, dev.log_dir, dev.log_format) == ("debug", "/var/log/metax-dev", "text")
+    assert (lab.log_level, lab.log_format, lab.log_dir, lab.log_rotation_time, lab.log_max_age) == \
+        ("warning", "json", "", "1d", "4w")
+    assert (aware.log_level, aware.log_rotation_time, aware.log_max_age) == ("error", "12h", "1d")
+
+
+def test_defaults_are_the_manuals():
+    rc, objects, err = render(HELM, {}, sets=["deployExtenderGPUAware=true"])
+    assert rc == 0, err
+    for obj, _pod, container in containers(objects):
+        parsed = parse(container)
+        assert container["image"] == "cr.metax-tech.com/cloud/%s:%s" % (container["name"], chart_meta()["appVersion"])
+        assert container["imagePullPolicy"] == "IfNotPresent"
+        assert (parsed.log_dir, parsed.log_level, parsed.log_format, parsed.log_rotation_time,
+                parsed.log_max_age) == ("/var/log/metax", "info", "json", "1w", "26w")
+        assert obj["metadata"]["namespace"] == names.NAMESPACE
+    device = [c for _obj, _pod, c in containers(objects) if c["name"] == "gpu-device"][0]
+    assert parse(device).healthy_interval == 5
+
+
+def test_extender_objects_only_when_asked():
+    _rc, off, _err = render(HELM, {})
+    assert not [o for o in off if o["metadata"]["name"] in ("gpu-aware", names.GPU_AWARE_CONFIGMAP)]
+    rc, on, err = render(HELM, VALUE_SETS["extender"])
+    assert rc == 0, err
+    objs = by_kind_name(on)
+    service = objs[("Service", "gpu-aware")]
+    assert [p["port"] for p in service["spec"]["ports"]] == [8080]
+    configmap = objs[("ConfigMap", names.GPU_AWARE_CONFIGMAP)]
+    assert configmap["metadata"]["namespace"] == names.NAMESPACE
+    assert parse_weight(configmap["data"]["scoreWeight"]) == 2.5
+    assert parse_weight(configmap["data"]["lossWeight"]) == 0.0
+    aware = parse(objs[("Deployment", "gpu-aware")]["spec"]["template"]["spec"]["containers"][0])
+    assert (aware.port, aware.namespace, aware.configmap) == (8080, names.NAMESPACE, names.GPU_AWARE_CONFIGMAP)
+    assert [c["image"] for _obj, _pod, c in containers(on)][0].startswith("registry.local:5000/metax/")
+
+
+def test_gpu_device_runs_only_on_labelled_nodes_privileged_with_few_host_paths():
+    rc, objects, err = render(HELM, {})
+    assert rc == 0, err
+    ds = by_kind_name(objects)[("DaemonSet", "gpu-device")]["spec"]["template"]["spec"]
+    assert ds["nodeSelector"] == {names.LABEL_GPU_INSTALLED: "true"}
+    assert all(k.startswith(names.LABEL_PREFIX) for k in ds["nodeSelector"])
+    assert ds["containers"][0]["securityContext"] == {"privileged": True}
+    host_paths = sorted(v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v)
+    assert host_paths == ["/", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/var/log/metax"]
+    # the node root is never mounted whole: only its sys and dev, read-only
+    root_mounts = [m for m in ds["containers"][0]["volumeMounts"] if m["name"] == "host-root"]
+    assert sorted((m["mountPath"], m["subPath"], m["readOnly"]) for m in root_mounts) == \
+        [("/host/dev", "dev", True), ("/host/sys", "sys", True)]
+    for name in ("gpu-label",):
+        spec = by_kind_name(objects)[("DaemonSet", name)]["spec"]["template"]["spec"]
+        ctx = spec["containers"][0]["securityContext"]
+        assert not ctx.get("privileged") and ctx["capabilities"] == {"drop": ["ALL"]}
+        assert ctx["allowPrivilegeEscalation"] is False
+
+
+def test_simulated_nodes_use_their_own_root_and_prefix():
+    rc, objects, err = render(HELM, VALUE_SETS["simulated-nodes"])
+    assert rc == 0, err
+    objs = by_kind_name(objects)
+    device = objs[("DaemonSet", "gpu-device")]["spec"]["template"]["spec"]
+    parsed = parse(device["containers"][0])
+    assert (parsed.host_root, parsed.host_prefix) == ("/host", "/var/lib/metax-sim/$(NODE_NAME)")
+    mounts = {m["mountPath"]: m for m in device["containers"][0]["volumeMounts"]}
+    assert mounts["/host/sys"]["subPathExpr"] == "$(NODE_NAME)/sys"
+    env = {e["name"] for e in device["containers"][0]["env"]}
+    assert "NODE_NAME" in env    # the kubelet expands $(NODE_NAME) from it
+    # stderr-only logging: no log volume, and the unprivileged agents run as non-root
+    assert not [v for v in device["volumes"] if v["name"] == "log"]
+    for name, kind in (("gpu-label", "DaemonSet"), ("gpu-aware", "Deployment")):
+        ctx = objs[(kind, name)]["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+        assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] != 0
+    assert device["containers"][0]["image"].endswith("/gpu-device:dev")
+
+
+def test_rbac_is_least_privilege_per_agent():
+    rc, objects, err = render(HELM, VALUE_SETS["extender"])
+    assert rc == 0, err
+    objs = by_kind_name(objects)
+    rules = {name: objs[("ClusterRole", "metax-gpu-" + name)]["rules"] for name in PARSERS}
+    assert rules["gpu-device"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+    assert rules["gpu-label"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert rules["gpu-aware"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
+    assert objs[("Role", "gpu-aware")]["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]}]
+    for obj, pod, _container in containers(objects):
+        assert pod["serviceAccountName"] == obj["metadata"]["name"]
+    for obj in objects:
+        for rule in obj.get("rules", []):
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+
+
+BAD = [
+    ("log.level=verbose", "/log/level"),
+    ("log.format=xml", "/log/format"),
+    ("log.rotationTime=2m", "/log/rotationTime"),
+    ("log.maxAge=0w", "/log/maxAge"),
+    ("log.dir=relative/dir", "/log/dir"),
+    ("gpuDevice.healthyInterval=-1", "/gpuDevice/healthyInterval"),
+    ("gpuDevice.healthyInterval=fast", "/gpuDevice/healthyInterval"),
+    ("gpuLabel.log.level=loud", "/gpuLabel/log"),
+    ("pullPolicy=Sometimes", "/pullPolicy"),
+    ("registry=https://cr.example.com/x", "/registry"),
+    ("deployExtenderGPUAware=maybe", "/deployExtenderGPUAware"),
+    ("gpuAware.scoreWeight=-1", "/gpuAware/scoreWeight"),
+    ("gpuAware.lossWeight=heavy", "/gpuAware/lossWeight"),
+    ("gpuDevice.unknownOption=1", "unknownOption"),
+    ("gpuNodeSelector.kubernetes\\.io/os=linux", "metax-tech"),
+    ("hostRoot.path=relative", "/hostRoot/path"),
+]
+
+
+@pytest.mark.parametrize("pair,where", BAD, ids=[b[0] for b in BAD])
+def test_schema_rejects_bad_values_naming_the_option(pair, where):
+    rc, objects, err = render(HELM, {}, sets=[pair])
+    assert rc != 0 and not objects
+    assert "values don't meet the specifications of the schema" in err
+    assert where in err, err
+
+
+def chart_meta() -> Dict[str, Any]:
+    return yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
+
+
+def test_chart_version_is_the_collection_version():
+    galaxy = yaml.safe_load((ROOT / "galaxy.yml").read_text(encoding="utf-8"))
+    meta = chart_meta()
+    assert meta["version"] == galaxy["version"] == meta["appVersion"]
+
+
+def test_every_manual_option_is_in_values_and_schema():
+    import json
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    for option in ("registry", "pullPolicy", "deployExtenderGPUAware", "log.dir", "log.level", "log.format",
+                   "log.rotationTime", "log.maxAge", "gpuDevice.healthyInterval", "gpuDevice.log",
+                   "gpuLabel.log", "gpuAware.scoreWeight", "gpuAware.lossWeight", "gpuAware.log"):
+        node = values
+        for part in option.split("."):
+            assert part in node, "values.yaml lacks %s" % option
+            node = node[part]
+        assert option.split(".", maxsplit=1)[0] in schema["properties"]
+
+
+def test_helm_lint_is_clean_for_every_chart():
+    import subprocess
+    for chart in sorted(p for p in CHARTS.iterdir() if (p / "Chart.yaml").exists()):
+        proc = subprocess.run([HELM, "lint", "--strict", str(chart)], capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert not re.search(r"\[(WARNING|ERROR)\]", proc.stdout), proc.stdout
+
+
+@pytest.mark.parametrize("sets", [["log.maxAge=1d", "log.rotationTime=1w"],
+                                  ["deployExtenderGPUAware=true", "gpuAware.log.maxAge=12h"]])
+def test_max_age_shorter_than_rotation_is_refused(sets):
+    rc, objects, err = render(HELM, {}, sets=sets)
+    assert rc != 0 and not objects
+    assert "maxAge" in err and "shorter than rotationTime" in err, err

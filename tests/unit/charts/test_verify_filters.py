@@ -1,0 +1,82 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The verify role's checks (plugins/filter/gpu_extensions.py) over Node objects.
+
+Nodes are built from what the real agents publish for a simulated host:
+gpu-label's labels from plugins/module_utils/gpu, capacity from the device count.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import (
+    REQUIRED_LABELS, FilterModule, daemonset_problems, gpu_node_problems, gpu_node_report)
+from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.labels import node_labels
+
+
+def node_from(labels, capacity, allocatable, devices=None):
+    annotations = {}
+    if devices is not None:
+        annotations[N.ANNOTATION_DEVICES] = json.dumps(devices)
+    return {"metadata": {"name": "n1", "labels": labels, "annotations": annotations},
+            "status": {"capacity": {N.RESOURCE_NAME: str(capacity)},
+                       "allocatable": {N.RESOURCE_NAME: str(allocatable)}}}
+
+
+@pytest.fixture
+def labels_8xc500(make_node):
+    root = make_node("8xC500")
+    return node_labels(discover(root), "native")
+
+
+def test_the_eleven_labels_of_a_real_labeller(labels_8xc500):
+    assert len(REQUIRED_LABELS) == 11
+    assert set(REQUIRED_LABELS) <= set(labels_8xc500)
+
+
+def test_a_healthy_node_has_no_problem(labels_8xc500):
+    devices = [{"id": str(i), "health": "Healthy"} for i in range(8)]
+    assert gpu_node_problems(node_from(labels_8xc500, 8, 8, devices)) == []
+
+
+def test_capacity_and_allocatable_mismatches_are_named(labels_8xc500):
+    devices = [{"id": str(i), "health": "Healthy" if i else "Unhealthy"} for i in range(8)]
+    problems = gpu_node_problems(node_from(labels_8xc500, 6, 8, devices))
+    assert any("capacity %s=6, expected 8" % N.RESOURCE_NAME in p for p in problems)
+    assert any("allocatable %s=8, expected 7 healthy" % N.RESOURCE_NAME in p for p in problems)
+    # a faulty device lowers allocatable by one: that is the expected state
+    assert gpu_node_problems(node_from(labels_8xc500, 8, 7, devices)) == []
+
+
+def test_missing_labels_and_resource():
+    node = {"metadata": {"name": "n1", "labels": {N.LABEL_GPU_INSTALLED: "false"}}, "status": {}}
+    problems = gpu_node_problems(node)
+    assert any(p.startswith("missing labels") and N.LABEL_GPU_VFNUM in p for p in problems)
+    assert any("found no MetaX GPU" in p for p in problems)
+    assert any("no %s in capacity" % N.RESOURCE_NAME in p for p in problems)
+
+
+def test_vfs_multiply_capacity(labels_8xc500):
+    labels = dict(labels_8xc500, **{N.LABEL_GPU_VFNUM: "4", N.LABEL_GPU_COUNT: "2"})
+    assert gpu_node_problems(node_from(labels, 8, 8)) == []
+    assert gpu_node_problems(node_from(labels, 2, 2))
+
+
+def test_report_names_the_node(labels_8xc500):
+    assert gpu_node_report({"item": "vm", "resources": [node_from(labels_8xc500, 8, 8)]}) == ""
+    assert gpu_node_report({"item": "vm-9", "resources": []}).startswith("node vm-9: not in the cluster")
+    assert gpu_node_report({"item": "vm", "resources": [node_from(labels_8xc500, 1, 1)]}).startswith("node vm: capacity")
+
+
+def test_daemonset_problems():
+    ready = {"metadata": {"name": "gpu-label"}, "status": {"desiredNumberScheduled": 3, "numberReady": 3}}
+    slow = {"metadata": {"name": "gpu-device"}, "status": {"desiredNumberScheduled": 3, "numberReady": 1}}
+    assert daemonset_problems([ready]) == []
+    assert daemonset_problems([ready, slow]) == ["gpu-device: 1 of 3 pods ready"]
+    assert set(FilterModule().filters()) == {"gpu_node_problems", "gpu_node_report", "daemonset_problems"}
