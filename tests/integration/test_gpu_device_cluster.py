@@ -359,8 +359,13 @@ def test_pod_gets_the_allocators_pair(device_agent, cluster):
         # the annotations follow within 5 s of the pod starting (pod-resources poll + patch)
         wait_for(lambda: {d["id"] for d in devices_annotation(agents) if d["allocated"]} == {d.id for d in pair},
                  5 + max(0.0, running_at - time.monotonic()) + 5, "allocated devices in the annotation")
+        # the contract (docs/agents.md): keys 1..capacity always; sizes above the 6 free GPUs
+        # carry the worst values, so HAMi never mistakes this node for an empty one
         scores = json.loads(agents.annotations()["metax-tech.com/gpu.topology.scores"])
-        assert sorted(scores, key=int)[-1] == "6"
+        losses = json.loads(agents.annotations()["metax-tech.com/gpu.topology.losses"])
+        assert sorted(scores, key=int) == [str(n) for n in range(1, 9)]
+        assert [scores[n] for n in ("7", "8")] == [0, 0] and [losses[n] for n in ("7", "8")] == [1000, 1000]
+        assert all(scores[str(n)] > 0 and losses[str(n)] < 1000 for n in range(1, 7)), (scores, losses)
         assert agents.gpu_resources() == (8, 8)        # allocatable counts devices, not free ones
     finally:
         agents.api.delete_namespaced_pod(name, NS, grace_period_seconds=0)

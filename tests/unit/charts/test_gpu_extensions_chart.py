@@ -140,10 +140,9 @@ def test_gpu_device_runs_only_on_labelled_nodes_privileged_with_few_host_paths()
     assert ds["containers"][0]["securityContext"] == {"privileged": True}
     host_paths = sorted(v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v)
     assert host_paths == ["/", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/var/log/metax"]
-    # the node root is never mounted whole: only its sys and dev, read-only
+    # the node root read-only and whole: discovery runs the node's mx-smi with its libraries
     root_mounts = [m for m in ds["containers"][0]["volumeMounts"] if m["name"] == "host-root"]
-    assert sorted((m["mountPath"], m["subPath"], m["readOnly"]) for m in root_mounts) == \
-        [("/host/dev", "dev", True), ("/host/sys", "sys", True)]
+    assert root_mounts == [{"name": "host-root", "mountPath": "/host", "readOnly": True}]
     for name in ("gpu-label",):
         spec = by_kind_name(objects)[("DaemonSet", name)]["spec"]["template"]["spec"]
         ctx = spec["containers"][0]["securityContext"]
@@ -159,7 +158,7 @@ def test_simulated_nodes_use_their_own_root_and_prefix():
     parsed = parse(device["containers"][0])
     assert (parsed.host_root, parsed.host_prefix) == ("/host", "/var/lib/metax-sim/$(NODE_NAME)")
     mounts = {m["mountPath"]: m for m in device["containers"][0]["volumeMounts"]}
-    assert mounts["/host/sys"]["subPathExpr"] == "$(NODE_NAME)/sys"
+    assert mounts["/host"]["subPathExpr"] == "$(NODE_NAME)"
     env = {e["name"] for e in device["containers"][0]["env"]}
     assert "NODE_NAME" in env    # the kubelet expands $(NODE_NAME) from it
     # stderr-only logging: no log volume, and the unprivileged agents run as non-root

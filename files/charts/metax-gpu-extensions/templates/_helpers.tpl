@@ -49,18 +49,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
-{{/* Read-only mounts of the node root's sys and dev at /host (argument: $). */}}
+{{/* The node root, read-only at /host (argument: $). Whole, because discovery
+runs the node's own mx-smi (health, MetaXLink) with its libraries, not only sysfs. */}}
 {{- define "metax-gpu.hostRootMounts" -}}
-{{- range $dir := list "sys" "dev" }}
 - name: host-root
-  mountPath: /host/{{ $dir }}
+  mountPath: /host
   readOnly: true
-  {{- if $.Values.hostRoot.subPathExpr }}
-  subPathExpr: {{ printf "%s/%s" $.Values.hostRoot.subPathExpr $dir | quote }}
-  {{- else }}
-  subPath: {{ $dir }}
+  {{- with $.Values.hostRoot.subPathExpr }}
+  subPathExpr: {{ . | quote }}
   {{- end }}
-{{- end }}
 {{- end -}}
 
 {{/* Pod-level settings the node agents share. */}}
