@@ -318,7 +318,8 @@ class SchedulerExtender:
             flag = "--config=" + req.config_path
             wanted = [p for p in current if (flag in p[1]) == with_config and p[0] not in old_pids]
             if not current:
-                return "no kube-scheduler process is running"
+                return ("no kube-scheduler process is running (a scheduler that exits right after start "
+                        "usually rejects its configuration: see its container log)")
             if len(wanted) != len(current):
                 return ("%d kube-scheduler process(es) running, %d of them restarted %s %s"
                         % (len(current), len(wanted), "with" if with_config else "without", flag))
