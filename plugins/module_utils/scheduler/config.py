@@ -273,7 +273,7 @@ def render(config: Dict[str, Any], previous_arg: Optional[str]) -> str:
     """The file we own: a header (what to put back on disable) and the configuration."""
     header = (
         "# Written by metax.gpu.scheduler_extender (gpu-aware, manual section 2.1.5).\n"
-        "# kube-scheduler runs with --config pointing here; disable with state=disabled.\n"
+        "# kube-scheduler runs with --config pointing here; disable with state=absent.\n"
         + HEADER_MARK + json.dumps(previous_arg) + "\n"
     )
     return header + yamlsupport.safe_dump(config)
