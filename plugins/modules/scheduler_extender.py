@@ -40,6 +40,7 @@ attributes:
     support: full
     description: Before and after of the manifest and of the extender configuration.
   platform:
+    support: full
     platforms: posix
     description: Runs on a control-plane node whose kubelet runs kube-scheduler as a static pod.
 options:

@@ -165,6 +165,8 @@ def in_network_of(pid: Optional[int], check: Callable[[], bool], timeout: float 
 
 
 def _get_200(url: str, timeout: float) -> bool:
+    # The serving certificate is self-signed and the endpoint local: not verified
+    # (the kubelet's probe does not verify it either).
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -176,11 +178,7 @@ def _get_200(url: str, timeout: float) -> bool:
 
 
 def http_healthy(url: str, pid: Optional[int] = None, timeout: float = 5.0) -> bool:
-    """GET the scheduler's /readyz or /healthz (from its network): 200 is healthy.
-
-    The serving certificate is self-signed and the endpoint is local, so it is
-    not verified (the kubelet's probe does not verify it either).
-    """
+    """GET the scheduler's /readyz or /healthz (from its network): 200 is healthy."""
     return in_network_of(pid, lambda: _get_200(url, timeout), timeout=timeout + 5)
 
 

@@ -244,8 +244,8 @@ def merge(base: Optional[Dict[str, Any]], extender: Dict[str, Any], version: Tup
         if result.get("apiVersion") not in api_versions_accepted(version):
             raise SchedulerConfigError(
                 "the existing scheduler configuration is %s, which kube-scheduler %d.%d does not load; "
-                "migrate it to %s first" % (result.get("apiVersion"), version[0], version[1],
-                                             api_version_for(version)))
+                "migrate it to %s first"
+                % (result.get("apiVersion"), version[0], version[1], api_version_for(version)))
         client = result.setdefault("clientConnection", {})
         if not isinstance(client, dict):
             raise SchedulerConfigError("clientConnection in the existing scheduler configuration is not a mapping")

@@ -14,7 +14,7 @@ OPTS = cfg.ExtenderOptions(url=URL)
 
 
 def _files(**files):
-    return lambda path: files.get(path)
+    return files.get
 
 
 @pytest.mark.parametrize("name,api", [("1.23", "v1beta3"), ("1.25", "v1"), ("1.28", "v1"), ("1.32", "v1")])
