@@ -18,15 +18,14 @@ which must be outside the manifest directory.
 from __future__ import annotations
 
 import ctypes
+import http.client
 import os
 import select
 import signal
 import socket
 import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -167,13 +166,22 @@ def in_network_of(pid: Optional[int], check: Callable[[], bool], timeout: float 
 def _get_200(url: str, timeout: float) -> bool:
     # The serving certificate is self-signed and the endpoint local: not verified
     # (the kubelet's probe does not verify it either).
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
+    parsed = urllib.parse.urlsplit(url)
     try:
-        with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
-            return int(response.status) == 200
-    except (urllib.error.URLError, OSError, ValueError):
+        if parsed.scheme == "https":
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                parsed.hostname or "", parsed.port or 443, timeout=timeout, context=context)
+        else:
+            conn = http.client.HTTPConnection(parsed.hostname or "", parsed.port or 80, timeout=timeout)
+        try:
+            conn.request("GET", parsed.path or "/")
+            return conn.getresponse().status == 200
+        finally:
+            conn.close()
+    except (OSError, ValueError, http.client.HTTPException):
         return False
 
 
