@@ -307,14 +307,42 @@ def _playbook(cluster, name, *extra):
     return proc.stdout
 
 
+def _gpu_aware_service(cluster, namespace, extender):
+    """Service gpu-aware:8080 (no selector) whose EndpointSlice is the test's extender on the host."""
+    host, port = extender.url.rsplit("/", 1)[-1].rsplit(":", 1)
+    _apply(cluster, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpu-aware", "namespace": namespace},
+                     "spec": {"ports": [{"name": "http", "port": 8080, "targetPort": int(port)}]}})
+    _apply(cluster, {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                     "metadata": {"name": "gpu-aware-test", "namespace": namespace,
+                                  "labels": {"kubernetes.io/service-name": "gpu-aware"}},
+                     "addressType": "IPv4", "ports": [{"name": "http", "port": int(port), "protocol": "TCP"}],
+                     "endpoints": [{"addresses": [host], "conditions": {"ready": True}}]})
+    _apply(cluster, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpu-aware-plugin", "namespace": namespace},
+                     "data": {"scoreWeight": "1", "lossWeight": "1"}})
+    out = cluster.kubectl("-n", namespace, "get", "service", "gpu-aware", "-o", "jsonpath={.spec.clusterIP}", check=True)
+    return "http://%s:8080" % out.stdout.strip()
+
+
 def test_playbooks_enable_and_disable(cluster, extender, gpu_node, pristine):
+    """The role finds the Service (as the manual does), sets the weights, patches, verifies; then disables."""
     original = _snapshot()
-    out = _playbook(cluster, "enable_gpu_aware", "-e", "gpu_aware_url=" + extender.url,
+    namespace = gpu_node["namespace"]
+    url = _gpu_aware_service(cluster, namespace, extender)
+    out = _playbook(cluster, "enable_gpu_aware", "-e", "gpu_aware_namespace=" + namespace,
+                    "-e", "gpu_aware_score_weight=3", "-e", "gpu_aware_loss_weight=2",
                     "-e", "gpu_aware_backup_dir=" + pristine)
-    assert "calls gpu-aware at " + extender.url in out
+    assert "calls gpu-aware at " + url in out
     assert _with_config(True)
+    with open(CONFIG) as handle:
+        assert "urlPrefix: " + url in handle.read()
+    data = json.loads(cluster.kubectl("-n", namespace, "get", "configmap", "gpu-aware-plugin", "-o",
+                                      "jsonpath={.data}", check=True).stdout)
+    assert data == {"scoreWeight": "3", "lossWeight": "2"}
     _gpu_pod(cluster, gpu_node, "playbook-extender")
-    assert extender.calls("playbook-extender")
+    assert extender.calls("playbook-extender")      # the real scheduler reached it through the Service
+    again = _playbook(cluster, "enable_gpu_aware", "-e", "gpu_aware_namespace=" + namespace,
+                      "-e", "gpu_aware_backup_dir=" + pristine)
+    assert [line for line in again.splitlines() if "changed=" in line and "changed=0" not in line] == []
     out = _playbook(cluster, "disable_gpu_aware", "-e", "gpu_aware_backup_dir=" + pristine)
     assert "runs without the gpu-aware extender" in out
     assert _with_config(False) and _snapshot() == original
