@@ -164,3 +164,48 @@ def test_no_scheduler_visible_does_not_wait(root):
     req = _request()
     outcome = backend.apply(req, backend.plan(req))
     assert not outcome.waited and "check it yourself" in outcome.warnings[0]
+
+
+def test_scheduler_processes_reads_command_lines(tmp_path):
+    for pid, argv in ((12, [b"/usr/local/bin/kube-scheduler", b"--config=/etc/metax/extender.yaml"]),
+                      (7, [b"kube-apiserver", b"--secure-port=6443"]),
+                      (30, [b"kube-scheduler"])):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(b"\0".join(argv) + b"\0")
+    (tmp_path / "self").mkdir()
+    (tmp_path / "99").mkdir()           # exited while listing: no cmdline
+    assert be.scheduler_processes(str(tmp_path)) == [
+        (12, ["/usr/local/bin/kube-scheduler", "--config=/etc/metax/extender.yaml"]), (30, ["kube-scheduler"])]
+
+
+def test_checks_run_here_when_the_scheduler_shares_our_network():
+    assert be.in_network_of(None, lambda: True) is True
+    assert be.in_network_of(os.getpid(), lambda: True) is True      # same namespace: no fork
+    assert be.in_network_of(os.getpid(), lambda: False) is False
+
+
+def test_health_and_extender_probes_against_a_real_local_server():
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200 if self.path == "/readyz" else 500)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = "http://127.0.0.1:%d" % server.server_address[1]
+        assert be.http_healthy(base + "/readyz")
+        assert not be.http_healthy(base + "/livez")
+        assert be.extender_reachable(base)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not be.http_healthy(base + "/readyz", timeout=1.0)
+    assert not be.extender_reachable(base, timeout=1.0)
