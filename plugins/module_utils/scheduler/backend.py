@@ -315,30 +315,45 @@ class SchedulerExtender:
         return rel
 
     # -- waiting
-    def _look(self, req: Request, outcome: Outcome, with_config: bool, old_pids: Sequence[int],
-              check_process: bool, check_health: bool, check_extender: bool) -> Optional[str]:
-        """None when the wanted scheduler runs and answers, else what is wrong, in words."""
+    @staticmethod
+    def _started_from(argv: Sequence[str], manifest_text: str) -> bool:
+        """The process runs this manifest's command (argv[0] may carry a path)."""
+        command = mf.inspect(manifest_text).command
+        return bool(command) and list(argv[1:]) == list(command[1:]) and \
+            os.path.basename(argv[0]) == os.path.basename(command[0])
+
+    def _ours(self, outcome: Outcome) -> List[Process]:
+        """The static pod's scheduler: processes started from the old or the new manifest.
+
+        Another kube-scheduler on the node (a second scheduler deployed as a pod,
+        a test's own) runs other flags and is neither waited for nor stopped.
+        """
+        return [p for p in self.processes()
+                if self._started_from(p[1], outcome.manifest_before) or self._started_from(p[1], outcome.manifest_after)]
+
+    def _look(self, outcome: Outcome, expected: str, old_pids: Sequence[int], check_process: bool,
+              check_health: bool, extender_url: Optional[str]) -> Optional[str]:
+        """None when the scheduler of manifest ``expected`` runs and answers, else what is wrong, in words."""
         pid: Optional[int] = None
         if check_process:
-            current = self.processes()
-            flag = "--config=" + req.config_path
-            wanted = [p for p in current if (flag in p[1]) == with_config and p[0] not in old_pids]
-            if not current:
-                return ("no kube-scheduler process is running (a scheduler that exits right after start "
-                        "usually rejects its configuration: see its container log)")
-            if len(wanted) != len(current):
-                return ("%d kube-scheduler process(es) running, %d of them restarted %s %s"
-                        % (len(current), len(wanted), "with" if with_config else "without", flag))
-            pid = wanted[0][0]
+            current = self._ours(outcome)
+            stale = [p[0] for p in current if p[0] in old_pids or not self._started_from(p[1], expected)]
+            new = [p[0] for p in current if p[0] not in stale]
+            if stale:
+                return "the previous kube-scheduler (pid %s) still runs" % ", ".join(str(p) for p in stale)
+            if not new:
+                return ("no kube-scheduler process started from the new manifest is running (a scheduler that "
+                        "exits right after start usually rejects its configuration: see its container log)")
+            pid = new[0]
         if check_health and not self.health(outcome.health_url or "", pid):
             return "%s does not answer 200" % outcome.health_url
-        if check_extender and req.options is not None and not self.reachable(req.options.url, pid):
+        if extender_url is not None and not self.reachable(extender_url, pid):
             return ("the extender %s is not reachable from the scheduler's network and ignorable is false: "
-                    "pods asking for %s would not schedule" % (req.options.url, RESOURCE_NAME))
+                    "pods asking for %s would not schedule" % (extender_url, RESOURCE_NAME))
         return None
 
-    def _wait(self, req: Request, outcome: Outcome, with_config: bool, old_pids: Sequence[int],
-              check_process: bool, check_health: bool, check_extender: bool) -> Optional[str]:
+    def _wait(self, req: Request, outcome: Outcome, expected: str, old_pids: Sequence[int],
+              check_process: bool, check_health: bool, extender_url: Optional[str]) -> Optional[str]:
         deadline = self.clock() + req.wait_timeout
         if not check_process:
             # Health alone cannot tell the old scheduler from the new one: watch for the
@@ -351,7 +366,7 @@ class SchedulerExtender:
         good = 0
         seen = "nothing observed"
         while True:
-            problem = self._look(req, outcome, with_config, old_pids, check_process, check_health, check_extender)
+            problem = self._look(outcome, expected, old_pids, check_process, check_health, extender_url)
             if problem is None:
                 good += 1
                 if good >= STABLE_CHECKS:
@@ -367,16 +382,17 @@ class SchedulerExtender:
         if not outcome.changed:
             return outcome
         enabled = req.state == "present"
-        before = self.processes() if req.wait else []
+        before = self._ours(outcome) if req.wait else []
         old_pids = [p[0] for p in before]
         check_process = bool(before)
         check_health = req.wait and self.health(outcome.health_url or "", old_pids[0] if old_pids else None)
-        check_extender = bool(enabled and req.check_extender and req.options is not None
-                              and not req.options.ignorable)
+        extender_url = None
+        if enabled and req.check_extender and req.options is not None and not req.options.ignorable:
+            extender_url = req.options.url
         if req.wait and not check_process and not check_health:
             outcome.warnings.append(
-                "no kube-scheduler process visible and %s not reachable from here: not waiting for the "
-                "scheduler to restart; check it yourself" % outcome.health_url)
+                "no kube-scheduler process of this manifest visible and %s not reachable from here: not waiting "
+                "for the scheduler to restart; check it yourself" % outcome.health_url)
         elif req.wait and not check_health:
             outcome.warnings.append("%s is not reachable from here; waiting for the kube-scheduler "
                                     "process only" % outcome.health_url)
@@ -398,7 +414,8 @@ class SchedulerExtender:
                                     "the kube-scheduler static pod to load it" % req.config_path)
         if req.wait and (check_process or check_health) and (manifest_changed or outcome.restarted):
             outcome.waited = True
-            problem = self._wait(req, outcome, enabled, old_pids, check_process, check_health, check_extender)
+            problem = self._wait(req, outcome, outcome.manifest_after, old_pids, check_process, check_health,
+                                 extender_url)
             if problem is not None:
                 self._rollback(req, outcome, enabled, check_process, check_health, problem)
         if not enabled:
@@ -407,15 +424,14 @@ class SchedulerExtender:
 
     def _rollback(self, req: Request, outcome: Outcome, enabled: bool, check_process: bool, check_health: bool,
                   problem: str) -> None:
-        current = [p[0] for p in self.processes()] if check_process else []
+        failed = [p[0] for p in self._ours(outcome)] if check_process else []
         self._write(req.config_path, outcome.config_before)
         self._write(req.manifest_path, outcome.manifest_before)
-        had_config = mf.inspect(outcome.manifest_before).config_path == req.config_path
-        if outcome.restarted or outcome.manifest_before == outcome.manifest_after:
-            for pid in current:
+        if outcome.manifest_before == outcome.manifest_after:
+            # same manifest: the kubelet would keep the failed process; stop it
+            for pid in failed:
                 self.kill(pid)
-        # Back to the old manifest: a process that was started from the failed one must go.
-        restored = self._wait(req, outcome, had_config, current, check_process, check_health, False)
+        restored = self._wait(req, outcome, outcome.manifest_before, failed, check_process, check_health, None)
         state = "healthy again" if restored is None else "NOT healthy either (%s)" % restored
         raise ExtenderApplyError(
             "kube-scheduler did not come back within %ss after %s the extender: %s. The previous manifest "

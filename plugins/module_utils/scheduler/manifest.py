@@ -53,6 +53,7 @@ class ManifestInfo:
     mount_paths: Tuple[str, ...]
     volume_paths: Tuple[str, ...]
     probe: Optional[Probe]
+    command: Tuple[str, ...] = ()   # command + args: the argv the container runtime gives the process
 
     def patched(self, config_path: str) -> bool:
         return (self.config_path == config_path and config_path in self.mount_paths
@@ -209,6 +210,7 @@ def inspect(text: str) -> ManifestInfo:
         mount_paths=tuple(_scalar(_get(m, "mountPath")) or "" for m in pod.mounts.value),
         volume_paths=tuple(_scalar(_get(_get(v, "hostPath"), "path")) or "" for v in pod.volumes.value),
         probe=_probe(pod.container),
+        command=tuple(_scalar(item) or "" for item in _all_flags(pod)),
     )
 
 

@@ -41,11 +41,9 @@ class FakeKubelet:
 
     def processes(self):
         self._sync()
-        info = mf.inspect(self.seen)
-        argv = ["kube-scheduler", "--kubeconfig=/etc/kubernetes/scheduler.conf"]
-        if info.config_arg:
-            argv.append("--config=" + info.config_path)
-        return [(self.pid, argv)]
+        # the runtime starts the manifest's command; a second scheduler of someone else runs too
+        argv = ["/usr/local/bin/" + mf.inspect(self.seen).command[0]] + list(mf.inspect(self.seen).command[1:])
+        return [(5, ["kube-scheduler", "--config=/etc/hami/scheduler.yaml"]), (self.pid, argv)]
 
     def health(self, url, pid):
         self._sync()
@@ -97,7 +95,7 @@ def test_enable_waits_for_a_new_healthy_process(root):
     req = _request()
     outcome = backend.apply(req, backend.plan(req))
     assert outcome.waited and not outcome.warnings
-    assert kubelet.processes()[0][1][-1] == "--config=" + CONFIG_PATH
+    assert "--config=" + CONFIG_PATH in kubelet.processes()[1][1]
     assert os.listdir(os.path.join(root, "etc/kubernetes/manifests")) == ["kube-scheduler.yaml"]
 
 
@@ -112,7 +110,7 @@ def test_rejected_configuration_is_rolled_back(root):
     assert os.path.join(root, "etc/kubernetes/metax-backup/20261123T090000-") in message
     assert _read(root, MANIFEST) == manifest("1.28")
     assert not os.path.exists(os.path.join(root, CONFIG_PATH.lstrip("/")))
-    assert "--config=" + CONFIG_PATH not in kubelet.processes()[0][1]
+    assert "--config=" + CONFIG_PATH not in kubelet.processes()[1][1]
 
 
 def test_unreachable_extender_is_rolled_back_unless_ignorable(root):
@@ -136,7 +134,7 @@ def test_configuration_only_change_restarts_the_process(root):
     pid = kubelet.pid
     req = _request(weight=9)
     outcome = backend.apply(req, backend.plan(req))
-    assert outcome.restarted and kubelet.killed == [pid] and outcome.waited
+    assert outcome.restarted and kubelet.killed == [pid] and outcome.waited    # the other scheduler is left alone
 
 
 def test_disable_waits_for_the_process_without_the_config(root):
