@@ -81,37 +81,6 @@ def test_bounded_loss_is_monotone_and_below_max():
     assert bounded_loss(0) == 0 and bounded_loss(1) >= 1
 
 
-def _hami_score(annotation: str, n: int, policy: str) -> int:
-    """HAMi pkg/device/metax: decode map[int]int, missing key or parse error = 0."""
-    try:
-        table = {int(k): int(v) for k, v in json.loads(annotation).items()}
-    except (ValueError, TypeError, AttributeError):
-        return 0
-    return 2000 - table.get(n, 0)
-
-
-def test_hami_binpack_never_prefers_full_or_failed_node(make_node):
-    full = DeviceState(make_node("8xC500"))
-    full.refresh()
-    failed_host = make_node("8xC500")
-    failed = DeviceState(failed_host)
-    failed.refresh()
-    # fail after the first discovery: a GPU absent at start is not counted in capacity
-    generator.fail_gpu(failed_host, 7, "bus")
-    failed.refresh()
-    empty = DeviceState(make_node("8xC500"))
-    empty.refresh()
-    nodes = {
-        "full": node_annotations(full.snapshot(), frozenset(BDFS)),
-        "failed": node_annotations(failed.snapshot(), frozenset()),
-        "empty": node_annotations(empty.snapshot(), frozenset()),
-    }
-    ranked = sorted(nodes, key=lambda name: -_hami_score(nodes[name][C.ANNOTATION_LOSSES], 8, "binpack"))
-    assert ranked[0] == "empty"
-    ranked = sorted(nodes, key=lambda name: -_hami_score(nodes[name][C.ANNOTATION_LOSSES], 1, "binpack"))
-    assert ranked[-1] == "full"
-
-
 def test_merge_patch_shape():
     assert merge_patch({"a": "1"}) == {"metadata": {"annotations": {"a": "1"}}}
 
