@@ -9,6 +9,7 @@ recover DIR --gpu N          undo ``fail``
 unload DIR | load DIR        unload / load the kernel driver
 status DIR                   print the node state as JSON
 install-hook DIR             (re)install the kernel hook (roots made before it existed)
+set-mx-smi-layout DIR real|legacy   what mx-smi prints (real: MetaX's layout, the default)
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     version = sub.add_parser("set-driver-version", help="change the installed driver version")
     version.add_argument("root")
     version.add_argument("version")
+    layout = sub.add_parser("set-mx-smi-layout", help="choose what mx-smi prints")
+    layout.add_argument("root")
+    layout.add_argument("layout", choices=generator.MX_SMI_LAYOUTS)
     return parser
 
 
@@ -70,6 +74,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             generator.unload_driver(host)
         elif args.command == "set-driver-version":
             generator.set_driver_version(host, args.version)
+        elif args.command == "set-mx-smi-layout":
+            generator.set_mx_smi_layout(host, args.layout)
         else:
             state = generator.load_state(host)
             json.dump({"driver_loaded": state["driver_loaded"], "driver_version": state["driver_version"],
