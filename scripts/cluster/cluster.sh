@@ -959,7 +959,9 @@ kube_proxy_up() {
   local i=$1 node=$2 d ip
   d=$(node_dir "${node}")
   ip=$(node_ip "${i}")
-  cat >"${d}/kube-proxy.yaml" <<EOK
+  # kube-proxy exits when its configuration file is written to, even with the
+  # same content: a reuse run must leave an unchanged file untouched.
+  cat >"${d}/.kube-proxy.yaml.new" <<EOK
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:
@@ -982,6 +984,11 @@ conntrack:
 # root cannot lower oom_score_adj on these machines
 oomScoreAdj: 0
 EOK
+  if cmp -s "${d}/.kube-proxy.yaml.new" "${d}/kube-proxy.yaml"; then
+    rm -f "${d}/.kube-proxy.yaml.new"
+  else
+    mv "${d}/.kube-proxy.yaml.new" "${d}/kube-proxy.yaml"
+  fi
   START_WRAP="nsenter -t $(pid_of "ns-${node}") -m -n --" START_CONFIG="${d}/kube-proxy.yaml" \
     start "kube-proxy-${node}" "${BIN}/kube-proxy" --config="${d}/kube-proxy.yaml" --v=1
 }

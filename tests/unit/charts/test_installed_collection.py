@@ -56,11 +56,12 @@ def test_artifact_carries_chart_and_image_sources(installed):
                 "files/images/agent/entrypoint", "requirements/agents.txt",
                 "roles/agent_images/meta/argument_specs.yml", "roles/gpu_extensions/meta/argument_specs.yml",
                 "roles/verify/meta/argument_specs.yml", "roles/uninstall/meta/argument_specs.yml",
+                "roles/gpu_aware/meta/argument_specs.yml", "plugins/modules/scheduler_extender.py",
                 "playbooks/site.yml", "playbooks/verify.yml", "plugins/filter/gpu_extensions.py"):
         assert (root / rel).is_file(), rel
 
 
-@pytest.mark.parametrize("playbook", ["verify", "install", "uninstall", "site"])
+@pytest.mark.parametrize("playbook", ["verify", "install", "uninstall", "site", "enable_gpu_aware", "disable_gpu_aware"])
 def test_playbooks_run_by_fqcn_from_the_installed_collection(installed, playbook, tmp_path):
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {"kube_control_plane": {"hosts": {"cp": None}},
