@@ -46,7 +46,7 @@ def metax_device_nodes(host: HostRoot) -> Set[str]:
 def open_device_users(host: HostRoot) -> List[str]:
     """``"<pid> (<comm>): <device>"`` for every open MetaX device node under the host root."""
     devices = metax_device_nodes(host)
-    users = []
+    users: List[str] = []
     for pid in sorted((p for p in host.listdir("proc") if p.isdigit()), key=int):
         try:
             fds = host.listdir("proc/%s/fd" % pid)
