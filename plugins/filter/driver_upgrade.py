@@ -126,6 +126,16 @@ def driver_upgrade_validation(node: Mapping[str, Any], version: Optional[str] = 
     return sorted(set(problems))
 
 
+def driver_upgrade_failures(nodes: Sequence[Mapping[str, Any]], node_plan: Mapping[str, Mapping[str, Any]]) -> List[str]:
+    """Names of the nodes (of ``node_plan``) that do not validate against their planned version."""
+    out = []
+    for node in nodes:
+        name = (node.get("metadata") or {}).get("name")
+        if name in node_plan and driver_upgrade_validation(node, node_plan[name].get("to")):
+            out.append(name)
+    return sorted(out)
+
+
 class FilterModule:
     """metax.gpu driver upgrade filters."""
 
@@ -133,6 +143,7 @@ class FilterModule:
         return {
             "driver_upgrade_plan": driver_upgrade_plan,
             "driver_upgrade_validation": driver_upgrade_validation,
+            "driver_upgrade_failures": driver_upgrade_failures,
             "metax_label_removal": metax_label_removal,
             "driver_version_parts": driver_version_parts,
         }
