@@ -128,9 +128,9 @@ def driver_upgrade_validation(node: Mapping[str, Any], version: Optional[str] = 
 
 def driver_upgrade_failures(nodes: Sequence[Mapping[str, Any]], node_plan: Mapping[str, Mapping[str, Any]]) -> List[str]:
     """Names of the nodes (of ``node_plan``) that do not validate against their planned version."""
-    out = []
+    out: List[str] = []
     for node in nodes:
-        name = (node.get("metadata") or {}).get("name")
+        name = str((node.get("metadata") or {}).get("name"))
         if name in node_plan and driver_upgrade_validation(node, node_plan[name].get("to")):
             out.append(name)
     return sorted(out)
