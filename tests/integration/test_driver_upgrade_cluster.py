@@ -128,7 +128,7 @@ def fleet(cluster):
         _ansible(cluster, "uninstall", check=False)
 
 
-def _gpu_deployment(cluster):
+def _gpu_deployment(cluster, tmp_dir):
     image = cluster.base_image.replace("localhost/", cluster.registry + "/")
     dep = {"apiVersion": "apps/v1", "kind": "Deployment",
            "metadata": {"name": "upgrade-gpu-job", "namespace": "default"},
@@ -137,7 +137,10 @@ def _gpu_deployment(cluster):
                                  "spec": {"terminationGracePeriodSeconds": 1,
                                           "containers": [{"name": "c", "image": image, "command": ["sleep", "3600"],
                                                           "resources": {"limits": {N.RESOURCE_NAME: "1"}}}]}}}}
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(dep), check=True)
+    path = os.path.join(str(tmp_dir), "gpu-job.json")
+    with open(path, "w") as handle:
+        json.dump(dep, handle)
+    cluster.kubectl("apply", "-f", path, check=True)
 
 
 def _gpu_pod(cluster):
@@ -162,8 +165,8 @@ def test_check_mode_prints_the_plan_and_changes_nothing(cluster, fleet):
     assert {name: _loaded(name) for name in KINDS} == loaded
 
 
-def test_serial_1_keeps_the_admins_cordon_and_reschedules_the_gpu_pod(cluster, fleet):
-    _gpu_deployment(cluster)
+def test_serial_1_keeps_the_admins_cordon_and_reschedules_the_gpu_pod(cluster, fleet, tmp_path):
+    _gpu_deployment(cluster, tmp_path)
     _wait(lambda: _gpu_pod(cluster) is not None, 180, "the GPU pod to run")
     uid, _node = _gpu_pod(cluster)
     cluster.kubectl("cordon", "vm-2", check=True)
