@@ -119,6 +119,9 @@ def fleet(cluster):
             generator.load_driver(host)
         pkgtool.remove_tools(host.path)
         shutil.rmtree(host.join(CACHE), ignore_errors=True)
+        for parent in ("var/cache", "var"):           # made for the cache; leave nothing behind
+            if os.path.isdir(host.join(parent)) and not os.listdir(host.join(parent)):
+                os.rmdir(host.join(parent))
         cluster.kubectl("uncordon", name)
         cluster.kubectl("label", "node", name, N.LABEL_DRIVER_UPGRADE_STATE + "-", N.LABEL_AGENTS_PAUSED + "-")
         cluster.kubectl("annotate", "node", name, N.ANNOTATION_PRE_CORDONED + "-",
