@@ -103,6 +103,9 @@ def remove_tools(root: str) -> None:
     for rel in list(TOOL_PATHS.values()) + [PKGDB_FILE, TOOL_HOOK]:
         if os.path.lexists(host.join(rel)):
             os.unlink(host.join(rel))
+    for rel in sorted({os.path.dirname(r) for r in TOOL_PATHS.values()}):
+        if os.path.isdir(host.join(rel)) and not os.listdir(host.join(rel)):
+            os.rmdir(host.join(rel))        # a directory only the tools needed (usr/sbin)
     state = generator.load_state(host)
     state.pop("disk_driver", None)
     generator.save_state(host, state)

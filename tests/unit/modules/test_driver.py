@@ -169,3 +169,13 @@ def test_no_package_tools_and_no_src(make_node):
     host = make_node("1xC500")
     failed, result = run_module(driver, {"host_root": host.path, "version": "9.0"})
     assert failed and "no src" in result["msg"]
+
+
+def test_simulator_tools_leave_nothing_behind(make_node):
+    host = make_node("1xC500")
+    before = _tree(host.path)
+    pkgtool.install_tools(host.path, "rpm")
+    pkgtool.remove_tools(host.path)
+    after = _tree(host.path)
+    state_file = host.join(".metax-sim/state.json")
+    assert {k for k in after if k != state_file} == {k for k in before if k != state_file}
