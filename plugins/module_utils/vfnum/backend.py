@@ -68,7 +68,7 @@ def device_nodes(host: HostRoot, bdfs: Iterable[str]) -> Set[str]:
 
 def open_device_users(host: HostRoot, nodes: Set[str]) -> List[str]:
     """``"<pid> (<comm>) holds <node>"`` for processes under the host root's /proc holding ``nodes`` open."""
-    users = []
+    users: List[str] = []
     if not nodes:
         return users
     for pid in sorted((p for p in host.listdir("proc") if p.isdigit()), key=int):
