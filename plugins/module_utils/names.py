@@ -43,3 +43,13 @@ NAMESPACE = "metax-gpu"
 
 # ConfigMap holding gpu-aware's weights (manual Table 2.5).
 GPU_AWARE_CONFIGMAP = "gpu-aware-plugin"
+
+# Day-two operations (issue 16). Ours, not gpu-label's: the upgrade never
+# removes these with the metax-tech.com/ labels it strips.
+LABEL_DRIVER_UPGRADE_STATE = PREFIX + "driver.upgrade-state"     # driver_upgrade.yml node state
+LABEL_DRIVER_UPGRADE_SKIP = PREFIX + "driver.upgrade.skip"       # "true": the upgrade leaves the node alone
+LABEL_AGENTS_PAUSED = PREFIX + "agents.paused"                   # node agents' affinity excludes the node
+ANNOTATION_PRE_CORDONED = PREFIX + "driver.upgrade.pre-cordoned"  # the admin's cordon, never undone
+DRIVER_UPGRADE_STATES = ("upgrade-required", "cordoned", "paused", "pods-evicted", "driver-installed",
+                         "validating", "done", "failed", "rolled-back")
+DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_AGENTS_PAUSED)

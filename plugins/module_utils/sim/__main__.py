@@ -9,6 +9,8 @@ recover DIR --gpu N          undo ``fail``
 unload DIR | load DIR        unload / load the kernel driver
 status DIR                   print the node state as JSON
 install-hook DIR             (re)install the kernel hook (roots made before it existed)
+driver-tools DIR [--kind K]  add fake dpkg/rpm + modprobe (sim.pkgtool); --remove undoes it
+make-package DIR --kind K --version V [--broken]   write a simulated driver package
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import List, Optional
 from ..host import HostRoot
 from . import generator
 from .kernel import install_hook
+from .pkgtool import install_tools, make_package, remove_tools
 from .spec import PRESETS, preset
 
 
@@ -43,6 +46,15 @@ def _parser() -> argparse.ArgumentParser:
     version = sub.add_parser("set-driver-version", help="change the installed driver version")
     version.add_argument("root")
     version.add_argument("version")
+    tools = sub.add_parser("driver-tools", help="fake package tools and modprobe (driver tests)")
+    tools.add_argument("root")
+    tools.add_argument("--kind", choices=("deb", "rpm"), default="deb")
+    tools.add_argument("--remove", action="store_true")
+    package = sub.add_parser("make-package", help="write a simulated driver package")
+    package.add_argument("directory")
+    package.add_argument("--kind", choices=("deb", "rpm", "run"), required=True)
+    package.add_argument("--version", required=True)
+    package.add_argument("--broken", action="store_true", help="loads but probes no GPU")
     return parser
 
 
@@ -54,6 +66,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             state = generator.load_state(host)
             sys.stdout.write("created %s: %d GPUs (%s), driver %s\n" % (
                 host.path, len(state["gpus"]), args.preset, state["driver_version"]))
+            return 0
+        if args.command == "make-package":
+            sys.stdout.write(make_package(args.directory, args.kind, args.version, broken=args.broken) + "\n")
+            return 0
+        if args.command == "driver-tools":
+            if args.remove:
+                remove_tools(args.root)
+            else:
+                install_tools(args.root, args.kind)
             return 0
         host = HostRoot(args.root)
         if args.command == "install-hook":

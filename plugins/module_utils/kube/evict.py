@@ -1,0 +1,98 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Evict the pods of one node that use MetaX GPUs, through the eviction API.
+
+Step 3 of the manual's node maintenance (stop the user pods that use MetaX
+GPUs). The eviction API, not DELETE, so PodDisruptionBudgets hold: a refused
+eviction (429) is retried until ``timeout``; then ``force`` deletes the pod,
+otherwise the call fails and names the pods still there. ``drain`` widens the
+set to every pod that is not a DaemonSet's or a static (mirror) pod.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from ..driver.inuse import TERMINAL_PHASES, gpu_pods
+from ..errors import MetaxGpuError
+from .client import ApiException
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+class EvictionError(MetaxGpuError):
+    """Pods still on the node after the timeout (and force is off)."""
+
+
+def _key(pod: Mapping) -> str:
+    meta = pod.get("metadata") or {}
+    return "%s/%s" % (meta.get("namespace", "default"), meta.get("name", "?"))
+
+
+def _drainable(pod: Mapping) -> bool:
+    meta = pod.get("metadata") or {}
+    if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
+        return False
+    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        return False
+    return not any(ref.get("kind") == "DaemonSet" for ref in meta.get("ownerReferences") or [])
+
+
+def select(pods: List[Mapping], drain: bool) -> List[str]:
+    """The pods to evict: GPU pods, or with ``drain`` every drainable pod."""
+    if drain:
+        return sorted(_key(p) for p in pods if _drainable(p))
+    return gpu_pods(pods)
+
+
+def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, force: bool = False,
+          check_mode: bool = False, sleep: Callable[[float], None] = time.sleep,
+          grace_period: Optional[int] = None) -> Dict[str, List[str]]:
+    """Evict and wait; returns ``{"evicted": [...], "deleted": [...], "selected": [...]}``."""
+    def listing() -> List[Mapping]:
+        items = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=%s" % node).items
+        return [core.api_client.sanitize_for_serialization(p) for p in items]
+
+    selected = select(listing(), drain)
+    result: Dict[str, List[str]] = {"selected": selected, "evicted": [], "deleted": []}
+    if check_mode or not selected:
+        return result
+    body_opts = {"gracePeriodSeconds": grace_period} if grace_period is not None else None
+    deadline = time.monotonic() + timeout
+    pending = list(selected)
+    while True:
+        for key in list(pending):
+            namespace, name = key.split("/", 1)
+            body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": name, "namespace": namespace}}
+            if body_opts:
+                body["deleteOptions"] = body_opts
+            try:
+                core.create_namespaced_pod_eviction(name, namespace, body)
+                result["evicted"].append(key)
+                pending.remove(key)
+            except ApiException as exc:
+                if exc.status == 404:
+                    pending.remove(key)
+                elif exc.status != 429:      # 429: a PodDisruptionBudget says not now
+                    raise EvictionError("evicting %s: %s %s" % (key, exc.status, exc.reason))
+        remaining = [k for k in select(listing(), drain) if k in selected]
+        if not remaining:
+            return result
+        if time.monotonic() >= deadline:
+            if not force:
+                raise EvictionError("pods still on node %s after %ss: %s (set force to delete them)"
+                                    % (node, timeout, ", ".join(remaining)))
+            for key in remaining:
+                namespace, name = key.split("/", 1)
+                try:
+                    core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+                    result["deleted"].append(key)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise EvictionError("deleting %s: %s %s" % (key, exc.status, exc.reason))
+            deadline = time.monotonic() + 60
+            force = False
+        sleep(1.0)
