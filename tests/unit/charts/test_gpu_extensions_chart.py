@@ -252,3 +252,15 @@ def test_max_age_shorter_than_rotation_is_refused(sets):
     rc, objects, err = render(HELM, {}, sets=sets)
     assert rc != 0 and not objects
     assert "maxAge" in err and "shorter than rotationTime" in err, err
+
+
+def test_node_agents_stay_off_paused_nodes():
+    """driver_upgrade/set_vfnum pause the agents with one node label; both DaemonSets must honour it."""
+    rc, objects, err = render(HELM, {})
+    assert rc == 0, err
+    daemonsets = [o for o in objects if o["kind"] == "DaemonSet"]
+    assert {d["metadata"]["name"] for d in daemonsets} >= {"gpu-device", "gpu-label"}
+    for ds in daemonsets:
+        terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms == [{"matchExpressions": [{"key": names.LABEL_AGENTS_PAUSED, "operator": "DoesNotExist"}]}]

@@ -60,8 +60,18 @@ runs the node's own mx-smi (health, MetaXLink) with its libraries, not only sysf
   {{- end }}
 {{- end -}}
 
-{{/* Pod-level settings the node agents share. */}}
+{{/* Pod-level settings the node agents share. A node labelled
+metax-tech.com/agents.paused (the driver_upgrade and set_vfnum playbooks set it)
+runs none of them: the DaemonSet controller removes the pods, so gpu-label cannot
+put the labels back mid-procedure and gpu-device releases the devices. */}}
 {{- define "metax-gpu.nodePodCommon" -}}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+        - matchExpressions:
+            - key: metax-tech.com/agents.paused
+              operator: DoesNotExist
 {{- with .Values.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}

@@ -1,0 +1,70 @@
+"""The rolling plan of driver_upgrade.yml: batches, budget, skip and pre-cordoned nodes, validation."""
+from __future__ import annotations
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.metax.gpu.plugins.filter.driver_upgrade import (
+    driver_upgrade_plan, driver_upgrade_validation, metax_label_removal)
+from ansible_collections.metax.gpu.plugins.module_utils import names as N
+
+
+def node(name, ready=True, cordoned=False, labels=None):
+    return {"metadata": {"name": name, "labels": dict(labels or {})},
+            "spec": {"unschedulable": True} if cordoned else {},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+NAMES = ["a", "b", "c", "d"]
+
+
+def test_serial_batches_within_the_budget():
+    plan = driver_upgrade_plan([node(n) for n in NAMES], NAMES, serial=2, max_unavailable=4)
+    assert plan["batches"] == [["a", "b"], ["c", "d"]]
+    plan = driver_upgrade_plan([node(n) for n in NAMES], NAMES, serial=3, max_unavailable="50%")
+    assert plan["batches"] == [["a", "b"], ["c", "d"]] and plan["max_unavailable"] == 2
+
+
+def test_already_unavailable_nodes_spend_the_budget():
+    nodes = [node("a"), node("b", ready=False), node("c"), node("d")]
+    plan = driver_upgrade_plan(nodes, NAMES, serial=2, max_unavailable=2)
+    assert plan["not_ready"] == ["b"] and plan["batches"] == [["a"], ["c"], ["d"]]
+    with pytest.raises(AnsibleFilterError, match="used up"):
+        driver_upgrade_plan([node("a", ready=False), node("b"), node("c"), node("d")], NAMES,
+                            max_unavailable=1)
+
+
+def test_pre_cordoned_node_is_upgraded_for_free_and_recorded():
+    nodes = [node("a"), node("b", cordoned=True), node("c"), node("d")]
+    plan = driver_upgrade_plan(nodes, NAMES, serial=2, max_unavailable=2)
+    assert plan["pre_cordoned"] == ["b"]
+    assert plan["batches"] == [["a", "b"], ["c"], ["d"]]
+
+
+def test_skip_label_and_unknown_nodes():
+    nodes = [node("a", labels={N.LABEL_DRIVER_UPGRADE_SKIP: "true"}), node("b"), node("c"), node("d")]
+    plan = driver_upgrade_plan(nodes, NAMES, serial=1, max_unavailable=1)
+    assert plan["skipped"] == ["a"] and plan["batches"] == [["b"], ["c"], ["d"]]
+    with pytest.raises(AnsibleFilterError, match="not Kubernetes nodes: x"):
+        driver_upgrade_plan(nodes, NAMES + ["x"])
+    with pytest.raises(AnsibleFilterError, match="serial"):
+        driver_upgrade_plan(nodes, NAMES, serial=0)
+
+
+def test_label_removal_keeps_the_day_two_labels():
+    labels = {N.LABEL_GPU_INSTALLED: "true", N.LABEL_DRIVER_MAJOR: "2", "kubernetes.io/os": "linux",
+              N.LABEL_DRIVER_UPGRADE_STATE: "cordoned", N.LABEL_AGENTS_PAUSED: "true"}
+    assert metax_label_removal(labels) == {N.LABEL_GPU_INSTALLED: None, N.LABEL_DRIVER_MAJOR: None}
+
+
+def test_validation_wants_labels_capacity_and_version():
+    labels = {N.LABEL_GPU_INSTALLED: "true", N.LABEL_DRIVER_READY: "true", N.LABEL_DRIVER_MAJOR: "2",
+              N.LABEL_DRIVER_MINOR: "40", N.LABEL_DRIVER_PATCH: "1", N.LABEL_DRIVER_MODE: "native",
+              N.LABEL_GPU_FAMILY: "C500", N.LABEL_GPU_MEMORY: "65536", N.LABEL_GPU_PRODUCT: "C500",
+              N.LABEL_GPU_SRIOV: "forbidden", N.LABEL_GPU_VFNUM: "0", N.LABEL_GPU_COUNT: "1"}
+    good = node("a", labels=labels)
+    good["status"].update({"capacity": {N.RESOURCE_NAME: "1"}, "allocatable": {N.RESOURCE_NAME: "1"}})
+    assert driver_upgrade_validation(good, "2.40.1") == []
+    assert "driver labels say 2.40.1, expected 2.41.0" in driver_upgrade_validation(good, "2.41.0")
+    bare = node("a")
+    assert any("missing labels" in p for p in driver_upgrade_validation(bare, "2.40.1"))
