@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, List, Mapping, Sequence, Union
 
-from ansible.errors import AnsibleFilterError
-
+from ansible_collections.metax.gpu.plugins.filter.driver_upgrade import budget, node_ready
 from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import gpu_node_problems
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.driver.inuse import gpu_pods
@@ -28,8 +27,7 @@ def _unavailable(node: Mapping[str, Any]) -> bool:
         return True
     if N.LABEL_AGENTS_PAUSED in ((node.get("metadata") or {}).get("labels") or {}):
         return True
-    ready = [c for c in ((node.get("status") or {}).get("conditions") or []) if c.get("type") == "Ready"]
-    return not ready or ready[0].get("status") != "True"
+    return not node_ready(node)
 
 
 def vfnum_budget(nodes: Sequence[Mapping[str, Any]], candidates: Sequence[str], batch: Sequence[str],
@@ -41,13 +39,7 @@ def vfnum_budget(nodes: Sequence[Mapping[str, Any]], candidates: Sequence[str], 
     ``max_unavailable`` (a number or ``N%`` of the candidates) with the batch.
     """
     text = str(max_unavailable).strip()
-    try:
-        if text.endswith("%"):
-            limit = max(1, len(candidates) * int(text[:-1]) // 100)
-        else:
-            limit = int(text)
-    except ValueError:
-        raise AnsibleFilterError("max_unavailable must be a number or a percentage, got %r" % text)
+    limit = budget(max_unavailable, len(candidates))
     by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
     missing = sorted(name for name in batch if name not in by_name)
     if missing:
