@@ -124,3 +124,35 @@ def test_in_use_counts_the_pf_while_vfnum_is_zero(make_node):
     pf_nodes = sorted(backend.device_nodes(host, [pfs[0].bdf]))
     _hold_open(host, 7, pf_nodes[0])
     assert len(backend.in_use(host, pfs, plan(pfs, 2))) == 1
+
+
+# -- property: any sequence of requests leaves sysfs and discovery where the model says --
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  # noqa: E402
+
+REQUESTS = st.lists(st.tuples(st.sampled_from((0, 1, 2, 4, 8)),
+                              st.sampled_from((None, ["0"], ["1"], ["0", "1"]))), min_size=1, max_size=3)
+
+
+@pytest.fixture(scope="module")
+def shared_sriov(tmp_path_factory):
+    return generator.create(str(tmp_path_factory.mktemp("sriov")), preset("2xC550-sriov"))
+
+
+# each write runs the simulated kernel as a process: few, meaningful examples
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(REQUESTS)
+def test_any_request_sequence_matches_the_model(shared_sriov, requests):
+    host = shared_sriov
+    _set(host, 0)
+    model = [0, 0]
+    for vfnum, devices in requests:
+        results = _set(host, vfnum, devices)
+        chosen = [0, 1] if devices is None else sorted({int(d) for d in devices})
+        assert [(r["index"], r["before"], r["after"]) for r in results] == [(i, model[i], vfnum) for i in chosen]
+        for i in chosen:
+            model[i] = vfnum
+        assert [p.numvfs for p in backend.read_pfs(host)] == model
+        assert len(discover(host, topology=False).devices) == sum(max(1, m) for m in model)
