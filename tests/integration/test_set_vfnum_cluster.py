@@ -64,7 +64,7 @@ def _wait(predicate, timeout, what):
 
 
 @pytest.fixture(scope="module")
-def sriov_node(cluster):
+def sriov_node(cluster, tmp_path_factory):
     """(node name, HostRoot) of the 2xC550-sriov node, with the agents running; restored afterwards."""
     matches = [n for n in cluster.nodes if n.get("preset") == SRIOV_PRESET]
     if not matches:
@@ -73,7 +73,11 @@ def sriov_node(cluster):
     assert [p.numvfs for p in backend.read_pfs(host)] == [0, 0], "the test starts from vfnum 0"
     installed = cluster.kubectl("get", "daemonset", "gpu-device", "-n", N.NAMESPACE).returncode == 0
     if not installed:
-        _ansible_playbook(cluster, "site")
+        # a private output dir: archives and the packaged chart of other checkouts are not ours
+        out = str(tmp_path_factory.mktemp("images"))
+        _ansible_playbook(cluster, "site", "-e", json.dumps({
+            "agent_images_output_dir": out,
+            "push_artifacts_bundle": out + "/metax-k8s-images.0.1.0.run"}))
     _wait(lambda: _capacity(_node(cluster, name)) == 2, 300, "capacity 2 on %s" % name)
     yield name, host
     cluster.kubectl("delete", "pod", POD, "-n", "default", "--ignore-not-found", "--wait=true")
