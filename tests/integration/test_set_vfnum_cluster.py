@@ -3,8 +3,8 @@
 # Apache License 2.0 (see LICENSE)
 """set_vfnum.yml on the local cluster (issue 16): the 2xC550-sriov node from vfnum 0 to 4 and back.
 
-The agents are installed with metax.gpu.site when they are not there already
-(and uninstalled afterwards in that case), as test_e2e_site.py does. The
+When the agents are not there already they are built (files/images/agent/build.sh)
+and installed with metax.gpu.install, and uninstalled afterwards. The
 SR-IOV node's capacity of metax-tech.com/gpu goes 2 -> 8 -> 2, its gpu.vfnum
 label follows, the state label ends at success, and nothing is left paused;
 a GPU pod makes the playbook refuse, or is evicted when asked.
@@ -28,6 +28,7 @@ pytestmark = pytest.mark.cluster
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 INVENTORY = os.path.join(ROOT, "docs", "examples", "local-cluster-inventory.yml")
+BUILD = os.path.join(ROOT, "files", "images", "agent", "build.sh")
 SRIOV_PRESET = "2xC550-sriov"
 POD = "vfnum-gpu-pod"
 
@@ -64,7 +65,7 @@ def _wait(predicate, timeout, what):
 
 
 @pytest.fixture(scope="module")
-def sriov_node(cluster, tmp_path_factory):
+def sriov_node(cluster):
     """(node name, HostRoot) of the 2xC550-sriov node, with the agents running; restored afterwards."""
     matches = [n for n in cluster.nodes if n.get("preset") == SRIOV_PRESET]
     if not matches:
@@ -73,11 +74,15 @@ def sriov_node(cluster, tmp_path_factory):
     assert [p.numvfs for p in backend.read_pfs(host)] == [0, 0], "the test starts from vfnum 0"
     installed = cluster.kubectl("get", "daemonset", "gpu-device", "-n", N.NAMESPACE).returncode == 0
     if not installed:
-        # a private output dir: archives and the packaged chart of other checkouts are not ours
-        out = str(tmp_path_factory.mktemp("images"))
-        _ansible_playbook(cluster, "site", "-e", json.dumps({
-            "agent_images_output_dir": out,
-            "push_artifacts_bundle": out + "/metax-k8s-images.0.1.0.run"}))
+        # the agent images as test_gpu_device_cluster.py builds them (pushed once per content), then the
+        # chart of this checkout with metax.gpu.install
+        build = subprocess.run([BUILD], env=cluster.env, capture_output=True, text=True, timeout=1800,
+                               stdin=subprocess.DEVNULL, check=False)
+        assert build.returncode == 0, "agent image build failed:\n%s%s" % (build.stdout, build.stderr[-3000:])
+        ref = dict(line.split("=", 1) for line in build.stdout.split() if "=" in line)["gpu-device"]
+        repo, tag = ref.rsplit(":", 1)
+        _ansible_playbook(cluster, "install", "-e", json.dumps({
+            "gpu_extensions_registry": repo.rsplit("/", 1)[0], "gpu_extensions_image_tag": tag}))
     _wait(lambda: _capacity(_node(cluster, name)) == 2, 300, "capacity 2 on %s" % name)
     yield name, host
     cluster.kubectl("delete", "pod", POD, "-n", "default", "--ignore-not-found", "--wait=true")
