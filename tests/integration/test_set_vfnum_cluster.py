@@ -123,7 +123,7 @@ def test_zero_to_four_and_back_capacity_8_then_2(cluster, sriov_node):
     assert [p.numvfs for p in backend.read_pfs(host)] == [0, 0]
 
 
-def test_a_gpu_pod_blocks_the_change_unless_evicted(cluster, sriov_node):
+def test_a_gpu_pod_blocks_the_change_unless_evicted(cluster, sriov_node, tmp_path):
     name, host = sriov_node
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": POD, "namespace": "default"},
            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
@@ -132,7 +132,9 @@ def test_a_gpu_pod_blocks_the_change_unless_evicted(cluster, sriov_node):
                                     "image": cluster.base_image.replace("localhost/", cluster.registry + "/"),
                                     "command": ["sleep", "600"],
                                     "resources": {"limits": {N.RESOURCE_NAME: "1"}}}]}}
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod), check=True)
+    manifest = tmp_path / "pod.json"
+    manifest.write_text(json.dumps(pod))
+    cluster.kubectl("apply", "-f", str(manifest), check=True)
     _wait(lambda: cluster.kubectl("get", "pod", POD, "-o", "jsonpath={.status.phase}").stdout == "Running",
           180, "the GPU pod to run on %s" % name)
     state_before = _state(_node(cluster, name))
