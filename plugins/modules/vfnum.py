@@ -10,7 +10,7 @@ module: vfnum
 short_description: Set the number of SR-IOV virtual functions (vfnum) of MetaX GPUs
 version_added: 0.1.0
 description:
-  - Sets C(sriov_numvfs) of the chosen MetaX GPUs, or of all of them, to O(vfnum): the GPU virtualisation
+  - Sets C(sriov_numvfs) of the chosen MetaX GPUs, or of all of them, to O(vfnum), the GPU virtualisation
     setting that the manual's C(gpu.vfnum) label reports and the GPU Operator's C(driver-config) ConfigMap
     controls (manual section 3.2.3). With vfnum M, each GPU becomes M allocatable devices (its VFs).
   - Validates before writing anything, against the allowed values (0, 1, 2, 4, 8), against each GPU's
@@ -33,6 +33,7 @@ attributes:
     support: full
     description: Shows C(sriov_numvfs) per GPU (by PCI address) before and after.
   platform:
+    support: full
     platforms: posix
     description: Runs on the GPU node (Linux sysfs); Python standard library only, Python 3.8 or later.
 options:

@@ -11,7 +11,6 @@ EBUSY, ERANGE, fewer VFs...).
 from __future__ import annotations
 
 import errno as errno_codes
-from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set
 
 from ..gpu import pci
