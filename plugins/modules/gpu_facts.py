@@ -15,6 +15,11 @@ description:
     a link class per pair and link groups, the kernel driver state and the SR-IOV state.
   - Without C(mx-smi), or with the driver unloaded, the facts come from PCI alone and MetaXLink is reported
     as unknown (C(metaxlink_known=false) in the topology).
+  - C(mx-smi) output is read by its header names (the layout real MetaX machines print and older ones).
+    Output that is not understood never fails the module, it becomes a warning naming the command and
+    the line, and the facts fall back to PCI for what could not be read.
+  - O(ignore:product) values are the manual's (V(C500), V(C550), V(N100)); C(mx-smi)'s V(MetaX C500)
+    and V(MXC500) are reduced to them.
 author:
   - MetaX GPU collection maintainers (@metax-gpu)
 extends_documentation_fragment:

@@ -99,6 +99,7 @@ class GpuDeviceAgent:
             self.publisher = AnnotationPublisher(self.annotations, patch, self.stop,
                                                  on_result=self._patch_result)
         self._threads: List[threading.Thread] = []
+        self._logged_warnings: FrozenSet[str] = frozenset()
 
     # -- state shared with the annotation publisher ---------------------
     def annotations(self):
@@ -121,11 +122,24 @@ class GpuDeviceAgent:
         if self.publisher:
             self.publisher.trigger()
 
+    def _report_warnings(self) -> None:
+        """Log each discovery warning when it first appears (not on every scan); export the counts."""
+        current = self.state.warnings
+        for warning in current:
+            if warning not in self._logged_warnings:
+                LOG.warning("%s", warning, extra={"fields": {
+                    "mx_smi_unparsed": warning in self.state.unparsed}})
+        self._logged_warnings = frozenset(current)
+        self.metrics.discovery_warnings.set(len(current))
+        self.metrics.mx_smi_unparsed.set(len(self.state.unparsed))
+
     # -- loops ----------------------------------------------------------
     def health_loop(self) -> None:
         while not self.stop.wait(self.healthy_interval):
             before = self.state.snapshot()
-            if self.state.refresh():
+            changed = self.state.refresh()
+            self._report_warnings()
+            if changed:
                 self._devices_changed(before)
 
     def pod_resources_loop(self) -> None:
@@ -215,8 +229,7 @@ class GpuDeviceAgent:
         snap = self.state.snapshot()
         LOG.info("found %d MetaX device(s), %d healthy", len(snap.devices), len(snap.healthy_ids),
                  extra={"fields": {"devices": [d.id for d in snap.devices]}})
-        for warning in (snap.inventory.warnings if snap.inventory else ()):
-            LOG.warning("%s", warning)
+        self._report_warnings()
         self._devices_changed(None)
         if self.healthy_interval > 0:
             self._start_thread(self.health_loop, "health")

@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MetaxGpuError
 from ..gpu.discovery import DiscoveryError, discover
@@ -70,9 +70,15 @@ class Labeller:
         self.patch_labels = patch_labels
         self.writes = 0
         self.last_desired: Optional[Dict[str, str]] = None
+        self.warnings: Tuple[str, ...] = ()
 
     def desired(self) -> Dict[str, str]:
         inventory = discover(self.host, topology=False)
+        # each warning once when it appears, not on every refresh
+        for warning in inventory.warnings:
+            if warning not in self.warnings:
+                LOG.warning("%s", warning, extra={"fields": {"mx_smi_unparsed": warning in inventory.unparsed}})
+        self.warnings = inventory.warnings
         return node_labels(inventory, self.driver_mode)
 
     def sync(self) -> Dict[str, Optional[str]]:

@@ -95,6 +95,10 @@ class DeviceState:
         self._started = False
         self.scans = 0
         self.last_error: Optional[str] = None
+        # of the latest successful scan: every discovery warning, and those
+        # about mx-smi output that was not understood (a subset)
+        self.warnings: Tuple[str, ...] = ()
+        self.unparsed: Tuple[str, ...] = ()
 
     # -- scanning -----------------------------------------------------
     def _scan(self, topology: bool) -> Inventory:
@@ -146,6 +150,10 @@ class DeviceState:
             else:
                 updated = self._merge(light, first)
                 self._inventory = full
+                extra = full.warnings if full is not None else ()
+                self.warnings = light.warnings + tuple(w for w in extra if w not in light.warnings)
+                unparsed = set(light.unparsed) | set(full.unparsed if full is not None else ())
+                self.unparsed = tuple(w for w in self.warnings if w in unparsed)
             for dev_id in updated:
                 if dev_id not in self._order:
                     self._order.append(dev_id)

@@ -13,6 +13,9 @@ Metric names (all gauges are per node; see docs/agents.md):
 ``metax_gpu_allocation_errors_total{rpc}``      requests answered with an error
 ``metax_gpu_registrations_total``         successful registrations with the kubelet
 ``metax_gpu_annotation_patches_total{result}``  node annotation patches (ok / error)
+``metax_gpu_discovery_warnings``          warnings of the latest device scan
+``metax_gpu_mx_smi_unparsed``             of which about mx-smi output not understood
+                                          (discovery fell back to PCI/sysfs for it)
 
 Without prometheus_client the metrics are no-ops and the endpoint serves
 only /healthz.
@@ -65,6 +68,8 @@ class DevicePluginMetrics:
     errors: Any
     registrations: Any
     patches: Any
+    discovery_warnings: Any
+    mx_smi_unparsed: Any
     registry: Any
 
     def __init__(self) -> None:
@@ -75,6 +80,7 @@ class DevicePluginMetrics:
             noop = _Noop()
             self.devices = self.healthy = self.allocated = self.device_healthy = noop
             self.latency = self.errors = self.registrations = self.patches = noop
+            self.discovery_warnings = self.mx_smi_unparsed = noop
             return
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
@@ -94,6 +100,11 @@ class DevicePluginMetrics:
                                      registry=reg)
         self.patches = Counter("metax_gpu_annotation_patches", "Node annotation patches", ["result"],
                                registry=reg)
+        self.discovery_warnings = Gauge("metax_gpu_discovery_warnings",
+                                        "Warnings of the latest device scan", registry=reg)
+        self.mx_smi_unparsed = Gauge("metax_gpu_mx_smi_unparsed",
+                                     "Warnings of the latest device scan about mx-smi output that was not "
+                                     "understood (discovery fell back to PCI/sysfs)", registry=reg)
 
     def set_devices(self, devices: Iterable[Tuple[str, bool]]) -> None:
         """``devices``: (id, healthy) of every advertised device."""

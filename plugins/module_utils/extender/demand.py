@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from ..errors import MetaxGpuError
 from ..names import RESOURCE_NAME
@@ -35,6 +35,9 @@ _DECIMAL: Dict[str, Union[int, Fraction]] = {
     "n": Fraction(1, 10 ** 9), "u": Fraction(1, 10 ** 6), "m": Fraction(1, 1000),
     "k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12, "P": 10 ** 15, "E": 10 ** 18,
 }
+
+
+_NO_FIELDS: Mapping[str, Any] = {}
 
 
 class QuantityError(MetaxGpuError, ValueError):
@@ -75,45 +78,94 @@ def quantity_count(value: Any) -> int:
     return max(0, math.ceil(parse_quantity(value)))
 
 
-def _container_request(container: Any, resource: str) -> int:
+class PodSpecError(MetaxGpuError, ValueError):
+    """A field of the Pod that gpu-aware reads has the wrong type or value; the message names it."""
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, Mapping) else type(value).__name__
+
+
+def _mapping(value: Any, path: str) -> Mapping[str, Any]:
+    """``value`` when it is an object, ``{}`` when null or absent (Go decodes null as a nil map)."""
+    if value is None:
+        return _NO_FIELDS
+    if not isinstance(value, Mapping):
+        raise PodSpecError("%s: expected an object or null, got %s" % (path, json_type(value)))
+    return value
+
+
+def _array(value: Any, path: str) -> Sequence[Any]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise PodSpecError("%s: expected an array or null, got %s" % (path, json_type(value)))
+    return value
+
+
+def _count_at(value: Any, path: str) -> int:
+    try:
+        return quantity_count(value)
+    except QuantityError as exc:
+        raise PodSpecError("%s: %s" % (path, exc)) from None
+
+
+def _container_request(container: Any, resource: str, path: str) -> int:
     if not isinstance(container, Mapping):
-        return 0
-    resources = container.get("resources")
-    if not isinstance(resources, Mapping):
-        return 0
+        raise PodSpecError("%s: expected an object, got %s" % (path, json_type(container)))
+    resources = _mapping(container.get("resources"), path + ".resources")
     for field in ("requests", "limits"):
-        values = resources.get(field)
-        if isinstance(values, Mapping) and resource in values:
-            return quantity_count(values[resource])
+        values = _mapping(resources.get(field), "%s.resources.%s" % (path, field))
+        if resource in values:
+            return _count_at(values[resource], '%s.resources.%s["%s"]' % (path, field, resource))
     return 0
 
 
-def _is_sidecar(container: Any) -> bool:
-    return isinstance(container, Mapping) and container.get("restartPolicy") == "Always"
+def _is_sidecar(container: Mapping[str, Any], path: str) -> bool:
+    policy = container.get("restartPolicy")
+    if policy is not None and not isinstance(policy, str):
+        raise PodSpecError("%s.restartPolicy: expected a string, got %s" % (path, json_type(policy)))
+    return policy == "Always"
 
 
 def pod_demand(pod: Optional[Mapping[str, Any]], resource: str = RESOURCE_NAME) -> int:
-    """How many ``resource`` devices the pod needs on one node (kube-scheduler's rule)."""
-    if not isinstance(pod, Mapping):
+    """How many ``resource`` devices the pod needs on one node (kube-scheduler's rule).
+
+    Null or absent fields count as empty, as Go decodes them. A field this
+    reads that has the wrong JSON type, or a quantity that does not parse,
+    raises :class:`PodSpecError` naming it (``Pod.spec.containers[0]...``):
+    kube-scheduler never sends such a Pod, so the request is malformed.
+    """
+    if pod is None:
         return 0
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
-        return 0
+    spec = _mapping(_mapping(pod, "Pod").get("spec"), "Pod.spec")
     total = 0
-    for container in spec.get("containers") or ():
-        total += _container_request(container, resource)
+    for index, container in enumerate(_array(spec.get("containers"), "Pod.spec.containers")):
+        total += _container_request(container, resource, "Pod.spec.containers[%d]" % index)
     sidecars = 0
     init_peak = 0
-    for container in spec.get("initContainers") or ():
-        request = _container_request(container, resource)
-        if _is_sidecar(container):
+    for index, container in enumerate(_array(spec.get("initContainers"), "Pod.spec.initContainers")):
+        path = "Pod.spec.initContainers[%d]" % index
+        request = _container_request(container, resource, path)
+        if _is_sidecar(container, path):
             total += request
             sidecars += request
             init_peak = max(init_peak, sidecars)
         else:
             init_peak = max(init_peak, request + sidecars)
     demand = max(total, init_peak)
-    overhead = spec.get("overhead")
-    if isinstance(overhead, Mapping) and resource in overhead:
-        demand += quantity_count(overhead[resource])
+    overhead = _mapping(spec.get("overhead"), "Pod.spec.overhead")
+    if resource in overhead:
+        demand += _count_at(overhead[resource], 'Pod.spec.overhead["%s"]' % resource)
     return demand

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..names import RESOURCE_NAME
-from .demand import QuantityError, quantity_count
+from .demand import QuantityError, json_type, quantity_count
 
 ANNOTATION_DEVICES = "metax-tech.com/gpu.devices"
 ANNOTATION_SCORES = "metax-tech.com/gpu.topology.scores"
@@ -197,6 +197,59 @@ def node_fields(node: Mapping[str, Any]) -> NodeFields:
             annotations.get(ANNOTATION_LOSSES),
             capacity.get(RESOURCE_NAME) if isinstance(capacity, Mapping) else None,
             allocatable.get(RESOURCE_NAME) if isinstance(allocatable, Mapping) else None)
+
+
+_ANNOTATIONS_READ = (ANNOTATION_DEVICES, ANNOTATION_SCORES, ANNOTATION_LOSSES)
+# Quantity texts already parsed (a cluster has a handful: "8", "4", "16"...); bounded.
+_GOOD_QUANTITIES: Dict[Any, bool] = {}
+
+
+def _quantity_problem(value: Any) -> Optional[str]:
+    if value is None or (isinstance(value, str) and value in _GOOD_QUANTITIES):
+        return None
+    try:
+        quantity_count(value)
+    except QuantityError as exc:
+        return str(exc)
+    if isinstance(value, str) and len(_GOOD_QUANTITIES) < 1024:
+        _GOOD_QUANTITIES[value] = True
+    return None
+
+
+def node_problem(node: Mapping[str, Any]) -> Optional[str]:
+    """What is wrong with the fields of a request's Node that gpu-aware reads, as
+    ``"<path>: <problem>"`` relative to the Node (``metadata.annotations``...), or None.
+
+    Wrong JSON types and unparseable quantities: a Go client cannot decode such a
+    Node, so kube-scheduler never sends one. The *content* of gpu-device's
+    annotations is not checked here: an unusable table is the node's problem, not
+    the request's (see :func:`gpu_state`).
+    """
+    metadata = node.get("metadata")
+    if isinstance(metadata, Mapping):
+        annotations = metadata.get("annotations")
+        if annotations is not None:
+            if not isinstance(annotations, Mapping):
+                return "metadata.annotations: expected an object or null, got %s" % json_type(annotations)
+            for key in _ANNOTATIONS_READ:
+                value = annotations.get(key)
+                if value is not None and not isinstance(value, str):
+                    return 'metadata.annotations["%s"]: expected a string, got %s' % (key, json_type(value))
+    status = node.get("status")
+    if status is None:
+        return None
+    if not isinstance(status, Mapping):
+        return "status: expected an object or null, got %s" % json_type(status)
+    for part in ("capacity", "allocatable"):
+        resources = status.get(part)
+        if resources is None:
+            continue
+        if not isinstance(resources, Mapping):
+            return "status.%s: expected an object or null, got %s" % (part, json_type(resources))
+        problem = _quantity_problem(resources.get(RESOURCE_NAME))
+        if problem is not None:
+            return 'status.%s["%s"]: %s' % (part, RESOURCE_NAME, problem)
+    return None
 
 
 class StateCache:

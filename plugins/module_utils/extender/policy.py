@@ -142,7 +142,7 @@ def filter_outcome(demand: int, names: Sequence[str], fits: Sequence[bool],
         total_reason = reason_total(demand)
         for name, state in zip(failing, states):
             if state is not None and state.total < need:
-                del failed[name]
+                failed.pop(name, None)      # a name can repeat in a request that skipped parse_args
                 unresolvable[name] = total_reason
     return FilterOutcome(passed, failed, unresolvable)
 

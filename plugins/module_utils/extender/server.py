@@ -22,10 +22,10 @@ from itertools import compress
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .cache import NodeCache, WeightsHolder
-from .demand import QuantityError, pod_demand
+from .demand import PodSpecError, pod_demand
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ExtenderMetrics
-from .nodeinfo import GpuState, StateCache, node_fields
+from .nodeinfo import GpuState, StateCache, metadata_field, node_fields
 from .policy import filter_nodes, filter_outcome, prioritize, scores_from_tables
 from .wire import (
     BadRequest, ParsedArgs, error_result, filter_result_names, filter_result_nodes, parse_args,
@@ -57,7 +57,7 @@ class ExtenderService:
         if state.problems and state.problems not in self._reported:
             self._reported[state.problems] = True
             self.metrics.annotation_errors.inc()
-            self.log.warning("node %s: unusable annotation (%s)", (node.get("metadata") or {}).get("name"),
+            self.log.warning("node %s: unusable annotation (%s)", metadata_field(node, "name"),
                              "; ".join(state.problems))
         return state
 
@@ -68,8 +68,8 @@ class ExtenderService:
         args = parse_args(body, self._extract)
         try:
             demand = pod_demand(args.pod)
-        except QuantityError as exc:
-            raise BadRequest("Pod: %s" % exc) from None
+        except PodSpecError as exc:
+            raise BadRequest(str(exc)) from None
         return args, demand
 
     def _cache(self) -> NodeCache:
@@ -83,8 +83,7 @@ class ExtenderService:
 
     @staticmethod
     def _pod_ref(args: ParsedArgs) -> str:
-        metadata = args.pod.get("metadata") or {}
-        return "%s/%s" % (metadata.get("namespace", ""), metadata.get("name", ""))
+        return "%s/%s" % (metadata_field(args.pod, "namespace") or "", metadata_field(args.pod, "name") or "")
 
     # --------------------------------------------------------------- verbs
     def filter(self, body: bytes) -> Response:

@@ -25,9 +25,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from ..errors import MetaxGpuError
+from .demand import json_type
+from .nodeinfo import node_problem
 
 T = TypeVar("T")
 
@@ -104,10 +106,30 @@ def _object(text: str, index: int, on_key: Callable[[str, int], int]) -> int:
         return _expect(text, index, "}", "or ',' in an object")
 
 
+def _wrong_type(text: str, index: int, field: str, expected: str) -> BadRequest:
+    """The error for a value at ``index`` that is not what ``field`` holds."""
+    value = _value(text, index)[0]
+    return BadRequest("%s: expected %s, got %s" % (field, expected, json_type(value)))
+
+
+def _first_repeat(names: Sequence[str]) -> Optional[Tuple[int, int]]:
+    """(first index, repeating index) of the first name that occurs twice, or None."""
+    if len(set(names)) == len(names):
+        return None
+    seen: Dict[str, int] = {}
+    for index, name in enumerate(names):
+        if name in seen:
+            return seen[name], index
+        seen[name] = index
+    return None  # pragma: no cover - the set said there is a repeat
+
+
 def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArgs:
     """Parse ExtenderArgs; ``extract(node)`` is called once per node of the Nodes form.
 
-    Raises :class:`BadRequest` with a message for the ``Error`` field.
+    Raises :class:`BadRequest` with a message for the ``Error`` field. Every
+    message about a well-formed JSON document starts with the field that is
+    wrong (``Pod``, ``Nodes.items[3].metadata.name``, ``NodeNames[0]``...).
     """
     try:
         text = body.decode("utf-8")
@@ -124,18 +146,26 @@ def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArg
         spans.clear()
         names.clear()
         extracted.clear()
-        index = _expect(text, index, "[", "(Nodes.items)")
-        index = _ws(text, index)
+        if not text.startswith("[", index):
+            raise _wrong_type(text, index, "Nodes.items", "an array or null")
+        index = _ws(text, index + 1)
         if text.startswith("]", index):
             return index + 1
         while True:
             node, end = _value(text, index)
+            where = "Nodes.items[%d]" % len(spans)
             if not isinstance(node, dict):
-                raise BadRequest("Nodes.items[%d] is not an object" % len(spans))
+                raise BadRequest("%s: expected an object, got %s" % (where, json_type(node)))
             metadata = node.get("metadata")
-            name = metadata.get("name") if isinstance(metadata, dict) else None
+            if not isinstance(metadata, dict):
+                raise BadRequest("%s.metadata: expected an object, got %s" % (where, json_type(metadata)))
+            name = metadata.get("name")
             if not isinstance(name, str) or not name:
-                raise BadRequest("Nodes.items[%d] has no metadata.name" % len(spans))
+                raise BadRequest("%s.metadata.name: expected a non-empty string, got %s"
+                                 % (where, json_type(name) if name != "" else "an empty string"))
+            problem = node_problem(node)
+            if problem is not None:
+                raise BadRequest("%s.%s" % (where, problem))
             spans.append((index, end))
             names.append(name)
             extracted.append(extract(node))
@@ -156,6 +186,8 @@ def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArg
             if text.startswith("null", index):
                 found["nodes"] = None
                 return index + 4
+            if not text.startswith("{", index):
+                raise _wrong_type(text, index, "Nodes", "an object or null")
             found["nodes"] = True
             return _object(text, index, nodes_key)
         value, end = _value(text, index)
@@ -164,22 +196,57 @@ def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArg
         return end
 
     index = _ws(text, 0)
+    if index < len(text) and text[index] != "{":
+        try:
+            value = _value(text, index)[0]
+        except BadRequest:
+            pass                      # not JSON at all: _object reports where
+        else:
+            raise BadRequest("ExtenderArgs: expected '{' (the body is a JSON %s, not an object)" % json_type(value))
     index = _ws(text, _object(text, index, top_key))
     if index != len(text):
         raise BadRequest("malformed JSON: extra data at offset %d" % index)
-    pod = found.get("pod")
+    if "pod" not in found:
+        raise BadRequest("Pod: missing")
+    pod = found["pod"]
     if not isinstance(pod, dict):
-        raise BadRequest("ExtenderArgs.Pod is missing or not an object")
+        raise BadRequest("Pod: expected an object, got %s" % json_type(pod))
     node_names = found.get("nodenames")
     if node_names is not None:
-        if not isinstance(node_names, list) or not set(map(type, node_names)) <= {str}:
-            raise BadRequest("ExtenderArgs.NodeNames is not a list of strings")
+        if not isinstance(node_names, list):
+            raise BadRequest("NodeNames: expected an array of strings or null, got %s" % json_type(node_names))
+        if not set(map(type, node_names)) <= {str}:
+            bad = next(i for i, name in enumerate(node_names) if not isinstance(name, str))
+            raise BadRequest("NodeNames[%d]: expected a string, got %s" % (bad, json_type(node_names[bad])))
+        repeat = _first_repeat(node_names)
+        if repeat is not None:
+            raise BadRequest("NodeNames[%d]: %s repeats NodeNames[%d]"
+                             % (repeat[1], json.dumps(node_names[repeat[1]]), repeat[0]))
+        if found.get("nodes") and names != node_names:
+            # kube-scheduler sends one of the two; a body with both must at least agree with itself.
+            _check_same_nodes(node_names, names)
         return ParsedArgs(pod=pod, names=node_names, extracted=[], node_names_form=True,
                           plain_names=_plain(node_names))
     if not found.get("nodes"):
-        raise BadRequest("ExtenderArgs has neither Nodes nor NodeNames")
+        raise BadRequest("Nodes and NodeNames: both missing or null (kube-scheduler sends one of them)")
+    repeat = _first_repeat(names)
+    if repeat is not None:
+        raise BadRequest("Nodes.items[%d].metadata.name: %s repeats Nodes.items[%d]"
+                         % (repeat[1], json.dumps(names[repeat[1]]), repeat[0]))
     return ParsedArgs(pod=pod, names=list(names), extracted=list(extracted), node_names_form=False,
                       text=text, spans=list(spans), plain_names=_plain(names))
+
+
+def _check_same_nodes(node_names: Sequence[str], item_names: Sequence[str]) -> None:
+    """Raise unless NodeNames and the names of Nodes.items are the same set."""
+    items = set(item_names)
+    for index, name in enumerate(node_names):
+        if name not in items:
+            raise BadRequest("NodeNames[%d]: %s is not among Nodes.items" % (index, json.dumps(name)))
+    listed = set(node_names)
+    for index, name in enumerate(item_names):
+        if name not in listed:
+            raise BadRequest("NodeNames: lacks %s, which Nodes.items[%d] names" % (json.dumps(name), index))
 
 
 _NEEDS_ESCAPE = re.compile(r'[\x00-\x1f"\\\x7f]')

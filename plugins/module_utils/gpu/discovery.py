@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import MetaxGpuError
-from ..host import HostRoot
+from ..host import HostRoot, HostRootError
 from . import mxsmi, pci
 from .model import (
-    Device, DriverState, Gpu, Inventory, LinkClass, LinkGroup, SriovState,
+    PRODUCTS_BY_NAME, Device, DriverState, Gpu, Inventory, LinkClass, LinkGroup, SriovState,
     build_topology, pair_key, product_for_device_id,
 )
 
@@ -41,15 +41,24 @@ class _MxSmiView:
 
     def __init__(self) -> None:
         self.available = False
+        self.complete = True     # every GPU record of the table was understood
         self.by_bdf: Dict[str, mxsmi.MxSmiGpu] = {}
         self.ids: Dict[str, Dict[str, str]] = {}
         self.links: Optional[Dict[Tuple[str, str], LinkClass]] = None
         self.maca_version: Optional[str] = None
         self.driver_version: Optional[str] = None
+        self.unparsed: List[str] = []   # warnings about output not understood
 
 
 def _run(host: HostRoot, binary: str, args: List[str], warnings: List[str]) -> Optional[str]:
-    rc, out, err = host.run([binary] + args)
+    try:
+        rc, out, err = host.run([binary] + args)
+    except (HostRootError, OSError) as exc:
+        # an mx-smi that cannot run at all (wrong architecture after a driver
+        # update, hung, not executable) degrades like one that fails
+        warnings.append("`mx-smi %s` could not be run (%s): GPUs from PCI/sysfs only"
+                        % (" ".join(args), exc))
+        return None
     if rc != 0:
         detail = (err.strip() or out.strip() or "no output").splitlines()[0][:200]
         warnings.append("`mx-smi %s` exited %d: %s" % (" ".join(args), rc, detail))
@@ -57,43 +66,85 @@ def _run(host: HostRoot, binary: str, args: List[str], warnings: List[str]) -> O
     return out
 
 
+def _not_understood(view: _MxSmiView, warnings: List[str], binary: str, message: str, fallback: str) -> None:
+    text = "%s: %s; %s" % (binary, message, fallback)
+    view.unparsed.append(text)
+    warnings.append(text)
+
+
+# A parser bug must not take an agent off the node any more than odd output:
+# everything a parser raises becomes a warning and discovery answers from PCI.
+_PARSE_FAILURES = (mxsmi.MxSmiParseError, ValueError, IndexError, KeyError, TypeError, AttributeError)
+
+
 def query_mx_smi(host: HostRoot, warnings: List[str], topology: bool = True) -> _MxSmiView:
+    """Run mx-smi; whatever it prints that is not understood becomes a warning, never an error."""
     view = _MxSmiView()
     binary = host.which(MX_SMI)
     if binary is None:
         warnings.append("mx-smi not found under %s: health and MetaXLink are unknown" % host.path)
         return view
+    table_out = _run(host, binary, [], warnings)
+    if table_out is None:
+        return view
     try:
-        table_out = _run(host, binary, [], warnings)
-        if table_out is None:
-            return view
         table = mxsmi.parse_table(table_out)
-        view.available = True
-        view.maca_version = table.maca_version
-        view.driver_version = table.driver_version
-        view.by_bdf = {g.bdf: g for g in table.gpus}
-        bdf_of = {g.index: g.bdf for g in table.gpus}
-        list_out = _run(host, binary, ["-L"], warnings)
-        if list_out is not None:
-            view.ids = {bdf_of[i]: f for i, f in mxsmi.parse_list(list_out).items() if i in bdf_of}
-        if topology:
-            topo_out = _run(host, binary, ["topo", "-m"], warnings)
-            if topo_out is not None:
+    except _PARSE_FAILURES as exc:
+        _not_understood(view, warnings, binary, str(exc),
+                        "GPUs from PCI/sysfs only (health, UUIDs and MetaXLink unknown)")
+        return view
+    if not table.gpus:
+        # called only when PCI shows MetaX GPUs: a table without any is a
+        # layout we did not follow, not proof that every GPU failed
+        _not_understood(view, warnings, binary, "the device table lists no GPU (%s)"
+                        % ("; ".join(table.problems) or "header only"),
+                        "GPUs from PCI/sysfs only (health, UUIDs and MetaXLink unknown)")
+        return view
+    view.available = True
+    view.complete = not table.problems
+    for problem in table.problems:
+        _not_understood(view, warnings, binary, problem, "PCI/sysfs stand in for what it would have said")
+    view.maca_version = table.maca_version
+    view.driver_version = table.driver_version
+    view.by_bdf = {g.bdf: g for g in table.gpus}
+    bdf_of = {g.index: g.bdf for g in table.gpus}
+    list_out = _run(host, binary, ["-L"], warnings)
+    if list_out is not None:
+        problems: List[str] = []
+        try:
+            listed = mxsmi.parse_list(list_out, problems)
+        except _PARSE_FAILURES as exc:
+            problems, listed = [str(exc)], {}
+        for problem in problems:
+            _not_understood(view, warnings, binary, problem, "UUIDs and serials of the GPU are unknown")
+        view.ids = {bdf_of[i]: f for i, f in listed.items() if i in bdf_of}
+    if topology:
+        topo_out = _run(host, binary, ["topo", "-m"], warnings)
+        if topo_out is not None:
+            try:
                 links = mxsmi.parse_topology(topo_out)
-                unknown = {i for pair in links for i in pair} - set(bdf_of)
-                if unknown:
-                    raise DiscoveryError("`%s topo -m` lists GPUs %s that the device table does not"
-                                         % (binary, sorted(unknown)))
-                view.links = {(bdf_of[a], bdf_of[b]): link for (a, b), link in links.items()}
-    except mxsmi.MxSmiParseError as exc:
-        raise DiscoveryError("%s: %s" % (binary, exc))
+            except _PARSE_FAILURES as exc:
+                _not_understood(view, warnings, binary, str(exc),
+                                "MetaXLink unknown, links from the PCIe tree")
+                return view
+            unknown = {i for pair in links for i in pair} - set(bdf_of)
+            if unknown:
+                _not_understood(view, warnings, binary,
+                                "`mx-smi topo -m` lists GPUs %s that the device table does not"
+                                % sorted(unknown), "MetaXLink unknown, links from the PCIe tree")
+                return view
+            view.links = {(bdf_of[a], bdf_of[b]): link for (a, b), link in links.items()}
     return view
 
 
 def _gpu_link(a: Gpu, b: Gpu, view: _MxSmiView) -> LinkClass:
     if view.links is not None:
         key = (a.bdf, b.bdf) if a.bdf < b.bdf else (b.bdf, a.bdf)
-        found = view.links.get(key) or view.links.get((key[1], key[0]))
+        # LinkClass.SYS is 0 (falsy): test for None, or SYS pairs would fall
+        # through to the PCIe guess and could be reported closer than they are.
+        found = view.links.get(key)
+        if found is None:
+            found = view.links.get((key[1], key[0]))
         if found is not None:
             return found
     return pci.pci_link(a.pci_path, a.numa_node, b.pci_path, b.numa_node)
@@ -127,8 +178,37 @@ def _link_groups(gpus: List[Gpu], link) -> List[LinkGroup]:
     return sorted(groups, key=lambda g: g.gpu_indices[0])
 
 
+def _identity(pf: pci.PciFunction, smi: Optional[mxsmi.MxSmiGpu], warnings: List[str]) -> Tuple[str, str, int]:
+    """(product, family, memory GiB): what mx-smi prints, else the PCI device id table.
+
+    The names are the manual's (``C500``); mx-smi's ``MetaX C500`` and
+    ``MXC500`` are reduced to them (docs/discovery.md, "Product names").
+    """
+    known = product_for_device_id(pf.device_id)
+    product = known.name if known else "unknown"
+    family = known.family if known else "unknown"
+    memory = known.memory_gib if known else 0
+    if smi is not None and smi.product:
+        printed = PRODUCTS_BY_NAME.get(smi.product)
+        if known is not None and smi.product != known.name:
+            warnings.append("GPU %s: mx-smi names it %r, its PCI device id 0x%04x is a %s; using mx-smi's name"
+                            % (pf.bdf, smi.name, pf.device_id, known.name))
+        product = smi.product
+        family = printed.family if printed else (
+            "MX" + product[0] if product[:1].isalpha() else family)
+    if smi is not None and smi.memory_total_mib:
+        memory = (smi.memory_total_mib + 512) // 1024
+    return product, family, memory
+
+
 def discover(host: HostRoot, topology: bool = True) -> Inventory:
-    """Read the node behind ``host``; raises DiscoveryError with a clear message."""
+    """Read the node behind ``host``.
+
+    Raises DiscoveryError (with a clear message) only when sysfs cannot be
+    read; whatever mx-smi prints that is not understood becomes a warning
+    (``Inventory.warnings``, also listed in ``Inventory.unparsed``) and the
+    GPUs are still reported from PCI/sysfs.
+    """
     if not host.isdir("/"):
         raise DiscoveryError("host root %s does not exist or is not a directory" % host.path)
     if not host.isdir(pci.PCI_DEVICES):
@@ -155,18 +235,16 @@ def discover(host: HostRoot, topology: bool = True) -> Inventory:
 
     gpus: List[Gpu] = []
     for index, pf in enumerate(pfs):
-        product = product_for_device_id(pf.device_id)
         smi = view.by_bdf.get(pf.bdf)
         ids = view.ids.get(pf.bdf, {})
+        # A GPU mx-smi does not list is unhealthy only when the table was read
+        # whole: a record we could not parse says nothing about the GPU.
         healthy = driver.loaded and pf.driver is not None and (
-            not view.available or (smi is not None and smi.available))
-        memory = product.memory_gib if product else (
-            smi.memory_total_mib // 1024 if smi and smi.memory_total_mib else 0)
+            not view.available or (smi.available if smi is not None else not view.complete))
+        product, family, memory = _identity(pf, smi, warnings)
         gpus.append(Gpu(
             index=index, bdf=pf.bdf, pci_device_id=pf.device_id,
-            product=product.name if product else "unknown",
-            family=product.family if product else "unknown",
-            memory_gib=memory, numa_node=pf.numa_node, pci_path=pf.path,
+            product=product, family=family, memory_gib=memory, numa_node=pf.numa_node, pci_path=pf.path,
             driver_bound=pf.driver is not None, uuid=ids.get("uuid"), serial=ids.get("serial"),
             healthy=healthy, drm_card=pf.drm_card, drm_render=pf.drm_render,
             sriov_totalvfs=pf.sriov_totalvfs, sriov_numvfs=pf.sriov_numvfs,
@@ -200,8 +278,12 @@ def discover(host: HostRoot, topology: bool = True) -> Inventory:
         gx, gy = devices[x].gpu_index, devices[y].gpu_index
         return LinkClass.SAME_GPU if gx == gy else gpu_links[pair_key(gx, gy)]
 
+    # known only when topo -m covered every GPU (a GPU whose table record was
+    # unreadable has PCIe-guessed links)
+    covered = {bdf for pair in (view.links or {}) for bdf in pair}
+    metaxlink_known = view.links is not None and (len(gpus) < 2 or all(g.bdf in covered for g in gpus))
     topo = build_topology((d.index for d in devices), device_link,
-                          _link_groups(gpus, gpu_link), metaxlink_known=view.links is not None)
+                          _link_groups(gpus, gpu_link), metaxlink_known=metaxlink_known)
     sriov = SriovState(capable=any(g.sriov_totalvfs > 0 for g in gpus),
                        totalvfs=max((g.sriov_totalvfs for g in gpus), default=0),
                        numvfs=max((g.sriov_numvfs for g in gpus), default=0))
@@ -210,4 +292,4 @@ def discover(host: HostRoot, topology: bool = True) -> Inventory:
                         % (view.driver_version, driver.version))
     return Inventory(gpus=tuple(gpus), devices=tuple(devices), topology=topo, driver=driver,
                      sriov=sriov, mx_smi_available=view.available, maca_version=view.maca_version,
-                     warnings=tuple(warnings))
+                     warnings=tuple(warnings), unparsed=tuple(view.unparsed))

@@ -232,6 +232,8 @@ class Inventory:
     mx_smi_available: bool
     maca_version: Optional[str] = None
     warnings: Tuple[str, ...] = ()
+    # the warnings about mx-smi output that was not understood (also in ``warnings``)
+    unparsed: Tuple[str, ...] = ()
 
     @property
     def gpu_count(self) -> int:

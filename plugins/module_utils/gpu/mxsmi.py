@@ -3,9 +3,18 @@
 # Apache License 2.0 (see LICENSE)
 """Parsers for ``mx-smi`` output: the device table, ``-L`` and ``topo -m``.
 
-They accept the variations seen on real machines (extra columns, blank
-lines, an 8-digit PCI domain, ``MX<n>`` link counts) and reject anything
-else with the offending line quoted.
+The device table is read by its header, never by position or width: real
+``mx-smi`` prints each GPU as several rows of ``|``-separated cells whose
+widths do not line up with the header (see docs/discovery.md and
+tests/unit/gpu/fixtures/mx-smi/). The header rows name the cells; a GPU's
+record is as many data rows as there are header rows, and a field is the
+cell in the same row and cell position as its header name. Extra cells,
+blank lines, separators and reordered cells are therefore harmless.
+
+Only output with no recognisable structure raises :class:`MxSmiParseError`;
+a record that cannot be read is skipped and reported in
+``MxSmiTable.problems`` (naming the line), so one odd GPU never hides the
+others. Discovery turns both into warnings and falls back to PCI/sysfs.
 """
 
 from __future__ import annotations
@@ -18,12 +27,18 @@ from ..errors import MetaxGpuError
 from .model import LinkClass
 from .pci import normalize_bdf
 
-_GPU_ROW = re.compile(r"^\s*(\d+)\s+(\S+)")
-_MEMORY = re.compile(r"(\d+)\s*/\s*(\d+)\s*MiB", re.IGNORECASE)
-_LIST_LINE = re.compile(r"^GPU\s+(\d+):\s*(\S+)\s*\((.*)\)\s*$")
+_LEADING_INDEX = re.compile(r"^\s*(\d+)(?:\s+(.*?))?\s*$")
+_MEMORY = re.compile(r"(\d+)\s*/\s*(\d+)\s*(MiB|MB|GiB|GB)\b", re.IGNORECASE)
+_LIST_LINE = re.compile(r"^GPU\s+(\d+):\s*(.*?)\s*\((.*)\)\s*$")
 _DRIVER = re.compile(r"Kernel Mode Driver Version:\s*(\S+)")
 _MACA = re.compile(r"MACA Version:\s*(\S+)")
+_ATTACHED = re.compile(r"^\s*Attached GPUs\s*:\s*(\d+)\s*$")
+_VENDOR_PREFIX = re.compile(r"^\s*metax\s+", re.IGNORECASE)
+_MX_PRODUCT = re.compile(r"^MX([A-Z]\d+[A-Z0-9]*)$", re.IGNORECASE)
 _UNHEALTHY_STATES = ("unavailable", "fault", "error", "lost", "offline")
+# Words of a second table after the GPU table (processes): it ends the GPU table.
+_OTHER_TABLE = re.compile(r"\b(process|pid)\b", re.IGNORECASE)
+TABLE_COMMAND = "mx-smi"
 
 
 class MxSmiParseError(MetaxGpuError):
@@ -36,17 +51,33 @@ class MxSmiParseError(MetaxGpuError):
         super().__init__(text)
 
 
+def _problem(what: str, message: str, lineno: int, line: str) -> str:
+    return "`%s` output not understood: %s (line %d: %r)" % (what, message, lineno, line.strip()[:120])
+
+
+def product_of(name: str) -> str:
+    """The product as the manual names it: ``MetaX C500`` / ``MXC500`` -> ``C500``."""
+    text = _VENDOR_PREFIX.sub("", name.strip()).strip()
+    found = _MX_PRODUCT.match(text)
+    return (found.group(1) if found else text).upper()
+
+
 @dataclass(frozen=True)
 class MxSmiGpu:
     index: int
-    name: str
+    name: str                       # as printed, e.g. "MetaX C500" or "MXC500"
     bdf: str
     memory_total_mib: Optional[int]
-    state: str
+    state: str                      # "" when the table has no state cell
 
     @property
     def available(self) -> bool:
+        """False only for a state mx-smi reports as bad; unknown counts as available."""
         return not any(word in self.state.lower() for word in _UNHEALTHY_STATES)
+
+    @property
+    def product(self) -> str:
+        return product_of(self.name)
 
 
 @dataclass(frozen=True)
@@ -54,20 +85,166 @@ class MxSmiTable:
     driver_version: Optional[str]
     maca_version: Optional[str]
     gpus: Tuple[MxSmiGpu, ...]
+    problems: Tuple[str, ...] = ()  # records skipped or incomplete, each naming its line
 
 
 def _cells(line: str) -> List[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def _is_separator(stripped: str) -> bool:
+    return set(stripped) <= set("|=-+: ")
+
+
+# header cell -> field; the first matching rule wins
+_FIELD_RULES: Tuple[Tuple[str, "re.Pattern[str]"], ...] = (
+    ("bdf", re.compile(r"\bbus[- ]?id\b|\bpci\b", re.IGNORECASE)),
+    ("memory", re.compile(r"\bmemory", re.IGNORECASE)),
+    ("state", re.compile(r"\bgpu[- ]?state\b|^state$", re.IGNORECASE)),
+    ("name", re.compile(r"\bname\b", re.IGNORECASE)),
+    ("index", re.compile(r"^(gpu|index|id)\b(?![-:])", re.IGNORECASE)),
+)
+_HEADER_FIELDS = ("bdf", "memory", "state", "name")
+
+
+def _header_fields(cells: List[str]) -> Dict[str, int]:
+    found: Dict[str, int] = {}
+    for pos, cell in enumerate(cells):
+        for field, rule in _FIELD_RULES:
+            if rule.search(cell):
+                found.setdefault(field, pos)
+                break
+    return found
+
+
+@dataclass
+class _Layout:
+    rows: int                                      # data rows per GPU
+    where: Dict[str, Tuple[int, int]]              # field -> (row, cell)
+    widths: Tuple[int, ...]                        # cells per header row
+
+
+def _find_layout(rows: List[Tuple[int, str, bool]]) -> Tuple[Optional[_Layout], int]:
+    """The header block: consecutive table rows naming known cells.
+
+    Returns the layout and the position in ``rows`` after the header.
+    """
+    for pos, (_lineno, line, separator) in enumerate(rows):
+        if separator:
+            continue
+        first = _header_fields(_cells(line))
+        if not any(f in first for f in _HEADER_FIELDS):
+            continue
+        # the header starts below the separator above it (its first rows
+        # may name only cells we do not read)
+        while pos > 0 and not rows[pos - 1][2] and not _holds_data(rows[pos - 1][1]):
+            pos -= 1
+        where: Dict[str, Tuple[int, int]] = {}
+        widths: List[int] = []
+        end = pos
+        while end < len(rows) and not rows[end][2]:
+            cells = _cells(rows[end][1])
+            fields = _header_fields(cells)
+            # the header runs to the separator under it; a row holding data
+            # (a PCI address or a memory value) means there was none
+            if end > pos and _holds_data(rows[end][1]):
+                break
+            for field, cell in fields.items():
+                where.setdefault(field, (len(widths), cell))
+            widths.append(len(cells))
+            end += 1
+        if "bdf" in where:
+            return _Layout(len(widths), where, tuple(widths)), end
+    return None, len(rows)
+
+
+def _field(record: List[Optional[Tuple[int, str]]], layout: _Layout, field: str) -> Optional[Tuple[str, int, str]]:
+    """(cell text, lineno, line) of ``field`` in ``record``, None when absent."""
+    if field not in layout.where:
+        return None
+    row, cell = layout.where[field]
+    entry = record[row]
+    if entry is None:
+        return None
+    lineno, line = entry
+    cells = _cells(line)
+    if cell >= len(cells) or not cells[cell]:
+        return None
+    return cells[cell], lineno, line
+
+
+def _holds_data(line: str) -> bool:
+    """A table row with a PCI address or a memory value: a GPU's data, not a header."""
+    return bool(_MEMORY.search(line)) or any(_bdf_in(line, c) for c in range(len(_cells(line))))
+
+
+def _bdf_in(line: str, cell: int) -> bool:
+    cells = _cells(line)
+    if cell >= len(cells) or not cells[cell]:
+        return False
+    try:
+        normalize_bdf(cells[cell].split()[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _memory_mib(text: str) -> Optional[int]:
+    found = _MEMORY.search(text)
+    if not found:
+        return None
+    total = int(found.group(2))
+    return total * 1024 if found.group(3).upper().startswith("G") else total
+
+
+def _read_record(record: List[Optional[Tuple[int, str]]], layout: _Layout, ordinal: int,
+                 problems: List[str]) -> Optional[MxSmiGpu]:
+    bus = _field(record, layout, "bdf")
+    if bus is None:
+        return None
+    try:
+        bdf = normalize_bdf(bus[0].split()[0])
+    except (ValueError, IndexError):
+        return None
+    index: Optional[int] = None
+    name = ""
+    named = _field(record, layout, "name")
+    if named is not None:
+        found = _LEADING_INDEX.match(named[0])
+        if found:
+            index, name = int(found.group(1)), found.group(2) or ""
+        else:
+            name = named[0]
+    if index is None:
+        numbered = _field(record, layout, "index")
+        found = _LEADING_INDEX.match(numbered[0]) if numbered else None
+        index = int(found.group(1)) if found else ordinal
+    memory = None
+    mem = _field(record, layout, "memory")
+    if mem is not None:
+        memory = _memory_mib(mem[0])
+        if memory is None:
+            problems.append(_problem(TABLE_COMMAND, "bad Memory-Usage %r of GPU %d" % (mem[0], index),
+                                     mem[1], mem[2]))
+    state = _field(record, layout, "state")
+    missing = [label for field, label, value in (("memory", "Memory-Usage", mem), ("state", "GPU-State", state))
+               if value is None and field in layout.where]
+    if missing:
+        problems.append(_problem(TABLE_COMMAND, "GPU %d has no %s cell" % (index, " or ".join(missing)),
+                                 bus[1], bus[2]))
+    return MxSmiGpu(index, name, bdf, memory, state[0] if state else "")
+
+
 def parse_table(text: str) -> MxSmiTable:
-    """Parse the default ``mx-smi`` output (two table lines per GPU)."""
+    """Parse the default ``mx-smi`` output (one record of header-many rows per GPU)."""
     lines = text.splitlines()
     driver = maca = None
-    gpus: List[MxSmiGpu] = []
-    pending: Optional[Tuple[int, str, str, int, str]] = None
-    saw_table = False
+    rows: List[Tuple[int, str, bool]] = []
+    attached: Optional[Tuple[int, int, str]] = None
     for lineno, line in enumerate(lines, start=1):
+        counted = _ATTACHED.match(line) if attached is None else None
+        if counted:
+            attached = (int(counted.group(1)), lineno, line)
         found = _DRIVER.search(line) if driver is None else None
         if found:
             driver = found.group(1)
@@ -75,52 +252,86 @@ def parse_table(text: str) -> MxSmiTable:
         if found:
             maca = found.group(1)
         stripped = line.strip()
-        if not stripped.startswith("|") or set(stripped) <= set("|=-+ "):
-            if stripped.startswith("+") or stripped.startswith("|="):
-                saw_table = True
+        if stripped.startswith("|") or stripped.startswith("+"):
+            rows.append((lineno, stripped, _is_separator(stripped)))
+    layout, pos = _find_layout(rows)
+    if layout is None:
+        first = next(((n, l) for n, l in enumerate(lines, start=1) if l.strip()), (1, ""))
+        raise MxSmiParseError(TABLE_COMMAND, "no device table header naming a Bus-id cell",
+                              first[0], first[1])
+    problems: List[str] = []
+    gpus: List[MxSmiGpu] = []
+    data = []
+    rest = rows[pos:]
+    for at, (lineno, line, separator) in enumerate(rest):
+        cells = _cells(line)
+        if separator or not any(cells) or (len(cells) == 1 and 1 not in layout.widths):
+            continue    # full-width rows (titles, notes) are no GPU's
+        if _OTHER_TABLE.search(line):
+            # the process table: the GPU table is over, unless GPU rows follow
+            later = [(n, l) for n, l, _sep in rest[at + 1:] if _bdf_in(l, layout.where["bdf"][1])]
+            if later:
+                problems.append(_problem(TABLE_COMMAND, "GPU rows after a process table", later[0][0],
+                                         later[0][1]))
+            break
+        data.append((lineno, line))
+    # A record is anchored on the row whose Bus-id cell holds a PCI address;
+    # its other rows are the neighbours in header order, unless they are
+    # anchors themselves (a GPU printed with a row missing).
+    bdf_row, bdf_cell = layout.where["bdf"]
+    anchors = [i for i, (_n, line) in enumerate(data) if _bdf_in(line, bdf_cell)]
+    anchor_set = set(anchors)
+    used = set()
+    for anchor in anchors:
+        record: List[Optional[Tuple[int, str]]] = []
+        start = anchor - bdf_row
+        for at in range(start, start + layout.rows):
+            ok = 0 <= at < len(data) and at not in used and (at == anchor or at not in anchor_set)
+            record.append(data[at] if ok else None)
+            if ok:
+                used.add(at)
+        gpu = _read_record(record, layout, len(gpus), problems)
+        if gpu is None:
             continue
-        cells = _cells(stripped)
-        if pending is None:
-            match = _GPU_ROW.match(cells[0])
-            if match and len(cells) >= 2 and cells[1]:
-                try:
-                    bdf = normalize_bdf(cells[1].split()[0])
-                except ValueError:
-                    raise MxSmiParseError("mx-smi", "bad Bus-id %r" % cells[1], lineno, line)
-                pending = (int(match.group(1)), match.group(2), bdf, lineno, line)
-            continue
-        index, name, bdf, first_lineno = pending[:4]
-        memory = None
-        state = ""
-        if len(cells) >= 2:
-            mem = _MEMORY.search(cells[1])
-            if mem:
-                memory = int(mem.group(2))
-        if len(cells) >= 3:
-            state = cells[2]
-        if memory is None:
-            raise MxSmiParseError("mx-smi", "GPU %d (line %d) has no Memory-Usage line after it" % (index, first_lineno), lineno, line)
-        gpus.append(MxSmiGpu(index, name, bdf, memory, state or "Available"))
-        pending = None
-    if pending is not None:
-        raise MxSmiParseError("mx-smi", "GPU row without its second line", pending[3], pending[4])
-    if not saw_table and not gpus:
-        raise MxSmiParseError("mx-smi", "no device table found", 1, lines[0] if lines else "")
-    indices = [g.index for g in gpus]
-    if len(set(indices)) != len(indices):
-        raise MxSmiParseError("mx-smi", "duplicate GPU indices %s" % indices)
-    return MxSmiTable(driver, maca, tuple(gpus))
+        if any(g.index == gpu.index for g in gpus):
+            problems.append(_problem(TABLE_COMMAND, "duplicate GPU index %d" % gpu.index,
+                                     data[anchor][0], data[anchor][1]))
+        elif any(g.bdf == gpu.bdf for g in gpus):
+            problems.append(_problem(TABLE_COMMAND, "duplicate Bus-id %s" % gpu.bdf,
+                                     data[anchor][0], data[anchor][1]))
+        else:
+            gpus.append(gpu)
+    previous = -2
+    for at, (lineno, line) in enumerate(data):
+        if at not in used and at != previous + 1:
+            problems.append(_problem(TABLE_COMMAND, "row belongs to no GPU record (no readable Bus-id)",
+                                     lineno, line))
+        if at not in used:
+            previous = at
+    if attached is not None and attached[0] != len(gpus):
+        # fewer GPUs read than the tool counts: the rest were printed in a way
+        # we did not follow (or elided), which says nothing about their health
+        problems.append(_problem(TABLE_COMMAND, "%d GPUs attached, %d read from the table"
+                                 % (attached[0], len(gpus)), attached[1], attached[2]))
+    return MxSmiTable(driver, maca, tuple(gpus), tuple(problems))
 
 
-def parse_list(text: str) -> Dict[int, Dict[str, str]]:
-    """Parse ``mx-smi -L``: index -> {"name", "uuid", "serial"}."""
+def parse_list(text: str, problems: Optional[List[str]] = None) -> Dict[int, Dict[str, str]]:
+    """Parse ``mx-smi -L``: index -> {"name", "uuid", "serial"}.
+
+    With ``problems``, lines that cannot be read are reported there and
+    skipped; without it the first such line raises.
+    """
     result: Dict[int, Dict[str, str]] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         match = _LIST_LINE.match(line.strip())
         if not match:
-            raise MxSmiParseError("mx-smi -L", "expected 'GPU N: NAME (UUID: ...)'", lineno, line)
+            if problems is None:
+                raise MxSmiParseError("mx-smi -L", "expected 'GPU N: NAME (UUID: ...)'", lineno, line)
+            problems.append(_problem("mx-smi -L", "expected 'GPU N: NAME (UUID: ...)'", lineno, line))
+            continue
         fields = {"name": match.group(2)}
         for part in match.group(3).split(","):
             if ":" in part:

@@ -11,6 +11,7 @@ status DIR                   print the node state as JSON
 install-hook DIR             (re)install the kernel hook (roots made before it existed)
 driver-tools DIR [--kind K]  add fake dpkg/rpm + modprobe (sim.pkgtool); --remove undoes it
 make-package DIR --kind K --version V [--broken]   write a simulated driver package
+set-mx-smi-layout DIR real|legacy   what mx-smi prints (real: MetaX's layout, the default)
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     package.add_argument("--kind", choices=("deb", "rpm", "run"), required=True)
     package.add_argument("--version", required=True)
     package.add_argument("--broken", action="store_true", help="loads but probes no GPU")
+    layout = sub.add_parser("set-mx-smi-layout", help="choose what mx-smi prints")
+    layout.add_argument("root")
+    layout.add_argument("layout", choices=generator.MX_SMI_LAYOUTS)
     return parser
 
 
@@ -91,6 +95,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             generator.unload_driver(host)
         elif args.command == "set-driver-version":
             generator.set_driver_version(host, args.version)
+        elif args.command == "set-mx-smi-layout":
+            generator.set_mx_smi_layout(host, args.layout)
         else:
             state = generator.load_state(host)
             json.dump({"driver_loaded": state["driver_loaded"], "driver_version": state["driver_version"],

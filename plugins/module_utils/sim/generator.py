@@ -29,6 +29,7 @@ from .spec import GpuSpec, NodeSpec, expected_link
 
 STATE_FILE = SIM_STATE_DIR + "/state.json"
 MX_SMI_PATH = "usr/bin/mx-smi"
+MX_SMI_LAYOUTS = ("real", "legacy")   # sim/mx_smi.py LAYOUTS; the first is the default
 DRIVER_DIR = "sys/bus/pci/drivers/metax"
 MXCD_MAJOR = 240          # a dynamic char major, as the MetaX driver gets on real nodes
 DRM_MAJOR = 226
@@ -225,6 +226,7 @@ def create(root: str, spec: NodeSpec, force: bool = False) -> HostRoot:
         "driver_version": spec.driver_version,
         "maca_version": spec.maca_version,
         "mx_smi_version": spec.mx_smi_version,
+        "mx_smi_layout": MX_SMI_LAYOUTS[0],
         "next_card": len(gpus),
     }
     host = HostRoot(root)
@@ -356,6 +358,15 @@ def set_driver_version(host: HostRoot, version: str) -> None:
     save_state(host, state)
     if state["driver_loaded"]:
         _write(host.join("sys/module/metax/version"), version + "\n")
+
+
+def set_mx_smi_layout(host: HostRoot, layout: str) -> None:
+    """``real`` (default): what MetaX machines print; ``legacy``: the simulator's old guess."""
+    if layout not in MX_SMI_LAYOUTS:
+        raise SimError("mx-smi layout must be one of %s, not %r" % (", ".join(MX_SMI_LAYOUTS), layout))
+    state = load_state(host)
+    state["mx_smi_layout"] = layout
+    save_state(host, state)
 
 
 # -- faults -------------------------------------------------------------------

@@ -7,6 +7,16 @@ Standalone (standard library only, Python 3.6+): it runs wherever the
 simulated root is mounted, including inside agent containers, and finds the
 node state relative to its own location. Output follows the MetaX tool:
 the device table, ``-L`` (one line per GPU with UUID) and ``topo -m``.
+
+Two layouts (``mx_smi_layout`` in the node state):
+
+``real`` (default)  what MetaX machines print (the samples in
+                    tests/unit/gpu/fixtures/mx-smi/): two rows of four
+                    irregular-width cells per GPU, ``MetaX C500`` board
+                    names, ``topo -m`` without CPU/NUMA affinity columns.
+``legacy``          the layout this simulator printed before the real one
+                    was known (``MXC500``, aligned cells, affinity columns);
+                    kept so the parsers' tolerance stays tested.
 """
 
 import json
@@ -39,7 +49,47 @@ def _visible(state):
     return [g for g in state["gpus"] if g["failed"] != "bus"]
 
 
+LAYOUTS = ("real", "legacy")
+BANNER = "=================== MetaX System Management Interface Log ==================="
+
+
+def _layout(state):
+    return state.get("mx_smi_layout", "real")
+
+
 def _table(state):
+    return _table_real(state) if _layout(state) == "real" else _table_legacy(state)
+
+
+def _table_real(state):
+    gpus = _visible(state)
+    rule = "+-------------------------+-----------------+---------------------+----------------------+"
+    out = ["mx-smi  version: %s" % state["mx_smi_version"],
+           "Kernel Mode Driver Version: %s" % state["driver_version"],
+           "MACA Version: %s" % state["maca_version"], "",
+           BANNER,
+           "Attached GPUs                                     : %d" % len(gpus),
+           rule,
+           "| Board Name   | GPU Persist-M | Bus-id              | GPU-Util      sGPU-M |",
+           "| Pwr:Usage/Cap| Temp   Perf  | Memory-Usage        | GPU-State            |",
+           "|-------------------------+-----------------+---------------------+----------------------|"]
+    for pos, gpu in enumerate(gpus):
+        status = "Unavailable" if gpu["failed"] else "Available"
+        out.append("| %d  MetaX %s | %d  Off | %s | 0%%  Disabled |" % (pos, gpu["product"], pos, gpu["bdf"]))
+        out.append("| 57W / 350W   | 35C  P0  | 826/%d MiB | %-20s |" % (gpu["memory_mib"], status))
+        out.append(rule)
+    out += ["", "+---------------------------------------------------------------------------------+",
+            "| Process:                                                                        |",
+            "|  GPU                    PID         Process Name                 GPU Memory     |",
+            "|                                                                  Usage(MiB)     |",
+            "|=================================================================================|",
+            "|  no process found                                                               |",
+            "+---------------------------------------------------------------------------------+",
+            "", "End of Log"]
+    return "\n".join(out)
+
+
+def _table_legacy(state):
     gpus = _visible(state)
     out = ["mx-smi  version: %s" % state["mx_smi_version"], "",
            "=================== MetaX System Management Interface Log ===================",
@@ -67,11 +117,28 @@ def _table(state):
 
 
 def _list(state):
-    return "\n".join("GPU %d: MX%s (UUID: %s, SN: %s)" % (pos, g["product"], g["uuid"], g["serial"])
+    prefix = "MetaX " if _layout(state) == "real" else "MX"
+    return "\n".join("GPU %d: %s%s (UUID: %s, SN: %s)" % (pos, prefix, g["product"], g["uuid"], g["serial"])
                      for pos, g in enumerate(_visible(state)))
 
 
 def _topo(state):
+    return _topo_real(state) if _layout(state) == "real" else _topo_legacy(state)
+
+
+def _topo_real(state):
+    gpus = _visible(state)
+    out = [BANNER, "Attached GPUs                                     : %d" % len(gpus),
+           "        " + "".join("GPU%-5d" % i for i in range(len(gpus))).rstrip()]
+    for i, a in enumerate(gpus):
+        cells = ["X" if i == j else state["links"][a["index"]][b["index"]] for j, b in enumerate(gpus)]
+        out.append(("GPU%-5d" % i + "".join("%-8s" % c for c in cells)).rstrip())
+    out.append("Legend:")
+    out += ["%-4s = %s" % item for item in LEGEND]
+    return "\n".join(out)
+
+
+def _topo_legacy(state):
     gpus = _visible(state)
     rows = []
     header = [""] + ["GPU%d" % i for i in range(len(gpus))] + ["CPU Affinity", "NUMA Affinity"]

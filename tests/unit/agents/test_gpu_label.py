@@ -190,3 +190,20 @@ def test_bad_flags(args, message):
     assert result.returncode == 2
     assert message in result.stderr.decode(), result.stderr
     assert "Traceback" not in result.stderr.decode()
+
+
+def test_garbage_mx_smi_still_labels_from_pci_and_warns_once(make_node, caplog):
+    host = make_node("8xC500")
+    path = host.join("usr/bin/mx-smi")
+    with open(path, "w") as handle:
+        handle.write("#!/bin/sh\necho 'mx-smi 3.0: new layout'; echo '| a | b |'\n")
+    node = NodeLabels(FOREIGN)
+    lab = labeller(host, node)
+    caplog.set_level("WARNING")
+    lab.sync()
+    lab.sync()
+    assert node.labels[P + "gpu.product"] == "C500" and node.labels[P + "gpu.count"] == "8"
+    assert node.labels[P + "gpu.memory"] == "64GB" and node.labels[P + "driver.ready"] == "true"
+    warned = [r.getMessage() for r in caplog.records if "mx-smi" in r.getMessage()]
+    assert len(warned) == 1 and "(line 1: 'mx-smi 3.0: new layout')" in warned[0]
+    assert lab.warnings and "no device table header" in lab.warnings[0]

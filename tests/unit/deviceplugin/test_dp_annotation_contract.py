@@ -26,7 +26,7 @@ def test_published_values_bounded_and_order_preserved(name, vfs):
     topology = alloc_synth.topology_from_spec(preset(name), vfs=vfs)
     rng = random.Random(12)
     total = vfs * len(preset(name).gpus) if vfs else len(preset(name).gpus)
-    for _ in range(3):
+    for _round in range(3):
         free = sorted(rng.sample(range(total), rng.randint(1, total)))
         scores, losses = per_count_tables(topology, free)
         assert sorted(scores) == list(range(1, len(free) + 1))

@@ -81,37 +81,6 @@ def test_bounded_loss_is_monotone_and_below_max():
     assert bounded_loss(0) == 0 and bounded_loss(1) >= 1
 
 
-def _hami_score(annotation: str, n: int, policy: str) -> int:
-    """HAMi pkg/device/metax: decode map[int]int, missing key or parse error = 0."""
-    try:
-        table = {int(k): int(v) for k, v in json.loads(annotation).items()}
-    except (ValueError, TypeError, AttributeError):
-        return 0
-    return 2000 - table.get(n, 0)
-
-
-def test_hami_binpack_never_prefers_full_or_failed_node(make_node):
-    full = DeviceState(make_node("8xC500"))
-    full.refresh()
-    failed_host = make_node("8xC500")
-    failed = DeviceState(failed_host)
-    failed.refresh()
-    # fail after the first discovery: a GPU absent at start is not counted in capacity
-    generator.fail_gpu(failed_host, 7, "bus")
-    failed.refresh()
-    empty = DeviceState(make_node("8xC500"))
-    empty.refresh()
-    nodes = {
-        "full": node_annotations(full.snapshot(), frozenset(BDFS)),
-        "failed": node_annotations(failed.snapshot(), frozenset()),
-        "empty": node_annotations(empty.snapshot(), frozenset()),
-    }
-    ranked = sorted(nodes, key=lambda name: -_hami_score(nodes[name][C.ANNOTATION_LOSSES], 8, "binpack"))
-    assert ranked[0] == "empty"
-    ranked = sorted(nodes, key=lambda name: -_hami_score(nodes[name][C.ANNOTATION_LOSSES], 1, "binpack"))
-    assert ranked[-1] == "full"
-
-
 def test_merge_patch_shape():
     assert merge_patch({"a": "1"}) == {"metadata": {"annotations": {"a": "1"}}}
 
@@ -232,3 +201,38 @@ def test_metrics_endpoint(make_node, kubelet, run_agent):
     assert 'metax_gpu_device_healthy{device="0000:04:00.0"} 0.0' in text
     assert 'metax_gpu_allocation_duration_seconds_count{rpc="Allocate"} 1.0' in text
     assert "metax_gpu_registrations_total 1.0" in text
+
+
+def _mx_smi_prints(host, text):
+    """Replace the node's mx-smi with one printing ``text`` for every subcommand."""
+    import os
+    path = host.join("usr/bin/mx-smi")
+    with open(path, "w") as handle:
+        handle.write("#!/bin/sh\ncat <<'EOF'\n%s\nEOF\n" % text)
+    os.chmod(path, 0o755)
+
+
+def test_garbage_mx_smi_keeps_devices_served_from_pci(make_node, kubelet, run_agent, caplog):
+    # A driver update that changes mx-smi's layout must not take the device
+    # plugin off the node: devices come from PCI, Healthy, and the problem is
+    # a warning in the log and in the metrics.
+    metrics = DevicePluginMetrics()
+    host = make_node("8xC500")
+    _mx_smi_prints(host, "Segmentation fault\n| 0 | C500 | ??? |")
+    caplog.set_level("WARNING", logger="gpu-device")
+    with run_agent(host, metrics=metrics, healthy_interval=1) as agent:
+        server = MetricsServer(metrics, "127.0.0.1", 0, agent.health)
+        server.start()
+        try:
+            _seen, devices = kubelet.wait_for_devices(lambda ds: len(ds) == 8)
+            assert sorted(d[0] for d in devices) == BDFS and all(d[1] == "Healthy" for d in devices)
+            time.sleep(1.5)                      # a health round: still all Healthy
+            assert agent.state.snapshot().healthy_ids == BDFS
+            text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % server.port, timeout=5).read().decode()
+        finally:
+            server.stop()
+    assert "metax_gpu_mx_smi_unparsed 1.0" in text and "metax_gpu_devices_healthy 8.0" in text
+    logged = [r.getMessage() for r in caplog.records if "not understood" in r.getMessage()
+              or "cannot parse" in r.getMessage()]
+    assert len(logged) == 1, logged              # once, not on every health round
+    assert "mx-smi" in logged[0] and "(line 1: 'Segmentation fault')" in logged[0]

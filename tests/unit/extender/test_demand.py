@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME
 from ansible_collections.metax.gpu.plugins.module_utils.extender.demand import (
-    QuantityError, parse_quantity, pod_demand, quantity_count)
+    PodSpecError, QuantityError, parse_quantity, pod_demand, quantity_count)
 from extender_support import load_fixture
 
 
@@ -79,9 +79,32 @@ def test_pod_demand_overhead_and_limits_only():
 
 
 @pytest.mark.parametrize("pod", [None, {}, {"spec": None}, {"spec": {"containers": None}},
-                                 {"spec": {"containers": ["x", {"resources": "y"}]}}])
-def test_pod_demand_tolerates_odd_shapes(pod):
-    assert pod_demand(pod) == 0
+                                 {"spec": {"containers": [{"resources": None}, {"resources": {"limits": None}}],
+                                           "initContainers": None, "overhead": None}}])
+def test_pod_demand_reads_null_as_empty(pod):
+    assert pod_demand(pod) == 0          # Go decodes null into a nil slice / map
+
+
+@pytest.mark.parametrize("pod, field", [
+    ([], "Pod: expected an object"),
+    ({"spec": 1}, "Pod.spec: expected an object or null, got number"),
+    ({"spec": {"containers": True}}, "Pod.spec.containers: expected an array or null, got boolean"),
+    ({"spec": {"containers": 1.5}}, "Pod.spec.containers: expected an array or null, got number"),
+    ({"spec": {"containers": ["x"]}}, "Pod.spec.containers[0]: expected an object, got string"),
+    ({"spec": {"containers": [{}, {"resources": "y"}]}}, "Pod.spec.containers[1].resources: expected an object"),
+    ({"spec": {"containers": [{"resources": {"requests": [1]}}]}},
+     "Pod.spec.containers[0].resources.requests: expected an object or null, got array"),
+    ({"spec": {"containers": [{"resources": {"limits": {RESOURCE_NAME: True}}}]}},
+     'Pod.spec.containers[0].resources.limits["%s"]: True is not a quantity' % RESOURCE_NAME),
+    ({"spec": {"initContainers": [{"restartPolicy": 1}]}}, "Pod.spec.initContainers[0].restartPolicy"),
+    ({"spec": {"initContainers": {}}}, "Pod.spec.initContainers: expected an array"),
+    ({"spec": {"overhead": "1"}}, "Pod.spec.overhead: expected an object"),
+    ({"spec": {"overhead": {RESOURCE_NAME: "x"}}}, 'Pod.spec.overhead["%s"]' % RESOURCE_NAME),
+])
+def test_pod_demand_names_the_wrong_field(pod, field):
+    with pytest.raises(PodSpecError) as caught:
+        pod_demand(pod)
+    assert str(caught.value).startswith(field)
 
 
 def test_captured_scheduler_pod():

@@ -87,12 +87,32 @@ def test_non_ascii_is_kept_exactly():
     (b"{bad", "object key"),
     (b"[]", "expected '{'"),
     (b'{"Pod":{}', "end of body"),
-    (b'{"Pod":{}}', "neither Nodes nor NodeNames"),
+    (b'{"Pod":{}}', "Nodes and NodeNames: both missing or null"),
     (b'{"Nodes":{"items":[]}}', "Pod"),
     (b'{"Pod":[],"Nodes":{"items":[]}}', "Pod"),
-    (b'{"Pod":{},"NodeNames":"a"}', "NodeNames"),
+    (b'{"Pod":{},"NodeNames":"a"}', "NodeNames: expected an array of strings or null, got string"),
     (b'{"Pod":{},"NodeNames":[1]}', "NodeNames"),
-    (b'{"Pod":{},"Nodes":{"items":[1]}}', "not an object"),
+    (b'{"Pod":{},"Nodes":{"items":[1]}}', "Nodes.items[0]: expected an object, got number"),
+    (b'{"Pod":{},"Nodes":{"items":[{"metadata":{"name":"a"}},{"metadata":{"name":"a"}}]}}',
+     'Nodes.items[1].metadata.name: "a" repeats Nodes.items[0]'),
+    (b'{"Pod":{},"NodeNames":["a","b","a"]}', 'NodeNames[2]: "a" repeats NodeNames[0]'),
+    (b'{"Pod":{},"NodeNames":["a",false]}', "NodeNames[1]: expected a string, got boolean"),
+    (b'{"Pod":{},"Nodes":{"items":[{"metadata":{"name":"a"}}]},"NodeNames":["fake-gpu-node"]}',
+     'NodeNames[0]: "fake-gpu-node" is not among Nodes.items'),
+    (b'{"Pod":{},"Nodes":{"items":[{"metadata":{"name":"a"}}]},"NodeNames":[]}',
+     'NodeNames: lacks "a", which Nodes.items[0] names'),
+    (b'{"Pod":{},"Nodes":true}', "Nodes: expected an object or null, got boolean"),
+    (b'{"Pod":{},"Nodes":{"items":2.5}}', "Nodes.items: expected an array or null, got number"),
+    (b'{"Pod":{},"Nodes":{"items":[{"metadata":[]}]}}', "Nodes.items[0].metadata: expected an object, got array"),
+    (b'{"Pod":{},"Nodes":{"items":[{"metadata":{"name":"a","annotations":{"metax-tech.com/gpu.topology.scores":{}}}}]}}',
+     'Nodes.items[0].metadata.annotations["metax-tech.com/gpu.topology.scores"]: expected a string, got object'),
+    (b'{"Pod":{},"Nodes":{"items":[{"metadata":{"name":"a"},"status":{"capacity":{"metax-tech.com/gpu":true}}}]}}',
+     'Nodes.items[0].status.capacity["metax-tech.com/gpu"]: True is not a quantity'),
+    (b'{"Pod":{},"Nodes":{"items":[{"metadata":{"name":"a"},"status":{"allocatable":[]}}]}}',
+     "Nodes.items[0].status.allocatable: expected an object or null, got array"),
+    (b'{"Pod":false,"NodeNames":[]}', "Pod: expected an object, got boolean"),
+    (b'{"NodeNames":[]}', "Pod: missing"),
+    (b'[1, 2]', "ExtenderArgs: expected '{' (the body is a JSON array"),
     (b'{"Pod":{},"Nodes":{"items":[{"metadata":{}}]}}', "metadata.name"),
     (b'{"Pod":{},"Nodes":{"items":[{"metadata":{"name":"a"}}}}', "Nodes.items"),
     (b'{"Pod":{},"Nodes":{"items":{}}}', "Nodes.items"),
@@ -104,8 +124,9 @@ def test_non_ascii_is_kept_exactly():
     (b'{"Pod":' + b"[" * 100000 + b"]" * 100000 + b"}", "malformed JSON"),
 ])
 def test_malformed_bodies(body, message):
-    with pytest.raises(BadRequest, match=message.replace("(", r"\(")):
+    with pytest.raises(BadRequest) as caught:
         parse_args(body, _names)
+    assert message in str(caught.value)
 
 
 json_values = st.recursive(
@@ -115,7 +136,8 @@ json_values = st.recursive(
 
 
 @settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
-@given(json_values, st.lists(st.tuples(st.text(min_size=1, max_size=10), json_values), max_size=5),
+@given(json_values, st.lists(st.tuples(st.text(min_size=1, max_size=10), json_values), max_size=5,
+                             unique_by=lambda pair: pair[0]),
        st.booleans(), st.sampled_from([None, 0, 2]))
 def test_parse_agrees_with_json(pod_extra, nodes, names_form, indent):
     pod = {"metadata": {"name": "p"}, "x": pod_extra}

@@ -11,7 +11,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import Dis
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
-from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import GpuSpec, NodeSpec, expected_link
+from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import GpuSpec, NodeSpec, expected_link, preset
 
 
 def groups(inv):
@@ -84,6 +84,19 @@ def test_without_mx_smi_metaxlink_is_unknown(make_node):
     assert any("mx-smi not found" in w for w in inv.warnings)
 
 
+def test_sys_from_topo_is_kept_not_replaced_by_the_pcie_guess(make_node):
+    # LinkClass.SYS == 0: a truthiness test once dropped it and reported the
+    # PCIe class (PIX here: GPU0 and GPU1 share a switch) instead.
+    host = make_node("8xC500")
+    state = generator.load_state(host)
+    state["links"][0][1] = state["links"][1][0] = "SYS"
+    generator.save_state(host, state)
+    inv = discover(host)
+    assert inv.topology.metaxlink_known
+    assert inv.topology.link(0, 1) == LinkClass.SYS
+    assert inv.topology.link(0, 2) == LinkClass.MX
+
+
 def write_fake_mx_smi(host, script):
     path = host.join("usr/bin/mx-smi")
     with open(path, "w") as handle:
@@ -91,12 +104,16 @@ def write_fake_mx_smi(host, script):
     os.chmod(path, 0o755)
 
 
-def test_garbage_mx_smi_is_a_clear_error(make_node):
+def test_garbage_mx_smi_degrades_to_pci_with_a_warning(make_node):
     host = make_node("8xC500")
     write_fake_mx_smi(host, "echo '| 0  MXC500 | not-a-bdf | 0% |'")
-    with pytest.raises(DiscoveryError) as err:
-        discover(host)
-    assert host.join("usr/bin/mx-smi") in str(err.value) and "not-a-bdf" in str(err.value)
+    inv = discover(host)
+    assert inv.gpu_count == 8 and len(inv.devices) == 8 and not inv.mx_smi_available
+    assert all(g.healthy and g.product == "C500" and g.memory_gib == 64 for g in inv.gpus)
+    assert not inv.topology.metaxlink_known and inv.topology.link(0, 1) == LinkClass.PIX
+    assert len(inv.unparsed) == 1 and inv.unparsed[0] in inv.warnings
+    assert host.join("usr/bin/mx-smi") in inv.unparsed[0] and "not-a-bdf" in inv.unparsed[0]
+    assert "(line 1:" in inv.unparsed[0]
 
 
 def test_failing_mx_smi_is_a_warning(make_node):
@@ -183,3 +200,148 @@ def test_any_generated_topology_is_discovered_as_generated(tmp_path_factory, spe
                 want = expected_link(dataclasses.replace(ordered[a], metaxlink_group=None), ordered[b])
             assert inv.topology.link(a, b) == want, (a, b)
     assert inv.topology.metaxlink_known == with_mx_smi
+
+
+# -- real mx-smi layouts and degradation (issue 17) -------------------------------------------
+SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "mx-smi")
+BDFS_8XC500 = ["0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0",
+               "0000:43:00.0", "0000:44:00.0", "0000:45:00.0", "0000:46:00.0"]
+
+
+def real_table_for(bdfs):
+    """The real table sample (GPU 0 only), extended to ``bdfs`` the way the guide elides it."""
+    with open(os.path.join(SAMPLES, "table-C500-excerpt.txt")) as handle:
+        lines = handle.read().splitlines()
+    head, row1, row2 = lines[:6], lines[6], lines[7]
+    out = list(head)
+    for index, bdf in enumerate(bdfs):
+        out.append(row1.replace("| 0  MetaX", "| %d  MetaX" % index).replace("| 0  Off", "| %d  Off" % index)
+                   .replace("0000:0e:00.0", bdf))
+        out.append(row2)
+    return "\n".join(out)
+
+
+def fake_mx_smi_printing(host, table, topo, listing=""):
+    for name, text in (("table", table), ("topo", topo), ("list", listing)):
+        with open(host.join("usr/bin/mx-smi.%s" % name), "w") as handle:
+            handle.write(text + "\n")
+    write_fake_mx_smi(host, 'd=$(dirname "$0")\ncase "$1" in\n  topo) cat "$d/mx-smi.topo";;\n'
+                      '  -L) cat "$d/mx-smi.list";;\n  *) cat "$d/mx-smi.table";;\nesac')
+
+
+def test_real_samples_discovered_on_8xc500(make_node):
+    host = make_node("8xC500")
+    assert [g.bdf for g in discover(host).gpus] == BDFS_8XC500
+    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+        fake_mx_smi_printing(host, real_table_for(BDFS_8XC500), handle.read())
+    inv = discover(host)
+    assert inv.warnings == () and inv.mx_smi_available and inv.topology.metaxlink_known
+    assert all(g.healthy and g.product == "C500" and g.family == "MXC" and g.memory_gib == 64 for g in inv.gpus)
+    assert groups(inv) == [("metaxlink", (0, 1, 2, 3)), ("metaxlink", (4, 5, 6, 7))]
+    assert inv.topology.link(0, 3) == LinkClass.MX and inv.topology.link(3, 4) == LinkClass.SYS
+
+
+def test_legacy_layout_is_discovered_alike(make_node):
+    real = discover(make_node("2xC550-sriov"))
+    host = make_node("2xC550-sriov")
+    generator.set_mx_smi_layout(host, "legacy")
+    legacy = discover(host)
+    assert legacy.warnings == () and legacy.to_dict() == real.to_dict()
+
+
+def test_one_unreadable_record_keeps_that_gpu_healthy_from_pci(make_node):
+    host = make_node("8xC500")
+    table = real_table_for(BDFS_8XC500).replace("0000:05:00.0", "0000:zz:00.0")
+    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+        fake_mx_smi_printing(host, table, handle.read())
+    inv = discover(host)
+    assert inv.gpu_count == 8 and all(g.healthy for g in inv.gpus)
+    assert len(inv.unparsed) >= 1 and "0000:zz:00.0" in inv.unparsed[0] and "(line 11:" in inv.unparsed[0]
+    # topo -m now names a GPU the table lost: MetaXLink unknown rather than guessed
+    assert not inv.topology.metaxlink_known and any("topo -m" in w for w in inv.unparsed)
+
+
+def test_unreadable_topology_degrades_to_the_pcie_tree(make_node):
+    host = make_node("8xC500")
+    fake_mx_smi_printing(host, real_table_for(BDFS_8XC500), "GPU0 GPU1\nGPU0 X ??\nGPU1 ?? X")
+    inv = discover(host)
+    assert inv.mx_smi_available and all(g.healthy for g in inv.gpus)
+    assert not inv.topology.metaxlink_known and inv.topology.link(0, 1) == LinkClass.PIX
+    assert len(inv.unparsed) == 1 and "topo -m" in inv.unparsed[0]
+    assert "MetaXLink unknown" in inv.unparsed[0]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(table=st.one_of(st.text(max_size=300), st.sampled_from(["", "|", "| Bus-id |\n| x |", "+--+\n|==|"])),
+       topo=st.text(max_size=200), listing=st.text(max_size=100))
+def test_garbage_from_mx_smi_never_leaves_discovery(tmp_path_factory, table, topo, listing):
+    host = generator.create(str(tmp_path_factory.mktemp("node")), preset("4xN100"))
+    fake_mx_smi_printing(host, table, topo, listing)
+    inv = discover(host)
+    assert inv.gpu_count == 4 and len(inv.devices) == 4
+    if inv.unparsed or not inv.mx_smi_available:
+        # nothing understood about a GPU is no reason to call it unhealthy
+        assert all(g.healthy for g in inv.gpus)
+    for warning in inv.unparsed:
+        assert "mx-smi" in warning and warning in inv.warnings
+
+
+def test_metaxlink_known_only_when_topo_covers_every_gpu(make_node):
+    host = make_node("8xC500")
+    table = real_table_for(BDFS_8XC500).replace("0000:05:00.0", "0000:zz:00.0")
+    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+        rows = [line.split() for line in handle.read().splitlines()]
+    # GPU2's row and column taken out: topo -m agrees with the table that GPU2 is not there
+    keep = [i for i in range(8) if i != 2]
+    topo = ["\t" + "\t".join("GPU%d" % i for i in keep)]
+    topo += ["GPU%d\t" % i + "\t".join(rows[3 + i][1 + j] for j in keep) for i in keep]
+    fake_mx_smi_printing(host, table, "\n".join(topo))
+    inv = discover(host)
+    assert all(g.healthy for g in inv.gpus) and inv.topology.link(0, 1) == LinkClass.MX
+    assert not inv.topology.metaxlink_known          # GPU2's links are PCIe guesses
+    assert len(inv.unparsed) == 2 and "0000:zz:00.0" in inv.unparsed[0]
+    assert "8 GPUs attached, 7 read from the table" in inv.unparsed[1]
+
+
+def test_mx_smi_that_cannot_run_degrades_like_one_that_fails(make_node):
+    # found on the local cluster: an mx-smi of the wrong format ("Exec format
+    # error") made every scan fail, and gpu-device marked every device Unhealthy
+    host = make_node("8xC500")
+    with open(host.join("usr/bin/mx-smi"), "wb") as handle:
+        handle.write(b"\x7fELF\x02\x01\x01 not for this machine")
+    inv = discover(host)
+    assert inv.gpu_count == 8 and all(g.healthy for g in inv.gpus) and not inv.mx_smi_available
+    assert any("could not be run" in w and "Exec format error" in w for w in inv.warnings), inv.warnings
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_real_layouts_never_leave_discovery_nor_fail_a_gpu(tmp_path_factory, data):
+    host = generator.create(str(tmp_path_factory.mktemp("node")), preset("8xC500"))
+    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+        texts = [real_table_for(BDFS_8XC500).splitlines(), handle.read().splitlines()]
+    for lines in texts:
+        for _step in range(data.draw(st.integers(0, 3))):
+            at = data.draw(st.integers(0, len(lines) - 1))
+            action = data.draw(st.sampled_from(["drop", "dup", "swap", "widen", "cut"]))
+            if action == "drop" and len(lines) > 1:
+                del lines[at]
+            elif action == "dup":
+                lines.insert(at, lines[at])
+            elif action == "swap":
+                other = data.draw(st.integers(0, len(lines) - 1))
+                lines[at], lines[other] = lines[other], lines[at]
+            elif action == "widen":
+                lines[at] = lines[at].replace(" |", "      | ").replace("  ", "\t")
+            else:
+                lines[at] = lines[at][:data.draw(st.integers(0, max(0, len(lines[at]) - 1)))]
+    fake_mx_smi_printing(host, "\n".join(texts[0]), "\n".join(texts[1]))
+    inv = discover(host)
+    assert [g.bdf for g in inv.gpus] == BDFS_8XC500
+    # no mutation here says a GPU is unavailable: only a GPU mx-smi no longer
+    # prints at all, in a table that is otherwise read whole, may be unhealthy
+    for gpu in inv.gpus:
+        assert gpu.healthy or (gpu.bdf not in "\n".join(texts[0]) and not inv.unparsed), inv.warnings
+    assert all(g.product == "C500" and g.memory_gib == 64 for g in inv.gpus)
+    if inv.topology.metaxlink_known:
+        assert groups(inv) == [("metaxlink", (0, 1, 2, 3)), ("metaxlink", (4, 5, 6, 7))]

@@ -75,3 +75,17 @@ def test_missing_root_fails_with_a_clear_message(tmp_path):
 def test_unknown_option_is_rejected():
     failed, result = run_module(gpu_facts, {"host_rot": "/"})
     assert failed and "Unsupported parameters" in result["msg"]
+
+
+def test_mx_smi_output_not_understood_is_a_warning_not_a_failure(tmp_path):
+    from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset
+    host = generator.create(str(tmp_path / "n"), preset("8xC500"))
+    with open(host.join("usr/bin/mx-smi"), "w") as handle:
+        handle.write("#!/bin/sh\necho '| GPU | Bus-id |'\necho '| 0   | 0000:03:00.0 |'\necho '| 1 | nonsense |'\n")
+    failed, result = run_module(gpu_facts, {"host_root": host.path})
+    assert not failed, result
+    facts = result["ansible_facts"]["metax_gpu"]
+    assert facts["gpu_count"] == 8 and all(g["healthy"] for g in facts["gpus"])
+    assert not facts["topology"]["metaxlink_known"]
+    unparsed = [w for w in facts["warnings"] if "output not understood" in w]
+    assert any("(line 3: '| 1 | nonsense |')" in w for w in unparsed), facts["warnings"]

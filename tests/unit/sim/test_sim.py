@@ -50,11 +50,40 @@ def test_device_nodes_are_real_character_devices_as_root(make_node):
 def test_mx_smi_prints_table_list_and_topology(make_node):
     host = make_node("4xN100")
     table = mx_smi(host)
-    assert table.returncode == 0 and table.stdout.count("MXN100") == 4
+    assert table.returncode == 0 and table.stdout.count("MetaX N100") == 4
     assert "Kernel Mode Driver Version: 2.14.6" in table.stdout
     topo = mx_smi(host, "topo", "-m").stdout
     assert "PIX" in topo and "PHB" in topo and "MX " not in topo.split("Legend")[0]
+    assert "Affinity" not in topo
     assert "UUID: GPU-" in mx_smi(host, "-L").stdout
+
+
+SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu", "fixtures", "mx-smi")
+
+
+def test_real_layout_is_the_default_and_matches_the_real_samples(make_node):
+    host = make_node("8xC500")
+    table = mx_smi(host).stdout.splitlines()
+    with open(os.path.join(SAMPLES, "table-C500-excerpt.txt")) as handle:
+        sample = handle.read().splitlines()
+    start = table.index(sample[0])
+    # the sample's GPU 0 sits at 0000:0e:00.0; everything else is printed alike
+    assert [line.replace("0000:03:00.0", "0000:0e:00.0") for line in table[start:start + len(sample)]] == sample
+    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+        real_topo = handle.read().split()
+    printed = mx_smi(host, "topo", "-m").stdout.split()
+    # same tokens up to the legend lines the sample leaves out
+    assert printed[:len(real_topo)] == real_topo
+
+
+def test_legacy_layout_stays_available(make_node):
+    host = make_node("4xN100")
+    generator.set_mx_smi_layout(host, "legacy")
+    assert mx_smi(host).stdout.count("MXN100") == 4
+    assert "CPU Affinity" in mx_smi(host, "topo", "-m").stdout
+    assert mx_smi(host, "-L").stdout.startswith("GPU 0: MXN100 (UUID: GPU-")
+    with pytest.raises(generator.SimError, match="layout must be one of real, legacy"):
+        generator.set_mx_smi_layout(host, "fancy")
     bad = mx_smi(host, "--frobnicate")
     assert bad.returncode == 2 and "unsupported" in bad.stderr
 
@@ -63,7 +92,7 @@ def test_fail_and_recover_on_the_bus(make_node):
     host = make_node("8xC500")
     generator.fail_gpu(host, 3)
     assert len(host.listdir(PCI)) == 7
-    assert mx_smi(host).stdout.count("MXC500") == 7
+    assert mx_smi(host).stdout.count("MetaX C500") == 7
     with pytest.raises(generator.SimError, match="already failed"):
         generator.fail_gpu(host, 3)
     generator.recover_gpu(host, 3)
