@@ -45,7 +45,7 @@ options:
     choices: [0, 1, 2, 4, 8]
   devices:
     description:
-      - GPUs to change, by index (as O(metax.gpu.gpu_facts) numbers them, PCI address order) or PCI address
+      - GPUs to change, by index (as M(metax.gpu.gpu_facts) numbers them, PCI address order) or PCI address
         (V(0000:03:00.0) or V(03:00.0)). Default all MetaX GPUs of the node.
       - An unknown GPU fails the module before anything is written.
     type: list
@@ -113,7 +113,7 @@ devices:
     - {"index": 0, "bdf": "0000:03:00.0", "totalvfs": 8, "before": 0, "after": 4}
   contains:
     index:
-      description: GPU index (PCI address order, as in O(metax.gpu.gpu_facts)).
+      description: GPU index (PCI address order, as in M(metax.gpu.gpu_facts)).
       type: int
     bdf:
       description: PCI address of the GPU (physical function).
