@@ -56,7 +56,9 @@ def driver_upgrade_plan(nodes: Sequence[Mapping[str, Any]], names: Sequence[str]
 
     - a node labelled ``driver.upgrade.skip=true`` is skipped;
     - a NotReady node is skipped (its agents cannot validate it) and counts as unavailable;
-    - a cordoned node counts as unavailable and is upgraded without spending budget;
+    - a cordoned node counts as unavailable and is upgraded without spending budget; it stays cordoned
+      (``pre_cordoned``) unless an earlier run of ours cordoned it (state label set, no pre-cordon record:
+      ``resumed``, e.g. a node left ``failed`` and re-run after a fix);
     - a batch holds at most ``serial`` nodes, and the nodes it makes unavailable plus those already
       unavailable never exceed ``max_unavailable`` (a count or a % of the nodes in ``names``).
     """
@@ -67,7 +69,11 @@ def driver_upgrade_plan(nodes: Sequence[Mapping[str, Any]], names: Sequence[str]
     if missing:
         raise AnsibleFilterError("not Kubernetes nodes: %s (check metax_gpu_node_name)" % ", ".join(missing))
     limit = budget(max_unavailable, len(names))
-    skipped, not_ready, pre_cordoned, todo = [], [], [], []
+    skipped: List[str] = []
+    not_ready: List[str] = []
+    pre_cordoned: List[str] = []
+    resumed: List[str] = []
+    todo: List[str] = []
     for name in names:
         node = by_name[name]
         if _labels(node).get(N.LABEL_DRIVER_UPGRADE_SKIP) == "true":
@@ -75,14 +81,19 @@ def driver_upgrade_plan(nodes: Sequence[Mapping[str, Any]], names: Sequence[str]
         elif not node_ready(node):
             not_ready.append(name)
         else:
-            if (node.get("spec") or {}).get("unschedulable") or \
-                    N.ANNOTATION_PRE_CORDONED in ((node.get("metadata") or {}).get("annotations") or {}):
+            cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+            recorded = N.ANNOTATION_PRE_CORDONED in ((node.get("metadata") or {}).get("annotations") or {})
+            # cordoned by an earlier run of ours (state label, no record of an admin's cordon): ours to undo
+            ours = cordoned and not recorded and N.LABEL_DRIVER_UPGRADE_STATE in _labels(node)
+            if recorded or (cordoned and not ours):
                 pre_cordoned.append(name)
+            elif ours:
+                resumed.append(name)
             todo.append(name)
-    unavailable = [n for n in names if n in not_ready or n in pre_cordoned or (
+    unavailable = [n for n in names if n in not_ready or n in pre_cordoned or n in resumed or (
         n in skipped and ((by_name[n].get("spec") or {}).get("unschedulable") or not node_ready(by_name[n])))]
     room = limit - len(unavailable)
-    fresh = [n for n in todo if n not in pre_cordoned]
+    fresh = [n for n in todo if n not in pre_cordoned and n not in resumed]
     if fresh and room < 1:
         raise AnsibleFilterError(
             "max_unavailable %s (= %d of %d nodes) is used up: already unavailable %s; nothing can be "
@@ -91,7 +102,7 @@ def driver_upgrade_plan(nodes: Sequence[Mapping[str, Any]], names: Sequence[str]
     current: List[str] = []
     spent = 0
     for name in todo:
-        cost = 0 if name in pre_cordoned else 1
+        cost = 0 if name in pre_cordoned or name in resumed else 1
         if current and (len(current) >= int(serial) or spent + cost > room):
             batches.append(current)
             current, spent = [], 0
@@ -99,7 +110,7 @@ def driver_upgrade_plan(nodes: Sequence[Mapping[str, Any]], names: Sequence[str]
         spent += cost
     if current:
         batches.append(current)
-    return {"batches": batches, "skipped": skipped, "not_ready": not_ready, "pre_cordoned": pre_cordoned,
+    return {"batches": batches, "skipped": skipped, "not_ready": not_ready, "pre_cordoned": pre_cordoned, "resumed": resumed,
             "max_unavailable": limit, "already_unavailable": unavailable, "batch_budget": max(room, 0)}
 
 
@@ -128,9 +139,9 @@ def driver_upgrade_validation(node: Mapping[str, Any], version: Optional[str] = 
 
 def driver_upgrade_failures(nodes: Sequence[Mapping[str, Any]], node_plan: Mapping[str, Mapping[str, Any]]) -> List[str]:
     """Names of the nodes (of ``node_plan``) that do not validate against their planned version."""
-    out = []
+    out: List[str] = []
     for node in nodes:
-        name = (node.get("metadata") or {}).get("name")
+        name = str((node.get("metadata") or {}).get("name"))
         if name in node_plan and driver_upgrade_validation(node, node_plan[name].get("to")):
             out.append(name)
     return sorted(out)

@@ -38,6 +38,7 @@ attributes:
     support: full
     description: Shows the driver version and load state before and after.
   platform:
+    support: full
     platforms: posix
     description: Runs on the GPU node (Python 3.8 or later, standard library only).
 options:

@@ -26,6 +26,7 @@ attributes:
     support: none
     description: Pods are evicted, not edited; RV(evicted) lists them.
   platform:
+    support: full
     platforms: posix
     description: Runs where the cluster's API server is reachable (the bastion).
 options:

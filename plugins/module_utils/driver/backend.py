@@ -349,7 +349,8 @@ def apply(host: HostRoot, cmds: NodeCommands, request: Request, seen: Observed, 
         elif step == "remove":
             _remove(host, cmds, request, seen)
         elif step == "install":
-            assert result.package is not None
+            if result.package is None:
+                raise DriverError("internal: an install step without a package")
             _install(host, cmds, request, result.package)
         elif step == "load":
             cmds.check(request.load_command, "loading the driver")

@@ -68,3 +68,13 @@ def test_validation_wants_labels_capacity_and_version():
     assert "driver labels say 2.40.1, expected 2.41.0" in driver_upgrade_validation(good, "2.41.0")
     bare = node("a")
     assert any("missing labels" in p for p in driver_upgrade_validation(bare, "2.40.1"))
+
+
+def test_a_node_we_left_failed_is_ours_to_uncordon_on_the_next_run():
+    failed = node("b", cordoned=True, labels={N.LABEL_DRIVER_UPGRADE_STATE: "failed"})
+    admin_and_failed = node("c", cordoned=True, labels={N.LABEL_DRIVER_UPGRADE_STATE: "failed"})
+    admin_and_failed["metadata"]["annotations"] = {N.ANNOTATION_PRE_CORDONED: "true"}
+    plan = driver_upgrade_plan([node("a"), failed, admin_and_failed, node("d")], NAMES, serial=1,
+                               max_unavailable=3)
+    assert plan["resumed"] == ["b"] and plan["pre_cordoned"] == ["c"]
+    assert plan["batches"] == [["a"], ["b"], ["c"], ["d"]]

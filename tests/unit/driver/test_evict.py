@@ -1,0 +1,81 @@
+"""Which pods the upgrade evicts, and how a PodDisruptionBudget's refusal is handled.
+
+The eviction API itself is exercised on the real cluster (test_driver_upgrade_cluster.py);
+here a minimal in-memory API stands in so the retry/timeout/force paths are covered.
+"""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.metax.gpu.plugins.module_utils.driver.inuse import gpu_pods
+from ansible_collections.metax.gpu.plugins.module_utils.kube import evict as ev
+from ansible_collections.metax.gpu.plugins.module_utils.kube.client import ApiException
+from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME
+
+
+def pod(name, gpu=False, phase="Running", owner=None, mirror=False, init_gpu=False):
+    res = {"limits": {RESOURCE_NAME: "1"}} if gpu else {}
+    spec = {"containers": [{"name": "c", "resources": res}]}
+    if init_gpu:
+        spec["initContainers"] = [{"name": "i", "resources": {"requests": {RESOURCE_NAME: "1"}}}]
+    meta = {"name": name, "namespace": "ml"}
+    if owner:
+        meta["ownerReferences"] = [{"kind": owner}]
+    if mirror:
+        meta["annotations"] = {ev.MIRROR_ANNOTATION: "x"}
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+PODS = [pod("a", gpu=True), pod("b"), pod("c", gpu=True, phase="Succeeded"), pod("d", owner="DaemonSet"),
+        pod("e", mirror=True), pod("f", init_gpu=True)]
+
+
+def test_only_live_gpu_pods_unless_drain():
+    assert gpu_pods(PODS) == ["ml/a", "ml/f"]
+    assert ev.select(PODS, drain=False) == ["ml/a", "ml/f"]
+    assert ev.select(PODS, drain=True) == ["ml/a", "ml/b", "ml/f"]
+
+
+class FakeCore:
+    """Pods vanish when evicted, unless a 'PDB' blocks them."""
+
+    def __init__(self, pods, blocked=()):
+        self.pods = {p["metadata"]["name"]: p for p in pods}
+        self.blocked = set(blocked)
+        self.api_client = self
+        self.deleted = []
+
+    @staticmethod
+    def sanitize_for_serialization(obj):
+        return obj
+
+    def list_pod_for_all_namespaces(self, field_selector):
+        assert field_selector == "spec.nodeName=n1"
+        return type("L", (), {"items": list(self.pods.values())})()
+
+    def create_namespaced_pod_eviction(self, name, namespace, body):
+        assert body["kind"] == "Eviction" and namespace == "ml"
+        if name in self.blocked:
+            exc = ApiException()
+            exc.status, exc.reason = 429, "Too Many Requests"
+            raise exc
+        del self.pods[name]
+
+    def delete_namespaced_pod(self, name, namespace, grace_period_seconds):
+        self.deleted.append(name)
+        del self.pods[name]
+
+
+def test_evicts_and_check_mode_does_not():
+    core = FakeCore(PODS)
+    assert ev.evict(core, "n1", check_mode=True)["selected"] == ["ml/a", "ml/f"] and "a" in core.pods
+    result = ev.evict(core, "n1", sleep=lambda s: None)
+    assert result["evicted"] == ["ml/a", "ml/f"] and "a" not in core.pods and "b" in core.pods
+
+
+def test_a_pdb_blocks_until_timeout_then_fails_or_force_deletes():
+    with pytest.raises(ev.EvictionError, match="ml/a"):
+        ev.evict(FakeCore(PODS, blocked={"a"}), "n1", timeout=0, sleep=lambda s: None)
+    core = FakeCore(PODS, blocked={"a"})
+    result = ev.evict(core, "n1", timeout=0, force=True, sleep=lambda s: None)
+    assert result["evicted"] == ["ml/f"] and result["deleted"] == ["ml/a"] and core.deleted == ["a"]
