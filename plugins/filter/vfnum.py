@@ -4,7 +4,7 @@
 """Filters of the metax.gpu.set_vfnum role: GPU pods of a node, the batch budget, is the node done.
 
 Pure functions over the objects kubernetes.core.k8s_info returns, unit-tested
-without a cluster (tests/unit/vfnum/test_filters.py).
+without a cluster (tests/unit/vfnum/test_vfnum_filters.py).
 """
 
 from __future__ import annotations
