@@ -42,9 +42,18 @@ def _ansible_playbook(cluster, name, *extra, expect_ok=True):
     return proc
 
 
+TIMINGS = os.path.join(ROOT, "tests", "output", "set-vfnum-timings.txt")
+
+
 def _set_vfnum(cluster, node, vfnum, *extra, expect_ok=True):
-    return _ansible_playbook(cluster, "set_vfnum", "--limit", node,
+    start = time.monotonic()
+    proc = _ansible_playbook(cluster, "set_vfnum", "--limit", node,
                              "-e", json.dumps({"set_vfnum_vfnum": vfnum}), *extra, expect_ok=expect_ok)
+    os.makedirs(os.path.dirname(TIMINGS), exist_ok=True)
+    with open(TIMINGS, "a") as handle:
+        handle.write("set_vfnum %s vfnum=%d %s rc=%d %.1fs\n" % (node, vfnum, " ".join(extra), proc.returncode,
+                                                              time.monotonic() - start))
+    return proc
 
 
 def _node(cluster, name):
