@@ -51,8 +51,8 @@ def _set_vfnum(cluster, node, vfnum, *extra, expect_ok=True):
                              "-e", json.dumps({"set_vfnum_vfnum": vfnum}), *extra, expect_ok=expect_ok)
     os.makedirs(os.path.dirname(TIMINGS), exist_ok=True)
     with open(TIMINGS, "a") as handle:
-        handle.write("set_vfnum %s vfnum=%d %s rc=%d %.1fs\n" % (node, vfnum, " ".join(extra), proc.returncode,
-                                                              time.monotonic() - start))
+        elapsed = time.monotonic() - start
+        handle.write("set_vfnum %s vfnum=%d %s rc=%d %.1fs\n" % (node, vfnum, " ".join(extra), proc.returncode, elapsed))
     return proc
 
 
