@@ -52,4 +52,11 @@ LABEL_AGENTS_PAUSED = PREFIX + "agents.paused"                   # node agents' 
 ANNOTATION_PRE_CORDONED = PREFIX + "driver.upgrade.pre-cordoned"  # the admin's cordon, never undone
 DRIVER_UPGRADE_STATES = ("upgrade-required", "cordoned", "paused", "pods-evicted", "driver-installed",
                          "validating", "done", "failed", "rolled-back")
-DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_AGENTS_PAUSED)
+# set_vfnum.yml node state (issue 16), the MIG manager's vocabulary: pending
+# while the node is being changed, then success or failed (with the reason in
+# the message annotation). Ours, not gpu-label's.
+LABEL_VFNUM_STATE = PREFIX + "gpu.vfnum.state"
+ANNOTATION_VFNUM_MESSAGE = PREFIX + "gpu.vfnum.message"
+VFNUM_STATES = ("pending", "success", "failed")
+# the driver upgrade strips metax-tech.com/ labels except these
+DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_AGENTS_PAUSED, LABEL_VFNUM_STATE)
