@@ -29,13 +29,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 INVENTORY = os.path.join(ROOT, "docs", "examples", "local-cluster-inventory.yml")
 SIM_PARENT = "/var/lib/metax-sim"
 PRESET_GPUS = {"8xC500": 8, "4xN100": 4}
-# site.yml and the example inventory use parts that land with issues 13
-# (offline bundle, push) and 14 (gpu_aware); until they are in the tree the
-# end-to-end run cannot start, and says so instead of failing on a missing module.
-_PENDING = [p for p in ("plugins/modules/offline_bundle.py", "roles/push_artifacts", "roles/gpu_aware")
-            if not os.path.exists(os.path.join(ROOT, p))]
-pytestmark = [pytest.mark.cluster,
-              pytest.mark.skipif(bool(_PENDING), reason="not in the tree yet: %s" % ", ".join(_PENDING))]
+pytestmark = pytest.mark.cluster
 
 
 def _playbook(cluster, name, *extra):
