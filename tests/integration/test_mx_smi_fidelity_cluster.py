@@ -23,7 +23,7 @@ pytestmark = pytest.mark.cluster
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_gpu_device_cluster import HEALTHY_INTERVAL, device_agent, metrics, wait_for  # noqa: E402,F401  pylint: disable=unused-import
+from test_gpu_device_cluster import HEALTHY_INTERVAL, device_agent, metrics, wait_for, wait_registered  # noqa: E402,F401  pylint: disable=unused-import
 from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
@@ -63,6 +63,8 @@ def test_real_layout_then_garbage_keeps_devices_served(device_agent, node_mx_smi
     with open(HERE_MX_SMI) as handle:
         _write(node_mx_smi, "#!/usr/bin/env python3\n" + handle.read())
     device_agent.restart("gpu-device")
+    # the annotations outlive the old pod: wait for the new one to serve before reading its metrics
+    wait_registered(device_agent)
     wait_for(lambda: len(_healthy_devices(device_agent)) == 8, 90, "8 healthy devices with the real layout")
     wait_for(lambda: metrics(device_agent).get("metax_gpu_mx_smi_unparsed") == 0.0, 30,
              "no mx-smi output left unparsed with the real layout")
