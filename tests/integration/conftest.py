@@ -321,8 +321,10 @@ class Cluster(object):
         kwargs.setdefault("text", True)
         kwargs.setdefault("timeout", 120)
         check = kwargs.pop("check", False)
+        if "input" not in kwargs:
+            kwargs.setdefault("stdin", subprocess.DEVNULL)   # never wait on the terminal
         return subprocess.run([self.kubectl_path, "--kubeconfig", self.kubeconfig] + list(args),
-                              env=self.env, stdin=subprocess.DEVNULL, check=check, **kwargs)
+                              env=self.env, check=check, **kwargs)
 
     def api_client(self):
         from kubernetes import client, config

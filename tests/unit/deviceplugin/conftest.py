@@ -9,7 +9,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 
 import pytest
 
@@ -18,6 +17,7 @@ grpc = pytest.importorskip("grpc")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from kubelet_peer import KubeletPeer, PodResourcesPeer  # noqa: E402
+from running_agent import RunningAgent  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device import GpuDeviceAgent  # noqa: E402
 
@@ -44,21 +44,6 @@ def pod_resources(sockdir):
     peer.start()
     yield peer
     peer.stop()
-
-
-class RunningAgent:
-    def __init__(self, agent: GpuDeviceAgent) -> None:
-        self.agent = agent
-        self.thread = threading.Thread(target=agent.run, name="agent", daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self.agent
-
-    def __exit__(self, *exc):
-        self.agent.stop.set()
-        self.thread.join(10)
-        assert not self.thread.is_alive(), "the agent did not stop"
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ def shared():
     """One 8xC500 agent and kubelet peer for the tests that do not change the node."""
     import shutil
     import tempfile
-    from conftest import RunningAgent
+    from running_agent import RunningAgent
     from kubelet_peer import KubeletPeer
     from ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device import GpuDeviceAgent
 
