@@ -22,6 +22,7 @@ import sys
 import time
 
 import pytest
+from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
@@ -73,15 +74,6 @@ def _loaded(name):
     return _host(name).read_attribute("sys/module/metax/version", default="") or None
 
 
-def _wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(1)
-    pytest.fail("timed out waiting for " + what)
-
-
 def _settled(cluster):
     from ansible_collections.metax.gpu.plugins.filter.driver_upgrade import driver_upgrade_validation
 
@@ -108,7 +100,7 @@ def fleet(cluster):
         pkgtool.install_tools(host.path, kind)
         for version in (original[name], NEW, NEWER):
             pkgtool.make_package(host.join(CACHE), kind, version, broken=(name == "vm-2" and version == NEWER))
-    _wait(lambda: _settled(cluster), 180, "the GPU nodes to be labelled")
+    wait_until(lambda: _settled(cluster), 180, "the GPU nodes to be labelled")
     yield {"original": original}
     # leave the cluster as found: original driver loaded, no tools, no marks, no cordon of ours
     for name in KINDS:
@@ -170,7 +162,7 @@ def test_check_mode_prints_the_plan_and_changes_nothing(cluster, fleet):
 
 def test_serial_1_keeps_the_admins_cordon_and_reschedules_the_gpu_pod(cluster, fleet, tmp_path):
     _gpu_deployment(cluster, tmp_path)
-    _wait(lambda: _gpu_pod(cluster) is not None, 180, "the GPU pod to run")
+    wait_until(lambda: _gpu_pod(cluster) is not None, 180, "the GPU pod to run")
     uid, _node = _gpu_pod(cluster)
     cluster.kubectl("cordon", "vm-2", check=True)
     proc, secs = _upgrade(cluster, NEW, "-e", "driver_upgrade_serial=1", "-e", "driver_upgrade_max_unavailable=2")
@@ -185,8 +177,8 @@ def test_serial_1_keeps_the_admins_cordon_and_reschedules_the_gpu_pod(cluster, f
     assert nodes["vm-2"]["spec"].get("unschedulable") is True          # the admin's cordon stays
     assert not nodes["vm"]["spec"].get("unschedulable") and not nodes["vm-3"]["spec"].get("unschedulable")
     assert proc.stdout.count(": Cordon]") == 3
-    _wait(lambda: _gpu_pod(cluster) is not None and _gpu_pod(cluster)[0] != uid, 180,
-          "the evicted GPU pod to be rescheduled")
+    wait_until(lambda: _gpu_pod(cluster) is not None and _gpu_pod(cluster)[0] != uid, 180,
+               "the evicted GPU pod to be rescheduled")
     cluster.kubectl("uncordon", "vm-2", check=True)
 
 
@@ -215,7 +207,7 @@ def test_failed_validation_rolls_back_leaves_failed_and_stops(cluster, fleet):
     cluster.kubectl("label", "node", "vm-2", N.LABEL_DRIVER_UPGRADE_STATE + "-", check=True)
     cluster.kubectl("annotate", "node", "vm-2", N.PREFIX + "driver.upgrade.message-", check=True)
     cluster.kubectl("uncordon", "vm-2", check=True)
-    _wait(lambda: _settled(cluster), 120, "vm-2 to validate again on its old driver")
+    wait_until(lambda: _settled(cluster), 120, "vm-2 to validate again on its old driver")
 
 
 def test_serial_2_back_to_the_original_driver(cluster, fleet):
