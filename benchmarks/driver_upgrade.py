@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 
 import driver_fleet  # noqa: E402
 from conftest import Cluster  # noqa: E402
+from polling import wait_until  # noqa: E402
 
 TARGET_PER_NODE = 30.0
 UPGRADE_TO = "2.40.1"
@@ -149,8 +150,7 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="upgrade-bench.")
     fleet = driver_fleet.prepare(cluster, (UPGRADE_TO,))
     try:
-        if not driver_fleet.wait(lambda: driver_fleet.settled(cluster), 180):
-            raise SystemExit("the GPU nodes did not validate before the benchmark")
+        wait_until(lambda: driver_fleet.settled(cluster), 180, "the GPU nodes to validate before the benchmark")
         originals = set(fleet.original.values())
         if len(originals) != 1:
             raise SystemExit("the nodes start on different drivers: %s" % fleet.original)

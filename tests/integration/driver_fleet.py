@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
@@ -59,15 +59,6 @@ def ansible(cluster, name: str, *extra: str, env: Optional[Dict[str, str]] = Non
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env or cluster.env, timeout=1800, check=False)
     return proc, time.monotonic() - start
-
-
-def wait(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(1)
-    return False
 
 
 def prepare(cluster, versions: Iterable[str], broken: Iterable[tuple] = ()) -> Fleet:

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import driver_fleet  # noqa: E402
 from driver_fleet import KINDS, ROOT  # noqa: E402
+from polling import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
@@ -57,11 +58,6 @@ def _marks(node):
     return {k: v for part in ("labels", "annotations") for k, v in (meta.get(part) or {}).items() if k in DAY_TWO}
 
 
-def _wait(predicate, timeout, what):
-    if not driver_fleet.wait(predicate, timeout):
-        pytest.fail("timed out waiting for " + what)
-
-
 def _settled(cluster):
     return driver_fleet.settled(cluster)
 
@@ -74,7 +70,7 @@ def fleet(cluster):
         if "needs the three-node cluster" in str(exc):
             pytest.skip(str(exc))
         raise
-    _wait(lambda: _settled(cluster), 180, "the GPU nodes to be labelled")
+    wait_until(lambda: _settled(cluster), 180, "the GPU nodes to be labelled")
     try:
         yield {"original": prepared.original}
     finally:
@@ -122,7 +118,7 @@ def test_check_mode_prints_the_plan_and_changes_nothing(cluster, fleet):
 
 def test_serial_1_keeps_the_admins_cordon_and_reschedules_the_gpu_pod(cluster, fleet, tmp_path):
     _gpu_deployment(cluster, tmp_path)
-    _wait(lambda: _gpu_pod(cluster) is not None, 180, "the GPU pod to run")
+    wait_until(lambda: _gpu_pod(cluster) is not None, 180, "the GPU pod to run")
     uid, _node = _gpu_pod(cluster)
     cluster.kubectl("cordon", "vm-2", check=True)
     proc, secs = _upgrade(cluster, NEW, "-e", "driver_upgrade_serial=1", "-e", "driver_upgrade_max_unavailable=2")
@@ -137,8 +133,8 @@ def test_serial_1_keeps_the_admins_cordon_and_reschedules_the_gpu_pod(cluster, f
     assert nodes["vm-2"]["spec"].get("unschedulable") is True          # the admin's cordon stays
     assert not nodes["vm"]["spec"].get("unschedulable") and not nodes["vm-3"]["spec"].get("unschedulable")
     assert proc.stdout.count(": Cordon]") == 3
-    _wait(lambda: _gpu_pod(cluster) is not None and _gpu_pod(cluster)[0] != uid, 180,
-          "the evicted GPU pod to be rescheduled")
+    wait_until(lambda: _gpu_pod(cluster) is not None and _gpu_pod(cluster)[0] != uid, 180,
+               "the evicted GPU pod to be rescheduled")
     cluster.kubectl("uncordon", "vm-2", check=True)
 
 
@@ -167,7 +163,7 @@ def test_failed_validation_rolls_back_leaves_failed_and_stops(cluster, fleet):
     cluster.kubectl("label", "node", "vm-2", N.LABEL_DRIVER_UPGRADE_STATE + "-", check=True)
     cluster.kubectl("annotate", "node", "vm-2", N.PREFIX + "driver.upgrade.message-", check=True)
     cluster.kubectl("uncordon", "vm-2", check=True)
-    _wait(lambda: _settled(cluster), 120, "vm-2 to validate again on its old driver")
+    wait_until(lambda: _settled(cluster), 120, "vm-2 to validate again on its old driver")
 
 
 def test_serial_2_back_to_the_original_driver(cluster, fleet):

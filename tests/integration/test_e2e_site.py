@@ -19,6 +19,7 @@ import sys
 import time
 
 import pytest
+from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import gpu_node_problems
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
@@ -50,15 +51,6 @@ def _ours(node):
     meta = node["metadata"]
     return {k: v for part in ("labels", "annotations") for k, v in (meta.get(part) or {}).items()
             if k.startswith(N.PREFIX)}
-
-
-def _wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(2)
-    pytest.fail("timed out waiting for " + what)
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +102,8 @@ def test_two_gpu_pod_goes_through_the_extender(cluster, site):
                                     "resources": {"limits": {N.RESOURCE_NAME: "2"}}}]}}
     cluster.kubectl("apply", "-f", "-", input=json.dumps(pod), check=True)
     try:
-        _wait(lambda: cluster.kubectl("get", "pod", "e2e-two-gpus", "-o", "jsonpath={.status.phase}").stdout
-              == "Running", 180, "the 2-GPU pod to run")
+        wait_until(lambda: cluster.kubectl("get", "pod", "e2e-two-gpus", "-o", "jsonpath={.status.phase}").stdout
+                   == "Running", 180, "the 2-GPU pod to run")
         assert metric_total() > before
         node_name = cluster.kubectl("get", "pod", "e2e-two-gpus", "-o", "jsonpath={.spec.nodeName}").stdout
         node = _nodes(cluster)[node_name]
@@ -121,7 +113,7 @@ def test_two_gpu_pod_goes_through_the_extender(cluster, site):
             annotations = _nodes(cluster)[node_name]["metadata"]["annotations"]
             return sum(1 for d in json.loads(annotations[N.ANNOTATION_DEVICES]) if d["allocated"])
 
-        _wait(lambda: allocated() == 2, 60, "gpu-device to report the allocation")
+        wait_until(lambda: allocated() == 2, 60, "gpu-device to report the allocation")
         listing = cluster.kubectl("exec", "e2e-two-gpus", "--", "sh", "-c", "ls /dev/dri | grep -c renderD").stdout
         assert listing.strip() == "2", (listing, devices)
     finally:
@@ -135,12 +127,12 @@ def test_gpu_fault_drops_allocatable_by_one(cluster, site):
     before = int(nodes[name]["status"]["allocatable"][N.RESOURCE_NAME])
     generator.fail_gpu(host, 0, "smi")
     try:
-        _wait(lambda: int(_nodes(cluster)[name]["status"]["allocatable"][N.RESOURCE_NAME]) == before - 1,
-              120, "allocatable of %s to drop to %d" % (name, before - 1))
+        wait_until(lambda: int(_nodes(cluster)[name]["status"]["allocatable"][N.RESOURCE_NAME]) == before - 1,
+                   120, "allocatable of %s to drop to %d" % (name, before - 1))
     finally:
         generator.recover_gpu(host, 0)
-    _wait(lambda: int(_nodes(cluster)[name]["status"]["allocatable"][N.RESOURCE_NAME]) == before,
-          120, "allocatable of %s to come back" % name)
+    wait_until(lambda: int(_nodes(cluster)[name]["status"]["allocatable"][N.RESOURCE_NAME]) == before,
+               120, "allocatable of %s to come back" % name)
 
 
 def test_uninstall_leaves_the_nodes_as_before(cluster, site):

@@ -75,5 +75,8 @@ def test_real_layout_then_garbage_keeps_devices_served(device_agent, node_mx_smi
              "the unparsed mx-smi output counted")
     assert len(_healthy_devices(device_agent)) == 8
     assert metrics(device_agent)["metax_gpu_devices_healthy"] == 8.0
-    logged = [line for line in device_agent.logs("gpu-device").splitlines() if "output not understood" in line]
-    assert logged and "a layout nobody has seen" in logged[0]
+    # the agent logs JSON lines; the warning about mx-smi output carries mx_smi_unparsed: true
+    entries = [json.loads(line) for line in device_agent.logs("gpu-device").splitlines() if line.startswith("{")]
+    unparsed = [e for e in entries if e.get("mx_smi_unparsed") and e.get("level") == "warning"]
+    assert unparsed, entries[-10:]
+    assert "a layout nobody has seen" in unparsed[-1]["msg"]

@@ -32,10 +32,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 
 import pytest
+from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME
 from ansible_collections.metax.gpu.plugins.module_utils.scheduler import backend as be
@@ -90,15 +90,6 @@ def _apply(cluster, obj):
                    input=json.dumps(obj), capture_output=True, text=True, env=cluster.env, timeout=60, check=True)
 
 
-def _wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(1)
-    pytest.fail("timed out after %ds waiting for %s" % (timeout, what))
-
-
 def _snapshot():
     files = {}
     for name in sorted(os.listdir(MANIFESTS)):
@@ -125,7 +116,7 @@ def _healthy(cluster):
 
 def _ready_soon(cluster):
     """The module saw /readyz answer; the mirror pod's Ready condition follows at the kubelet's next status update."""
-    _wait(lambda: _healthy(cluster), 60, "the kube-scheduler mirror pod to turn Ready")
+    wait_until(lambda: _healthy(cluster), 60, "the kube-scheduler mirror pod to turn Ready")
     return True
 
 
@@ -152,9 +143,9 @@ def pristine(cluster):
                 handle.write(data)
             os.replace(tmp, os.path.join(MANIFESTS, name))
     if not had_config and os.path.exists(CONFIG):
-        _wait(lambda: _with_config(False), 120, "the scheduler to drop --config before removing it")
+        wait_until(lambda: _with_config(False), 120, "the scheduler to drop --config before removing it")
         os.unlink(CONFIG)
-    _wait(lambda: _healthy(cluster), 180, "kube-scheduler to be healthy after the test")
+    wait_until(lambda: _healthy(cluster), 180, "kube-scheduler to be healthy after the test")
     shutil.rmtree(backups, ignore_errors=True)
     assert after == before, "manifests/ changed: %s -> %s (restored)" % (sorted(before), sorted(after))
 
@@ -225,7 +216,7 @@ def _gpu_pod(cluster, gpu_node, name):
         out = cluster.kubectl("-n", gpu_node["namespace"], "get", "pod", name, "-o", "jsonpath={.spec.nodeName}")
         return out.stdout.strip() == gpu_node["name"]
 
-    _wait(bound, 120, "pod %s to be scheduled" % name)
+    wait_until(bound, 120, "pod %s to be scheduled" % name)
     cluster.kubectl("-n", gpu_node["namespace"], "delete", "pod", name, "--grace-period=0", "--force", "--wait=false")
 
 
@@ -257,7 +248,7 @@ def test_enable_drift_disable(cluster, extender, gpu_node, pristine):
     with open(os.path.join(MANIFESTS, ".kubeadm-like"), "wb") as handle:
         handle.write(original["kube-scheduler.yaml"])
     os.replace(os.path.join(MANIFESTS, ".kubeadm-like"), SCHEDULER)
-    _wait(lambda: _with_config(False), 120, "the scheduler to restart without --config")
+    wait_until(lambda: _with_config(False), 120, "the scheduler to restart without --config")
     failed, checked = run_module(scheduler_extender, {"url": extender.url, "backup_dir": pristine}, check_mode=True)
     assert not failed and checked["changed"] and checked["drift"] and "kubeadm upgrade" in checked["msg"]
     failed, fixed = _module(pristine, url=extender.url)

@@ -19,6 +19,7 @@ import sys
 import time
 
 import pytest
+from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
@@ -64,15 +65,6 @@ def _capacity(node):
     return int((node["status"].get("capacity") or {}).get(N.RESOURCE_NAME, "-1"))
 
 
-def _wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(2)
-    pytest.fail("timed out waiting for " + what)
-
-
 @pytest.fixture(scope="module")
 def sriov_node(cluster):
     """(node name, HostRoot) of the 2xC550-sriov node, with the agents running; restored afterwards."""
@@ -92,7 +84,7 @@ def sriov_node(cluster):
         repo, tag = ref.rsplit(":", 1)
         _ansible_playbook(cluster, "install", "-e", json.dumps({
             "gpu_extensions_registry": repo.rsplit("/", 1)[0], "gpu_extensions_image_tag": tag}))
-    _wait(lambda: _capacity(_node(cluster, name)) == 2, 300, "capacity 2 on %s" % name)
+    wait_until(lambda: _capacity(_node(cluster, name)) == 2, 300, "capacity 2 on %s" % name)
     yield name, host
     cluster.kubectl("delete", "pod", POD, "-n", "default", "--ignore-not-found", "--wait=true")
     if any(p.numvfs for p in backend.read_pfs(host)):
@@ -144,8 +136,8 @@ def test_a_gpu_pod_blocks_the_change_unless_evicted(cluster, sriov_node, tmp_pat
     manifest = tmp_path / "pod.json"
     manifest.write_text(json.dumps(pod))
     cluster.kubectl("apply", "-f", str(manifest), check=True)
-    _wait(lambda: cluster.kubectl("get", "pod", POD, "-o", "jsonpath={.status.phase}").stdout == "Running",
-          180, "the GPU pod to run on %s" % name)
+    wait_until(lambda: cluster.kubectl("get", "pod", POD, "-o", "jsonpath={.status.phase}").stdout == "Running",
+               180, "the GPU pod to run on %s" % name)
     state_before = _state(_node(cluster, name))
 
     refused = _set_vfnum(cluster, name, 2, expect_ok=False)
