@@ -16,39 +16,31 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
-import time
 
 import pytest
-from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
-from ansible_collections.metax.gpu.plugins.module_utils.sim import generator, pkgtool
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import driver_fleet  # noqa: E402
+from driver_fleet import KINDS, ROOT  # noqa: E402
+from polling import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-INVENTORY = os.path.join(ROOT, "docs", "examples", "local-cluster-inventory.yml")
-SIM_PARENT = "/var/lib/metax-sim"
-CACHE = "var/cache/metax-driver"
-KINDS = {"vm": "deb", "vm-2": "deb", "vm-3": "rpm"}
 NEW, NEWER = "2.40.1", "2.41.0"
-DAY_TWO = (N.LABEL_DRIVER_UPGRADE_STATE, N.LABEL_AGENTS_PAUSED, N.ANNOTATION_PRE_CORDONED,
-           N.PREFIX + "driver.upgrade.message")
+DAY_TWO = driver_fleet.DAY_TWO_LABELS + driver_fleet.DAY_TWO_ANNOTATIONS
 TIMINGS = {}
+_loaded = driver_fleet.loaded
 
 
 def _ansible(cluster, name, *extra, check=True):
-    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", INVENTORY,
-           "-e", "metax_gpu_kubeconfig=" + cluster.kubeconfig, "metax.gpu." + name] + list(extra)
-    start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=cluster.env, timeout=1800, check=False)
+    proc, secs = driver_fleet.ansible(cluster, name, *extra)
     if check:
         assert proc.returncode == 0, "%s failed:\n%s\n%s" % (name, proc.stdout[-8000:], proc.stderr[-3000:])
-    return proc, time.monotonic() - start
+    return proc, secs
 
 
 def _upgrade(cluster, version, *extra, check=True):
@@ -66,61 +58,25 @@ def _marks(node):
     return {k: v for part in ("labels", "annotations") for k, v in (meta.get(part) or {}).items() if k in DAY_TWO}
 
 
-def _host(name):
-    return HostRoot(os.path.join(SIM_PARENT, name))
-
-
-def _loaded(name):
-    return _host(name).read_attribute("sys/module/metax/version", default="") or None
-
-
 def _settled(cluster):
-    from ansible_collections.metax.gpu.plugins.filter.driver_upgrade import driver_upgrade_validation
-
-    return all(not driver_upgrade_validation(n) for n in _nodes(cluster).values())
+    return driver_fleet.settled(cluster)
 
 
 @pytest.fixture(scope="module")
 def fleet(cluster):
-    names = [n["name"] for n in cluster.nodes]
-    if sorted(names) != sorted(KINDS):
-        pytest.skip("needs the three-node cluster vm, vm-2, vm-3 (have %s)" % names)
-    installed = cluster.kubectl("get", "daemonset", "gpu-label", "-n", N.NAMESPACE).returncode == 0
-    # this checkout's agent images (build.sh pushes them to the cluster's registry) and chart
-    build = subprocess.run([os.path.join(ROOT, "files", "images", "agent", "build.sh")], env=cluster.env,
-                           capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL, check=False)
-    assert build.returncode == 0, "agent image build failed:\n%s%s" % (build.stdout, build.stderr[-3000:])
-    images = dict(line.split("=", 1) for line in build.stdout.split() if "=" in line)
-    tag = images["gpu-device"].rsplit(":", 1)[1]
-    _ansible(cluster, "install", "-e", "gpu_extensions_image_tag=" + tag,
-             "-e", "gpu_extensions_deploy_extender_gpu_aware=false")
-    original = {name: generator.load_state(_host(name))["driver_version"] for name in KINDS}
-    for name, kind in KINDS.items():
-        host = _host(name)
-        pkgtool.install_tools(host.path, kind)
-        for version in (original[name], NEW, NEWER):
-            pkgtool.make_package(host.join(CACHE), kind, version, broken=(name == "vm-2" and version == NEWER))
+    try:
+        prepared = driver_fleet.prepare(cluster, (NEW, NEWER), broken=[("vm-2", NEWER)])
+    except driver_fleet.FleetError as exc:
+        if "needs the three-node cluster" in str(exc):
+            pytest.skip(str(exc))
+        raise
     wait_until(lambda: _settled(cluster), 180, "the GPU nodes to be labelled")
-    yield {"original": original}
-    # leave the cluster as found: original driver loaded, no tools, no marks, no cordon of ours
-    for name in KINDS:
-        host = _host(name)
-        if _loaded(name) != original[name]:
-            generator.unload_driver(host)
-            generator.set_driver_version(host, original[name])
-            generator.load_driver(host)
-        pkgtool.remove_tools(host.path)
-        shutil.rmtree(host.join(CACHE), ignore_errors=True)
-        for parent in ("var/cache", "var"):           # made for the cache; leave nothing behind
-            if os.path.isdir(host.join(parent)) and not os.listdir(host.join(parent)):
-                os.rmdir(host.join(parent))
-        cluster.kubectl("uncordon", name)
-        cluster.kubectl("label", "node", name, N.LABEL_DRIVER_UPGRADE_STATE + "-", N.LABEL_AGENTS_PAUSED + "-")
-        cluster.kubectl("annotate", "node", name, N.ANNOTATION_PRE_CORDONED + "-",
-                        N.PREFIX + "driver.upgrade.message-")
-    cluster.kubectl("delete", "deployment", "upgrade-gpu-job", "-n", "default", "--ignore-not-found", "--wait=true")
-    if not installed:
-        _ansible(cluster, "uninstall", check=False)
+    try:
+        yield {"original": prepared.original}
+    finally:
+        cluster.kubectl("delete", "deployment", "upgrade-gpu-job", "-n", "default", "--ignore-not-found",
+                        "--wait=true")
+        driver_fleet.restore(cluster, prepared)
 
 
 def _gpu_deployment(cluster, tmp_dir):
