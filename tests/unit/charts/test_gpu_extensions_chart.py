@@ -23,10 +23,10 @@ from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_aware,
 from ansible_collections.metax.gpu.plugins.module_utils.agents.common import parse_duration
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import parse_weight
 
-from .helm import CHART, CHARTS, ROOT, find_helm, render
+from .helm import CHART, CHARTS, ROOT, find_helm, helm_required, render
 
 HELM = find_helm()
-pytestmark = pytest.mark.skipif(HELM is None, reason="helm not found (METAX_HELM, PATH or ~/.cache/metax-gpu/helm)")
+pytestmark = helm_required(HELM)
 
 PARSERS = {"gpu-device": gpu_device.build_parser, "gpu-label": gpu_label.build_parser,
            "gpu-aware": gpu_aware.build_parser}

@@ -14,14 +14,12 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_aware, gpu_device
 
-from .helm import find_helm, render
+from .helm import find_helm, helm_required, render
 
 HELM = find_helm()
-pytestmark = pytest.mark.skipif(HELM is None, reason="helm not found")
+pytestmark = helm_required(HELM)
 
 PLAY = """
 - hosts: localhost

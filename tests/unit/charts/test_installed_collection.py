@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helm import ROOT, find_helm
+from .helm import ROOT, find_helm, helm_required
 
 
 def _tool(name: str) -> str:
@@ -72,10 +72,9 @@ def test_playbooks_run_by_fqcn_from_the_installed_collection(installed, playbook
     assert str(installed) in proc.stdout     # resolved from the installed copy
 
 
+@helm_required(find_helm())
 def test_installed_chart_lints_and_renders(installed):
     helm = find_helm()
-    if helm is None:
-        pytest.skip("helm not found")
     chart = installed / "ansible_collections" / "metax" / "gpu" / "files" / "charts" / "metax-gpu-extensions"
     proc = subprocess.run([helm, "lint", "--strict", str(chart)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
