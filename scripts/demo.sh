@@ -14,7 +14,11 @@ declare -a TIMINGS=()
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; PHASE=$*; PHASE_START=$SECONDS; }
 done_step() { TIMINGS+=("$(printf '%4ds  %s' $((SECONDS - PHASE_START)) "${PHASE}")"); }
 
-step "1/4 local cluster with simulated MetaX nodes"
+# The nodes the inventory names (vm, vm-2, vm-3); without NODES a cluster that is
+# down comes back with one node, and verify would miss the other two.
+export NODES=${NODES:-8xC500 4xN100 2xC550-sriov}
+
+step "1/4 local cluster with simulated MetaX nodes (${NODES})"
 scripts/cluster/cluster.sh up
 eval "$(scripts/cluster/cluster.sh env)"
 done_step

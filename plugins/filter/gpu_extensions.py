@@ -74,7 +74,9 @@ def gpu_node_report(result: Mapping[str, Any]) -> str:
     """One line for a k8s_info loop result of a node: '' when the node is fine."""
     name = result.get("item", "?")
     resources: Sequence[Dict[str, Any]] = result.get("resources") or []
-    if result.get("failed") and not resources:
+    # A lookup that answered carries "resources" (empty for a missing node) even when the task
+    # failed only because its until: condition never held; without it the API call itself failed.
+    if result.get("failed") and "resources" not in result:
         return "node %s: cannot be read (%s)" % (name, result.get("msg", "k8s_info failed"))
     if not resources:
         return "node %s: not in the cluster (check metax_gpu_node_name)" % name

@@ -71,6 +71,13 @@ def test_vfs_multiply_capacity(labels_8xc500):
 def test_report_names_the_node(labels_8xc500):
     assert gpu_node_report({"item": "vm", "resources": [node_from(labels_8xc500, 8, 8)]}) == ""
     assert gpu_node_report({"item": "vm-9", "resources": []}).startswith("node vm-9: not in the cluster")
+    # until: never held for a node that does not exist: the task failed, but the lookup answered
+    assert gpu_node_report({"item": "vm-9", "failed": True, "attempts": 5, "resources": [],
+                            "msg": "Task failed: Action failed: Unknown error."}
+                           ).startswith("node vm-9: not in the cluster")
+    assert gpu_node_report({"item": "vm", "failed": True, "msg": "Unauthorized"}) == "node vm: cannot be read (Unauthorized)"
+    assert gpu_node_report({"item": "vm", "failed": True, "attempts": 5,
+                            "resources": [node_from(labels_8xc500, 1, 1)]}).startswith("node vm: capacity")
     assert gpu_node_report({"item": "vm", "resources": [node_from(labels_8xc500, 1, 1)]}).startswith("node vm: capacity")
 
 
