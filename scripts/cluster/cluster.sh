@@ -8,7 +8,7 @@
 # listens outside loopback and the cluster bridge.
 #
 # Usage: [NODES="8xC500 4xN100 ..."] cluster.sh up | down | status | env | json | inventory
-#          | restart-kubelet [NODE] | podman-env
+#          | restart-kubelet [NODE] | podman-env | plan
 #   up      idempotent; builds/installs what is missing first; NODES: one
 #           preset per node (default: one 8xC500 node)
 #   down    stops only what `up` started (PID files), unmounts, removes what it
@@ -18,6 +18,8 @@
 #   json    the same as JSON with the node list (used by tests/integration/conftest.py)
 #   inventory  an Ansible YAML inventory of the running cluster
 #   podman-env  CONTAINERS_CONF/CONTAINERS_REGISTRIES_CONF exports (no cluster needed)
+#   plan    the node table `up` makes of NODES: "INDEX NAME PRESET" per line
+#           (no cluster needed; with one running, its table)
 # See docs/local-cluster.md.
 set -euo pipefail
 # shellcheck source=scripts/cluster/lib.sh
@@ -88,7 +90,7 @@ load_nodes() {
   done <"${STATE}/node-table"
   ((${#NODE_NAMES[@]}))
 }
-# plan_nodes: the node table NODES asks for (first name as today: node_name).
+# plan_nodes: the node table NODES asks for: node_name, then node_name-2, ...
 plan_nodes() {
   local first i=0 p
   first=$(node_name)
@@ -129,17 +131,11 @@ node_name() {
     echo "${METAX_NODE_NAME}"
     return
   fi
-  # The kubelet listens on 127.0.0.1 only and the apiserver reaches it by the
-  # node name (Hostname first), so the name must resolve to 127.0.0.1: the
-  # machine's hostname when it does (Debian VMs list it in /etc/hosts), else
-  # "localhost". Nothing is added to /etc/hosts.
-  local h
-  h=$(hostname | tr '[:upper:]' '[:lower:]')
-  if [[ $(getent ahostsv4 "${h}" 2>/dev/null | awk '{print $1}' | sort -u) == 127.0.0.1 ]]; then
-    echo "${h}"
-  else
-    echo localhost
-  fi
+  # A fixed name, not the machine's hostname: the example inventory, the demo
+  # and the cluster tests address the nodes as vm, vm-2, ... and must work on
+  # any machine. Nothing needs the name to resolve: the apiserver reaches each
+  # kubelet at its own InternalIP, which its serving certificate lists.
+  echo vm
 }
 
 pid_of() { [[ -f ${PIDS}/$1.pid ]] && cat "${PIDS}/$1.pid"; }
@@ -1580,8 +1576,9 @@ case ${1:-} in
       "${CONTAINERS_CONF}" "${CONTAINERS_REGISTRIES_CONF}"
     ;;
   json) cmd_json ;;
+  plan) plan_nodes ;;
   *)
-    echo "usage: $0 up|down|status|restart-kubelet [NODE]|env|json|inventory|podman-env" >&2
+    echo "usage: $0 up|down|status|restart-kubelet [NODE]|env|json|inventory|podman-env|plan" >&2
     exit 2
     ;;
 esac
