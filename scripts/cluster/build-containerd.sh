@@ -10,7 +10,7 @@ set -euo pipefail
 # shellcheck source=scripts/cluster/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-[[ -x ${GO} ]] || die "Go not found (looked for 'go' on PATH and /usr/local/go/bin/go). Set GO=/path/to/go."
+ensure_go
 
 BIN_DIR=$(containerd_bin_dir)
 VERSION_DIR=$(dirname "${BIN_DIR}")

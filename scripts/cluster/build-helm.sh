@@ -11,7 +11,7 @@ set -euo pipefail
 # shellcheck source=scripts/cluster/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-[[ -x ${GO} ]] || die "Go not found (looked for 'go' on PATH and /usr/local/go/bin/go). Set GO=/path/to/go."
+ensure_go
 
 HELM_DIR=$(dirname "$(helm_bin_dir)")
 DIFF_DIR=$(helm_plugins_dir)/diff

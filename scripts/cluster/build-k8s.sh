@@ -13,7 +13,7 @@ set -euo pipefail
 # shellcheck source=scripts/cluster/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-[[ -x ${GO} ]] || die "Go not found (looked for 'go' on PATH and /usr/local/go/bin/go). Install Go >= 1.26 or set GO=/path/to/go."
+ensure_go
 
 GOVER=$(go_version)
 BIN_DIR=$(k8s_bin_dir)
@@ -42,12 +42,6 @@ if is_complete; then # built by the holder of the lock meanwhile
   [[ ${1:-} == --print-dir ]] && echo "${BIN_DIR}"
   exit 0
 fi
-
-case ${GOVER} in
-  go1.2[0-5] | go1.2[0-5].* | go1.1*)
-    die "${GOVER} is too old for Kubernetes ${KUBE_VERSION} (needs Go >= 1.26). Set GO=/path/to/go1.26/bin/go."
-    ;;
-esac
 
 export GOCACHE=${METAX_CACHE_DIR}/go/build
 export GOMODCACHE=${METAX_CACHE_DIR}/go/mod

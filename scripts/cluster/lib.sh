@@ -11,9 +11,30 @@ REPO_ROOT=$(cd "${CLUSTER_SCRIPTS}/../.." && pwd)
 # Pinned versions. KUBE_VERSION must exist on the Go module proxy
 # (`go list -m -versions k8s.io/kubernetes`).
 : "${KUBE_VERSION:=v1.36.3}"
-: "${GO:=$(command -v go 2>/dev/null || echo /usr/local/go/bin/go)}"
 
 : "${METAX_CACHE_DIR:=${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/metax-gpu}"
+
+# Go builds the test infrastructure (never the product). Used: GO if set, else
+# the first Go >= 1.26 of PATH, /usr/local/go and the cache; with none,
+# ensure_go fetches GO_TOOLCHAIN_VERSION from the Go module proxy (the zip
+# `GOTOOLCHAIN=<version>` would fetch) into the cache, checked against the
+# pinned SHA-256 below.
+: "${GO_TOOLCHAIN_VERSION:=go1.26.8}"
+: "${GO_TOOLCHAIN_SHA256_amd64:=30c2b1bf7dcc88d3eb0a1364e47ddd9128edb3110a30e8a0ef61cd5856b31de7}"
+: "${GO_TOOLCHAIN_SHA256_arm64:=02b36b6787b3ac767668f630e2998df45a3b1f9ffee08d1bf3ef6487cd658d99}"
+go_toolchain_dir() { echo "${METAX_CACHE_DIR}/go-toolchain/${GO_TOOLCHAIN_VERSION}"; }
+# go_usable GO: it runs and is Go >= 1.26
+go_usable() {
+  local v
+  v=$("$1" env GOVERSION 2>/dev/null) || return 1
+  [[ ${v} =~ ^go1\.([0-9]+) ]] && ((BASH_REMATCH[1] >= 26))
+}
+if [[ -z ${GO:-} ]]; then
+  for GO in "$(command -v go 2>/dev/null)" /usr/local/go/bin/go "$(go_toolchain_dir)/bin/go"; do
+    [[ -n ${GO} ]] && go_usable "${GO}" && break
+  done
+  go_usable "${GO}" || GO=$(go_toolchain_dir)/bin/go
+fi
 # Cluster runtime state (PKI, etcd data, containerd root, logs, PID files).
 : "${METAX_CLUSTER_DIR:=/var/lib/metax-gpu-cluster}"
 # The simulated MetaX node root carried by the node; agent pods mount it with
@@ -148,6 +169,63 @@ helm_bin_dir() { echo "${METAX_CACHE_DIR}/helm/${HELM_VERSION}/bin"; }
 # A HELM_PLUGINS directory holding only the diff plugin.
 helm_plugins_dir() { echo "${METAX_CACHE_DIR}/helm-diff/${HELM_DIFF_VERSION}/plugins"; }
 containerd_bin_dir() { echo "${METAX_CACHE_DIR}/containerd/${CONTAINERD_VERSION}/bin"; }
+
+# ensure_go: GO is a usable Go, fetching the pinned toolchain when GO is its
+# (not yet present) cache path. A GO the caller chose is never replaced.
+ensure_go() {
+  go_usable "${GO}" && return 0
+  [[ ${GO} == "$(go_toolchain_dir)/bin/go" ]] ||
+    die "GO=${GO} is not a usable Go >= 1.26 ($("${GO}" env GOVERSION 2>/dev/null || echo 'it does not run')).
+  Unset GO to let the scripts fetch ${GO_TOOLCHAIN_VERSION} from the Go module proxy."
+  local arch sha proxy=https://proxy.golang.org p url dir tmp
+  case $(uname -m) in
+    x86_64) arch=amd64 ;;
+    aarch64 | arm64) arch=arm64 ;;
+    *) die "no pinned Go toolchain for $(uname -m): install Go >= 1.26 and set GO=/path/to/go" ;;
+  esac
+  sha=GO_TOOLCHAIN_SHA256_${arch}
+  sha=${!sha}
+  # the first HTTP(S) entry of GOPROXY, as the go command would try it
+  for p in ${GOPROXY//[,|]/ }; do
+    [[ ${p} == http://* || ${p} == https://* ]] && proxy=${p} && break
+  done
+  url=${proxy%/}/golang.org/toolchain/@v/v0.0.1-${GO_TOOLCHAIN_VERSION}.linux-${arch}.zip
+  dir=$(go_toolchain_dir)
+  log "no Go >= 1.26 found; fetching ${GO_TOOLCHAIN_VERSION} (linux-${arch}) from ${url}"
+  mkdir -p "$(dirname "${dir}")"
+  tmp=$(mktemp -d "${dir}.XXXXXX")
+  if ! curl -fsSL --retry 3 -o "${tmp}/go.zip" "${url}"; then
+    rm -rf "${tmp}"
+    die "cannot download ${url}: install Go >= 1.26 and set GO=/path/to/go, or point GOPROXY at a reachable proxy"
+  fi
+  if [[ $(sha256sum "${tmp}/go.zip" | cut -d' ' -f1) != "${sha}" ]]; then
+    rm -rf "${tmp}"
+    die "${url}: SHA-256 differs from the pinned GO_TOOLCHAIN_SHA256_${arch}; not using it"
+  fi
+  # a module zip: every path starts with golang.org/toolchain@<version>/
+  python3 - "${tmp}/go.zip" "${tmp}/go" <<'EOP'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for info in z.infolist():
+        rel = info.filename.split("/", 2)[-1] if "/" in info.filename else ""
+        if not rel or info.is_dir() or rel.startswith("/") or ".." in rel.split("/"):
+            continue
+        dest = os.path.join(sys.argv[2], rel)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with z.open(info) as src, open(dest, "wb") as out:
+            out.write(src.read())
+        os.chmod(dest, (info.external_attr >> 16) & 0o777 or 0o644)
+EOP
+  rm -f "${tmp}/go.zip"
+  # another script may have fetched it meanwhile
+  if ! go_usable "${GO}"; then
+    rm -rf "${dir}"
+    mv "${tmp}/go" "${dir}"
+  fi
+  rm -rf "${tmp}"
+  go_usable "${GO}" || die "${GO}: the fetched toolchain does not run"
+  log "using $("${GO}" env GOVERSION) from ${dir}"
+}
 
 # Go environment shared by every build script: one module and build cache.
 go_build_env() {
