@@ -52,7 +52,7 @@ def test_names_do_not_follow_the_hostname(tmp_path, hostname):
 
 
 def test_example_inventory_names_the_nodes_make_demo_starts(tmp_path):
-    planned = {name: preset for _, name, preset in _plan(tmp_path, _demo_nodes())}
+    planned = {row[1]: row[2] for row in _plan(tmp_path, _demo_nodes())}
     with open(INVENTORY, encoding="utf-8") as f:
         groups = yaml.safe_load(f)["all"]["children"]
     gpu_nodes = groups["gpu_nodes"]["hosts"]
