@@ -15,7 +15,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 help:
 	@echo "make test            venv + every test, sanity check and lint (what CI runs)"
-	@echo "make demo            the demo on a local cluster with a simulated MetaX node"
+	@echo "make demo            the demo on a local cluster with three simulated MetaX nodes"
 	@echo "make unit            unit tests only (fast)"
 	@echo "make sanity | lint   ansible-test sanity | ansible-lint + yamllint"
 	@echo "make cluster-up | cluster-status | cluster-down   local Kubernetes cluster"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and
-# kubectl for the pinned Kubernetes version from Go modules (k8s.io/kubernetes
+# Build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl
+# and kube-proxy for the pinned Kubernetes version from Go modules (k8s.io/kubernetes
 # through the Go module proxy), with the machine's Go.
 #
 # Result: ${METAX_CACHE_DIR}/k8s/<kube version>-<go version>/bin/<binary>
