@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl
-# and kube-proxy for the pinned Kubernetes version from Go modules (k8s.io/kubernetes
-# through the Go module proxy), with the machine's Go.
+# Build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
+# kubectl and kube-proxy for the pinned Kubernetes version from Go modules
+# (k8s.io/kubernetes through the Go module proxy), with the machine's Go >= 1.26
+# or the pinned toolchain ensure_go fetches (lib.sh).
 #
 # Result: ${METAX_CACHE_DIR}/k8s/<kube version>-<go version>/bin/<binary>
 # A rerun with that directory complete does no build (prints the path only).

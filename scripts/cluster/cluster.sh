@@ -4,8 +4,9 @@
 # simulated GPU nodes, each a kubelet + containerd 2 (+ runc) in its own
 # network and mount namespace with its own simulated MetaX root; the first
 # node carries the static-pod kube-scheduler from /etc/kubernetes/manifests;
-# bridge CNI per node, two registries (plain HTTP and htpasswd+TLS). Nothing
-# listens outside loopback and the cluster bridge.
+# bridge CNI per node, two registries (plain HTTP and htpasswd+TLS). The
+# apiserver and registries bind every address; an iptables INPUT chain
+# (CHAIN_IN) drops their ports except on loopback and the cluster bridge.
 #
 # Usage: [NODES="8xC500 4xN100 ..."] cluster.sh up | down | status | env | json | inventory
 #          | restart-kubelet [NODE] | podman-env | plan
