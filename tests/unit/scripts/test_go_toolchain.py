@@ -83,7 +83,7 @@ def test_fetches_checks_and_unpacks_the_pinned_toolchain(tmp_path, proxy):
     assert os.listdir(toolchains) == [VERSION]            # no temp dir, no zip left
     assert len(_Proxy.requests) == 1
 
-    again, _ = _ensure_go(tmp_path, proxy)                # present: nothing fetched
+    again = _ensure_go(tmp_path, proxy)[0]                # present: nothing fetched
     assert again.returncode == 0, again.stderr
     assert len(_Proxy.requests) == 1
 
