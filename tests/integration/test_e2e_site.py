@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 INVENTORY = os.path.join(ROOT, "docs", "examples", "local-cluster-inventory.yml")
 SIM_PARENT = "/var/lib/metax-sim"
+NAMESPACE = "metax-gpu"           # gpu_extensions_namespace's default, which the example inventory keeps
 PRESET_GPUS = {"8xC500": 8, "4xN100": 4}
 pytestmark = pytest.mark.cluster
 
@@ -83,6 +85,31 @@ def test_second_site_run_changes_nothing(cluster, site):
     out, _secs = _playbook(cluster, "site")
     recap = [line for line in out.splitlines() if "changed=" in line]
     assert recap and all("changed=0" in line for line in recap), "\n".join(recap)
+
+
+def _release_state(cluster):
+    """What a real (not check-mode) run would change: helm's release revisions and the workloads' generations."""
+    revisions = cluster.kubectl("-n", NAMESPACE, "get", "secrets", "-l", "owner=helm", "-o", "name", check=True).stdout
+    workloads = json.loads(cluster.kubectl("-n", NAMESPACE, "get", "daemonsets,deployments", "-o", "json",
+                                           check=True).stdout)["items"]
+    return sorted(revisions.split()), {w["metadata"]["name"]: w["metadata"]["generation"] for w in workloads}
+
+
+def test_check_diff_on_the_installed_cluster(cluster, site):
+    """The administrator's dry run before a change: nothing to do, then exactly the change asked for, shown."""
+    before = _release_state(cluster)
+    out, _secs = _playbook(cluster, "site", "--check", "--diff")
+    recap = [line for line in out.splitlines() if "changed=" in line]
+    assert recap and all("changed=0" in line for line in recap), "\n".join(recap)
+
+    out, _secs = _playbook(cluster, "site", "--check", "--diff", "-e", "gpu_extensions_gpu_device_healthy_interval=7")
+    recap = {line.split()[0]: line for line in out.splitlines() if "changed=" in line}
+    assert "changed=1" in recap["localhost"] and all("changed=0" in line for host, line in recap.items()
+                                                     if host != "localhost"), "\n".join(recap.values())
+    diff = [(line.lstrip()[0], re.search(r"--healthy-interval=\S+", line).group()) for line in out.splitlines()
+            if line.lstrip().startswith(("+", "-")) and "--healthy-interval=" in line]
+    assert diff == [("-", "--healthy-interval=2"), ("+", "--healthy-interval=7")], diff
+    assert _release_state(cluster) == before
 
 
 def test_two_gpu_pod_goes_through_the_extender(cluster, site):
