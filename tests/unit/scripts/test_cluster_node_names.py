@@ -52,7 +52,8 @@ def test_names_do_not_follow_the_hostname(tmp_path, hostname):
 
 
 def test_example_inventory_names_the_nodes_make_demo_starts(tmp_path):
-    planned = {row[1]: row[2] for row in _plan(tmp_path, _demo_nodes())}
+    rows = _plan(tmp_path, _demo_nodes())
+    planned = {row[1]: row[2] for row in rows}
     with open(INVENTORY, encoding="utf-8") as f:
         groups = yaml.safe_load(f)["all"]["children"]
     gpu_nodes = groups["gpu_nodes"]["hosts"]
@@ -60,5 +61,4 @@ def test_example_inventory_names_the_nodes_make_demo_starts(tmp_path):
     for name, host_vars in gpu_nodes.items():
         assert host_vars["metax_gpu_host_root"] == "/var/lib/metax-sim/" + name
     # the control plane is the first node: it carries the static kube-scheduler
-    first = _plan(tmp_path, _demo_nodes())[0][1]
-    assert list(groups["kube_control_plane"]["hosts"]) == [first]
+    assert list(groups["kube_control_plane"]["hosts"]) == [rows[0][1]]
