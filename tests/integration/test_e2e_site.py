@@ -20,6 +20,7 @@ import sys
 import time
 
 import pytest
+from playbook_output import recap
 from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import gpu_node_problems
@@ -83,8 +84,8 @@ def test_every_node_shows_its_preset(cluster, site):
 
 def test_second_site_run_changes_nothing(cluster, site):
     out, _secs = _playbook(cluster, "site")
-    recap = [line for line in out.splitlines() if "changed=" in line]
-    assert recap and all("changed=0" in line for line in recap), "\n".join(recap)
+    counts = recap(out)
+    assert counts and all(c["changed"] == 0 for c in counts.values()), counts
 
 
 def _release_state(cluster):
@@ -99,13 +100,13 @@ def test_check_diff_on_the_installed_cluster(cluster, site):
     """The administrator's dry run before a change: nothing to do, then exactly the change asked for, shown."""
     before = _release_state(cluster)
     out, _secs = _playbook(cluster, "site", "--check", "--diff")
-    recap = [line for line in out.splitlines() if "changed=" in line]
-    assert recap and all("changed=0" in line for line in recap), "\n".join(recap)
+    counts = recap(out)
+    assert counts and all(c["changed"] == 0 for c in counts.values()), counts
 
     out, _secs = _playbook(cluster, "site", "--check", "--diff", "-e", "gpu_extensions_gpu_device_healthy_interval=7")
-    recap = {line.split()[0]: line for line in out.splitlines() if "changed=" in line}
-    assert "changed=1" in recap["localhost"] and all("changed=0" in line for host, line in recap.items()
-                                                     if host != "localhost"), "\n".join(recap.values())
+    counts = recap(out)
+    assert counts["localhost"]["changed"] == 1 and all(c["changed"] == 0 for host, c in counts.items()
+                                                       if host != "localhost"), counts
     diff = [(line.lstrip()[0], re.search(r"--healthy-interval=\S+", line).group()) for line in out.splitlines()
             if line.lstrip().startswith(("+", "-")) and "--healthy-interval=" in line]
     assert diff == [("-", "--healthy-interval=2"), ("+", "--healthy-interval=7")], diff

@@ -35,6 +35,7 @@ import tempfile
 import uuid
 
 import pytest
+from playbook_output import recap
 from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME
@@ -333,7 +334,7 @@ def test_playbooks_enable_and_disable(cluster, extender, gpu_node, pristine):
     assert extender.calls("playbook-extender")      # the real scheduler reached it through the Service
     again = _playbook(cluster, "enable_gpu_aware", "-e", "gpu_aware_namespace=" + namespace,
                       "-e", "gpu_aware_backup_dir=" + pristine)
-    assert [line for line in again.splitlines() if "changed=" in line and "changed=0" not in line] == []
+    assert [host for host, c in recap(again).items() if c["changed"]] == []
     out = _playbook(cluster, "disable_gpu_aware", "-e", "gpu_aware_backup_dir=" + pristine)
     assert "runs without the gpu-aware extender" in out
     assert _with_config(False) and _snapshot() == original

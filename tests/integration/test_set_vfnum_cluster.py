@@ -19,6 +19,7 @@ import sys
 import time
 
 import pytest
+from playbook_output import recap
 from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
@@ -109,8 +110,8 @@ def test_zero_to_four_and_back_capacity_8_then_2(cluster, sriov_node):
     assert [p.numvfs for p in backend.read_pfs(host)] == [4, 4]
 
     rerun = _set_vfnum(cluster, name, 4)
-    recap = [line for line in rerun.stdout.splitlines() if "changed=" in line]
-    assert recap and all("changed=0" in line for line in recap), "\n".join(recap)
+    counts = recap(rerun.stdout)
+    assert counts and all(c["changed"] == 0 for c in counts.values()), counts
 
     dry = _set_vfnum(cluster, name, 0, "--check")
     assert "vfnum 4 -> 0 on 2 GPU(s)" in dry.stdout
