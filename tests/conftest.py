@@ -14,6 +14,8 @@ if os.path.isdir(_COLLECTIONS) and _COLLECTIONS not in sys.path:
 
 from hypothesis import settings  # noqa: E402
 
+import skip_policy  # noqa: E402
+
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  # noqa: E402
 
@@ -21,8 +23,39 @@ from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  
 # CI explores the same examples on every run (a red run must be reproducible);
 # developers' runs keep exploring new ones.
 settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+if skip_policy.in_ci():
     settings.load_profile("ci")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI, a skip that tests/allowed-skips.yml does not list fails (tests/skip_policy.py)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or hasattr(report, "wasxfail") or not skip_policy.in_ci():
+        return
+    reason = skip_policy.skip_reason(report.longrepr)
+    if skip_policy.allowed(item.nodeid, reason, _ALLOWED_SKIPS) is None:
+        report.outcome = "failed"
+        report.longrepr = ("skipped under CI (%s), and not in tests/allowed-skips.yml: a test gets what it needs "
+                           "from the deps phase (scripts/deps.sh, requirements/system.txt), so this machine lacks "
+                           "something CI must have" % reason)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a whole module skipped at import (pytest.importorskip at module level)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or not skip_policy.in_ci():
+        return
+    reason = skip_policy.skip_reason(report.longrepr)
+    if skip_policy.allowed(report.nodeid, reason, _ALLOWED_SKIPS) is None:
+        report.outcome = "failed"
+        report.longrepr = "module skipped under CI (%s), and not in tests/allowed-skips.yml" % reason
+
+
+_ALLOWED_SKIPS = skip_policy.load_allowlist()
 
 
 @pytest.fixture

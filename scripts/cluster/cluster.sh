@@ -48,7 +48,8 @@ CLUSTER_BRIDGE=metax-br0
 BRIDGE=metax-cni0
 NETNS_PREFIX=metax-gpu-
 VETH_PREFIX=metax-v
-CGROUP_PREFIX=metax-gpu-
+# cgroups of the nodes (overridable: a second cluster in a container sharing the host cgroup tree)
+CGROUP_PREFIX=${METAX_CGROUP_PREFIX:-metax-gpu-}
 CNI_NAME=metax-gpu-cluster
 CHAIN=METAX-GPU-CLUSTER
 CHAIN_FWD=METAX-GPU-CLUSTER-FWD
@@ -1114,12 +1115,10 @@ node_up() {
 cmd_up() {
   require_root
   local i node first planned
-  phase_start "debian packages"
-  "${CLUSTER_SCRIPTS}/packages.sh"
-  phase_start "kubernetes, containerd, helm binaries"
-  "${CLUSTER_SCRIPTS}/build-k8s.sh"
-  "${CLUSTER_SCRIPTS}/build-containerd.sh"
-  "${CLUSTER_SCRIPTS}/build-helm.sh"
+  # the project's one dependency list (requirements/system.txt): Debian
+  # packages, the Kubernetes, containerd and helm builds, the base image
+  phase_start "deps (requirements/system.txt)"
+  "${REPO_ROOT}/scripts/deps.sh"
   phase_start "preflight"
   planned=$(plan_nodes)
   [[ -n ${planned} ]] || die "NODES is empty: give one preset per node, e.g. NODES=\"8xC500 4xN100\""

@@ -107,6 +107,11 @@ phase_report() {
   printf '  %-38s %5ss\n' "total" "${total}" >&2
 }
 
+# system_deps KIND FILE: the NAMEs of FILE's KIND entries (requirements/system.txt)
+system_deps() {
+  awk -v kind="$1" '{ sub(/#.*/, "") } $1 == kind && NF >= 2 { print $2 }' "$2"
+}
+
 require_root() {
   [[ ${EUID} -eq 0 ]] || die "this must run as root (it starts kubelet/containerd, mounts and writes ${METAX_KUBE_ETC})."
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install the Debian packages the local cluster, the registries and the image
-# builds need, when missing (after `apt-get update`). Does nothing when all are
-# present. Services shipped by those packages are NOT started (policy-rc.d):
+# Install the Debian packages of requirements/system.txt (the project's one
+# dependency list: the `deb` entries) when missing, after `apt-get update`.
+# Does nothing when all are present. Services shipped by those packages are NOT started (policy-rc.d):
 # the cluster runs its own instances on its own ports and state dirs.
 #
 # Usage: packages.sh [--check]   (--check: list what is missing, exit 1 if any)
@@ -9,16 +9,18 @@ set -euo pipefail
 # shellcheck source=scripts/cluster/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-PACKAGES=(
-  etcd-server containerd runc containernetworking-plugins
-  podman buildah skopeo docker-registry debootstrap openssl
-  iptables apache2-utils gcc libc6-dev ca-certificates curl iproute2
-)
+# (The list path is overridable for tests/unit/scripts/ only.)
+mapfile -t PACKAGES < <(system_deps deb "${METAX_SYSTEM_DEPS:-${REPO_ROOT}/requirements/system.txt}")
+((${#PACKAGES[@]})) || die "no deb entries in ${METAX_SYSTEM_DEPS:-${REPO_ROOT}/requirements/system.txt}"
 
+# one dpkg-query for the whole list (a package dpkg never heard of prints nothing)
+declare -A state=()
+while read -r name status; do
+  state[${name%%:*}]=${status}
+done < <(dpkg-query -W -f='${binary:Package} ${db:Status-Status}\n' "${PACKAGES[@]}" 2>/dev/null || true)
 missing=()
 for p in "${PACKAGES[@]}"; do
-  status=$(dpkg-query -W -f='${db:Status-Status}' "${p}" 2>/dev/null || true)
-  [[ ${status} == installed ]] || missing+=("${p}")
+  [[ ${state[${p}]:-} == installed ]] || missing+=("${p}")
 done
 
 if ((${#missing[@]} == 0)); then
@@ -61,4 +63,4 @@ if ! apt-get install -y -qq "${missing[@]}" >"${TMPDIR:-/tmp}/metax-apt.log" 2>&
   die "apt-get install failed (full log: ${TMPDIR:-/tmp}/metax-apt.log). Install by hand:
   apt-get install -y ${missing[*]}"
 fi
-log "Debian packages installed."
+log "Debian packages installed: ${missing[*]}"

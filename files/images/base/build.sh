@@ -19,7 +19,8 @@ source "$(dirname "$0")/../../../scripts/cluster/lib.sh"
 
 SUITE=${METAX_BASE_SUITE}
 IMAGE=${METAX_BASE_IMAGE}
-INCLUDE=python3,python3-venv,ca-certificates
+# (METAX_BASE_INCLUDE: scripts/clean-room.sh makes its root with only the README's prerequisites)
+INCLUDE=${METAX_BASE_INCLUDE:-python3,python3-venv,ca-certificates}
 CACHE=${METAX_CACHE_DIR}/images
 mkdir -p "${CACHE}"
 
@@ -44,7 +45,8 @@ debian_mirror() {
   echo "http://deb.debian.org/debian"
 }
 
-key="${SUITE}-$(echo "${INCLUDE}" | sha256sum | cut -c1-8)-$(date +%G-W%V)"
+include_key="${SUITE}-$(echo "${INCLUDE}" | sha256sum | cut -c1-8)"
+key="${include_key}-$(date +%G-W%V)"
 tarball=${CACHE}/debootstrap-${key}.tar
 
 # Already in podman's store with this rootfs?
@@ -72,8 +74,8 @@ if [[ ! -s ${tarball} ]]; then
   tar --numeric-owner --exclude='./dev/*' --exclude='./proc/*' --exclude='./sys/*' \
     -C "${work}/root" -cf "${tarball}.partial" .
   mv "${tarball}.partial" "${tarball}"
-  # Older weeks' tarballs are superseded.
-  find "${CACHE}" -maxdepth 1 -name "debootstrap-${SUITE}-*.tar" ! -name "$(basename "${tarball}")" -delete
+  # Older weeks' tarballs of the same package list are superseded.
+  find "${CACHE}" -maxdepth 1 -name "debootstrap-${include_key}-*.tar" ! -name "$(basename "${tarball}")" -delete
   log "rootfs cached: ${tarball} ($(du -h "${tarball}" | cut -f1))"
 fi
 

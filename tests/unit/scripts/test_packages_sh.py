@@ -72,7 +72,7 @@ def test_installs_and_exits_0_with_a_pre_existing_policy_file(fakes):
     policy.write_text("#!/bin/sh\n# the image's own\nexit 0\n")
     proc = _run(env)
     assert proc.returncode == 0, proc.stderr
-    assert "Debian packages installed." in proc.stderr
+    assert "Debian packages installed: " in proc.stderr
     assert any(line.startswith("apt-get install") for line in calls.read_text().splitlines())
     # the image's file is untouched
     assert policy.read_text() == "#!/bin/sh\n# the image's own\nexit 0\n"
@@ -92,5 +92,19 @@ def test_check_lists_missing_packages_and_exits_1(fakes):
     env, policy, calls = fakes
     proc = _run(env, "--check")
     assert proc.returncode == 1
-    assert proc.stdout.startswith("missing Debian packages: etcd-server containerd")
+    # every deb entry of the one dependency list, in its order
+    with open(os.path.join(REPO, "requirements", "system.txt")) as handle:
+        debs = [line.split("#")[0].split()[1] for line in handle if line.split("#")[0].split()[:1] == ["deb"]]
+    assert "etcd-server" in debs and "docker-registry" in debs
+    assert proc.stdout == "missing Debian packages: %s\n" % " ".join(debs)
     assert not calls.exists() and not policy.exists()
+
+
+def test_the_list_is_read_from_requirements_system_txt(fakes, tmp_path):
+    env, _policy, _calls = fakes
+    scratch = tmp_path / "system.txt"
+    scratch.write_text("# a comment\ndeb alpha   # first\ngo helm\n\ndeb beta\n")
+    env["METAX_SYSTEM_DEPS"] = str(scratch)
+    proc = _run(env, "--check")
+    assert proc.returncode == 1
+    assert proc.stdout == "missing Debian packages: alpha beta\n"

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# `make clean-room`: the README's two commands in a fresh Debian 12 root, as CI
+# runs them (CI=true), and the result and the time of each.
+#
+# The root is a privileged podman container of a freshly debootstrapped
+# bookworm holding only the README's prerequisites (Python 3.11, make, git)
+# and a clean clone of this checkout's HEAD (commit first: uncommitted
+# changes are not in it). The only things taken from this machine:
+#   - the Go-built binaries' cache (Kubernetes, containerd, helm), mounted, so
+#     that a run does not rebuild Kubernetes for 10 minutes;
+#   - the machine's environment, not the project's: its CA bundle (HTTPS to
+#     the package registries goes through a proxy with its own CA) and its
+#     Debian mirror.
+# Everything else (Debian packages, Go, the venv, images) is installed by the
+# project's own deps phase inside. The container has its own network
+# namespace and its own cgroup prefix, so a cluster running on this machine
+# is not touched.
+#
+# Usage: scripts/clean-room.sh [COMMAND...]   default: "make test" then "make demo"
+# Logs: tests/output/clean-room/{test,demo}.log; summary: .../summary.txt
+set -euo pipefail
+# shellcheck source=scripts/cluster/lib.sh
+source "$(dirname "$0")/cluster/lib.sh"
+require_root
+
+ROOT_IMAGE=${METAX_CLEAN_ROOM_IMAGE:-localhost/metax-gpu/clean-room:bookworm}
+OUT=${REPO_ROOT}/tests/output/clean-room
+NAME=metax-clean-room-$$
+mkdir -p "${OUT}"
+commands=("$@")
+((${#commands[@]})) || commands=("make test" "make demo")
+
+command -v podman >/dev/null || "${REPO_ROOT}/scripts/deps.sh"
+# the fresh root: minbase + the README's prerequisites, nothing else
+METAX_BASE_IMAGE=${ROOT_IMAGE} METAX_BASE_INCLUDE=python3,make,git \
+  "${REPO_ROOT}/files/images/base/build.sh"
+
+mounts=(-v "${REPO_ROOT}:/src:ro" -v "${OUT}:/out")
+for d in "k8s" "containerd" "helm" "helm-diff"; do   # the Go-built binaries, by version
+  [[ -d ${METAX_CACHE_DIR}/${d} ]] && mounts+=(-v "${METAX_CACHE_DIR}/${d}:/root/.cache/metax-gpu/${d}")
+done
+[[ -s /etc/ssl/certs/ca-certificates.crt ]] && mounts+=(-v /etc/ssl/certs/ca-certificates.crt:/run/machine-ca.crt:ro)
+
+# Inside: the machine's CA into the trust store (ca-certificates, installed by
+# the deps phase, keeps it), a clean clone, then each command with CI=true.
+inside=$(cat <<'EOS'
+set -u
+if [ -s /run/machine-ca.crt ]; then
+  mkdir -p /usr/local/share/ca-certificates /etc/ssl/certs
+  cp /run/machine-ca.crt /usr/local/share/ca-certificates/machine-ca.crt
+  cp /run/machine-ca.crt /etc/ssl/certs/ca-certificates.crt
+fi
+git clone -q /src /work/metax && cd /work/metax || exit 90
+echo "clean clone of $(git rev-parse --short HEAD); python $(python3 --version 2>&1); $(make --version | head -n1); $(git --version)"
+i=0
+for cmd in "$@"; do
+  i=$((i + 1))
+  log=/out/$(echo "${cmd}" | tr -c 'a-z0-9\n' '-' | sed 's/^make-//').log
+  t0=$(date +%s)
+  CI=true bash -c "${cmd}" >"${log}" 2>&1
+  rc=$?
+  echo "${cmd}: exit ${rc} in $(( $(date +%s) - t0 )) s (log: tests/output/clean-room/$(basename "${log}"))"
+  grep -E '^tests: [0-9]+ passed' "${log}" | tail -n1 | sed 's/^/    /'
+done
+EOS
+)
+log "clean room: ${ROOT_IMAGE}, running: ${commands[*]}"
+t0=${SECONDS}
+# --cgroupns=host + /sys/fs/cgroup: the kubelets need the cgroup tree; their
+# own prefix keeps them apart from a cluster on this machine. The ulimits: runc
+# cannot raise rlimits above these here (LOCAL-CLUSTER-NOTES).
+rc=0
+podman run --rm --name "${NAME}" --privileged --network bridge --cgroupns=host \
+  -v /sys/fs/cgroup:/sys/fs/cgroup --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 \
+  -e METAX_CGROUP_PREFIX=metax-cleanroom- -e PIP_DEFAULT_TIMEOUT=180 \
+  "${mounts[@]}" "${ROOT_IMAGE}" bash -c "${inside}" clean-room "${commands[@]}" | tee "${OUT}/summary.txt" || rc=$?
+echo "clean room: $((SECONDS - t0)) s in all" | tee -a "${OUT}/summary.txt"
+# every command must have exited 0
+grep -q ': exit [1-9]' "${OUT}/summary.txt" && rc=1
+[[ $(grep -c ': exit 0 in' "${OUT}/summary.txt") -eq ${#commands[@]} ]] || rc=1
+exit "${rc}"
