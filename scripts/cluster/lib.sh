@@ -190,8 +190,9 @@ ensure_go() {
   esac
   sha=GO_TOOLCHAIN_SHA256_${arch}
   sha=${!sha}
-  # the first HTTP(S) entry of GOPROXY, as the go command would try it
-  for p in ${GOPROXY//[,|]/ }; do
+  # the first HTTP(S) entry of GOPROXY, as the go command would try it (often unset)
+  local goproxy=${GOPROXY:-}
+  for p in ${goproxy//[,|]/ }; do
     [[ ${p} == http://* || ${p} == https://* ]] && proxy=${p} && break
   done
   url=${proxy%/}/golang.org/toolchain/@v/v0.0.1-${GO_TOOLCHAIN_VERSION}.linux-${arch}.zip

@@ -103,3 +103,26 @@ def test_never_replaces_a_go_the_caller_chose(tmp_path, proxy):
     assert proc.returncode != 0
     assert "is not a usable Go >= 1.26 (go1.19.8)" in proc.stderr
     assert _Proxy.requests == [] and not toolchains.exists()
+
+
+def test_an_unset_goproxy_means_the_go_module_proxy(tmp_path):
+    """A fresh machine has no GOPROXY: under the scripts' `set -u` the fetch goes to the default proxy.
+
+    A fake curl on PATH records the URL and fails, so nothing is downloaded.
+    """
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "curl").write_text('#!/bin/sh\nfor a; do url=$a; done\necho "$url" > "%s"\nexit 22\n'
+                                 % (tmp_path / "url"))
+    (bindir / "curl").chmod(0o755)
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k != "GOPROXY"}
+    env.update(PATH="%s:%s" % (bindir, os.environ["PATH"]), METAX_CACHE_DIR=str(cache), GO_TOOLCHAIN_VERSION=VERSION,
+               GO=str(cache / "go-toolchain" / VERSION / "bin" / "go"))
+    proc = subprocess.run(["bash", "-c", 'set -euo pipefail; source "$0"; ensure_go', LIB_SH],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode != 0
+    assert "unbound variable" not in proc.stderr
+    assert "cannot download https://proxy.golang.org/golang.org/toolchain/@v/v0.0.1-%s.linux-" % VERSION \
+        in proc.stderr
+    assert (tmp_path / "url").read_text().startswith("https://proxy.golang.org/golang.org/toolchain/@v/")
