@@ -51,6 +51,7 @@ if [ -s /run/machine-ca.crt ]; then
   cp /run/machine-ca.crt /etc/ssl/certs/ca-certificates.crt
 fi
 git clone -q /src /work/metax && cd /work/metax || exit 90
+exec >>/out/summary.txt 2>&1
 echo "clean clone of $(git rev-parse --short HEAD); python $(python3 --version 2>&1); $(make --version | head -n1); $(git --version)"
 i=0
 for cmd in "$@"; do
@@ -66,15 +67,30 @@ EOS
 )
 log "clean room: ${ROOT_IMAGE}, running: ${commands[*]}"
 t0=${SECONDS}
+# The cluster's state (containerd's overlay snapshots) must not sit on the
+# container's own overlay root: the kernel refuses overlay upper dirs there.
+STATE_DIR=${METAX_CLEAN_ROOM_STATE:-/var/lib/metax-gpu-clean-room}
+rm -rf "${STATE_DIR}"
+mkdir -p "${STATE_DIR}/cluster" "${STATE_DIR}/kubelet"
+: >"${OUT}/summary.txt"
 # --cgroupns=host + /sys/fs/cgroup: the kubelets need the cgroup tree; their
 # own prefix keeps them apart from a cluster on this machine. The ulimits: runc
-# cannot raise rlimits above these here (LOCAL-CLUSTER-NOTES).
-rc=0
-podman run --rm --name "${NAME}" --privileged --network bridge --cgroupns=host \
+# cannot raise rlimits above these here (LOCAL-CLUSTER-NOTES). Detached, and
+# waited for: the result is what the container wrote, whatever happens to
+# this client.
+podman run -d --name "${NAME}" --privileged --network bridge --cgroupns=host \
   -v /sys/fs/cgroup:/sys/fs/cgroup --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 \
+  -v "${STATE_DIR}/cluster:/var/lib/metax-gpu-cluster" -v "${STATE_DIR}/kubelet:/var/lib/kubelet" \
   -e METAX_CGROUP_PREFIX=metax-cleanroom- -e PIP_DEFAULT_TIMEOUT=180 \
-  "${mounts[@]}" "${ROOT_IMAGE}" bash -c "${inside}" clean-room "${commands[@]}" | tee "${OUT}/summary.txt" || rc=$?
+  "${mounts[@]}" "${ROOT_IMAGE}" bash -c "${inside}" clean-room "${commands[@]}" >/dev/null
+trap 'podman rm -f "${NAME}" >/dev/null 2>&1 || true' EXIT
+tail -n +1 -F "${OUT}/summary.txt" 2>/dev/null &
+follower=$!
+podman wait "${NAME}" >/dev/null || true
+sleep 1
+kill "${follower}" 2>/dev/null || true
 echo "clean room: $((SECONDS - t0)) s in all" | tee -a "${OUT}/summary.txt"
+rc=0
 # every command must have exited 0
 grep -q ': exit [1-9]' "${OUT}/summary.txt" && rc=1
 [[ $(grep -c ': exit 0 in' "${OUT}/summary.txt") -eq ${#commands[@]} ]] || rc=1
