@@ -16,7 +16,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 help:
 	@echo "make test            deps + venv + every test, sanity check and lint (what CI runs)"
 	@echo "make deps            install what requirements/system.txt lists (Debian packages, Go builds, images)"
-	@echo "make clean-room      make test + make demo in a fresh Debian 12 container, as CI would (CI=true)"
+	@echo "make clean-room      make test + make demo from a fresh Debian 12 root (CI=true): the cluster part on the machine"
 	@echo "make demo            the demo on a local cluster with three simulated MetaX nodes"
 	@echo "make unit            unit tests only (fast)"
 	@echo "make sanity | lint   ansible-test sanity | ansible-lint + yamllint"
