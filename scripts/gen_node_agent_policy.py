@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
@@ -15,8 +14,8 @@ gives it. This script
    packages its charts from their directories, so the subchart must be there
    (no `helm dependency build` at install time).
 
-    scripts/gen_node_agent_policy.py           # write what is out of date
-    scripts/gen_node_agent_policy.py --check   # exit 1 and name each file out of date
+    python3 scripts/gen_node_agent_policy.py           # write what is out of date
+    python3 scripts/gen_node_agent_policy.py --check   # exit 1 and name each file out of date
 
 tests/unit/charts/test_node_agent_policy.py runs the check, so a change to
 names.py without a rerun fails the unit tests.
