@@ -134,6 +134,7 @@ def tokens(cluster):
     apply_policy(cluster, NS)
     try:
         t.place_pods()
+
         # the admission plugin picks the policy up from its informer: wait until it denies
         def active():
             status, message = t.patch("gpu-label", t.nodes[0], t.nodes[0],
