@@ -136,9 +136,10 @@ def tokens(cluster):
         t.place_pods()
 
         # the admission plugin picks the policy up from its informer: wait until it denies
+        # (a new value each time: a patch that changes nothing is no change to refuse)
         def active():
             status, message = t.patch("gpu-label", t.nodes[0], t.nodes[0],
-                                      {"metadata": {"labels": {"example.com/policy-probe": "x"}}})
+                                      {"metadata": {"labels": {"example.com/policy-probe": uuid.uuid4().hex}}})
             return status == 403 and POLICY in message
         wait_until(active, 60, "the policy %s to be in force" % POLICY)
         yield t
