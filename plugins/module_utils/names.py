@@ -10,6 +10,8 @@ other module imports them from here.
 
 from __future__ import annotations
 
+from typing import Dict, Tuple
+
 DOMAIN = "metax-tech.com"
 PREFIX = DOMAIN + "/"
 
@@ -31,6 +33,10 @@ LABEL_GPU_PRODUCT = LABEL_PREFIX + "gpu.product"
 LABEL_GPU_SRIOV = LABEL_PREFIX + "gpu.sriov"
 LABEL_GPU_VFNUM = LABEL_PREFIX + "gpu.vfnum"
 LABEL_GPU_COUNT = LABEL_PREFIX + "gpu.count"     # extra: physical GPUs on the node
+# Every label gpu-label sets, so it can also remove the ones it no longer sets.
+GPU_LABEL_KEYS = (LABEL_GPU_INSTALLED, LABEL_DRIVER_READY, LABEL_DRIVER_MAJOR, LABEL_DRIVER_MINOR, LABEL_DRIVER_PATCH,
+                  LABEL_DRIVER_MODE, LABEL_GPU_FAMILY, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT, LABEL_GPU_SRIOV,
+                  LABEL_GPU_VFNUM, LABEL_GPU_COUNT)
 
 # Node annotations published by gpu-device.
 ANNOTATION_SCORES = PREFIX + "gpu.topology.scores"
@@ -60,3 +66,15 @@ ANNOTATION_VFNUM_MESSAGE = PREFIX + "gpu.vfnum.message"
 VFNUM_STATES = ("pending", "success", "failed")
 # the driver upgrade strips metax-tech.com/ labels except these
 DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_AGENTS_PAUSED, LABEL_VFNUM_STATE)
+
+# The Node keys each node agent writes (issue 30), by agent (= its service
+# account) and metadata field. The charts' ValidatingAdmissionPolicy lets an
+# agent change only these, and only on its own node: its allowed sets are
+# generated from this table (scripts/gen_node_agent_policy.py), and a unit test
+# fails when the charts and this table disagree. An agent that starts writing
+# a new key needs it here first; a new node agent (the operator's components,
+# with their readiness label) adds its row.
+NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
+    "gpu-device": {"labels": (), "annotations": ANNOTATION_KEYS},
+    "gpu-label": {"labels": GPU_LABEL_KEYS, "annotations": ()},
+}

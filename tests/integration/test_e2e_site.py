@@ -7,7 +7,8 @@ ansible-playbook metax.gpu.site with docs/examples/local-cluster-inventory.yml
 (images built and pushed, chart installed, gpu-aware enabled, verify), then:
 every node shows its preset's capacity, allocatable and labels; a 2-GPU pod is
 placed through the extender and sees its devices; a simulated GPU fault drops
-allocatable by one; metax.gpu.uninstall leaves the nodes as they were.
+allocatable by one; metax.gpu.uninstall leaves the nodes as they were. The
+agents do all this under the chart's node-agent admission policy (issue 30).
 """
 
 from __future__ import annotations
@@ -80,6 +81,21 @@ def test_every_node_shows_its_preset(cluster, site):
         preset = (cluster.info.get("METAX_SIM_PRESET_" + name.upper().replace("-", "_")) or "")
         if preset in PRESET_GPUS:
             assert count == PRESET_GPUS[preset]
+
+
+def test_the_agents_work_under_the_node_agent_policy(cluster, site):
+    """The chart installed its admission policy (a 1.30+ cluster), and the agents' writes above passed it."""
+    name = NAMESPACE + "-node-agents"
+    policy = json.loads(cluster.kubectl("get", "validatingadmissionpolicy", name, "-o", "json", check=True).stdout)
+    binding = json.loads(cluster.kubectl("get", "validatingadmissionpolicybinding", name, "-o", "json",
+                                         check=True).stdout)
+    assert binding["spec"]["policyName"] == name and binding["spec"]["validationActions"] == ["Deny"]
+    assert not (policy.get("status", {}).get("typeChecking") or {}).get("expressionWarnings"), policy.get("status")
+    for agent in ("gpu-device", "gpu-label"):
+        assert "system:serviceaccount:%s:%s" % (NAMESPACE, agent) in policy["spec"]["matchConditions"][0]["expression"]
+        logs = cluster.kubectl("-n", NAMESPACE, "logs", "-l", "app.kubernetes.io/name=" + agent, "--tail=-1",
+                               "--prefix", check=True).stdout
+        assert "ValidatingAdmissionPolicy" not in logs, logs[-3000:]
 
 
 def test_second_site_run_changes_nothing(cluster, site):

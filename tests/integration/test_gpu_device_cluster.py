@@ -13,7 +13,9 @@ a pod asking for 2 gets the allocator's pair and sees exactly those device
 nodes; the annotations follow allocations; a failed GPU leaves allocatable 7
 with capacity 8 and comes back after recovery; 2 x C550 with vfnum 4 gives
 capacity 8; a kubelet restart is survived (when the cluster tooling can
-restart the kubelet).
+restart the kubelet). The agents run under the chart's node-agent admission
+policy (tests/integration/node_policy.py), as an installation does: every
+annotation write above passes it.
 
 Shared helpers for tests/integration/test_gpu_label_cluster.py live here too.
 """
@@ -36,6 +38,10 @@ pytestmark = pytest.mark.cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import node_policy  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.registration import socket_identity  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import allocate  # noqa: E402
@@ -91,6 +97,7 @@ class Agents:
 
         self.cluster = cluster
         self.images = images
+        self.policy = None      # the node-agent admission policy objects, once start() applied them
         self.api = client.CoreV1Api(cluster.api_client())
         self.apps = client.AppsV1Api(self.api.api_client)
         self.node = cluster.node_name
@@ -146,8 +153,10 @@ class Agents:
         }
 
     def start(self, name, args, volumes):
-        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
-                   *self.rbac(name), self.daemonset(name, args, volumes))
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}, *self.rbac(name))
+        # the agents run under the chart's node-agent admission policy, as installed (issue 30)
+        self.policy = node_policy.apply_policy(self.cluster, NS)
+        self.apply(self.daemonset(name, args, volumes))
         return self.wait_ready(name)
 
     def pod_of(self, name):
@@ -328,6 +337,8 @@ def test_capacity_allocatable_and_annotations(device_agent):
     m = metrics(agents)
     assert m["metax_gpu_devices"] == 8 and m["metax_gpu_devices_healthy"] == 8
     assert m["metax_gpu_registrations_total"] >= 1
+    # written under the node-agent admission policy, none refused
+    assert agents.policy and "ValidatingAdmissionPolicy" not in agents.logs("gpu-device")
 
 
 def test_pod_gets_the_allocators_pair(device_agent, cluster):

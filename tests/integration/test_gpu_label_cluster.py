@@ -8,7 +8,9 @@ node over the 8xC500 simulated root; a wrong value is corrected; labels of
 other components -- ``metax-tech.com/`` ones included -- are left alone;
 unloading the driver flips ``driver.ready`` and removes the version labels,
 loading it brings them back; nothing is written while nothing changes; the
-service account can get and patch nodes and nothing more.
+service account can get and patch nodes and nothing more. The agent runs under
+the chart's node-agent admission policy, as installed (Agents.start), so every
+label write above passes it.
 """
 
 from __future__ import annotations
@@ -120,6 +122,16 @@ def test_driver_unload_and_load(label_agent):
                    INTERVAL * 3 + 5, "driver.ready=true again")
     assert got["gpu.driver.major"] == "2"
     assert labels(agents)[P + "gpu.driver.channel"] == "beta"
+
+
+def test_runs_under_the_node_agent_policy(label_agent):
+    """The policy names this agent's service account, and none of its writes was refused."""
+    agents = label_agent
+    policy = [o for o in agents.policy if o["kind"] == "ValidatingAdmissionPolicy"][0]
+    assert "system:serviceaccount:%s:gpu-label" % NS in policy["spec"]["matchConditions"][0]["expression"]
+    wait_for(lambda: ours(agents).get("gpu.product") == "C500", 60, "labels in place")
+    log = agents.logs("gpu-label")
+    assert "labels updated" in log and "ValidatingAdmissionPolicy" not in log and "HTTP 403" not in log
 
 
 def test_minimal_rbac(label_agent, cluster):

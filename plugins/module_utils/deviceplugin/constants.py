@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+# Re-exported: the deviceplugin modules read them as C.ANNOTATION_*.
+from ..names import ANNOTATION_DEVICES, ANNOTATION_KEYS, ANNOTATION_LOSSES, ANNOTATION_SCORES  # noqa: F401  pylint: disable=unused-import
+
 # kubelet device-plugin API (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1)
 API_VERSION = "v1beta1"
 HEALTHY = "Healthy"
@@ -19,11 +22,9 @@ PLUGIN_SOCKET_PREFIX = "metax-gpu-"
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 # Node annotations published by gpu-device: gpu-aware reads all three; HAMi
-# reads only the two topology tables (never gpu.devices).
-ANNOTATION_SCORES = "metax-tech.com/gpu.topology.scores"
-ANNOTATION_LOSSES = "metax-tech.com/gpu.topology.losses"
-ANNOTATION_DEVICES = "metax-tech.com/gpu.devices"
-ANNOTATION_KEYS = (ANNOTATION_SCORES, ANNOTATION_LOSSES, ANNOTATION_DEVICES)
+# reads only the two topology tables (never gpu.devices): ANNOTATION_* above,
+# from names.py, where the admission policy's allowed set for gpu-device
+# comes from.
 
 # What a container gets from Allocate.
 DEVICE_MXCD = "/dev/mxcd"

@@ -19,11 +19,9 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from .. import names as N
 from .model import DriverState, Inventory
 
-# Every key the labeller may set, so it can delete the ones it no longer sets.
-OWNED_LABEL_KEYS: Tuple[str, ...] = (
-    N.LABEL_GPU_INSTALLED, N.LABEL_DRIVER_READY, N.LABEL_DRIVER_MAJOR, N.LABEL_DRIVER_MINOR, N.LABEL_DRIVER_PATCH, N.LABEL_DRIVER_MODE,
-    N.LABEL_GPU_FAMILY, N.LABEL_GPU_MEMORY, N.LABEL_GPU_PRODUCT, N.LABEL_GPU_SRIOV, N.LABEL_GPU_VFNUM, N.LABEL_GPU_COUNT,
-)
+# Every key the labeller may set, so it can delete the ones it no longer sets
+# (names.py: the admission policy allows gpu-label exactly these).
+OWNED_LABEL_KEYS: Tuple[str, ...] = N.GPU_LABEL_KEYS
 
 DRIVER_MODES = ("native", "cloud")
 

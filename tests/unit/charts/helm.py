@@ -50,10 +50,11 @@ def helm_required(helm: Optional[str]) -> Any:
 
 
 def render(helm: str, values: Dict[str, Any], sets: Sequence[str] = (),
-           namespace: str = "metax-gpu") -> Tuple[int, List[Dict[str, Any]], str]:
-    """(rc, objects, stderr) of `helm template` with ``values`` (a values file) and ``--set`` pairs."""
-    args = [helm, "template", "metax-gpu-extensions", str(CHART), "--namespace", namespace,
-            "--values", "-"]
+           namespace: str = "metax-gpu", extra: Sequence[str] = (),
+           chart: Path = CHART) -> Tuple[int, List[Dict[str, Any]], str]:
+    """(rc, objects, stderr) of `helm template` with ``values`` (a values file), ``--set`` pairs and ``extra`` flags."""
+    args = [helm, "template", "metax-gpu-extensions", str(chart), "--namespace", namespace,
+            "--values", "-"] + list(extra)
     for pair in sets:
         args += ["--set", pair]
     proc = subprocess.run(args, input=yaml.safe_dump(values), capture_output=True, text=True,

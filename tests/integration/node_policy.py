@@ -1,0 +1,68 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The charts' node-agent ValidatingAdmissionPolicy, rendered for a test namespace and applied to the local cluster.
+
+Rendered by the real chart with the capabilities this cluster's discovery
+reports (what `helm install` gives the chart's "auto" check), so the agents
+under test run under exactly the policy an installation gets. Not `helm
+template --validate`: it refuses objects that exist outside a release (the
+installed release's ClusterRoles, the policy applied by an earlier module). The policy is
+named after the namespace and matches only that namespace's agent service
+accounts, so it never touches an installed release.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any, Dict, List
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHART = os.path.join(REPO, "files", "charts", "metax-gpu-extensions")
+POLICY_TEMPLATE = "templates/node-agent-policy.yaml"
+KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
+def policy_name(namespace: str) -> str:
+    return "%s-node-agents" % namespace
+
+
+def capabilities(cluster) -> List[str]:
+    """helm flags for the server's version and, when served, the v1 ValidatingAdmissionPolicy kind."""
+    res = cluster.kubectl("version", "-o", "json")
+    assert res.returncode == 0, res.stderr
+    flags = ["--kube-version", json.loads(res.stdout)["serverVersion"]["gitVersion"]]
+    res = cluster.kubectl("get", "--raw", "/apis/admissionregistration.k8s.io/v1")
+    assert res.returncode == 0, res.stderr
+    if any(r["kind"] == "ValidatingAdmissionPolicy" for r in json.loads(res.stdout)["resources"]):
+        flags += ["--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"]
+    return flags
+
+
+def render(cluster, namespace: str, show_only: str = POLICY_TEMPLATE) -> List[Dict[str, Any]]:
+    """The chart's objects of one template for ``namespace``, with the cluster's capabilities."""
+    helm = cluster.helm or "helm"
+    proc = subprocess.run([helm, "template", "policy-it", CHART, "--namespace", namespace,
+                           "--show-only", show_only] + capabilities(cluster),
+                          env=cluster.env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, "helm template failed:\n%s" % proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def apply(cluster, objects: List[Dict[str, Any]]) -> None:
+    res = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
+    assert res.returncode == 0, res.stderr
+
+
+def apply_policy(cluster, namespace: str) -> List[Dict[str, Any]]:
+    """Render and apply the policy and binding for ``namespace``; returns them (the capability check must pass)."""
+    objects = render(cluster, namespace)
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(KINDS), (
+        "the chart did not render the policy on this cluster (its auto capability check failed): %s" % kinds)
+    apply(cluster, objects)
+    return objects

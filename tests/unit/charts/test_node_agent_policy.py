@@ -1,0 +1,233 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The node-agent ValidatingAdmissionPolicy (issue 30): generated from names.py, rendered on a capability check.
+
+What the policy admits is tested against the real apiserver in
+tests/integration/test_node_agent_policy_cluster.py. Here: the key sets in
+the charts are exactly names.NODE_AGENT_KEYS (and the generator catches a
+change to names.py that was not regenerated), every service account that may
+write Nodes is confined, and the policy renders only where the API server
+supports it, with the values switch as the documented fallback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from ansible_collections.metax.gpu.plugins.module_utils import names
+
+from .helm import CHART, CHARTS, ROOT, find_helm, helm_required, render
+
+HELM = find_helm()
+
+_spec = importlib.util.spec_from_file_location("gen_node_agent_policy", ROOT / "scripts" / "gen_node_agent_policy.py")
+gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen)
+
+VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+SUPPORTED = ["--api-versions", VAP_API, "--kube-version", "1.30.0"]
+EXTENSIONS_AGENTS = {"gpu-device", "gpu-label"}
+
+
+def policy_objects(objects: List[Dict[str, Any]]):
+    found = {o["kind"]: o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")}
+    return found.get("ValidatingAdmissionPolicy"), found.get("ValidatingAdmissionPolicyBinding")
+
+
+def variables(policy: Dict[str, Any]) -> Dict[str, str]:
+    return {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+
+
+# -- generation from names.py (no helm needed) -------------------------------
+
+def test_the_charts_are_generated_from_names_py():
+    """Fails when names.py changed and scripts/gen_node_agent_policy.py was not rerun (or a copy was edited)."""
+    assert gen.out_of_date() == [], "run scripts/gen_node_agent_policy.py"
+
+
+def test_the_extensions_chart_uses_the_library_chart():
+    assert gen.users_of_library() == ["metax-gpu-extensions"]
+
+
+def test_key_data_is_the_table():
+    data = gen.key_data(names.PREFIX, names.NODE_AGENT_KEYS)
+    assert data["prefix"] == "metax-tech.com/"
+    assert set(data["agents"]) == set(names.NODE_AGENT_KEYS)
+    for agent, fields in names.NODE_AGENT_KEYS.items():
+        for field in ("labels", "annotations"):
+            assert data["agents"][agent][field] == sorted(fields[field])
+    # what the agents really write: gpu-label its Table 2.7 labels, gpu-device its annotations
+    from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin import constants
+    from ansible_collections.metax.gpu.plugins.module_utils.gpu.labels import OWNED_LABEL_KEYS
+    assert data["agents"]["gpu-label"] == {"labels": sorted(OWNED_LABEL_KEYS), "annotations": []}
+    assert data["agents"]["gpu-device"] == {"labels": [], "annotations": sorted(constants.ANNOTATION_KEYS)}
+
+
+@pytest.mark.parametrize("table, words", [
+    ({"a": {"labels": ("example.com/x",)}}, "'example.com/x' is not under metax-tech.com/"),
+    ({"a": {"labels": ("metax-tech.com/",)}}, "is not under"),
+    ({"a": {"labels": ("metax-tech.com/x",)}, "b": {"labels": ("metax-tech.com/x",)}},
+     "label 'metax-tech.com/x' is owned by both a and b"),
+    ({"a": {"taints": ()}}, "unknown field(s) ['taints']"),
+])
+def test_a_table_the_policy_cannot_express_is_refused(table, words):
+    with pytest.raises(gen.TableError) as err:
+        gen.key_data("metax-tech.com/", table)
+    assert words in str(err.value)
+
+
+def _tree_copy(tmp_path: Path) -> Path:
+    """names.py and files/charts in a scratch root, to change one without touching the checkout."""
+    root = tmp_path / "repo"
+    (root / "plugins" / "module_utils").mkdir(parents=True)
+    shutil.copy(ROOT / gen.NAMES_PY, root / gen.NAMES_PY)
+    shutil.copytree(CHARTS, root / gen.CHARTS)
+    return root
+
+
+def test_a_new_key_in_names_py_is_caught_then_generated(tmp_path):
+    root = _tree_copy(tmp_path)
+    with open(root / gen.NAMES_PY, "a", encoding="utf-8") as handle:
+        handle.write('\nNODE_AGENT_KEYS["gpu-label"] = {"labels": GPU_LABEL_KEYS + (PREFIX + "gpu.new",), '
+                     '"annotations": ()}\n')
+    stale = gen.out_of_date(str(root))
+    assert stale == sorted([
+        "files/charts/metax-gpu-extensions/charts/metax-node-agent-policy/templates/_keys.tpl",
+        "files/charts/metax-node-agent-policy/templates/_keys.tpl"])
+    assert gen.write(str(root)) == stale
+    assert gen.out_of_date(str(root)) == []
+    assert '"metax-tech.com/gpu.new"' in (root / stale[0]).read_text(encoding="utf-8")
+
+
+def test_an_edited_or_stray_file_in_a_copy_is_caught(tmp_path):
+    root = _tree_copy(tmp_path)
+    copy = root / gen.CHARTS / "metax-gpu-extensions" / "charts" / gen.LIBRARY
+    policy = copy / "templates" / "_policy.tpl"
+    policy.write_text(policy.read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    (copy / "templates" / "_stray.tpl").write_text("", encoding="utf-8")
+    base = "files/charts/metax-gpu-extensions/charts/metax-node-agent-policy/templates/"
+    assert gen.out_of_date(str(root)) == [base + "_policy.tpl", base + "_stray.tpl"]
+    gen.write(str(root))
+    assert gen.out_of_date(str(root)) == [] and not (copy / "templates" / "_stray.tpl").exists()
+
+
+def test_main_checks_then_writes(tmp_path, capsys):
+    root = _tree_copy(tmp_path)
+    (root / gen.CHARTS / gen.LIBRARY / gen.KEYS_TPL).write_text("edited by hand\n", encoding="utf-8")
+    assert gen.main(["--check", "--root", str(root)]) == 1
+    assert "out of date: files/charts/metax-node-agent-policy/templates/_keys.tpl" in capsys.readouterr().out
+    assert gen.main(["--root", str(root)]) == 0
+    assert "wrote files/charts/metax-node-agent-policy/templates/_keys.tpl" in capsys.readouterr().out
+    assert gen.main(["--check", "--root", str(root)]) == 0
+
+
+# -- the rendered chart (helm) -------------------------------------------------
+
+needs_helm = helm_required(HELM)
+
+
+@needs_helm
+def test_rendered_key_sets_are_names_py():
+    rc, objects, err = render(HELM, {}, extra=SUPPORTED)
+    assert rc == 0, err
+    policy, _binding = policy_objects(objects)
+    assert policy is not None
+    got = variables(policy)
+    label_owners = {k: a for a, f in names.NODE_AGENT_KEYS.items() for k in f["labels"]}
+    annotation_owners = {k: a for a, f in names.NODE_AGENT_KEYS.items() for k in f["annotations"]}
+    assert json.loads(got["labelOwners"]) == label_owners
+    assert json.loads(got["annotationOwners"]) == annotation_owners
+    assert label_owners and annotation_owners
+    prefix_rules = [v for v in policy["spec"]["validations"] if "startsWith" in v["expression"]]
+    assert len(prefix_rules) == 2 and all('startsWith("metax-tech.com/")' in v["expression"] for v in prefix_rules)
+
+
+@needs_helm
+@pytest.mark.parametrize("namespace", ["metax-gpu", "gpu-system"])
+def test_every_node_writer_of_the_chart_is_confined(namespace):
+    """Each service account the chart lets write Nodes is named in the policy, with its agent."""
+    rc, objects, err = render(HELM, {"deployExtenderGPUAware": True}, namespace=namespace, extra=SUPPORTED)
+    assert rc == 0, err
+    policy, binding = policy_objects(objects)
+    roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
+    writers = set()
+    for crb in (o for o in objects if o["kind"] == "ClusterRoleBinding"):
+        rules = roles[crb["roleRef"]["name"]]["rules"]
+        if any("nodes" in r["resources"] and set(r["verbs"]) & {"patch", "update", "*"} for r in rules):
+            writers |= {"system:serviceaccount:%s:%s" % (s["namespace"], s["name"]) for s in crb["subjects"]}
+    agent_of = json.loads(variables(policy)["agent"].split("[request.userInfo.username]")[0])
+    assert set(agent_of) == writers
+    assert set(agent_of.values()) == EXTENSIONS_AGENTS
+    assert all(user == "system:serviceaccount:%s:%s" % (namespace, agent) for user, agent in agent_of.items())
+    condition = policy["spec"]["matchConditions"][0]["expression"]
+    assert json.loads(condition.split(" in ", 1)[1]) == sorted(writers)
+    # the DaemonSets run as those service accounts
+    daemonsets = {o["spec"]["template"]["spec"]["serviceAccountName"] for o in objects if o["kind"] == "DaemonSet"}
+    assert daemonsets == EXTENSIONS_AGENTS
+    assert policy["metadata"]["name"] == binding["metadata"]["name"] == "%s-node-agents" % namespace
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+
+@needs_helm
+def test_policy_shape():
+    rc, objects, err = render(HELM, {}, extra=SUPPORTED)
+    assert rc == 0, err
+    policy, _binding = policy_objects(objects)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": [""], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["nodes", "nodes/status"]}]
+    assert "authentication.kubernetes.io/node-name" in variables(policy)["nodeName"]
+    for rule in spec["validations"]:
+        # the apiserver prefixes the policy's name; the message says why
+        assert rule["reason"] == "Forbidden" and rule["message"] and rule["messageExpression"].startswith("variables.agent + ")
+    checks = " ".join(r["expression"] for r in spec["validations"])
+    for what in ("object.metadata.name == variables.nodeName", "object.spec == oldObject.spec",
+                 "object.status == oldObject.status", "variables.changedLabels", "variables.changedAnnotations",
+                 "finalizers", "ownerReferences"):
+        assert what in checks
+
+
+@needs_helm
+@pytest.mark.parametrize("enabled, extra, rendered", [
+    ("auto", [], False),                                                    # offline helm template: no VAP API
+    ("auto", SUPPORTED, True),                                              # 1.30+: v1 served
+    ("auto", ["--api-versions", VAP_API, "--kube-version", "1.29.9"], False),   # node-name extra not on by default
+    ("auto", ["--kube-version", "1.36.3"], False),                          # API not served (disabled)
+    (False, SUPPORTED, False),                                              # the fallback: RBAC only
+    (True, [], True),                                                       # forced (e.g. GitOps rendering)
+])
+def test_rendered_on_the_capability_check(enabled, extra, rendered):
+    rc, objects, err = render(HELM, {"nodeAgentPolicy": {"enabled": enabled}}, extra=extra)
+    assert rc == 0, err
+    policy, binding = policy_objects(objects)
+    assert (policy is not None, binding is not None) == (rendered, rendered)
+    assert any(o["kind"] == "DaemonSet" for o in objects)
+
+
+@needs_helm
+@pytest.mark.parametrize("pair", ["nodeAgentPolicy.enabled=maybe", "nodeAgentPolicy.other=1"])
+def test_schema_refuses_a_bad_switch(pair):
+    rc, objects, err = render(HELM, {}, sets=[pair])
+    assert rc != 0 and not objects
+    assert "nodeAgentPolicy" in err, err
+
+
+@needs_helm
+def test_an_agent_missing_from_names_py_is_refused(tmp_path):
+    """A chart naming an agent that names.py does not know fails at render time, naming it."""
+    chart = tmp_path / "metax-gpu-extensions"
+    shutil.copytree(CHART, chart)
+    tpl = chart / "templates" / "node-agent-policy.yaml"
+    tpl.write_text(tpl.read_text(encoding="utf-8").replace('"gpu-label" "gpu-label"', '"gpu-label" "gpu-label" '
+                                                           '"gpu-mystery" "gpu-mystery"'), encoding="utf-8")
+    rc, objects, err = render(HELM, {}, extra=SUPPORTED, chart=chart)
+    assert rc != 0 and not objects
+    assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: gpu-device, gpu-label)" in err
