@@ -9,48 +9,14 @@ import subprocess
 
 import pytest
 
-from registry_fixtures import CuttingProxy, layer_tar, make_docker_archive, random_layers
+from registry_fixtures import (NEW, OLD, CuttingProxy, compressible_layers, layer_tar, make_docker_archive, make_xz,
+                               random_layers)
 
 from ansible_collections.metax.gpu.plugins.module_utils.registry import api
 from ansible_collections.metax.gpu.plugins.module_utils.registry import xzsource
 from ansible_collections.metax.gpu.plugins.module_utils.registry.client import Registry
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import ArtifactError
 from ansible_collections.metax.gpu.plugins.module_utils.registry.xzpush import ALL_MANIFEST_TYPES, progress_line
-
-# the manual's section 1.4.3: file name -> the name `docker load` gives the image
-OLD = ("maca-c500-container-2.23.0.4-ubuntu18.04-amd64.xz", "cr.metax-tech.com/library/maca-c500:2.23.0.4",
-       "maca-c500", "2.23.0.4")
-NEW = ("mxc500-maca-2.23.0.5-ubuntu20.04-amd64.container.xz", "mxc500-maca:2.23.0.5", "mxc500-maca", "2.23.0.5")
-
-
-def compressible_layers(count: int, size: int) -> list:
-    """Layers that compress like binaries: text and repeated structure with some noise."""
-    out = []
-    for i in range(count):
-        words = [hashlib.sha256(b"%d-%d" % (i, n)).hexdigest()[: 4 + n % 9] for n in range(4096)]
-        body = " ".join(words[(n * 7) % 4096] for n in range(size // 8)).encode()[:size]
-        out.append(layer_tar({"usr/lib/lib%d.so" % i: body, "etc/conf%d" % i: os.urandom(2048)}))
-    return out
-
-
-def xz_blocks(path: str) -> int:
-    out = subprocess.run(["xz", "--robot", "--list", path], check=True, capture_output=True, text=True).stdout
-    (totals,) = [l for l in out.splitlines() if l.startswith("totals")]
-    return int(totals.split("\t")[2])
-
-
-def make_xz(tmp_path, file_name: str, ref: str, layers: list, multi_block: bool = True) -> dict:
-    tar = str(tmp_path / "image.tar")
-    info = make_docker_archive(tar, ref, layers)
-    # xz -T0 (what the vendor's tools write) makes a multi-block stream; -T1 one block
-    flags = ["-T2", "--block-size=65536"] if multi_block else ["-T1"]
-    subprocess.run(["xz", "-1", "-f"] + flags + [tar], check=True)
-    path = str(tmp_path / file_name)
-    os.replace(tar + ".xz", path)
-    assert (xz_blocks(path) > 1) is multi_block
-    info["path"] = path
-    return info
-
 
 def layer_diff_ids_from_registry(ref: str, out_dir: str) -> list:
     """skopeo copies the pushed image to a directory; every layer is decompressed and hashed here."""
@@ -189,3 +155,61 @@ def test_archive_key_changes_with_content_not_with_a_copy_of_the_same_mtime(tmp_
 def test_progress_line_has_bytes_rate_and_eta():
     line = progress_line("abc/layer.tar (9500 MiB)", 1 << 30, 10 << 30, 4.0)
     assert line == "abc/layer.tar (9500 MiB): 1.00 of 10.00 GiB (10%), 256 MiB/s, ETA 36 s"
+
+
+def _add(tar, name: str, data: bytes = b"", link: str = "") -> None:
+    import io
+    import tarfile
+    info = tarfile.TarInfo(name)
+    info.mtime = 0
+    if link:
+        info.type, info.linkname = tarfile.SYMTYPE, link
+        tar.addfile(info)
+        return
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def test_docker25_layout_small_layers_and_a_symlinked_duplicate(registry, cache_dir, tmp_path):
+    """docker >= 25 saves blobs/sha256/<diff_id> (small ones are buffered, large ones streamed);
+    older docker writes a layer that appears twice as a symlink to the first copy."""
+    import tarfile
+    small, large = layer_tar({"etc/os-release": b"ID=ubuntu\n"}), compressible_layers(1, 6 << 20)[0]
+    layers = [small, large, small]
+    diff_ids = ["sha256:" + hashlib.sha256(l).hexdigest() for l in layers]
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
+    cfg = hashlib.sha256(config).hexdigest()
+    tar_path = str(tmp_path / "image.tar")
+    with tarfile.open(tar_path, "w") as tar:
+        _add(tar, "blobs/sha256/" + diff_ids[0].split(":")[1], small)
+        _add(tar, "blobs/sha256/" + diff_ids[1].split(":")[1], large)
+        _add(tar, "dup/layer.tar", link="../blobs/sha256/" + diff_ids[0].split(":")[1])
+        _add(tar, "blobs/sha256/" + cfg, config)
+        entry = {"Config": "blobs/sha256/" + cfg, "RepoTags": [NEW[1]],
+                 "Layers": ["blobs/sha256/" + d.split(":")[1] for d in diff_ids[:2]] + ["dup/layer.tar"]}
+        _add(tar, "manifest.json", json.dumps([entry]).encode())
+        _add(tar, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+    subprocess.run(["xz", "-T0", "-1", tar_path], check=True)
+    req = api.PushRequest(src=tar_path + ".xz", registry=registry.host + "/metax", plain_http=True, cache_dir=cache_dir)
+    (art,) = api.push(req)["artifacts"]
+    assert art["ref"] == registry.host + "/metax/mxc500-maca:2.23.0.5"
+    assert [l["member"] for l in art["layers"]] == ["blobs/sha256/" + diff_ids[1].split(":")[1]]  # streamed
+    assert layer_diff_ids_from_registry(art["ref"], str(tmp_path / "pulled")) == diff_ids
+
+
+def test_corrupt_layer_content_is_caught_by_the_diff_ids(registry, cache_dir, tmp_path):
+    layers = random_layers(2, 100_000)
+    tar = str(tmp_path / "image.tar")
+    make_docker_archive(tar, OLD[1], layers)
+    # the config promises other content than the archive holds (a damaged vendor file, a wrong config)
+    with open(tar, "r+b") as handle:
+        data = handle.read()
+        handle.seek(data.index(b"data/1.bin") + 2048)
+        handle.write(b"\x00" * 16)
+    subprocess.run(["xz", "-T1", "-1", tar], check=True)
+    req = api.PushRequest(src=tar + ".xz", registry=registry.host + "/metax", plain_http=True, cache_dir=cache_dir)
+    with pytest.raises(ArtifactError, match="but the image config says"):
+        api.push(req)
+    reg = Registry(registry.host, plain_http=True)
+    assert reg.manifest_digest("metax/maca-c500", "2.23.0.4", ALL_MANIFEST_TYPES) is None
