@@ -351,17 +351,6 @@ class Registry:
         self._check(resp, (201,), "commit %s to %s" % (digest, repo))
         return digest
 
-    def upload_offset(self, location: str, repo: str) -> Optional[int]:
-        """Bytes the registry holds for an open session (its ``Range: 0-N``), None when the session is gone."""
-        try:
-            resp = self._send("GET", location, self.scope(repo))
-        except TransientError:
-            return None
-        if resp.status_code not in (200, 204):
-            return None
-        _start, _sep, end = (resp.headers.get("Range") or "").partition("-")
-        return int(end) + 1 if end.isdigit() else 0
-
     def cancel_upload(self, location: str, repo: str) -> None:
         """Best effort: a cancelled session leaves nothing behind in the repository."""
         try:

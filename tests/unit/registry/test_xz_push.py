@@ -213,3 +213,13 @@ def test_corrupt_layer_content_is_caught_by_the_diff_ids(registry, cache_dir, tm
         api.push(req)
     reg = Registry(registry.host, plain_http=True)
     assert reg.manifest_digest("metax/maca-c500", "2.23.0.4", ALL_MANIFEST_TYPES) is None
+
+
+def test_terminal_progress_line_shows_rate_and_eta(capsys):
+    from ansible_collections.metax.gpu.plugins.module_utils.registry.cli import _progress_printer
+    show = _progress_printer()
+    show("harbor/metax/maca-c500:2.23.0.4", "abc/layer.tar", 0, 100 << 20)
+    show("harbor/metax/maca-c500:2.23.0.4", "abc/layer.tar", 100 << 20, 100 << 20)
+    err = capsys.readouterr().err
+    assert err.startswith("\rharbor/metax/maca-c500:2.23.0.4 abc/layer.tar: 0.00 of 0.10 GiB (0%), 0 MiB/s, ETA 0 s\r")
+    assert "abc/layer.tar: 0.10 of 0.10 GiB (100%), " in err and err.endswith(" MiB/s, ETA 0 s\n")
