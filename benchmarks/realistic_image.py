@@ -85,7 +85,7 @@ def write_layer(path: str, files: List[Tuple[str, str, int]], size: int, start: 
     """A layer tar of about ``size`` bytes at ``path``; returns (diff_id, size)."""
     with open(path, "wb") as raw:
         sink = _Hashing(raw)
-        with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:  # type: ignore[call-overload]
             for src, name, length in _files_until(files, size, start):
                 info = tarfile.TarInfo(name)
                 info.size, info.mtime, info.mode = length, 0, 0o755
@@ -116,7 +116,7 @@ def random_layer(path: str, size: int, seed: int) -> Tuple[str, int]:
     """The incompressible case: one file of sha256-chain bytes (deterministic per seed)."""
     with open(path, "wb") as raw:
         sink = _Hashing(raw)
-        with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:  # type: ignore[call-overload]
             info = tarfile.TarInfo("data/random.bin")
             info.size, info.mtime = size, 0
             tar.addfile(info, _RandomStream(size, seed))
