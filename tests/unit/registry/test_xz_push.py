@@ -223,3 +223,29 @@ def test_terminal_progress_line_shows_rate_and_eta(capsys):
     err = capsys.readouterr().err
     assert err.startswith("\rharbor/metax/maca-c500:2.23.0.4 abc/layer.tar: 0.00 of 0.10 GiB (0%), 0 MiB/s, ETA 0 s\r")
     assert "abc/layer.tar: 0.10 of 0.10 GiB (100%), " in err and err.endswith(" MiB/s, ETA 0 s\n")
+
+
+def test_docker_registry_cancels_a_torn_session_so_a_cut_layer_restarts(registry):
+    """Why a cut layer restarts instead of resuming: after a PATCH dies mid-body, Distribution 2.8 answers
+    BLOB_UPLOAD_INVALID for the session, even to the status GET a resuming client would send first."""
+    import socket
+    import time
+    from urllib.parse import urlparse
+    import requests
+    base = "http://" + registry.host
+    location = requests.post(base + "/v2/metax/t/blobs/uploads/").headers["Location"]
+    first = requests.patch(location, data=b"a" * 100_000, headers={"Content-Type": "application/octet-stream"})
+    assert first.status_code == 202 and first.headers["Range"] == "0-99999"
+    url = urlparse(first.headers["Location"])
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.sendall(("PATCH %s?%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\n"
+                      "Transfer-Encoding: chunked\r\n\r\n" % (url.path, url.query, registry.host)).encode())
+        sock.sendall(b"%x\r\n" % 50_000 + b"b" * 50_000 + b"\r\n")
+        time.sleep(0.3)
+    deadline = time.time() + 10
+    while True:
+        status = requests.get(first.headers["Location"])
+        if status.status_code != 204 or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    assert status.status_code == 404 and "BLOB_UPLOAD_INVALID" in status.text
