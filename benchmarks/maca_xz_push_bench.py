@@ -195,13 +195,12 @@ def report(out: dict) -> None:
     print("\ncase %s: %d MiB uncompressed in 4 layers, xz %d MiB (%.2fx, %d blocks); gzip ratio %.2fx; %d CPUs"
           % (out["case"], mib, out["xz_mib"], mib / max(1, out["xz_mib"]), out["xz_blocks"], ratio, os.cpu_count() or 0))
     for tool, secs in out["decompress"].items():
-        print("  decompress only, %-24s %7.2f s %7.1f MiB/s" % ("xz -dc -T0 pipe" if tool == "xz" else "Python lzma",
-                                                                  secs, mib / secs))
+        label = "xz -dc -T0 pipe" if tool == "xz" else "Python lzma"
+        print("  decompress only, %-24s %7.2f s %7.1f MiB/s" % (label, secs, mib / secs))
     print("  %-36s %9s %9s %12s %14s" % ("push", "seconds", "MiB/s", "vs podman", "vs skopeo"))
     for name, secs in out["rows"]:
-        print("  %-36s %9.2f %9.1f %11s %13.2fx" % (name, secs, mib / secs,
-                                                     "%.2fx" % (podman_total / secs) if podman_total else "-",
-                                                     skopeo_base / secs))
+        vs_podman = "%.2fx" % (podman_total / secs) if podman_total else "-"
+        print("  %-36s %9.2f %9.1f %11s %13.2fx" % (name, secs, mib / secs, vs_podman, skopeo_base / secs))
     for comp in ("gzip", "zstd", "none"):
         o = out.get("ours_" + comp)
         if not o:

@@ -196,4 +196,3 @@ class LayerStream:
                 except queue.Empty:
                     pass
             thread.join()
-

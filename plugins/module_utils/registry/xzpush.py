@@ -135,8 +135,8 @@ class XzPusher:
         return repo_of(self.opts.project, X.guess_name(self.path))
 
     def _would_push(self, known: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-        return {"ref": "%s/%s" % (self.registry.host, repo_of(self.opts.project, self.opts.repository or
-                                                               X.guess_name(self.path))),
+        name = self.opts.repository or X.guess_name(self.path)
+        return {"ref": "%s/%s" % (self.registry.host, repo_of(self.opts.project, name)),
                 "digest": None, "kind": "image", "changed": True, "bytes_uploaded": 0, "blobs_uploaded": 0,
                 "blobs_mounted": 0, "blobs_skipped": 0, "source": self.path,
                 # the archive's own size: the uncompressed layers are not known without reading it

@@ -18,6 +18,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.registry.client import R
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import ArtifactError
 from ansible_collections.metax.gpu.plugins.module_utils.registry.xzpush import ALL_MANIFEST_TYPES, progress_line
 
+
 def layer_diff_ids_from_registry(ref: str, out_dir: str) -> list:
     """skopeo copies the pushed image to a directory; every layer is decompressed and hashed here."""
     subprocess.run(["skopeo", "copy", "-q", "--src-tls-verify=false", "docker://" + ref, "dir:" + out_dir],

@@ -44,7 +44,7 @@ def test_push_artifacts_playbook_pushes_both_generations(tmp_path, registry):
     cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
            "-e", "ansible_python_interpreter=" + sys.executable, "-e", json.dumps(extra), "metax.gpu.push_artifacts"]
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), ANSIBLE_NOCOLOR="1")
-    runs = [subprocess.run(cmd, capture_output=True, text=True, check=False, env=env) for _ in range(2)]
+    runs = [subprocess.run(cmd, capture_output=True, text=True, check=False, env=env) for _run in range(2)]
     for proc in runs:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"localhost\s*: ok=\d+\s+changed=1 ", runs[0].stdout), runs[0].stdout
