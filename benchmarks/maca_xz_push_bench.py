@@ -129,7 +129,8 @@ def skopeo(tar: str, host: str) -> float:
 
 
 def run_case(work: str, case: str, args) -> dict:
-    info = prepare(work, case, args.gib, args.xz_level)
+    gib = args.random_gib if case == "random" and args.random_gib else args.gib
+    info = prepare(work, case, gib, args.xz_level)
     size = info["size"]
     mib = size / MIB
     out: dict = {"case": case, "uncompressed_mib": round(mib), "xz_mib": round(info["xz_size"] / MIB),
@@ -215,6 +216,7 @@ def report(out: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gib", type=float, default=4.0, help="uncompressed image size")
+    parser.add_argument("--random-gib", type=float, default=0.0, help="size of the random case (default: --gib)")
     parser.add_argument("--cases", default="realistic,random")
     parser.add_argument("--compressions", default="gzip,zstd,none")
     parser.add_argument("--tools", default="xz,python", help="also push once with Python's lzma")
