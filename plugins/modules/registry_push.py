@@ -20,6 +20,12 @@ description:
     after every blob is confirmed present. An unchanged artifact costs one HEAD request.
   - Layers are converted to O(compression) once and cached in O(cache_dir); already-compressed layers
     of the requested kind are pushed as they are.
+  - "The vendor's xz-compressed MXMACA base images (manual section 1.4.3, C(maca-c500-container-<ver>-ubuntu18.04-amd64.xz)
+    loading as C(cr.metax-tech.com/library/maca-c500:<ver>), C(mxc500-maca-<ver>-ubuntu20.04-amd64.container.xz) loading as
+    C(mxc500-maca:<ver>)) are pushed straight from the C(.xz) file, recognised by its magic bytes, as
+    C(DOMAIN/PROJECT/<last part of the image's name>:<its tag>). Each layer is decompressed, hashed, compressed
+    and uploaded in one streaming pass (no docker, no temporary copy on disk, bounded memory); an unchanged
+    archive is recognised by its size, mtime and first and last MiB without decompressing it."
 author:
   - MetaX GPU collection maintainers (@metax-gpu)
 attributes:
@@ -35,7 +41,9 @@ attributes:
     description: Runs on the controller (the bastion).
 options:
   src:
-    description: A docker-archive, an OCI layout (directory or tar), a Helm chart C(.tgz), or a C(metax-k8s-images.<ver>.run) bundle.
+    description:
+      - A docker-archive, an xz-compressed docker-archive (the vendor's MACA images), an OCI layout (directory or tar),
+        a Helm chart C(.tgz), or a C(metax-k8s-images.<ver>.run) bundle.
     type: path
     required: true
   registry:
@@ -143,6 +151,12 @@ EXAMPLES = r"""
     registry: harbor.example.com/metax
     auth_file: /run/user/0/containers/auth.json
 
+- name: Push the vendor's MXMACA base image straight from its .xz file (becomes harbor.example.com/metax/maca-c500:2.23.0.4)
+  metax.gpu.registry_push:
+    src: /srv/maca/maca-c500-container-2.23.0.4-ubuntu18.04-amd64.xz
+    registry: harbor.example.com/metax
+  register: maca
+
 - name: Push the Helm chart (then helm install oci://harbor.example.com/metax/metax-gpu-extensions --version 0.1.0)
   metax.gpu.registry_push:
     src: /var/tmp/metax-gpu-images/metax-gpu-extensions-0.1.0.tgz
@@ -190,8 +204,47 @@ artifacts:
       description: Blobs already in the repository.
       type: int
     would_upload_bytes:
-      description: Check mode, bytes that a real run would send.
+      description: Check mode, bytes that a real run would send (an C(.xz) archive never pushed before, its file size).
       type: int
+    source:
+      description: The C(.xz) archive the image came from.
+      type: str
+      returned: for an C(.xz) archive
+    layers:
+      description: The layers streamed from an C(.xz) archive in this run (on the first image written), with their timing.
+      type: list
+      elements: dict
+      returned: for an C(.xz) archive
+      contains:
+        member:
+          description: The layer's path inside the archive.
+          type: str
+        diff_id:
+          description: Digest of the uncompressed layer (checked against the image config).
+          type: str
+        digest:
+          description: Digest of the blob in the registry.
+          type: str
+        uncompressed:
+          description: Uncompressed bytes.
+          type: int
+        size:
+          description: Bytes sent (compressed).
+          type: int
+        seconds:
+          description: Wall time of the layer's pass (decompress, hash, compress, upload).
+          type: float
+        mib_per_s:
+          description: Uncompressed MiB per second.
+          type: float
+    progress:
+      description:
+        - "Progress of the streamed layers, a line every 10 seconds and one at the end of each layer
+          (bytes done of the layer's size, rate, ETA), for example
+          C(3f2a.../layer.tar (9100 MiB): 2.10 of 8.89 GiB (24%), 185 MiB/s, ETA 38 s)."
+      type: list
+      elements: str
+      returned: for an C(.xz) archive
 pushed:
   description: The entries of RV(artifacts) that were (or would be) written.
   returned: always

@@ -5,11 +5,13 @@
 
 The image is the smoke image (FROM the debootstrap base) saved by podman as a
 docker-archive and pushed with our client, not podman: gzip/zstd/none to the
-plain registry, gzip to the htpasswd+TLS one; containerd pulls each.
+plain registry, gzip to the htpasswd+TLS one, gzip/zstd from the archive xz-compressed
+(as the vendor ships MACA images); containerd pulls each.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 
@@ -67,4 +69,20 @@ def test_pod_runs_from_auth_registry(cluster, smoke_archive, namespace):  # noqa
                                       username=cluster.registry_auth_user, password=cluster.registry_auth_password,
                                       ca_path=cluster.registry_auth_ca, cache_dir=smoke_archive["cache"]))
     log = _run_pod(cluster, namespace, "push-auth", result["artifacts"][0]["ref"], host_network=True)
+    assert "metax-smoke ok %s" % smoke_archive["marker"] in log, log
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_pod_runs_from_pushed_xz_archive(cluster, smoke_archive, namespace, compression):  # noqa: F811
+    """The vendor's way of shipping MACA images: the docker archive xz-compressed (multi-block, xz -T0)."""
+    xz = smoke_archive["archive"] + ".xz"
+    if not os.path.exists(xz):
+        subprocess.run(["xz", "-T0", "-k", "--block-size=1MiB", smoke_archive["archive"]], check=True, timeout=300)
+    tag = "xz-%s-%s" % (smoke_archive["marker"], compression)
+    result = api.push(api.PushRequest(src=xz, registry=cluster.registry + "/metax-gpu", tag=tag, plain_http=True,
+                                      compression=compression, cache_dir=smoke_archive["cache"]))
+    (art,) = result["artifacts"]
+    # the image's own name (podman save's RepoTags) under DOMAIN/PROJECT
+    assert art["changed"] and art["ref"] == "%s/metax-gpu/push-smoke:%s" % (cluster.registry, tag)
+    log = _run_pod(cluster, namespace, "push-xz-" + compression, art["ref"])
     assert "metax-smoke ok %s" % smoke_archive["marker"] in log, log

@@ -36,13 +36,17 @@ from ansible_collections.metax.gpu.plugins.module_utils.registry import client a
 from ansible_collections.metax.gpu.plugins.module_utils.registry import errors as _rerrors
 from ansible_collections.metax.gpu.plugins.module_utils.registry import push as _push
 from ansible_collections.metax.gpu.plugins.module_utils.registry import sources as _sources
+from ansible_collections.metax.gpu.plugins.module_utils.registry import layerstream as _layerstream
+from ansible_collections.metax.gpu.plugins.module_utils.registry import xzpush as _xzpush
+from ansible_collections.metax.gpu.plugins.module_utils.registry import xzsource as _xzsource
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import ArtifactError
 from ansible_collections.metax.gpu.plugins.module_utils.registry.sources import (
     BUNDLE_MAGIC, CONTAINERD_NAME, REF_NAME, read_bundle_header, read_chart, read_source)
 
 FORMAT = 2  # 2: blobs shared between images are hard links
 DEFAULT_REGISTRY = "cr.metax-tech.com/cloud"
-_PUSHER_MODULES = (_errors, _backoff, _api, B, _cli, _client, _rerrors, _push, _sources)
+_PUSHER_MODULES = (_errors, _backoff, _api, B, _cli, _client, _rerrors, _push, _sources, _layerstream, _xzpush,
+                   _xzsource)
 _MU = "ansible_collections/metax/gpu/plugins/module_utils/"
 
 

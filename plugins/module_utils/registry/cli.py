@@ -18,19 +18,23 @@ from typing import Callable, Dict, List, Optional
 
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.registry import api
+from ansible_collections.metax.gpu.plugins.module_utils.registry.xzpush import progress_line
 
 
 def _progress_printer() -> Callable[[str, str, int, int], None]:
-    state: Dict[str, float] = {}
+    """One line per layer, rewritten in place at most twice a second: bytes, rate and ETA."""
+    last: Dict[str, float] = {}
+    started: Dict[str, float] = {}
 
-    def show(ref: str, digest: str, done: int, total: int) -> None:
+    def show(ref: str, label: str, done: int, total: int) -> None:
         now = time.time()
-        if done < total and now - state.get(digest, 0) < 0.5:
+        first = started.setdefault(label, now)
+        if done < total and now - last.get(label, 0) < 0.5:
             return
-        state[digest] = now
-        pct = 100.0 * done / total if total else 100.0
+        last[label] = now
         end = "\n" if done >= total else ""
-        sys.stderr.write("\r%-50s %s %5.1f%% of %d MiB%s" % (ref[-50:], digest[7:19], pct, total >> 20, end))
+        name = label[7:19] if label.startswith("sha256:") else label[-40:]
+        sys.stderr.write("\r%s %s%s" % (ref[-40:], progress_line(name, done, total, now - first), end))
         sys.stderr.flush()
     return show
 
@@ -38,7 +42,7 @@ def _progress_printer() -> Callable[[str, str, int, int], None]:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="metax-k8s-images.run push")
     parser.add_argument("command", choices=["push"])
-    parser.add_argument("bundle")
+    parser.add_argument("bundle", help="the .run bundle (or a docker archive, plain or .xz)")
     parser.add_argument("target", help="DOMAIN[:port]/PROJECT")
     parser.add_argument("--plain-http", action="store_true", default=os.environ.get("METAX_PLAIN_HTTP") == "1")
     parser.add_argument("--insecure", action="store_true", help="do not verify the registry's certificate")

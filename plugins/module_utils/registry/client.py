@@ -325,6 +325,39 @@ class Registry:
         raise RegistryError("registry %s: a layer of %s failed %d times; last error: %s"
                             % (self.host, repo, self.retries + 1, last))
 
+    def start_upload(self, repo: str) -> str:
+        """Open an upload session (body-less, so authentication is settled first); returns its URL."""
+        return self._start_upload(repo, "")
+
+    def stream_upload_once(self, location: str, repo: str, chunks: Iterable[bytes],
+                           digest_of: Callable[[], str]) -> str:
+        """Send ``chunks`` as one chunked PATCH to an open session, then commit it with the digest
+        ``digest_of()`` gives once the body is consumed; no retry (the caller owns the source stream).
+        Returns the digest; raises TransientError when the session or the connection died."""
+        resp = self._send("PATCH", location, self.scope(repo), data=chunks,  # type: ignore[arg-type]
+                          headers={"Content-Type": "application/octet-stream"})
+        if resp.status_code == 404:
+            raise TransientError("registry %s: upload session vanished: %s" % (self.host, _error_text(resp)))
+        if resp.status_code in (400, 411, 413, 501):
+            raise StreamRefused("registry %s: chunked upload refused: HTTP %d %s"
+                                % (self.host, resp.status_code, _error_text(resp)))
+        self._check(resp, (202,), "upload a layer to %s" % repo)
+        location = urljoin(self.base, resp.headers.get("Location") or location)
+        digest = digest_of()
+        resp = self._send("PUT", self._with_digest(location, digest), self.scope(repo),
+                          headers={"Content-Length": "0"}, data=b"")
+        if resp.status_code == 404:
+            raise TransientError("registry %s: upload session of %s vanished" % (self.host, digest))
+        self._check(resp, (201,), "commit %s to %s" % (digest, repo))
+        return digest
+
+    def cancel_upload(self, location: str, repo: str) -> None:
+        """Best effort: a cancelled session leaves nothing behind in the repository."""
+        try:
+            self._send("DELETE", location, self.scope(repo))
+        except RegistryError:
+            pass
+
     def get_blob(self, repo: str, digest: str) -> bytes:
         resp = self._send("GET", "/v2/%s/blobs/%s" % (repo, digest), self.scope(repo, "pull"))
         self._check(resp, (200,), "get blob %s of %s" % (digest, repo))

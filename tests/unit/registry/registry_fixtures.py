@@ -322,3 +322,38 @@ def start_token_registry(root: str, username: str, password: str) -> Tuple[Local
     except RuntimeError:
         tokens.close()
         raise
+
+
+# the manual's section 1.4.3: file name -> the name `docker load` gives the image
+OLD = ("maca-c500-container-2.23.0.4-ubuntu18.04-amd64.xz", "cr.metax-tech.com/library/maca-c500:2.23.0.4",
+       "maca-c500", "2.23.0.4")
+NEW = ("mxc500-maca-2.23.0.5-ubuntu20.04-amd64.container.xz", "mxc500-maca:2.23.0.5", "mxc500-maca", "2.23.0.5")
+
+
+def compressible_layers(count: int, size: int) -> list:
+    """Layers that compress like binaries: text and repeated structure with some noise."""
+    out = []
+    for i in range(count):
+        words = [hashlib.sha256(b"%d-%d" % (i, n)).hexdigest()[: 4 + n % 9] for n in range(4096)]
+        body = " ".join(words[(n * 7) % 4096] for n in range(size // 8)).encode()[:size]
+        out.append(layer_tar({"usr/lib/lib%d.so" % i: body, "etc/conf%d" % i: os.urandom(2048)}))
+    return out
+
+
+def xz_blocks(path: str) -> int:
+    out = subprocess.run(["xz", "--robot", "--list", path], check=True, capture_output=True, text=True).stdout
+    (totals,) = [l for l in out.splitlines() if l.startswith("totals")]
+    return int(totals.split("\t")[2])
+
+
+def make_xz(tmp_path, file_name: str, ref: str, layers: list, multi_block: bool = True) -> dict:
+    tar = str(tmp_path / "image.tar")
+    info = make_docker_archive(tar, ref, layers)
+    # xz -T0 (what the vendor's tools write) makes a multi-block stream; -T1 one block
+    flags = ["-T2", "--block-size=65536"] if multi_block else ["-T1"]
+    subprocess.run(["xz", "-1", "-f"] + flags + [tar], check=True)
+    path = str(tmp_path / file_name)
+    os.replace(tar + ".xz", path)
+    assert (xz_blocks(path) > 1) is multi_block
+    info["path"] = path
+    return info
