@@ -35,9 +35,11 @@ from .common import UsageError, add_common_flags, kube_api_client, run_main, set
 
 try:
     import kopf
+    import yaml
+    from prometheus_client import start_http_server
     HAS_KOPF = True
 except ImportError:
-    kopf = None  # type: ignore[assignment]
+    kopf = yaml = start_http_server = None  # type: ignore[assignment]
     HAS_KOPF = False
 
 COMPONENT = "operator-controller"
@@ -191,7 +193,6 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
 
 def apply_crd(cluster: Cluster, path: str) -> None:
     """Helm never upgrades crds/: the controller applies the CRD it was built with."""
-    import yaml
     with open(path) as stream:
         for doc in yaml.safe_load_all(stream):
             if doc:
@@ -231,7 +232,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.cleanup:
         return run_cleanup(operator, args.namespace)
     if args.metrics_port:
-        from prometheus_client import start_http_server
         start_http_server(args.metrics_port)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
