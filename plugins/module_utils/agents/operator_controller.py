@@ -22,6 +22,7 @@ import argparse
 import datetime
 import logging
 import os
+import random
 from typing import Any, Dict, List, Optional, Sequence
 
 from .. import names
@@ -46,6 +47,7 @@ COMPONENT = "operator-controller"
 DEFAULT_CHART_DIR = "/opt/metax/charts/metax-gpu-extensions"
 DEFAULT_CRD = "/opt/metax/crds/clusteroperator.yaml"
 STATUS_INTERVAL = 5.0
+PEERING_LIFETIME = 10  # seconds: the standby takes over within this after the active one dies
 LOG = logging.getLogger(COMPONENT)
 
 
@@ -164,7 +166,11 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.OPERATOR_GROUP)
         settings.peering.name = args.peering
         settings.peering.mandatory = True
-        settings.peering.stealth = True
+        # Peers of equal priority all pause (kopf's rule), so each replica
+        # draws its own: the highest live one is active. A killed active peer
+        # is forgotten after ``lifetime`` seconds (a clean exit: at once).
+        settings.peering.priority = random.SystemRandom().randint(1, 2 ** 31 - 1)
+        settings.peering.lifetime = PEERING_LIFETIME
         settings.scanning.disabled = True
         settings.posting.level = logging.WARNING
         if args.crd:
