@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from .. import names
 from ..clusteroperator import render
 from ..clusteroperator.cluster import Cluster
+from ..kube.client import ApiException
 from ..clusteroperator.components import REGISTRY
 from ..clusteroperator.contract import Component, deployed
 from ..clusteroperator.status import (
@@ -205,26 +206,46 @@ def apply_crd(cluster: Cluster, path: str) -> None:
                 cluster.apply(doc)
 
 
-def run_cleanup(operator: Operator, namespace: str) -> int:
-    """The pre-delete hook: the finalizer's work, then the finalizer goes (controller up or down)."""
+def run_cleanup(operator: Operator, namespace: str, attempts: int = 90, pause: float = 2.0) -> int:
+    """The pre-delete hook: the finalizer's work, the CR deleted, whether the controller is up or down.
+
+    A live controller may put its finalizer back (kopf adds it to every CR it
+    sees) and then runs the same cleanup itself when the CR is deleted; a dead
+    one cannot, so the finalizer is removed here until the CR is gone.
+    """
     import time
     custom = operator.cluster.dynamic.resources.get(
         api_version="%s/%s" % (names.OPERATOR_GROUP, names.OPERATOR_VERSION), kind=names.OPERATOR_KIND)
     for item in custom.get(namespace=namespace).items:
-        body = item.to_dict()
-        for attempt in range(60):
+        name = item.metadata.name
+        deleted = False
+        for attempt in range(attempts):
+            try:
+                body = custom.get(name=name, namespace=namespace).to_dict()
+            except ApiException as exc:
+                if exc.status == 404:
+                    LOG.info("ClusterOperator %s is gone", name)
+                    break
+                raise
             try:
                 operator.cleanup(body)
-                break
             except Exception as exc:  # pylint: disable=broad-except
-                if attempt == 59:
+                if attempt == attempts - 1:
                     raise
-                LOG.info("cleanup of %s: %s; retrying", body["metadata"]["name"], exc)
-                time.sleep(2)
-        finalizers = [f for f in body["metadata"].get("finalizers") or [] if f != names.OPERATOR_FINALIZER]
-        custom.patch(name=body["metadata"]["name"], namespace=namespace,
-                     body={"metadata": {"finalizers": finalizers or None}},
-                     content_type="application/merge-patch+json")
+                LOG.info("cleanup of %s: %s; retrying", name, exc)
+                time.sleep(pause)
+                continue
+            finalizers = body["metadata"].get("finalizers") or []
+            if names.OPERATOR_FINALIZER in finalizers:
+                custom.patch(name=name, namespace=namespace, content_type="application/merge-patch+json",
+                             body={"metadata": {"finalizers": [f for f in finalizers
+                                                               if f != names.OPERATOR_FINALIZER] or None}})
+            if not deleted:
+                custom.delete(name=name, namespace=namespace)
+                deleted = True
+            time.sleep(pause / 2)
+        else:
+            raise UsageError("ClusterOperator %s still exists after the cleanup" % name)
     return 0
 
 
