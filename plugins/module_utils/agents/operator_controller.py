@@ -48,6 +48,7 @@ COMPONENT = "operator-controller"
 DEFAULT_CHART_DIR = "/opt/metax/charts/metax-gpu-extensions"
 DEFAULT_CRD = "/opt/metax/crds/clusteroperator.yaml"
 STATUS_INTERVAL = 5.0
+RETRY_BACKOFF = 5.0
 PEERING_LIFETIME = 10  # seconds: the standby takes over within this after the active one dies
 LOG = logging.getLogger(COMPONENT)
 
@@ -159,6 +160,13 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
     """kopf handlers over ``operator`` (module-level registry: one operator per process)."""
     resource = (names.OPERATOR_GROUP, names.OPERATOR_VERSION, names.OPERATOR_PLURAL)
 
+    @kopf.on.login(id="login")
+    def login(**kwargs: Any) -> Any:
+        """The same credentials as our own client (--kubeconfig, else in-cluster)."""
+        if not args.kubeconfig:
+            return kopf.login_via_client(**kwargs)
+        return connection_info(operator.cluster.api.configuration)
+
     @kopf.on.startup()
     def configure(settings: Any, **_: Any) -> None:
         settings.persistence.finalizer = names.OPERATOR_FINALIZER
@@ -177,25 +185,40 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
         if args.crd:
             apply_crd(operator.cluster, args.crd)
 
-    @kopf.on.resume(*resource)
-    @kopf.on.create(*resource)
-    @kopf.on.update(*resource)
-    def reconcile(body: Any, logger: Any, **_: Any) -> Dict[str, int]:
+    # Errors are retried after RETRY_BACKOFF seconds, not kopf's default minute:
+    # a component should not wait a minute for an API server that was restarting.
+    @kopf.on.resume(*resource, id="reconcile", backoff=RETRY_BACKOFF)
+    @kopf.on.create(*resource, id="reconcile", backoff=RETRY_BACKOFF)
+    @kopf.on.update(*resource, id="reconcile", backoff=RETRY_BACKOFF)
+    def reconcile(body: Any, logger: Any, **_: Any) -> None:
         counts = operator.reconcile(dict(body))
         logger.info("reconciled: %(applied)d objects applied, %(deleted)d deleted", counts)
-        return counts
 
-    @kopf.on.delete(*resource)
+    @kopf.on.delete(*resource, id="cleanup", backoff=RETRY_BACKOFF)
     def finalize(body: Any, logger: Any, **_: Any) -> None:
         changed = operator.cleanup(dict(body))
         logger.info("cleaned up; nodes changed: %s", ", ".join(changed) or "none")
 
-    @kopf.timer(*resource, interval=STATUS_INTERVAL, initial_delay=1.0)
+    @kopf.timer(*resource, id="status", interval=STATUS_INTERVAL, initial_delay=1.0, backoff=RETRY_BACKOFF)
     def refresh_status(body: Any, patch: Any, **_: Any) -> None:
         new = operator.status(dict(body), now_rfc3339())
         if not same_status(body.get("status"), new):
             for key, value in new.items():
                 patch.status[key] = value
+
+
+def connection_info(configuration: Any) -> Any:
+    """kopf's ConnectionInfo from a kubernetes client Configuration (kubernetes' own loader reads
+    $KUBECONFIG at import time, so kopf's default login cannot be pointed at --kubeconfig)."""
+    if configuration.refresh_api_key_hook is not None:
+        configuration.refresh_api_key_hook(configuration)
+    keys = configuration.api_key or {}
+    token = keys.get("BearerToken") or keys.get("authorization") or ""
+    scheme, _, value = token.partition(" ")
+    return kopf.ConnectionInfo(
+        server=configuration.host, ca_path=configuration.ssl_ca_cert, insecure=not configuration.verify_ssl,
+        scheme=scheme or None, token=value or None,
+        certificate_path=configuration.cert_file, private_key_path=configuration.key_file)
 
 
 def apply_crd(cluster: Cluster, path: str) -> None:
@@ -260,8 +283,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run_cleanup(operator, args.namespace)
     if args.metrics_port:
         start_http_server(args.metrics_port)
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig
     register(operator, args)
     kopf.run(namespaces=[args.namespace], standalone=False, peering_name=args.peering,
              liveness_endpoint="http://0.0.0.0:%d/healthz" % args.health_port)
