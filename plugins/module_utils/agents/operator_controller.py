@@ -49,7 +49,7 @@ DEFAULT_CHART_DIR = "/opt/metax/charts/metax-gpu-extensions"
 DEFAULT_CRD = "/opt/metax/crds/clusteroperator.yaml"
 STATUS_INTERVAL = 5.0
 RETRY_BACKOFF = 5.0
-PEERING_LIFETIME = 10  # seconds: the standby takes over within this after the active one dies
+PEERING_LIFETIME = 12  # seconds: the standby takes over within this after the active one dies (< 15 s)
 LOG = logging.getLogger(COMPONENT)
 
 
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chart-dir", default=DEFAULT_CHART_DIR, help="the GPU Extensions chart it renders")
     parser.add_argument("--helm", default="helm", help="helm binary for `helm template`")
     parser.add_argument("--crd", default=DEFAULT_CRD, help="ClusterOperator CRD applied at startup ('' = no)")
-    parser.add_argument("--health-port", type=tcp_port, default=8080, help="/healthz port")
+    parser.add_argument("--health-port", type=tcp_port, default=8080, help="/healthz port (0 = off)")
     parser.add_argument("--metrics-port", type=tcp_port, default=9400, help="/metrics port (0 = off)")
     parser.add_argument("--peering", default="metax-operator", help="kopf peering object (one active replica)")
     parser.add_argument("--cleanup", action="store_true",
@@ -285,7 +285,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         start_http_server(args.metrics_port)
     register(operator, args)
     kopf.run(namespaces=[args.namespace], standalone=False, peering_name=args.peering,
-             liveness_endpoint="http://0.0.0.0:%d/healthz" % args.health_port)
+             liveness_endpoint="http://0.0.0.0:%d/healthz" % args.health_port if args.health_port else None)
     return 0
 
 
