@@ -52,8 +52,8 @@ def helm(cluster, *args, **kwargs):
 
 
 def nodes(cluster):
-    return {n["metadata"]["name"]: n for n in json.loads(cluster.kubectl("get", "nodes", "-o", "json",
-                                                                          check=True).stdout)["items"]}
+    items = json.loads(cluster.kubectl("get", "nodes", "-o", "json", check=True).stdout)["items"]
+    return {n["metadata"]["name"]: n for n in items}
 
 
 def ours(node):
@@ -89,7 +89,7 @@ def no_extensions(cluster):
         saved.append((release, values.stdout))
         res = helm(cluster, "uninstall", release["name"], "-n", release["namespace"], "--wait")
         assert res.returncode == 0, res.stderr
-    yield [r["name"] for r, _ in saved]
+    yield [release["name"] for release, _values in saved]
     for release, values in saved:
         helm(cluster, "install", release["name"], EXTENSIONS_CHART, "-n", release["namespace"], "--wait",
              "--values", "-", input=values)

@@ -209,7 +209,7 @@ def test_idle_controller_writes_no_status_or_objects(env):
     ds = {n: d["metadata"]["resourceVersion"] for n, d in env.daemonsets().items()}
     peering = env.get("kopfpeering", "metax-operator", "-n", NS)["metadata"]["resourceVersion"]
     heartbeats = 0
-    for _ in range(20):
+    for _second in range(20):
         time.sleep(1)
         now = env.get("kopfpeering", "metax-operator", "-n", NS)["metadata"]["resourceVersion"]
         heartbeats += now != peering

@@ -142,7 +142,7 @@ def now_rfc3339() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=COMPONENT, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=COMPONENT, description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", names.OPERATOR_NAMESPACE))
     parser.add_argument("--chart-dir", default=DEFAULT_CHART_DIR, help="the GPU Extensions chart it renders")
     parser.add_argument("--helm", default="helm", help="helm binary for `helm template`")
@@ -214,7 +214,7 @@ def connection_info(configuration: Any) -> Any:
         configuration.refresh_api_key_hook(configuration)
     keys = configuration.api_key or {}
     token = keys.get("BearerToken") or keys.get("authorization") or ""
-    scheme, _, value = token.partition(" ")
+    scheme, _sep, value = token.partition(" ")
     return kopf.ConnectionInfo(
         server=configuration.host, ca_path=configuration.ssl_ca_cert, insecure=not configuration.verify_ssl,
         scheme=scheme or None, token=value or None,

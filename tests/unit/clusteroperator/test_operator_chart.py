@@ -32,9 +32,12 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 VALUE_SETS: Dict[str, Dict[str, Any]] = {
     "defaults": {},
-    "manual-install": {"registry": "harbor.example.cn/mximages", "driver": {"deploy": True, "payload": {
-        "version": "2.29.0.13"}}, "maca": {"payload": {"registry": "harbor.example.cn/mximages",
-                                                      "images": ["mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]}}},
+    "manual-install": {
+        "registry": "harbor.example.cn/mximages",
+        "driver": {"deploy": True, "payload": {"version": "2.29.0.13"}},
+        "maca": {"payload": {"registry": "harbor.example.cn/mximages",
+                             "images": ["mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]}},
+    },
     "overrides": {"minimal": True, "deployExtenderGPUAware": True, "imageTag": "dev", "pullPolicy": "Always",
                   "log": {"level": "debug", "dir": ""},
                   "gpuDevice": {"healthyInterval": 0, "log": {"format": "text"},

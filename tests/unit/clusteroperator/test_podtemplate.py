@@ -34,11 +34,11 @@ def test_named_items_merge_instead_of_duplicating():
 def test_component_beats_global_and_both_apply():
     global_override = {"metadata": {"labels": {"team": "a"}},
                        "spec": {"priorityClassName": "low", "tolerations": [{"key": "g", "operator": "Exists"}]}}
-    component_override = {"metadata": {"labels": {"team": "b"}},
-                           "spec": {"priorityClassName": "high",
-                                    "tolerations": [{"key": "c", "operator": "Exists"}],
-                                    "containers": [{"name": "gpu-device",
-                                                    "env": [{"name": "EXTRA", "value": "1"}]}]}}
+    component_override = {
+        "metadata": {"labels": {"team": "b"}},
+        "spec": {"priorityClassName": "high", "tolerations": [{"key": "c", "operator": "Exists"}],
+                 "containers": [{"name": "gpu-device", "env": [{"name": "EXTRA", "value": "1"}]}]},
+    }
     out = apply_overrides(TEMPLATE, global_override, component_override)
     assert out["metadata"]["labels"] == {"app": "gpu-device", "team": "b"}
     assert out["spec"]["priorityClassName"] == "high"
