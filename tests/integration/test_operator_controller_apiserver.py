@@ -170,6 +170,53 @@ def test_reconciled_into_owned_gated_objects(env):
     assert re.search(r"cluster-operator\s+(True|False)\s+\S+\s+2\s+", printed), printed
 
 
+RBAC_DOC = os.path.join(ROOT, "docs", "operator-rbac.md")
+SERVICE_ACCOUNTS = ("operator-controller", "gpu-label", "gpu-device", "gpu-aware")
+# granted to every authenticated user by the API server's defaults, not by us
+DEFAULT_RULES = ("selfsubjectreviews.authentication.k8s.io", "selfsubjectaccessreviews.authorization.k8s.io",
+                 "selfsubjectrulesreviews.authorization.k8s.io")
+
+
+def rights(env, account):
+    """(resource, resource names, verbs) rows of `kubectl auth can-i --list` for a service account."""
+    out = env.ok("auth", "can-i", "--list", "-n", NS,
+                 "--as=system:serviceaccount:%s:%s" % (NS, account)).stdout.splitlines()
+    rows = []
+    for line in out[1:]:
+        fields = re.findall(r"\[[^]]*\]|\S+", line)
+        if len(fields) != 4 or fields[0] in DEFAULT_RULES:
+            continue  # non-resource URLs (discovery, health) have no resource column
+        rows.append((fields[0], fields[2], fields[3]))
+    return sorted(rows)
+
+
+def rbac_table(env):
+    lines = []
+    for account in SERVICE_ACCOUNTS:
+        lines += ["", "### %s" % account, "", "| resource | resource names | verbs |", "|---|---|---|"]
+        lines += ["| %s | %s | %s |" % row for row in rights(env, account)]
+    return "\n".join(lines) + "\n"
+
+
+def test_rbac_is_the_committed_table_least_privilege(env):
+    """The live rights of every service account = docs/operator-rbac.md (METAX_UPDATE_RBAC_TABLE=1 rewrites it)."""
+    assert env.patch({"gpuAware": {"deploy": True}}).returncode == 0
+    wait(lambda: env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware deployed")
+    table = rbac_table(env)
+    assert env.patch({"gpuAware": {"deploy": False}}).returncode == 0
+    wait(lambda: not env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware removed")
+    for line in table.splitlines():
+        assert "*" not in line and "secrets" not in line, line
+    marker = "<!-- generated: kubectl auth can-i --list, tests/integration/test_operator_controller_apiserver.py -->"
+    with open(RBAC_DOC) as fh:
+        doc = fh.read()
+    head = doc[:doc.index(marker) + len(marker)]
+    if os.environ.get("METAX_UPDATE_RBAC_TABLE") == "1":
+        with open(RBAC_DOC, "w") as fh:
+            fh.write(head + "\n" + table)
+    assert doc[len(head):] == "\n" + table, "the live rights differ from %s:\n%s" % (RBAC_DOC, table)
+
+
 def test_health_and_metrics_endpoints(env):
     for name, (health, metrics) in env.ports.items():
         assert env.controllers[name].poll() is None, env.logs()
