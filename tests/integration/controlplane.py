@@ -78,7 +78,7 @@ class ControlPlane:
             "--secure-port=%d" % self.port, "--bind-address=127.0.0.1", "--cert-dir=" + os.path.join(self.dir, "pki"),
             "--token-auth-file=tokens.csv", "--authorization-mode=RBAC", "--allow-privileged=true",
             "--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file=sa.pub",
-            "--service-account-signing-key-file=sa.key", "--service-cluster-ip-range=10.250.0.0/24"])
+            "--service-account-signing-key-file=sa.key", "--service-cluster-ip-range=10.253.0.0/24"])
         self.write_kubeconfig(self.kubeconfig, "admin-token")
         deadline = time.monotonic() + timeout
         while self.kubectl("get", "--raw", "/readyz").returncode != 0:
