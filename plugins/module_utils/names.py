@@ -78,3 +78,25 @@ NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
     "gpu-device": {"labels": (), "annotations": ANNOTATION_KEYS},
     "gpu-label": {"labels": GPU_LABEL_KEYS, "annotations": ()},
 }
+
+# The GPU Operator scheme (issue 24). The API group, kind, object and
+# namespace are those of MetaX's own operator 0.9.2 (samples/kubernetes), so
+# an administrator's `kubectl patch clusteroperator cluster-operator -n
+# metax-operator ...` keeps working.
+OPERATOR_GROUP = "gpu." + DOMAIN
+OPERATOR_VERSION = "v1alpha1"
+OPERATOR_KIND = "ClusterOperator"
+OPERATOR_PLURAL = "clusteroperators"
+OPERATOR_CR_NAME = "cluster-operator"
+OPERATOR_NAMESPACE = "metax-operator"
+# The real product's finalizer name (the API server warns that it is not
+# domain-qualified; kept for compatibility with CRs created by 0.9.2).
+OPERATOR_FINALIZER = OPERATOR_GROUP
+# Readiness labels chaining the components (real operator 0.9.2).
+LABEL_MACA_READY = LABEL_PREFIX + "maca.ready"
+LABEL_RUNTIME_READY = LABEL_PREFIX + "runtime.ready"
+# Label the controller puts on every object it applies: the UID of the owning
+# ClusterOperator (cluster-scoped objects cannot carry an ownerReference to a
+# namespaced owner, so cleanup finds them by this label).
+LABEL_OPERATOR_OWNER = OPERATOR_GROUP + "/owner"
+OPERATOR_FIELD_MANAGER = "metax-operator-controller"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the metax.gpu agent images gpu-device, gpu-label and gpu-aware (one
+# Build the metax.gpu agent images gpu-device, gpu-label, gpu-aware and
+# operator-controller (one
 # Containerfile stage each over shared layers) and push them to the local registry, tagged with a hash of its content (the
 # Containerfile, the entrypoint, requirements/agents.txt, the collection files
 # it copies and the base image ID). Nothing is built or pushed when the
@@ -15,7 +16,11 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/cluster/lib.sh
 source "${HERE}/../../../scripts/cluster/lib.sh"
 
-NAMES=(gpu-device gpu-label gpu-aware)
+NAMES=(gpu-device gpu-label gpu-aware operator-controller)
+# What the operator-controller image carries besides the collection: the chart
+# it renders, its CRD and the helm binary that renders (files in the hash below).
+OPERATOR_FILES=(files/charts/metax-gpu-extensions files/charts/metax-operator/crds/clusteroperator.yaml)
+HELM_BIN=$(helm_bin_dir)/helm
 PREFIX=${METAX_AGENT_REPO_PREFIX:-${METAX_REGISTRY}/metax-gpu}
 LOCAL=localhost/metax-gpu
 CA_BUNDLE=${METAX_HOST_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
@@ -54,6 +59,9 @@ content_tag() {
     (cd "${HERE}" && sha256sum Containerfile entrypoint)
     (cd "${REPO_ROOT}" && sha256sum requirements/agents.txt)
     content_files | (cd "${REPO_ROOT}" && xargs -0 sha256sum)
+    (cd "${REPO_ROOT}" && git ls-files -z --cached --others --exclude-standard -- "${OPERATOR_FILES[@]}" |
+      xargs -0 sha256sum)
+    sha256sum "${HELM_BIN}" 2>/dev/null || echo "no-helm"
   } | sha256sum | cut -c1-12
 }
 
@@ -66,6 +74,7 @@ print_refs() {
 
 main() {
   ensure_base
+  [[ -x ${HELM_BIN} ]] || die "${HELM_BIN} is missing (the operator-controller image carries it): run scripts/deps.sh"
   local tag
   tag=$(content_tag)
   if ((print_only)); then
@@ -86,7 +95,7 @@ main() {
   fi
   local version
   version=$(awk '$1 == "version:" {print $2; exit}' "${REPO_ROOT}/galaxy.yml")
-  if ((force)) || ! podman image exists "${LOCAL}/gpu-aware:${tag}"; then
+  if ((force)) || ! podman image exists "${LOCAL}/operator-controller:${tag}"; then
     local ctx
     ctx=$(mktemp -d)
     trap 'rm -rf "${ctx}"' RETURN
@@ -94,6 +103,10 @@ main() {
     cp "${HERE}/entrypoint" "${ctx}/entrypoint"
     cp "${REPO_ROOT}/requirements/agents.txt" "${ctx}/requirements/agents.txt"
     content_files | (cd "${REPO_ROOT}" && tar --null -T - -cf -) | tar -C "${ctx}/collection" -xf -
+    mkdir -p "${ctx}/operator/bin" "${ctx}/operator/charts" "${ctx}/operator/crds"
+    cp "${HELM_BIN}" "${ctx}/operator/bin/helm"
+    cp -r "${REPO_ROOT}/files/charts/metax-gpu-extensions" "${ctx}/operator/charts/"
+    cp "${REPO_ROOT}/files/charts/metax-operator/crds/clusteroperator.yaml" "${ctx}/operator/crds/"
     local mount=()
     [[ -s ${CA_BUNDLE} ]] && mount=(-v "${CA_BUNDLE}:/run/host-ca.crt:ro")
     for name in "${NAMES[@]}"; do

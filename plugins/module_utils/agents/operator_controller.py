@@ -1,0 +1,293 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""operator-controller: reconciles the ClusterOperator into the components (manual section 3).
+
+    python -m ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller \\
+        [--namespace metax-operator] [--chart-dir DIR] [--helm helm] [--crd FILE] [--kubeconfig F] \\
+        [--health-port 8080] [--metrics-port 9400] [--peering NAME] | --cleanup
+
+Built on kopf: handlers for create/update/resume, the finalizer (cleanup of
+every object and every ``metax-tech.com/`` node label and annotation before
+the CR goes), retries with backoff (``kopf.TemporaryError``), a status timer
+that writes only when the status changed, and peering so that of two replicas
+one is active. ``--cleanup`` runs the finalizer's work once and removes the
+finalizer (the chart's pre-delete hook: uninstall cleans up even when the
+controller is down). See docs/operator.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import random
+from typing import Any, Dict, List, Optional, Sequence
+
+from .. import names
+from ..clusteroperator import render
+from ..clusteroperator.cluster import Cluster
+from ..kube.client import ApiException
+from ..clusteroperator.components import REGISTRY
+from ..clusteroperator.contract import Component, deployed
+from ..clusteroperator.status import (
+    component_status, overall, readiness_labels, same_status, waiting_nodes, with_transition_times)
+from .common import UsageError, add_common_flags, kube_api_client, run_main, setup_logging, tcp_port
+
+try:
+    import kopf
+    import yaml
+    from prometheus_client import start_http_server
+    HAS_KOPF = True
+except ImportError:
+    kopf = yaml = start_http_server = None  # type: ignore[assignment]
+    HAS_KOPF = False
+
+COMPONENT = "operator-controller"
+DEFAULT_CHART_DIR = "/opt/metax/charts/metax-gpu-extensions"
+DEFAULT_CRD = "/opt/metax/crds/clusteroperator.yaml"
+STATUS_INTERVAL = 5.0
+RETRY_BACKOFF = 5.0
+PEERING_LIFETIME = 12  # seconds: the standby takes over within this after the active one dies (< 15 s)
+LOG = logging.getLogger(COMPONENT)
+
+
+class Operator:
+    """The controller's work, independent of kopf's wiring (kopf calls these)."""
+
+    def __init__(self, cluster: Cluster, helm: str, chart_dir: str,
+                 registry: Sequence[Component] = REGISTRY) -> None:
+        self.cluster = cluster
+        self.helm = helm
+        self.chart_dir = chart_dir
+        self.registry = tuple(registry)
+
+    def reconcile(self, body: Dict[str, Any]) -> Dict[str, int]:
+        """Apply every deployed component's objects in chain order; remove what is off."""
+        spec = body.get("spec") or {}
+        rendered = render.helm_template(self.helm, self.chart_dir, render.chart_values(spec, self.registry),
+                                        body["metadata"]["namespace"])
+        desired = render.desired_objects(rendered, spec, body, self.registry)
+        uid = body["metadata"]["uid"]
+        counts = {"applied": 0, "deleted": 0}
+        for component in self.registry:
+            objects = desired[component.name]
+            for obj in objects:
+                self.cluster.apply(obj)
+            counts["applied"] += len(objects)
+            keep = ["%s/%s/%s" % (o["kind"], o["metadata"].get("namespace") or "", o["metadata"]["name"])
+                    for o in objects]
+            counts["deleted"] += self.cluster.prune(uid, component, keep)
+            if not deployed(component, spec):
+                self.cleanup_nodes([component], uid)
+        return counts
+
+    def cleanup_nodes(self, components: Sequence[Component], uid: str) -> List[str]:
+        """Strip what ``components`` own from the nodes, once none of their pods runs."""
+        for component in components:
+            if self.cluster.pods(uid, component):
+                raise _retry("pods of %s are still terminating" % component.name)
+        labels = [p for c in components for p in c.owned_labels()]
+        annotations = [p for c in components for p in c.cleanup_annotations]
+        return self.cluster.strip_nodes(labels, annotations)
+
+    def cleanup(self, body: Dict[str, Any]) -> List[str]:
+        """Everything of ours goes: objects, then every metax-tech.com/ node label and annotation."""
+        uid = body["metadata"]["uid"]
+        self.cluster.prune(uid, None)
+        if self.cluster.pods(uid):
+            raise _retry("component pods are still terminating")
+        return self.cluster.strip_nodes([names.PREFIX], [names.PREFIX])
+
+    def status(self, body: Dict[str, Any], now: str) -> Dict[str, Any]:
+        """The status the CR should carry now (facts read, nothing written)."""
+        spec = body.get("spec") or {}
+        uid = body["metadata"]["uid"]
+        nodes = self.cluster.nodes()
+        old = body.get("status") or {}
+        old_components = {c.get("name"): c for c in old.get("components") or []}
+        entries = []
+        for component in self.registry:
+            on = deployed(component, spec)
+            workload = self.cluster.workload(component) if on else None
+            pods = self.cluster.pods(uid, component) if on else []
+            waiting = waiting_nodes(component, self.registry, spec, nodes) if on else {}
+            entry = component_status(component, spec, workload, pods, waiting)
+            entry["conditions"] = with_transition_times(
+                entry["conditions"], (old_components.get(component.name) or {}).get("conditions"), now)
+            entries.append(entry)
+            if on:
+                for node, labels in readiness_labels(component, pods, nodes).items():
+                    self.cluster.patch_node_metadata(node, {"labels": labels})
+        gpu_nodes = [n for n in nodes
+                     if (n["metadata"].get("labels") or {}).get(names.LABEL_GPU_INSTALLED) == "true"]
+        device = next((e for e in entries if e["name"] == "gpu-device"), None)
+        return {
+            "observedGeneration": body["metadata"].get("generation", 0),
+            "conditions": with_transition_times(overall(entries), old.get("conditions"), now),
+            "nodes": {"total": len(nodes), "gpu": len(gpu_nodes), "ready": device["ready"] if device else 0},
+            "components": entries,
+        }
+
+
+def _retry(message: str) -> Exception:
+    if HAS_KOPF:
+        return kopf.TemporaryError(message, delay=2)
+    return RuntimeError(message)
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=COMPONENT, description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", names.OPERATOR_NAMESPACE))
+    parser.add_argument("--chart-dir", default=DEFAULT_CHART_DIR, help="the GPU Extensions chart it renders")
+    parser.add_argument("--helm", default="helm", help="helm binary for `helm template`")
+    parser.add_argument("--crd", default=DEFAULT_CRD, help="ClusterOperator CRD applied at startup ('' = no)")
+    parser.add_argument("--health-port", type=tcp_port, default=8080, help="/healthz port (0 = off)")
+    parser.add_argument("--metrics-port", type=tcp_port, default=9400, help="/metrics port (0 = off)")
+    parser.add_argument("--peering", default="metax-operator", help="kopf peering object (one active replica)")
+    parser.add_argument("--cleanup", action="store_true",
+                        help="run the finalizer's cleanup once on the ClusterOperator and exit")
+    add_common_flags(parser, host_root=False)
+    return parser
+
+
+def register(operator: Operator, args: argparse.Namespace) -> None:
+    """kopf handlers over ``operator`` (module-level registry: one operator per process)."""
+    resource = (names.OPERATOR_GROUP, names.OPERATOR_VERSION, names.OPERATOR_PLURAL)
+
+    @kopf.on.login(id="login")
+    def login(**kwargs: Any) -> Any:
+        """The same credentials as our own client (--kubeconfig, else in-cluster)."""
+        if not args.kubeconfig:
+            return kopf.login_via_client(**kwargs)
+        return connection_info(operator.cluster.api.configuration)
+
+    @kopf.on.startup()
+    def configure(settings: Any, **_: Any) -> None:
+        settings.persistence.finalizer = names.OPERATOR_FINALIZER
+        # the CRD's status schema has no room for kopf's own progress: annotations only
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.OPERATOR_GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.OPERATOR_GROUP)
+        settings.peering.name = args.peering
+        settings.peering.mandatory = True
+        # Peers of equal priority all pause (kopf's rule), so each replica
+        # draws its own: the highest live one is active. A killed active peer
+        # is forgotten after ``lifetime`` seconds (a clean exit: at once).
+        settings.peering.priority = random.SystemRandom().randint(1, 2 ** 31 - 1)
+        settings.peering.lifetime = PEERING_LIFETIME
+        settings.scanning.disabled = True
+        settings.posting.level = logging.WARNING
+        if args.crd:
+            apply_crd(operator.cluster, args.crd)
+
+    # Errors are retried after RETRY_BACKOFF seconds, not kopf's default minute:
+    # a component should not wait a minute for an API server that was restarting.
+    @kopf.on.resume(*resource, id="reconcile", backoff=RETRY_BACKOFF)
+    @kopf.on.create(*resource, id="reconcile", backoff=RETRY_BACKOFF)
+    @kopf.on.update(*resource, id="reconcile", backoff=RETRY_BACKOFF)
+    def reconcile(body: Any, logger: Any, **_: Any) -> None:
+        counts = operator.reconcile(dict(body))
+        logger.info("reconciled: %(applied)d objects applied, %(deleted)d deleted", counts)
+
+    @kopf.on.delete(*resource, id="cleanup", backoff=RETRY_BACKOFF)
+    def finalize(body: Any, logger: Any, **_: Any) -> None:
+        changed = operator.cleanup(dict(body))
+        logger.info("cleaned up; nodes changed: %s", ", ".join(changed) or "none")
+
+    @kopf.timer(*resource, id="status", interval=STATUS_INTERVAL, initial_delay=1.0, backoff=RETRY_BACKOFF)
+    def refresh_status(body: Any, patch: Any, **_: Any) -> None:
+        new = operator.status(dict(body), now_rfc3339())
+        if not same_status(body.get("status"), new):
+            for key, value in new.items():
+                patch.status[key] = value
+
+
+def connection_info(configuration: Any) -> Any:
+    """kopf's ConnectionInfo from a kubernetes client Configuration (kubernetes' own loader reads
+    $KUBECONFIG at import time, so kopf's default login cannot be pointed at --kubeconfig)."""
+    if configuration.refresh_api_key_hook is not None:
+        configuration.refresh_api_key_hook(configuration)
+    keys = configuration.api_key or {}
+    token = keys.get("BearerToken") or keys.get("authorization") or ""
+    scheme, _sep, value = token.partition(" ")
+    return kopf.ConnectionInfo(
+        server=configuration.host, ca_path=configuration.ssl_ca_cert, insecure=not configuration.verify_ssl,
+        scheme=scheme or None, token=value or None,
+        certificate_path=configuration.cert_file, private_key_path=configuration.key_file)
+
+
+def apply_crd(cluster: Cluster, path: str) -> None:
+    """Helm never upgrades crds/: the controller applies the CRD it was built with."""
+    with open(path) as stream:
+        for doc in yaml.safe_load_all(stream):
+            if doc:
+                cluster.apply(doc)
+
+
+def run_cleanup(operator: Operator, namespace: str, attempts: int = 90, pause: float = 2.0) -> int:
+    """The pre-delete hook: the finalizer's work, the CR deleted, whether the controller is up or down.
+
+    A live controller may put its finalizer back (kopf adds it to every CR it
+    sees) and then runs the same cleanup itself when the CR is deleted; a dead
+    one cannot, so the finalizer is removed here until the CR is gone.
+    """
+    import time
+    custom = operator.cluster.dynamic.resources.get(
+        api_version="%s/%s" % (names.OPERATOR_GROUP, names.OPERATOR_VERSION), kind=names.OPERATOR_KIND)
+    for item in custom.get(namespace=namespace).items:
+        name = item.metadata.name
+        deleted = False
+        for attempt in range(attempts):
+            try:
+                body = custom.get(name=name, namespace=namespace).to_dict()
+            except ApiException as exc:
+                if exc.status == 404:
+                    LOG.info("ClusterOperator %s is gone", name)
+                    break
+                raise
+            try:
+                operator.cleanup(body)
+            except Exception as exc:  # pylint: disable=broad-except
+                if attempt == attempts - 1:
+                    raise
+                LOG.info("cleanup of %s: %s; retrying", name, exc)
+                time.sleep(pause)
+                continue
+            finalizers = body["metadata"].get("finalizers") or []
+            if names.OPERATOR_FINALIZER in finalizers:
+                custom.patch(name=name, namespace=namespace, content_type="application/merge-patch+json",
+                             body={"metadata": {"finalizers": [f for f in finalizers
+                                                               if f != names.OPERATOR_FINALIZER] or None}})
+            if not deleted:
+                custom.delete(name=name, namespace=namespace)
+                deleted = True
+            time.sleep(pause / 2)
+        else:
+            raise UsageError("ClusterOperator %s still exists after the cleanup" % name)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(COMPONENT, args)
+    if not HAS_KOPF:
+        raise UsageError("the 'kopf' Python package is required (requirements/agents.txt)")
+    cluster = Cluster(kube_api_client(args.kubeconfig), args.namespace)
+    operator = Operator(cluster, args.helm, args.chart_dir)
+    if args.cleanup:
+        return run_cleanup(operator, args.namespace)
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    register(operator, args)
+    kopf.run(namespaces=[args.namespace], standalone=False, peering_name=args.peering,
+             liveness_endpoint="http://0.0.0.0:%d/healthz" % args.health_port if args.health_port else None)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(COMPONENT, main)

@@ -1,0 +1,131 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The operator's I/O with the API server: apply, prune, node cleanup, the facts status needs.
+
+Everything here is a thin call of the ``kubernetes`` client (guarded import,
+see kube/client.py); decisions are made by the pure functions of
+``render``, ``contract`` and ``status``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from .. import names
+from ..errors import MetaxGpuError
+from ..kube.client import HAS_KUBERNETES, ApiException, KubeClientError
+from .contract import Component, matches
+
+try:
+    from kubernetes import client as k8s_client
+    from kubernetes.dynamic import DynamicClient
+except ImportError:
+    k8s_client = DynamicClient = None  # type: ignore[assignment,misc]
+
+# What a component may own: (apiVersion, kind), cluster-scoped last so that
+# nothing namespaced is left pointing at a deleted role.
+OWNED_KINDS: Tuple[Tuple[str, str], ...] = (
+    ("apps/v1", "DaemonSet"), ("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+)
+CLUSTER_KINDS = frozenset(("ClusterRole", "ClusterRoleBinding"))
+
+
+class PodsRemain(MetaxGpuError):
+    """Pods of deleted components still run; cleaning node labels now would race their agents."""
+
+
+class Cluster:
+    """The API calls of the operator-controller over one ApiClient."""
+
+    def __init__(self, api_client: Any, namespace: str) -> None:
+        if not HAS_KUBERNETES or DynamicClient is None:
+            raise KubeClientError("the 'kubernetes' Python package is required (requirements/agents.txt)")
+        self.api = api_client
+        self.namespace = namespace
+        self.dynamic = DynamicClient(api_client)
+        self.core = k8s_client.CoreV1Api(api_client)
+        self.apps = k8s_client.AppsV1Api(api_client)
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+
+    def apply(self, obj: Mapping[str, Any]) -> None:
+        """Server-side apply as the operator's field manager (forced: the operator owns these objects)."""
+        resource = self._resource(obj["apiVersion"], obj["kind"])
+        resource.server_side_apply(body=dict(obj), name=obj["metadata"]["name"],
+                                   namespace=obj["metadata"].get("namespace"),
+                                   field_manager=names.OPERATOR_FIELD_MANAGER, force_conflicts=True)
+
+    def _owned(self, owner_uid: str, component: Optional[Component]) -> List[Tuple[Any, Mapping[str, Any]]]:
+        selector = "%s=%s" % (names.LABEL_OPERATOR_OWNER, owner_uid)
+        if component is not None:
+            selector += ",app.kubernetes.io/name=%s" % component.name
+        found = []
+        for api_version, kind in OWNED_KINDS:
+            resource = self._resource(api_version, kind)
+            namespace = None if kind in CLUSTER_KINDS else self.namespace
+            for item in resource.get(namespace=namespace, label_selector=selector).items:
+                found.append((resource, item.to_dict()))
+        return found
+
+    def prune(self, owner_uid: str, component: Optional[Component], keep: Iterable[str] = ()) -> int:
+        """Delete the owner's objects (of one component, or all) except ``keep`` (kind/namespace/name keys)."""
+        keep_set = set(keep)
+        deleted = 0
+        for resource, item in self._owned(owner_uid, component):
+            meta = item["metadata"]
+            key = "%s/%s/%s" % (item["kind"], meta.get("namespace") or "", meta["name"])
+            if key in keep_set:
+                continue
+            try:
+                resource.delete(name=meta["name"], namespace=meta.get("namespace"),
+                                body={"propagationPolicy": "Foreground"})
+                deleted += 1
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        return deleted
+
+    def pods(self, owner_uid: str, component: Optional[Component] = None) -> List[Dict[str, Any]]:
+        selector = "%s=%s" % (names.LABEL_OPERATOR_OWNER, owner_uid)
+        if component is not None:
+            selector += ",app.kubernetes.io/name=%s" % component.name
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        return [self.api.sanitize_for_serialization(p) for p in pods]
+
+    def nodes(self) -> List[Dict[str, Any]]:
+        return [self.api.sanitize_for_serialization(n) for n in self.core.list_node().items]
+
+    def workload(self, component: Component) -> Optional[Dict[str, Any]]:
+        read = self.apps.read_namespaced_daemon_set if component.kind == "DaemonSet" \
+            else self.apps.read_namespaced_deployment
+        try:
+            return self.api.sanitize_for_serialization(read(component.name, self.namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_node_metadata(self, node: str, metadata: Mapping[str, Any]) -> None:
+        self.core.patch_node(node, {"metadata": dict(metadata)})
+
+    def strip_nodes(self, label_patterns: Sequence[str], annotation_patterns: Sequence[str]) -> List[str]:
+        """Remove matching labels and annotations from every node; the nodes changed."""
+        changed = []
+        for node in self.nodes():
+            meta = node["metadata"]
+            patch: Dict[str, Dict[str, None]] = {}
+            labels = {k: None for k in meta.get("labels") or {} if matches(k, label_patterns)}
+            annotations = {k: None for k in meta.get("annotations") or {} if matches(k, annotation_patterns)}
+            if labels:
+                patch["labels"] = labels
+            if annotations:
+                patch["annotations"] = annotations
+            if patch:
+                self.patch_node_metadata(meta["name"], patch)
+                changed.append(meta["name"])
+        return changed

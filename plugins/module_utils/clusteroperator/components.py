@@ -1,0 +1,48 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The components the GPU Operator deploys today, in chain order.
+
+The chain follows MetaX's operator 0.9.2 (samples/kubernetes/operator-0.9.2-daemonsets.txt):
+container-runtime on GPU nodes; driver and MACA after ``runtime.ready``;
+gpu-device after ``maca.ready`` and ``runtime.ready``; gpu-label everywhere.
+driver, maca and runtime are not built yet (issues of driver-manager and
+container-runtime): their readiness labels are named here, in gpu-device's
+``requires``, and the chain skips them while no deployed component owns them.
+A new component is one more :class:`Component` in :data:`REGISTRY`.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+from .. import names
+from .contract import Component
+
+EXTENSIONS_CHART = "metax-gpu-extensions"
+
+GPU_LABEL = Component(
+    name="gpu-label", spec_key="labelgen", values_key="gpuLabel", chart=EXTENSIONS_CHART,
+    image="gpu-label", minimal=True,
+    # Table 2.7: gpu.* and driver.ready (gpu-label reports the loaded driver)
+    cleanup_labels=(names.LABEL_PREFIX + "gpu.", names.LABEL_DRIVER_READY),
+)
+
+GPU_DEVICE = Component(
+    name="gpu-device", spec_key="devicePlugin", values_key="gpuDevice", chart=EXTENSIONS_CHART,
+    image="gpu-device", minimal=True, gpu_nodes_only=True,
+    requires=(names.LABEL_MACA_READY, names.LABEL_RUNTIME_READY),
+    cleanup_annotations=names.ANNOTATION_KEYS,
+)
+
+GPU_AWARE = Component(
+    name="gpu-aware", spec_key="gpuAware", values_key="gpuAware", chart=EXTENSIONS_CHART,
+    image="gpu-aware", kind="Deployment", default_deploy=False,
+    enable_values={"deployExtenderGPUAware": True},
+)
+
+# Chain order: a component comes after every component owning a label it requires.
+REGISTRY: Tuple[Component, ...] = (GPU_LABEL, GPU_DEVICE, GPU_AWARE)
+
+BY_NAME: Dict[str, Component] = {c.name: c for c in REGISTRY}
+BY_SPEC_KEY: Dict[str, Component] = {c.spec_key: c for c in REGISTRY}

@@ -1,0 +1,153 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The one mapping between the chart's values (the manual's names) and ClusterOperator.spec (the real product's).
+
+:data:`MAPPING` is the table. The metax-operator chart renders its
+ClusterOperator from the same table (``files/charts/metax-operator/files/mapping.json``
+is this table as JSON; ``python -m ...clusteroperator.mapping`` prints it and a unit
+test fails when the two differ), and :func:`values_to_spec` is that template's
+meaning in Python (a unit test compares both on several value sets).
+:func:`spec_to_extension_values` goes the other way for the controller: the
+values with which it renders the GPU Extensions chart's agents.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .components import REGISTRY
+from .contract import Component, deployed
+
+LOG_KEYS = ("dir", "level", "format", "rotationTime", "maxAge")
+DEFAULT_LOG = {"dir": "/var/log/metax", "level": "info", "format": "json", "rotationTime": "1w", "maxAge": "26w"}
+
+# spec key <- values key, copied as they are
+GLOBALS = {
+    "minimal": "minimal",
+    "podTemplateSpec": "podTemplateSpec",
+    "hostRoot": "hostRoot",
+    "tolerations": "tolerations",
+    "imagePullSecrets": "imagePullSecrets",
+    "priorityClassName": "priorityClassName",
+}
+
+# One entry per CR section: its values key (Tables 3.1-3.6 and 2.1-2.4), the
+# default image name, the values key holding ``deploy`` when it is not the
+# section's own, the members copied as they are, and the members whose
+# ``registry`` defaults to the global ``registry`` (Tables 3.5, 3.6).
+SECTIONS: Tuple[Dict[str, Any], ...] = (
+    {"spec": "labelgen", "values": "gpuLabel", "image": "gpu-label", "deployValue": None,
+     "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
+    {"spec": "devicePlugin", "values": "gpuDevice", "image": "gpu-device", "deployValue": None,
+     "fields": ["deploy", "healthyInterval", "resources", "podTemplateSpec"], "registryDefaults": []},
+    {"spec": "gpuAware", "values": "gpuAware", "image": "gpu-aware", "deployValue": "deployExtenderGPUAware",
+     "fields": ["scoreWeight", "lossWeight", "resources", "podTemplateSpec"], "registryDefaults": []},
+    {"spec": "driver", "values": "driver", "image": "driver-manager", "deployValue": None,
+     "fields": ["deploy", "deployPolicy", "payload", "upgradePolicy", "resources", "podTemplateSpec"],
+     "registryDefaults": ["payload"]},
+    {"spec": "maca", "values": "maca", "image": "driver-manager", "deployValue": None,
+     "fields": ["deploy", "payload", "resources", "podTemplateSpec"], "registryDefaults": ["payload"]},
+    {"spec": "runtime", "values": "runtime", "image": "container-runtime", "deployValue": None,
+     "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
+)
+
+MAPPING: Dict[str, Any] = {"globals": GLOBALS, "sections": list(SECTIONS)}
+
+
+def mapping_json() -> str:
+    """The table as the chart's ``files/mapping.json`` holds it."""
+    return json.dumps(MAPPING, indent=2, sort_keys=True) + "\n"
+
+
+def merged_log(global_log: Optional[Mapping[str, Any]], own: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """A component's log options: its own members (even "") over the global ones (Table 2.5)."""
+    log = dict(DEFAULT_LOG)
+    log.update(global_log or {})
+    log.update(own or {})
+    return log
+
+
+def values_to_spec(values: Mapping[str, Any], app_version: str) -> Dict[str, Any]:
+    """The ClusterOperator spec the chart renders from its values (what templates/clusteroperator.yaml does)."""
+    spec: Dict[str, Any] = {}
+    for spec_key, values_key in GLOBALS.items():
+        if values_key in values:
+            spec[spec_key] = copy.deepcopy(values[values_key])
+    registry = values.get("registry", "")
+    for section in SECTIONS:
+        src = values.get(section["values"]) or {}
+        out: Dict[str, Any] = {
+            "image": {"registry": registry, "name": section["image"],
+                      "version": values.get("imageTag") or app_version,
+                      "pullPolicy": values.get("pullPolicy", "IfNotPresent")},
+            "log": merged_log(values.get("log"), src.get("log")),
+        }
+        for field in section["fields"]:
+            if field in src:
+                out[field] = copy.deepcopy(src[field])
+        if section["deployValue"] and section["deployValue"] in values:
+            out["deploy"] = values[section["deployValue"]]
+        for member in section["registryDefaults"]:
+            if isinstance(out.get(member), dict) and not out[member].get("registry"):
+                out[member]["registry"] = registry
+        spec[section["spec"]] = out
+    return spec
+
+
+def _image(section: Mapping[str, Any], default_name: str) -> Dict[str, Any]:
+    image = dict(section.get("image") or {})
+    image.setdefault("name", default_name)
+    image.setdefault("pullPolicy", "IfNotPresent")
+    return image
+
+
+def image_reference(spec: Mapping[str, Any], component: Component) -> str:
+    """registry/name:version of a component's image from the spec."""
+    image = _image(spec.get(component.spec_key) or {}, component.image)
+    ref = image["name"]
+    if image.get("registry"):
+        ref = image["registry"].rstrip("/") + "/" + ref
+    return ref + ":" + str(image.get("version") or "latest")
+
+
+def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping[str, str]) -> Dict[str, Any]:
+    """Values of the GPU Extensions chart rendering the agents the spec asks for.
+
+    Images, pull policies, resources and ``podTemplateSpec`` are per component in
+    the CR and applied to the rendered objects afterwards (``render.py``); what
+    the chart turns into arguments (health interval, weights, log options) goes
+    through its values, so the agents' command lines have one definition.
+    """
+    device = spec.get("devicePlugin") or {}
+    label = spec.get("labelgen") or {}
+    aware = spec.get("gpuAware") or {}
+    values: Dict[str, Any] = {
+        "registry": "operator.invalid/rendered",  # replaced per component by the CR's image
+        "pullPolicy": _image(device, "gpu-device")["pullPolicy"],
+        "log": dict(DEFAULT_LOG),
+        "gpuDevice": {"healthyInterval": device.get("healthyInterval", 5), "log": merged_log(None, device.get("log"))},
+        "gpuLabel": {"log": merged_log(None, label.get("log"))},
+        "gpuAware": {"scoreWeight": str(aware.get("scoreWeight", "1")), "lossWeight": str(aware.get("lossWeight", "1")),
+                     "log": merged_log(None, aware.get("log"))},
+        "gpuNodeSelector": dict(gpu_node_selector),
+        "deployExtenderGPUAware": False,
+    }
+    for key in ("hostRoot", "tolerations", "imagePullSecrets", "priorityClassName"):
+        if key in spec:
+            values[key] = copy.deepcopy(spec[key])
+    for component in REGISTRY:
+        if deployed(component, spec):
+            values.update(component.enable_values)
+    return values
+
+
+def main() -> None:
+    import sys
+    sys.stdout.write(mapping_json())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""operator-controller against a real kube-apiserver, under the chart's own RBAC (issue 24).
+
+A private control plane (controlplane.py: etcd, kube-apiserver, garbage
+collector; no nodes run pods, so no shared cluster is needed) gets the
+metax-operator chart's CRDs, RBAC and ClusterOperator; two controller
+replicas run as processes with the chart service account's token. Then:
+
+- the CR is reconciled into the Extensions chart's objects, owned by the CR,
+  gpu-device gated on gpu.installed;
+- a `kubectl patch` of devicePlugin.healthyInterval changes gpu-device only
+  (time printed), bad values are refused by the API server;
+- the active replica is SIGKILLed: the standby applies the next patch (time
+  printed, the issue's bound is 15 s) and no object is duplicated;
+- deploy: false removes a component's objects and what it wrote on nodes;
+- idle: no status or object writes (peering heartbeats counted and printed);
+- deleting the CR leaves no object and no metax-tech.com/ node label or
+  annotation; with every controller down, the chart's --cleanup hook does it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+from controlplane import ControlPlane, free_port, lib_dir
+
+from ansible_collections.metax.gpu.plugins.module_utils import names as N
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+CHART = os.path.join(ROOT, "files", "charts", "metax-operator")
+EXTENSIONS = os.path.join(ROOT, "files", "charts", "metax-gpu-extensions")
+NS = N.OPERATOR_NAMESPACE
+MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller"
+CHART_KINDS = ("ServiceAccount", "KopfPeering", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+               "ClusterOperator")
+GPU_LABELS = {N.LABEL_GPU_INSTALLED: "true", N.LABEL_GPU_PRODUCT: "C500", N.LABEL_DRIVER_READY: "true"}
+
+
+LOGS = []   # callables giving context when a wait times out (the controllers' logs)
+
+
+def wait(predicate, timeout, what, interval=0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %ss waiting for %s\n%s" % (
+                timeout, what, "\n".join(log() for log in LOGS)))
+        time.sleep(interval)
+
+
+class Env:
+    def __init__(self, cp):
+        self.cp = cp
+        self.helm = os.path.join(lib_dir("helm_bin_dir"), "helm")
+        self.controllers = {}
+        self.ports = {}
+
+    def get(self, *args):
+        res = self.cp.kubectl("get", "-o", "json", *args)
+        return json.loads(res.stdout) if res.returncode == 0 else None
+
+    def ok(self, *args, **kwargs):
+        res = self.cp.kubectl(*args, **kwargs)
+        assert res.returncode == 0, res.stderr
+        return res
+
+    def chart_objects(self, *sets):
+        args = [self.helm, "template", "metax-operator", CHART, "-n", NS]
+        for pair in sets:
+            args += ["--set", pair]
+        out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout
+        return [o for o in yaml.safe_load_all(out) if o and o["kind"] in CHART_KINDS]
+
+    def start_controller(self, name):
+        kubeconfig = os.path.join(self.cp.dir, "controller.kubeconfig")
+        if not os.path.exists(kubeconfig):
+            token = self.ok("-n", NS, "create", "token", "operator-controller", "--duration=2h").stdout.strip()
+            self.cp.write_kubeconfig(kubeconfig, token)
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        log = open(os.path.join(self.cp.dir, name + ".log"), "w")
+        self.ports[name] = (free_port(), free_port())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", MODULE, "--kubeconfig", kubeconfig, "--namespace", NS,
+             "--chart-dir", EXTENSIONS, "--helm", self.helm,
+             "--crd", os.path.join(CHART, "crds", "clusteroperator.yaml"),
+             "--health-port", str(self.ports[name][0]), "--metrics-port", str(self.ports[name][1]), "--log-dir=", "--log-format=text"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.controllers[name] = proc
+        return proc
+
+    def logs(self, lines=12):
+        out = []
+        for name in self.controllers:
+            with open(os.path.join(self.cp.dir, name + ".log")) as fh:
+                tail = [line for line in fh.read().splitlines() if "Insecure" not in line and "warnings.warn" not in line]
+            out.append("--- controller %s:\n%s" % (name, "\n".join(tail[-lines:])))
+        return "\n".join(out)
+
+    def reconciles(self, name):
+        return open(os.path.join(self.cp.dir, name + ".log")).read().count("reconciled:")
+
+    def daemonsets(self):
+        items = (self.get("daemonsets", "-n", NS) or {"items": []})["items"]
+        return {d["metadata"]["name"]: d for d in items}
+
+    def patch(self, spec):
+        return self.cp.kubectl("-n", NS, "patch", "clusteroperator", N.OPERATOR_CR_NAME, "--type=merge",
+                               "-p", json.dumps({"spec": spec}))
+
+    def node_metax(self):
+        return {n["metadata"]["name"]: {k: v for part in ("labels", "annotations")
+                                        for k, v in (n["metadata"].get(part) or {}).items()
+                                        if k.startswith(N.PREFIX)}
+                for n in self.get("nodes")["items"]}
+
+
+@pytest.fixture(scope="module")
+def env():
+    cp = ControlPlane().start()
+    e = Env(cp)
+    LOGS[:] = [e.logs]
+    try:
+        e.ok("apply", "--server-side", "-f", os.path.join(CHART, "crds"))
+        e.ok("create", "namespace", NS)
+        for name, labels in (("gpu-a", GPU_LABELS), ("gpu-b", GPU_LABELS), ("cpu", {})):
+            node = {"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "labels": dict(labels, **{"kubernetes.io/os": "linux"}),
+                                 "annotations": {N.ANNOTATION_DEVICES: "[]"} if labels else {}}}
+            e.ok("create", "-f", "-", input=json.dumps(node))
+        wait(lambda: e.cp.kubectl("get", "crd", "clusteroperators.gpu.metax-tech.com").returncode == 0, 30, "CRD")
+        objects = e.chart_objects("registry=127.0.0.1:5000/metax-gpu", "imageTag=test")
+        e.ok("apply", "-n", NS, "-f", "-", input=yaml.safe_dump_all(objects))
+        for name in ("a", "b"):
+            e.start_controller(name)
+        yield e
+    finally:
+        for proc in e.controllers.values():
+            if proc.poll() is None:
+                proc.kill()
+        cp.stop()
+
+
+def test_reconciled_into_owned_gated_objects(env):
+    ds = wait(lambda: len(env.daemonsets()) == 2 and env.daemonsets(), 60, "gpu-device and gpu-label")
+    device = ds["gpu-device"]
+    assert device["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
+    assert device["spec"]["template"]["spec"]["nodeSelector"] == {N.LABEL_GPU_INSTALLED: "true"}
+    assert device["spec"]["template"]["spec"]["containers"][0]["image"] == "127.0.0.1:5000/metax-gpu/gpu-device:test"
+    roles = env.get("clusterroles", "-l", N.LABEL_OPERATOR_OWNER)["items"]
+    assert sorted(r["metadata"]["name"] for r in roles) == ["metax-gpu-gpu-device", "metax-gpu-gpu-label"]
+    cr = wait(lambda: (env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS) or {}).get("status") and
+              env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS), 30, "status")
+    assert cr["status"]["nodes"]["gpu"] == 2 and cr["status"]["nodes"]["total"] == 3
+    assert [c["name"] for c in cr["status"]["components"]] == ["gpu-label", "gpu-device", "gpu-aware"]
+    printed = env.ok("get", "clusteroperator", "-n", NS).stdout
+    assert re.search(r"cluster-operator\s+(True|False)\s+\S+\s+2\s+", printed), printed
+
+
+RBAC_DOC = os.path.join(ROOT, "docs", "operator-rbac.md")
+SERVICE_ACCOUNTS = ("operator-controller", "gpu-label", "gpu-device", "gpu-aware")
+# granted to every authenticated user by the API server's defaults, not by us
+DEFAULT_RULES = ("selfsubjectreviews.authentication.k8s.io", "selfsubjectaccessreviews.authorization.k8s.io",
+                 "selfsubjectrulesreviews.authorization.k8s.io")
+
+
+def rights(env, account):
+    """(resource, resource names, verbs) rows of `kubectl auth can-i --list` for a service account."""
+    out = env.ok("auth", "can-i", "--list", "-n", NS,
+                 "--as=system:serviceaccount:%s:%s" % (NS, account)).stdout.splitlines()
+    rows = []
+    for line in out[1:]:
+        fields = re.findall(r"\[[^]]*\]|\S+", line)
+        if len(fields) != 4 or fields[0] in DEFAULT_RULES:
+            continue  # non-resource URLs (discovery, health) have no resource column
+        rows.append((fields[0], fields[2], fields[3]))
+    return sorted(rows)
+
+
+def rbac_table(env):
+    lines = []
+    for account in SERVICE_ACCOUNTS:
+        lines += ["", "### %s" % account, "", "| resource | resource names | verbs |", "|---|---|---|"]
+        lines += ["| %s | %s | %s |" % row for row in rights(env, account)]
+    return "\n".join(lines) + "\n"
+
+
+def test_rbac_is_the_committed_table_least_privilege(env):
+    """The live rights of every service account = docs/operator-rbac.md (METAX_UPDATE_RBAC_TABLE=1 rewrites it)."""
+    assert env.patch({"gpuAware": {"deploy": True}}).returncode == 0
+    wait(lambda: env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware deployed")
+    table = rbac_table(env)
+    assert env.patch({"gpuAware": {"deploy": False}}).returncode == 0
+    wait(lambda: not env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware removed")
+    for line in table.splitlines():
+        assert "*" not in line and "secrets" not in line, line
+    marker = "<!-- generated: kubectl auth can-i --list, tests/integration/test_operator_controller_apiserver.py -->"
+    with open(RBAC_DOC) as fh:
+        doc = fh.read()
+    head = doc[:doc.index(marker) + len(marker)]
+    if os.environ.get("METAX_UPDATE_RBAC_TABLE") == "1":
+        with open(RBAC_DOC, "w") as fh:
+            fh.write(head + "\n" + table)
+    assert doc[len(head):] == "\n" + table, "the live rights differ from %s:\n%s" % (RBAC_DOC, table)
+
+
+def test_health_and_metrics_endpoints(env):
+    for name, (health, metrics) in env.ports.items():
+        assert env.controllers[name].poll() is None, env.logs()
+        for port, path, expect in ((health, "/healthz", "{"), (metrics, "/metrics", "process_resident_memory_bytes")):
+            body = wait(lambda: _http(port, path), 30, "%s of controller %s" % (path, name))
+            assert expect in body, body[:300]
+
+
+def _http(port, path):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=5) as resp:
+            return resp.read().decode() if resp.status == 200 else None
+    except OSError:
+        return None
+
+
+def test_patch_changes_gpu_device_only_and_bad_values_are_refused(env):
+    before = {n: d["metadata"]["generation"] for n, d in env.daemonsets().items()}
+    start = time.monotonic()
+    assert env.patch({"devicePlugin": {"healthyInterval": 3}}).returncode == 0
+    wait(lambda: env.daemonsets()["gpu-device"]["metadata"]["generation"] > before["gpu-device"], 15, "gpu-device")
+    print("\npatch -> gpu-device changed in %.2fs" % (time.monotonic() - start))
+    after = env.daemonsets()
+    assert "--healthy-interval=3" in after["gpu-device"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert after["gpu-label"]["metadata"]["generation"] == before["gpu-label"]
+    generation = env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["generation"]
+    for bad, field in (({"driver": {"deployPolicy": "Sometimes"}}, "deployPolicy"),
+                       ({"devicePlugin": {"healthyInterval": -1}}, "healthyInterval")):
+        res = env.patch(bad)
+        assert res.returncode != 0 and field in res.stderr, res.stderr
+    assert env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["generation"] == generation
+
+
+def test_idle_controller_writes_no_status_or_objects(env):
+    time.sleep(6)  # one status round after the last change
+    cr = env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)
+    ds = {n: d["metadata"]["resourceVersion"] for n, d in env.daemonsets().items()}
+    peering = env.get("kopfpeering", "metax-operator", "-n", NS)["metadata"]["resourceVersion"]
+    heartbeats = 0
+    for _second in range(20):
+        time.sleep(1)
+        now = env.get("kopfpeering", "metax-operator", "-n", NS)["metadata"]["resourceVersion"]
+        heartbeats += now != peering
+        peering = now
+    assert env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["resourceVersion"] == \
+        cr["metadata"]["resourceVersion"]
+    assert {n: d["metadata"]["resourceVersion"] for n, d in env.daemonsets().items()} == ds
+    print("\nidle 20 s: 0 CR/object writes; peering heartbeats (2 replicas): %d" % heartbeats)
+
+
+def test_killed_active_replica_is_replaced(env):
+    active = max(env.controllers, key=env.reconciles)
+    standby = next(n for n in env.controllers if n != active)
+    rss = int(re.search(r"VmRSS:\s+(\d+)", open("/proc/%d/status" % env.controllers[active].pid).read()).group(1))
+    before = env.daemonsets()["gpu-device"]["metadata"]["generation"]
+    standby_runs = env.reconciles(standby)
+    env.controllers[active].send_signal(signal.SIGKILL)
+    env.controllers[active].wait()
+    start = time.monotonic()
+    assert env.patch({"devicePlugin": {"healthyInterval": 4}}).returncode == 0
+    wait(lambda: env.daemonsets()["gpu-device"]["metadata"]["generation"] > before, 15, "the standby's reconcile")
+    print("\nactive replica (RSS %d MiB) SIGKILLed: the standby applied the patch after %.1fs"
+          % (rss // 1024, time.monotonic() - start))
+    assert env.reconciles(standby) > standby_runs
+    assert sorted(env.daemonsets()) == ["gpu-device", "gpu-label"]
+    env.start_controller(active)  # two replicas again for the next tests
+
+
+def test_deploy_false_removes_the_component_and_its_node_labels(env):
+    assert env.patch({"labelgen": {"deploy": False}}).returncode == 0
+    wait(lambda: "gpu-label" not in env.daemonsets(), 15, "gpu-label removed")
+    wait(lambda: all(N.LABEL_GPU_PRODUCT not in m for m in env.node_metax().values()), 15, "gpu.* labels removed")
+    assert not env.get("serviceaccounts", "gpu-label", "-n", NS)
+    # gpu-device's annotations stay: it is still deployed
+    assert N.ANNOTATION_DEVICES in env.node_metax()["gpu-a"]
+    assert env.patch({"labelgen": {"deploy": True}}).returncode == 0
+    wait(lambda: "gpu-label" in env.daemonsets(), 15, "gpu-label back")
+
+
+def test_delete_leaves_nothing(env):
+    env.ok("label", "node", "gpu-a", "gpu-b", N.LABEL_GPU_INSTALLED + "=true", "--overwrite")
+    env.ok("-n", NS, "delete", "clusteroperator", N.OPERATOR_CR_NAME, "--wait=true", "--timeout=60s")
+    wait(lambda: not env.daemonsets(), 30, "DaemonSets gone")
+    wait(lambda: not env.get("clusterroles", "-l", N.LABEL_OPERATOR_OWNER)["items"], 30, "ClusterRoles gone")
+    assert env.node_metax() == {"gpu-a": {}, "gpu-b": {}, "cpu": {}}
+
+
+def test_cleanup_hook_works_with_every_controller_down(env):
+    cr = [o for o in env.chart_objects() if o["kind"] == "ClusterOperator"]
+    env.ok("apply", "-n", NS, "-f", "-", input=yaml.safe_dump_all(cr))
+    wait(lambda: len(env.daemonsets()) == 2, 30, "reconciled again")
+    env.ok("label", "node", "gpu-a", N.LABEL_GPU_INSTALLED + "=true", N.LABEL_GPU_PRODUCT + "=C500")
+    for proc in env.controllers.values():
+        proc.kill()
+        proc.wait()
+    kubeconfig = os.path.join(env.cp.dir, "controller.kubeconfig")
+    res = subprocess.run([sys.executable, "-m", MODULE, "--cleanup", "--kubeconfig", kubeconfig, "--namespace", NS,
+                          "--log-dir="], capture_output=True, text=True, timeout=300, check=False,
+                         env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert env.get("clusteroperators", "-n", NS)["items"] == []
+    wait(lambda: not env.daemonsets(), 30, "DaemonSets gone")
+    assert env.node_metax() == {"gpu-a": {}, "gpu-b": {}, "cpu": {}}

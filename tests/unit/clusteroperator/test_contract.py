@@ -1,0 +1,93 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The component contract: readiness gates, minimal mode, deploy: false and node cleanup."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ansible_collections.metax.gpu.plugins.module_utils import names
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import components
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.contract import (
+    Component, cleanup_patch, deployed, gate_selector)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+# The components of the later issues, as they will be registered: the contract must fit them.
+RUNTIME = Component(name="container-runtime", spec_key="runtime", values_key="runtime", chart="x",
+                    image="container-runtime", ready_label=names.LABEL_RUNTIME_READY, gpu_nodes_only=True)
+DRIVER = Component(name="driver", spec_key="driver", values_key="driver", chart="x", image="driver-manager",
+                   ready_label=names.LABEL_DRIVER_READY, requires=(names.LABEL_RUNTIME_READY,),
+                   gpu_nodes_only=True)
+MACA = Component(name="maca", spec_key="maca", values_key="maca", chart="x", image="driver-manager",
+                 ready_label=names.LABEL_MACA_READY, requires=(names.LABEL_RUNTIME_READY,), gpu_nodes_only=True)
+FULL = (RUNTIME, DRIVER, MACA) + components.REGISTRY
+
+
+def real_selectors():
+    """DaemonSet name -> node selector dict, from the real operator's `kubectl get ds`."""
+    out = {}
+    for line in (FIXTURES / "operator-0.9.2-daemonsets.txt").read_text().splitlines()[2:]:
+        fields = line.split()
+        if len(fields) < 8 or not fields[0].startswith("metax-"):
+            continue
+        sel = fields[6]
+        out[fields[0][len("metax-"):]] = {} if sel == "<none>" else dict(p.split("=") for p in sel.split(","))
+    return out
+
+
+def test_full_chain_reproduces_the_real_operators_selectors():
+    real = real_selectors()
+    for component in (RUNTIME, DRIVER, MACA, components.GPU_DEVICE, components.GPU_LABEL):
+        assert gate_selector(component, FULL, {}) == real[component.name], component.name
+
+
+def test_todays_chain_skips_labels_nobody_sets():
+    # Without runtime and MACA components, gpu-device waits only for gpu.installed.
+    assert gate_selector(components.GPU_DEVICE, components.REGISTRY, {}) == {names.LABEL_GPU_INSTALLED: "true"}
+    assert gate_selector(components.GPU_LABEL, components.REGISTRY, {}) == {}
+
+
+def test_minimal_mode_and_deploy_false_drop_the_label_from_the_chain():
+    minimal = {"minimal": True}
+    assert gate_selector(components.GPU_DEVICE, FULL, minimal) == {names.LABEL_GPU_INSTALLED: "true"}
+    no_maca = {"maca": {"deploy": False}}
+    assert gate_selector(components.GPU_DEVICE, FULL, no_maca) == {
+        names.LABEL_GPU_INSTALLED: "true", names.LABEL_RUNTIME_READY: "true"}
+
+
+def test_deployed():
+    assert deployed(components.GPU_DEVICE, {})
+    assert not deployed(components.GPU_AWARE, {})
+    assert deployed(components.GPU_AWARE, {"gpuAware": {"deploy": True}})
+    assert not deployed(components.GPU_AWARE, {"gpuAware": {"deploy": True}, "minimal": True})
+    assert deployed(components.GPU_LABEL, {"minimal": True})
+    assert not deployed(components.GPU_LABEL, {"labelgen": {"deploy": False}})
+    assert not deployed(MACA, {"minimal": True})
+
+
+def test_cleanup_patch_removes_owned_keys_only():
+    labels = {"metax-tech.com/gpu.installed": "true", "metax-tech.com/gpu.product": "C500",
+              "metax-tech.com/driver.ready": "true", "metax-tech.com/maca.ready": "true",
+              "kubernetes.io/hostname": "vm", "metax-tech.com/agents.paused": "x"}
+    annotations = {names.ANNOTATION_DEVICES: "[]", "node.alpha.kubernetes.io/ttl": "0"}
+    patch = cleanup_patch(labels, annotations, components.REGISTRY)
+    assert patch == {"labels": {"metax-tech.com/gpu.installed": None, "metax-tech.com/gpu.product": None,
+                                "metax-tech.com/driver.ready": None},
+                     "annotations": {names.ANNOTATION_DEVICES: None}}
+    assert set(cleanup_patch(labels, {}, FULL)["labels"]) == {
+        k for k in labels if k.startswith("metax-tech.com/") and k != "metax-tech.com/agents.paused"}
+    assert cleanup_patch({"kubernetes.io/os": "linux"}, {}, FULL) == {}
+
+
+def test_every_registered_component_is_documented_in_chain_order():
+    seen = set()
+    owners = {c.ready_label: c.name for c in FULL if c.ready_label}
+    for component in components.REGISTRY:
+        for label in component.requires:
+            owner = owners.get(label)
+            assert owner is None or owner in seen or owner not in components.BY_NAME, (component.name, label)
+        seen.add(component.name)
+    assert re.match(r"^[a-z-]+$", "".join(components.BY_NAME))

@@ -1,0 +1,106 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The metax-operator chart: its ClusterOperator is the one mapping's, and the CRD accepts real CRs.
+
+- files/mapping.json is mapping.py's table (regenerate with
+  ``python -m ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.mapping``);
+- the CR rendered by helm equals ``values_to_spec`` for several value sets;
+- the CRD's schema (checked with jsonschema, the API server's own check is the
+  integration test's) accepts the chart's CR and the real product's 0.9.2 CR
+  and refuses an unknown deployPolicy and a negative interval.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any, Dict
+
+import jsonschema
+import pytest
+import yaml
+
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import mapping
+
+from charts.helm import CHARTS, find_helm, helm_required
+
+HELM = find_helm()
+pytestmark = helm_required(HELM)
+CHART = CHARTS / "metax-operator"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+VALUE_SETS: Dict[str, Dict[str, Any]] = {
+    "defaults": {},
+    "manual-install": {
+        "registry": "harbor.example.cn/mximages",
+        "driver": {"deploy": True, "payload": {"version": "2.29.0.13"}},
+        "maca": {"payload": {"registry": "harbor.example.cn/mximages",
+                             "images": ["mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]}},
+    },
+    "overrides": {"minimal": True, "deployExtenderGPUAware": True, "imageTag": "dev", "pullPolicy": "Always",
+                  "log": {"level": "debug", "dir": ""},
+                  "gpuDevice": {"healthyInterval": 0, "log": {"format": "text"},
+                                "podTemplateSpec": {"spec": {"tolerations": [{"key": "a", "operator": "Exists"}]}}},
+                  "gpuAware": {"scoreWeight": "2.5"},
+                  "podTemplateSpec": {"metadata": {"annotations": {"team": "gpu"}}},
+                  "hostRoot": {"path": "/var/lib/metax-sim", "subPathExpr": "$(NODE_NAME)"}},
+}
+
+
+def coalesce(base, overrides):
+    """Helm's merge of user values over values.yaml: maps merge, everything else replaces."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = coalesce(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
+            else value
+    return out
+
+
+def chart_values(overrides):
+    return coalesce(yaml.safe_load((CHART / "values.yaml").read_text()), overrides)
+
+
+def rendered_cr(overrides):
+    proc = subprocess.run([HELM, "template", "x", str(CHART), "-n", "metax-operator", "--values", "-",
+                           "--show-only", "templates/clusteroperator.yaml"],
+                          input=yaml.safe_dump(overrides), capture_output=True, text=True, check=True, timeout=60)
+    return yaml.safe_load(proc.stdout)
+
+
+def crd_schema():
+    crd = yaml.safe_load((CHART / "crds" / "clusteroperator.yaml").read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_mapping_json_is_the_tables_json():
+    assert (CHART / "files" / "mapping.json").read_text() == mapping.mapping_json()
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_chart_renders_what_values_to_spec_says(name):
+    cr = rendered_cr(VALUE_SETS[name])
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert cr["spec"] == mapping.values_to_spec(chart_values(VALUE_SETS[name]), app_version)
+    jsonschema.validate(cr, crd_schema())
+
+
+def test_real_product_cr_is_accepted():
+    text = (FIXTURES / "clusteroperator-0.9.2.txt").read_text()
+    cr = yaml.safe_load(text[text.index("apiVersion: gpu.metax-tech.com/v1alpha1"):])
+    assert cr["kind"] == "ClusterOperator" and cr["spec"]["driver"]["deployPolicy"] == "PreferCloud"
+    jsonschema.validate(cr, crd_schema())
+
+
+@pytest.mark.parametrize("path,value", [(("driver", "deployPolicy"), "Sometimes"),
+                                        (("devicePlugin", "healthyInterval"), -1),
+                                        (("labelgen", "log", "level"), "loud"),
+                                        (("maca", "payload", "images"), ["no-tag"])])
+def test_crd_refuses_bad_values(path, value):
+    spec: Dict[str, Any] = {}
+    node = spec
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"spec": spec}, crd_schema())

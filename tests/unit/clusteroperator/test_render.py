@@ -1,0 +1,95 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The operator renders the GPU Extensions chart itself (real helm) and adapts the objects.
+
+The agents' command lines come from the one chart; the operator adds the
+readiness gate, the CR's images, ownership and podTemplateSpec overrides.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ansible_collections.metax.gpu.plugins.module_utils import names
+from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_device
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render
+
+from charts.helm import CHART, find_helm, helm_required
+
+HELM = find_helm()
+pytestmark = helm_required(HELM)
+
+OWNER = {"metadata": {"name": names.OPERATOR_CR_NAME, "namespace": names.OPERATOR_NAMESPACE, "uid": "u-1"}}
+IMAGE = {"registry": "127.0.0.1:5000/metax-gpu", "version": "abc", "pullPolicy": "Always"}
+SPEC = {
+    "labelgen": {"image": dict(IMAGE, name="gpu-label")},
+    "devicePlugin": {"healthyInterval": 7, "image": dict(IMAGE, name="gpu-device"),
+                     "log": {"dir": "", "level": "debug", "format": "text", "rotationTime": "1d", "maxAge": "4w"},
+                     "resources": {"limits": {"memory": "256Mi"}},
+                     "podTemplateSpec": {"spec": {"tolerations": [{"key": "dp", "operator": "Exists"}]}}},
+    "gpuAware": {"deploy": False},
+    "podTemplateSpec": {"metadata": {"annotations": {"team": "gpu"}}},
+    "hostRoot": {"path": "/var/lib/metax-sim", "subPathExpr": "$(NODE_NAME)"},
+}
+
+
+def objects(spec):
+    rendered = render.helm_template(HELM, str(CHART), render.chart_values(spec), names.OPERATOR_NAMESPACE)
+    return render.desired_objects(rendered, spec, OWNER)
+
+
+def workload(objs, name):
+    return next(o for o in objs[name] if o["kind"] in ("DaemonSet", "Deployment"))
+
+
+def test_each_component_gets_its_own_objects_owned_by_the_cr():
+    objs = objects(SPEC)
+    assert objs["gpu-aware"] == []
+    kinds = {name: sorted(o["kind"] for o in objs[name]) for name in objs}
+    assert kinds["gpu-device"] == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    assert kinds["gpu-label"] == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    for obj in objs["gpu-device"] + objs["gpu-label"]:
+        labels = obj["metadata"]["labels"]
+        assert labels[names.LABEL_OPERATOR_OWNER] == "u-1"
+        assert "helm.sh/chart" not in labels
+        if obj["kind"].startswith("Cluster"):
+            assert "namespace" not in obj["metadata"] and "ownerReferences" not in obj["metadata"]
+        else:
+            assert obj["metadata"]["namespace"] == names.OPERATOR_NAMESPACE
+            assert obj["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+
+
+def test_cr_fields_reach_the_daemonset():
+    ds = workload(objects(SPEC), "gpu-device")
+    pod = ds["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "127.0.0.1:5000/metax-gpu/gpu-device:abc"
+    assert container["imagePullPolicy"] == "Always"
+    assert container["resources"] == {"limits": {"memory": "256Mi"}}
+    args = gpu_device.build_parser().parse_args(container["args"])
+    assert args.healthy_interval == 7
+    assert pod["nodeSelector"] == {names.LABEL_GPU_INSTALLED: "true"}
+    assert pod["tolerations"][-1] == {"key": "dp", "operator": "Exists"}
+    assert ds["spec"]["template"]["metadata"]["annotations"] == {"team": "gpu"}
+    assert "--host-prefix=/var/lib/metax-sim/$(NODE_NAME)" in container["args"]
+
+
+def test_a_changed_field_changes_only_its_component():
+    before = objects(SPEC)
+    spec = json.loads(json.dumps(SPEC))
+    spec["devicePlugin"]["healthyInterval"] = 9
+    after = objects(spec)
+    assert after["gpu-label"] == before["gpu-label"]
+    assert workload(after, "gpu-device") != workload(before, "gpu-device")
+
+
+def test_minimal_mode_and_gpu_aware():
+    objs = objects(dict(SPEC, gpuAware={"deploy": True}))
+    assert sorted(o["kind"] for o in objs["gpu-aware"]) == [
+        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Role", "RoleBinding", "Service",
+        "ServiceAccount"]
+    minimal = objects(dict(SPEC, gpuAware={"deploy": True}, minimal=True))
+    assert minimal["gpu-aware"] == [] and minimal["gpu-device"] and minimal["gpu-label"]
+    off = objects(dict(SPEC, labelgen={"deploy": False}))
+    assert off["gpu-label"] == [] and off["gpu-device"]

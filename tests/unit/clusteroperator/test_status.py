@@ -1,0 +1,93 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Status of the ClusterOperator: conditions naming nodes, no write when nothing changed."""
+
+from __future__ import annotations
+
+from ansible_collections.metax.gpu.plugins.module_utils import names
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import components
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.status import (
+    component_status, overall, readiness_labels, same_status, waiting_nodes, with_transition_times)
+
+from .test_contract import FULL, MACA
+
+
+def ds(desired, ready, updated=None, generation=1, observed=1):
+    return {"metadata": {"generation": generation},
+            "status": {"desiredNumberScheduled": desired, "numberReady": ready, "observedGeneration": observed,
+                       "updatedNumberScheduled": desired if updated is None else updated}}
+
+
+def pod(node, ready, waiting=None):
+    status = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if waiting:
+        status["containerStatuses"] = [{"state": {"waiting": {"reason": waiting}}}]
+    return {"metadata": {"name": "p-" + node}, "spec": {"nodeName": node}, "status": status}
+
+
+def node(name, **labels):
+    return {"metadata": {"name": name, "labels": {names.PREFIX + k: v for k, v in labels.items()}}}
+
+
+def cond(entry, kind):
+    return next(c for c in entry["conditions"] if c["type"] == kind)
+
+
+def test_ready_when_every_pod_is_ready_and_updated():
+    entry = component_status(components.GPU_DEVICE, {}, ds(2, 2), [pod("vm", True), pod("vm-2", True)], {})
+    assert cond(entry, "Ready")["status"] == "True" and entry["ready"] == 2
+    assert cond(entry, "Degraded")["status"] == "False"
+
+
+def test_rolling_out_and_degraded_name_the_nodes():
+    pods = [pod("vm", True), pod("vm-2", False, "ImagePullBackOff")]
+    entry = component_status(components.GPU_DEVICE, {}, ds(2, 1, updated=1, generation=2, observed=2), pods, {})
+    assert cond(entry, "Ready")["status"] == "False"
+    assert "vm-2" in cond(entry, "Ready")["message"] and "vm," not in cond(entry, "Ready")["message"]
+    assert cond(entry, "Degraded") == {"type": "Degraded", "status": "True", "reason": "ImagePullBackOff",
+                                       "message": "pods failing on vm-2"}
+    top = overall([entry, component_status(components.GPU_LABEL, {}, ds(3, 3), [], {})])
+    assert top[0]["status"] == "False" and top[0]["message"].startswith("gpu-device: ")
+    assert top[2]["status"] == "True"
+
+
+def test_not_deployed_and_missing_workload():
+    off = component_status(components.GPU_AWARE, {}, None, [], {})
+    assert cond(off, "Ready")["reason"] == "NotDeployed" and off["deployed"] is False
+    minimal = component_status(components.GPU_AWARE, {"gpuAware": {"deploy": True}, "minimal": True}, None, [], {})
+    assert cond(minimal, "Ready")["reason"] == "MinimalMode"
+    creating = component_status(components.GPU_DEVICE, {}, None, [], {})
+    assert cond(creating, "Ready")["reason"] == "Creating"
+    top = overall([off, component_status(components.GPU_LABEL, {}, ds(1, 1), [], {})])
+    assert top[0] == {"type": "Ready", "status": "True", "reason": "AllComponentsReady", "message": "gpu-label ready"}
+
+
+def test_waiting_nodes_name_the_missing_readiness_label():
+    nodes = [node("vm", **{"gpu.installed": "true", "runtime.ready": "true"}),
+             node("vm-2", **{"gpu.installed": "true", "runtime.ready": "true", "maca.ready": "true"}),
+             node("cpu")]
+    assert waiting_nodes(components.GPU_DEVICE, FULL, {}, nodes) == {"vm": [names.LABEL_MACA_READY]}
+    assert waiting_nodes(components.GPU_DEVICE, components.REGISTRY, {}, nodes) == {}
+    entry = component_status(components.GPU_DEVICE, {}, ds(1, 1), [pod("vm-2", True)],
+                             {"vm": [names.LABEL_MACA_READY]})
+    assert cond(entry, "Ready")["message"] == "1/1 pods ready; waiting for metax-tech.com/maca.ready on vm"
+
+
+def test_transition_times_and_idle_writes():
+    first = with_transition_times([{"type": "Ready", "status": "True"}], None, "t1")
+    again = with_transition_times([{"type": "Ready", "status": "True"}], first, "t2")
+    flipped = with_transition_times([{"type": "Ready", "status": "False"}], again, "t3")
+    assert first[0]["lastTransitionTime"] == again[0]["lastTransitionTime"] == "t1"
+    assert flipped[0]["lastTransitionTime"] == "t3"
+    assert same_status({"conditions": first}, {"conditions": again})
+    assert not same_status({"conditions": first}, {"conditions": flipped})
+    assert not same_status(None, {"conditions": first})
+
+
+def test_readiness_label_follows_the_pod():
+    nodes = [node("vm", **{"maca.ready": "true"}), node("vm-2"), node("vm-3", **{"maca.ready": "true"})]
+    pods = [pod("vm", True), pod("vm-2", True), pod("vm-3", False)]
+    assert readiness_labels(MACA, pods, nodes) == {"vm-2": {names.LABEL_MACA_READY: "true"},
+                                                   "vm-3": {names.LABEL_MACA_READY: None}}
+    assert readiness_labels(components.GPU_DEVICE, pods, nodes) == {}
