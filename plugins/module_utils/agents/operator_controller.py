@@ -23,6 +23,7 @@ import datetime
 import logging
 import os
 import random
+import socket
 from typing import Any, Dict, List, Optional, Sequence
 
 from .. import names
@@ -272,6 +273,13 @@ def run_cleanup(operator: Operator, namespace: str, attempts: int = 90, pause: f
     return 0
 
 
+def peering_identity(pod_name: Optional[str], hostname: str, pid: int) -> str:
+    """The name this replica goes by in kopf's peering. kopf's own default asks
+    the passwd database for the user, and the image runs as a uid that has no
+    entry there (65532), so name the replica by its pod instead."""
+    return "%s/%d" % (pod_name or hostname, pid)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(COMPONENT, args)
@@ -285,6 +293,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         start_http_server(args.metrics_port)
     register(operator, args)
     kopf.run(namespaces=[args.namespace], standalone=False, peering_name=args.peering,
+             identity=peering_identity(os.environ.get("POD_NAME"), socket.gethostname(), os.getpid()),
              liveness_endpoint="http://0.0.0.0:%d/healthz" % args.health_port if args.health_port else None)
     return 0
 

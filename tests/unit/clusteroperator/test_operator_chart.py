@@ -104,3 +104,30 @@ def test_crd_refuses_bad_values(path, value):
     node[path[-1]] = value
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"spec": spec}, crd_schema())
+
+
+def test_every_read_only_container_has_a_writable_tmp_and_a_peering_name():
+    """The controller and the cleanup hook run with a read-only root as a uid
+    without a passwd entry: Python's tempfile and helm need a writable /tmp,
+    and kopf's default peering name (the passwd user) would fail."""
+    proc = subprocess.run([HELM, "template", "x", str(CHART), "-n", "metax-operator",
+                           "--show-only", "templates/controller.yaml"],
+                          capture_output=True, text=True, check=True, timeout=60)
+    pods = {doc["kind"]: doc["spec"]["template"]["spec"] for doc in yaml.safe_load_all(proc.stdout)
+            if doc and doc["kind"] in ("Deployment", "Job")}
+    assert set(pods) == {"Deployment", "Job"}
+    for kind, pod in pods.items():
+        tmp_volumes = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+        for container in pod["containers"]:
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            assert mounts.get("/tmp") in tmp_volumes, (kind, container["name"])
+    controller_env = {e["name"] for e in pods["Deployment"]["containers"][0]["env"]}
+    assert "POD_NAME" in controller_env
+
+
+def test_peering_identity_needs_no_passwd_entry():
+    from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import peering_identity
+
+    assert peering_identity("operator-controller-abc", "host", 7) == "operator-controller-abc/7"
+    assert peering_identity(None, "host", 7) == "host/7"
