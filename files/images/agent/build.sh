@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the metax.gpu agent images gpu-device, gpu-label and gpu-aware (one
+# Build the metax.gpu agent images gpu-device, gpu-label, gpu-aware and gpu-exporter (one
 # Containerfile stage each over shared layers) and push them to the local registry, tagged with a hash of its content (the
 # Containerfile, the entrypoint, requirements/agents.txt, the collection files
 # it copies and the base image ID). Nothing is built or pushed when the
@@ -15,7 +15,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/cluster/lib.sh
 source "${HERE}/../../../scripts/cluster/lib.sh"
 
-NAMES=(gpu-device gpu-label gpu-aware)
+NAMES=(gpu-device gpu-label gpu-aware gpu-exporter)
 PREFIX=${METAX_AGENT_REPO_PREFIX:-${METAX_REGISTRY}/metax-gpu}
 LOCAL=localhost/metax-gpu
 CA_BUNDLE=${METAX_HOST_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}

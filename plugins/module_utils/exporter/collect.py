@@ -105,7 +105,7 @@ class NodeReader:
             return None
         left = deadline - time.monotonic()
         if left <= 0.05:
-            problems.append("`mx-smi %s` not run: the reading's %.1fs budget is spent" % (" ".join(args), self.timeout))
+            problems.append("`%s` not run: the reading's %.1fs budget is spent" % (" ".join([MX_SMI] + args), self.timeout))
             self.runs.add(command, "timeout")
             return None
         try:
@@ -113,16 +113,16 @@ class NodeReader:
         except HostRootError as exc:
             timed_out = "timed out" in str(exc)
             self.runs.add(command, "timeout" if timed_out else "error")
-            problems.append("`mx-smi %s`: %s" % (" ".join(args), exc))
+            problems.append("`%s`: %s" % (" ".join([MX_SMI] + args), exc))
             return None
         except OSError as exc:
             self.runs.add(command, "error")
-            problems.append("`mx-smi %s` could not be run: %s" % (" ".join(args), exc))
+            problems.append("`%s` could not be run: %s" % (" ".join([MX_SMI] + args), exc))
             return None
         if rc != 0:
             self.runs.add(command, "error")
             detail = (err.strip() or out.strip() or "no output").splitlines()[0][:200]
-            problems.append("`mx-smi %s` exited %d: %s" % (" ".join(args), rc, detail))
+            problems.append("`%s` exited %d: %s" % (" ".join([MX_SMI] + args), rc, detail))
             return None
         return out
 
