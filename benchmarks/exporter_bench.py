@@ -65,6 +65,11 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS for %d" % pid)
 
 
+def count_lines(path: str) -> int:
+    with open(path) as handle:
+        return sum(1 for _line in handle)
+
+
 def percentile(values: List[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
@@ -112,7 +117,7 @@ def main() -> int:
     bare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     base = "http://127.0.0.1:%d" % port
     try:
-        for _ in range(300):
+        for _attempt in range(300):
             try:
                 timed_get(base + "/healthz")
                 break
@@ -122,7 +127,7 @@ def main() -> int:
         with urllib.request.urlopen(base + "/metrics", timeout=60) as response:
             body = response.read().decode()
         series = body.count("\nmetax_gpu_healthy{")
-        started_runs = sum(1 for _ in open(log))
+        started_runs = count_lines(log)
         latencies: List[float] = []
         health: List[float] = []
         lock = threading.Lock()
@@ -146,10 +151,10 @@ def main() -> int:
         for thread in threads:
             thread.join()
         elapsed = time.monotonic() - t0
-        runs = sum(1 for _ in open(log)) - started_runs
+        runs = count_lines(log) - started_runs
         rss, bare_rss = rss_kib(proc.pid), rss_kib(bare.pid)
         smi = []
-        for _ in range(5):
+        for _run in range(5):
             started = time.perf_counter()
             subprocess.run([host.join(generator.MX_SMI_PATH) + ".real"], stdout=subprocess.DEVNULL, check=True)
             smi.append(time.perf_counter() - started)

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "scrape interval (default %(default)s)")
     parser.add_argument("--mx-smi-timeout", type=positive_float, default=None,
                         help="seconds one reading may take, all mx-smi runs together "
-                             "(default: half the interval, at most 10)")
+                             "(default: half the interval, at least 5, at most 10)")
     parser.add_argument("--scrape-wait", type=positive_float, default=None,
                         help="seconds a scrape waits for a reading in progress before it serves the "
                              "previous one (default: the mx-smi timeout + 1, at most 10)")
@@ -107,7 +107,8 @@ class Exporter:
 
 def timeouts(interval: float, timeout: Optional[float], wait: Optional[float]) -> Tuple[float, float]:
     """(reading timeout, scrape wait) from the flags: both well under a scrape's usual 10s limit."""
-    read = timeout if timeout is not None else min(10.0, interval / 2.0)
+    # half the interval, but never below what a busy node's mx-smi needs
+    read = timeout if timeout is not None else min(10.0, max(5.0, interval / 2.0))
     return read, wait if wait is not None else min(10.0, read + 1.0)
 
 

@@ -226,8 +226,8 @@ def _table_legacy(state):
         r = _gpu_readings(state, gpu, loads, now)
         out.append("| %-11d %-22s | %-19s | %-20s |" % (pos, name, gpu["bdf"], "%d%%" % round(r["util"] * 100)))
         memory = "%d/%d MiB" % (r["memory_used"], gpu["memory_mib"])
-        out.append("| %-11s %-22s | %-19s | %-20s |" % ("%dC" % r["temp"], "%dW / %dW" % (r["power"], r["cap"]),
-                                                         memory, status))
+        power = "%dW / %dW" % (r["power"], r["cap"])
+        out.append("| %-11s %-22s | %-19s | %-20s |" % ("%dC" % r["temp"], power, memory, status))
         out.append(sep)
     out.append("")
     out.append("End of Log")

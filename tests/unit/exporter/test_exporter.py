@@ -139,7 +139,10 @@ def test_simulated_readings_are_reproducible_and_change_over_time(make_node, mon
     again = scrape(NodeReader(host, timeout=20.0))
     keep = ("metax_gpu_utilization_ratio", "metax_gpu_temperature_celsius", "metax_gpu_power_watts",
             "metax_gpu_memory_used_bytes")
-    pick = lambda text: [s for s in samples(text) if s[0] in keep]  # noqa: E731
+
+    def pick(text):
+        return [s for s in samples(text) if s[0] in keep]
+
     assert pick(first) == pick(again)
     monkeypatch.setenv("METAX_SIM_TIME", str(int(FIXED_TIME) + 75))
     later = scrape(NodeReader(host, timeout=20.0))
@@ -159,7 +162,7 @@ def test_old_mx_smi_without_json_reads_the_table(make_node):
     assert len(util) == 8 and util[generator.device_bdfs(host)[0]] >= 0.6
     assert len(series(text, "metax_gpu_temperature_celsius")) == 8
     # -j is not tried again on every reading
-    for _ in range(3):
+    for _reading in range(3):
         reader.read()
     assert reader.runs.snapshot()[("json", "error")] == 1
     assert reader.runs.snapshot()[("table", "ok")] == 4
@@ -235,3 +238,4 @@ def test_default_timeouts_stay_inside_the_interval():
     assert timeouts(15.0, None, None) == (7.5, 8.5)
     assert timeouts(60.0, None, None) == (10.0, 10.0)
     assert timeouts(15.0, 3.0, 1.0) == (3.0, 1.0)
+    assert timeouts(1.0, None, None) == (5.0, 6.0)     # a short interval still lets mx-smi finish

@@ -105,7 +105,7 @@ def test_a_slow_reading_serves_the_previous_one_and_starts_no_other():
     assert reader.calls == 2
     assert cache.age() == 40.0
     gate.set()
-    for _ in range(1000):
+    for _poll in range(1000):
         if not cache.running:
             break
         threading.Event().wait(0.01)
@@ -146,7 +146,7 @@ def test_agent_process_ten_scrapers_one_mx_smi_reading(make_node):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=agent_env())
     try:
         url = "http://127.0.0.1:%d/metrics" % port
-        for _ in range(300):
+        for _attempt in range(300):
             try:
                 urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=5).read()
                 break
@@ -171,5 +171,5 @@ def test_agent_process_ten_scrapers_one_mx_smi_reading(make_node):
         assert 'metax_gpu_exporter_scrapes_total{node="n1"} 30' in "".join(bodies)
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=GUARD)
+        out = proc.communicate(timeout=GUARD)[0]
     assert proc.returncode == 0, out.decode()

@@ -112,6 +112,6 @@ def test_json_without_an_object_raises(text):
 
 
 def test_json_fewer_devices_than_attached_is_reported():
-    parsed = mxsmi_json.parse_json(sample("json-2.2.12-1xC500-sgpu.txt").replace('"attached_gpus": 1',
-                                                                                  '"attached_gpus": 2'))
+    text = sample("json-2.2.12-1xC500-sgpu.txt").replace('"attached_gpus": 1', '"attached_gpus": 2')
+    parsed = mxsmi_json.parse_json(text)
     assert len(parsed.devices) == 1 and "2 GPUs attached, 1 devices read" in parsed.problems[0]
