@@ -31,6 +31,9 @@ LOG = logging.getLogger("gpu-exporter.collect")
 _PARSE_FAILURES = (mxsmi.MxSmiParseError, ValueError, IndexError, KeyError, TypeError, AttributeError)
 # after ``mx-smi -j`` failed (a version without JSON), try it again after this many readings
 JSON_RETRY_READINGS = 20
+# a discovery made without mx-smi's answer (no UUIDs, products from PCI ids) is
+# repeated after this many readings, in case mx-smi has come back
+REDISCOVER_READINGS = 20
 RESULTS = ("ok", "error", "timeout", "unparsed")
 COMMANDS = ("json", "table")
 
@@ -75,6 +78,7 @@ class NodeReader:
         self._pci: Optional[tuple] = None
         self._json_skip = 0              # readings left before ``-j`` is tried again
         self.discoveries = 0
+        self._since_discovery = 0
         self._logged: frozenset = frozenset()
 
     # -- discovery, only when the hardware changed ------------------------
@@ -84,7 +88,9 @@ class NodeReader:
         except (pci.PciScanError, HostRootError, OSError) as exc:
             problems.append("cannot scan PCI devices: %s" % exc)
             return self.inventory
-        if self.inventory is None or key != self._pci:
+        self._since_discovery += 1
+        incomplete = self.inventory is not None and self.inventory.gpus and not self.inventory.mx_smi_available
+        if self.inventory is None or key != self._pci or (incomplete and self._since_discovery >= REDISCOVER_READINGS):
             try:
                 self.inventory = discover(self.host, topology=False)
             except (DiscoveryError, HostRootError) as exc:
@@ -92,6 +98,7 @@ class NodeReader:
                 return self.inventory
             self._pci = key
             self.discoveries += 1
+            self._since_discovery = 0
             LOG.info("discovered %d GPU(s), %d device(s)", len(self.inventory.gpus), len(self.inventory.devices),
                      extra={"fields": {"devices": [d.bdf for d in self.inventory.devices]}})
         return self.inventory

@@ -239,3 +239,22 @@ def test_default_timeouts_stay_inside_the_interval():
     assert timeouts(60.0, None, None) == (10.0, 10.0)
     assert timeouts(15.0, 3.0, 1.0) == (3.0, 1.0)
     assert timeouts(1.0, None, None) == (5.0, 6.0)     # a short interval still lets mx-smi finish
+
+
+def test_discovery_without_mx_smi_is_repeated_until_it_answers(make_node):
+    from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import REDISCOVER_READINGS
+
+    host = make_node("1xC500")
+    path = host.join(generator.MX_SMI_PATH)
+    os.rename(path, path + ".away")
+    reader = NodeReader(host, timeout=20.0)
+    first = reader.read()
+    assert first.devices[0].uuid == "" and not first.mx_smi_ok
+    assert any("mx-smi not found" in p for p in first.problems)
+    os.rename(path + ".away", path)
+    for _reading in range(REDISCOVER_READINGS - 1):
+        reading = reader.read()
+    assert reader.discoveries == 1 and reading.mx_smi_ok
+    reading = reader.read()
+    assert reader.discoveries == 2
+    assert reading.devices[0].uuid == generator.load_state(host)["gpus"][0]["uuid"]
