@@ -110,9 +110,10 @@ class NodeReader:
             problems.append("mx-smi not found under %s" % self.host.path)
             self.runs.add(command, "error")
             return None
+        shown = " ".join([MX_SMI] + args)
         left = deadline - time.monotonic()
         if left <= 0.05:
-            problems.append("`%s` not run: the reading's %.1fs budget is spent" % (" ".join([MX_SMI] + args), self.timeout))
+            problems.append("`%s` not run: the reading's %.1fs budget is spent" % (shown, self.timeout))
             self.runs.add(command, "timeout")
             return None
         try:
@@ -120,16 +121,16 @@ class NodeReader:
         except HostRootError as exc:
             timed_out = "timed out" in str(exc)
             self.runs.add(command, "timeout" if timed_out else "error")
-            problems.append("`%s`: %s" % (" ".join([MX_SMI] + args), exc))
+            problems.append("`%s`: %s" % (shown, exc))
             return None
         except OSError as exc:
             self.runs.add(command, "error")
-            problems.append("`%s` could not be run: %s" % (" ".join([MX_SMI] + args), exc))
+            problems.append("`%s` could not be run: %s" % (shown, exc))
             return None
         if rc != 0:
             self.runs.add(command, "error")
             detail = (err.strip() or out.strip() or "no output").splitlines()[0][:200]
-            problems.append("`%s` exited %d: %s" % (" ".join([MX_SMI] + args), rc, detail))
+            problems.append("`%s` exited %d: %s" % (shown, rc, detail))
             return None
         return out
 

@@ -199,8 +199,9 @@ def _json(state):
         }
         for k, vf in enumerate(_vf_bdfs(gpu)):
             util, _procs, _wave = _reading(state, vf, loads, now)
-            doc[vf] = {"device_id": len(gpus) + pos * 64 + k, "unavailable_reason": doc[gpu["bdf"]]["unavailable_reason"],
-                       "hotspot": doc[gpu["bdf"]]["hotspot"], "utilization": int(round(util * 100))}
+            parent = doc[gpu["bdf"]]
+            doc[vf] = {"device_id": len(gpus) + pos * 64 + k, "unavailable_reason": parent["unavailable_reason"],
+                       "hotspot": parent["hotspot"], "utilization": int(round(util * 100))}
     return "mx-smi  version: %s\n%s" % (state["mx_smi_version"], json.dumps(doc, indent=4))
 
 
