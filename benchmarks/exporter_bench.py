@@ -5,7 +5,7 @@
 
     PYTHONPATH=.build/collections .venv/bin/python benchmarks/exporter_bench.py [--seconds 60] [--interval 15]
 
-A simulated node of 16 C500s with 4 VFs each (16 GPUs, 64 VFs, 80 series per
+A simulated node of 16 GPUs (the 16xC500 layout, as SR-IOV capable C550s) with 4 VFs each (16 GPUs, 64 VFs, 80 series per
 device metric), a load on every third VF. The real agent runs as its own
 process (``python -m ...agents.gpu_exporter``); the node's ``mx-smi`` is
 wrapped by a script that logs every run, so mx-smi runs are counted from
@@ -25,6 +25,7 @@ outside the exporter (discovery's included), not from its own counter.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import statistics
@@ -76,7 +77,11 @@ def percentile(values: List[float], fraction: float) -> float:
 
 
 def make_node(root: str, log: str) -> HostRoot:
-    host = generator.create(root, preset("16xC500"))
+    # the 16xC500 layout, with SR-IOV capable boards (C550) so each GPU can have VFs
+    base = preset("16xC500")
+    spec = dataclasses.replace(base, name="16xC550-sriov", gpus=tuple(
+        dataclasses.replace(g, product="C550", sriov_totalvfs=8) for g in base.gpus))
+    host = generator.create(root, spec)
     for gpu in generator.load_state(host)["gpus"]:
         host.write_attribute("sys/bus/pci/devices/%s/sriov_numvfs" % gpu["bdf"], str(VFS))
     for i, bdf in enumerate(generator.device_bdfs(host)):
