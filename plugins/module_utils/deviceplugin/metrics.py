@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable, Optional, Set, Tuple
+from typing import Any, Callable, Iterable, Optional, Protocol, Set, Tuple
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -129,10 +129,17 @@ class DevicePluginMetrics:
         return generate_latest(self.registry)
 
 
+class Exposing(Protocol):  # pylint: disable=too-few-public-methods
+    """What :class:`MetricsServer` serves: anything with ``exposition()`` (gpu-device, gpu-exporter)."""
+
+    def exposition(self) -> bytes:
+        ...
+
+
 class MetricsServer:
     """HTTP on ``address:port``: ``/metrics`` and ``/healthz`` (200 when ``healthy()``)."""
 
-    def __init__(self, metrics: DevicePluginMetrics, address: str, port: int,
+    def __init__(self, metrics: Exposing, address: str, port: int,
                  healthy: Callable[[], Tuple[bool, str]]) -> None:
         self.metrics = metrics
         outer = self

@@ -3,6 +3,10 @@
 # Apache License 2.0 (see LICENSE)
 """Parsers for ``mx-smi`` output: the device table, ``-L`` and ``topo -m``.
 
+The table also yields each GPU's readings (:class:`GpuSample`: utilisation,
+temperature, power, memory used) and the process count per GPU, for
+gpu-exporter; a reading whose cell is missing or unreadable is None.
+
 The device table is read by its header, never by position or width: real
 ``mx-smi`` prints each GPU as several rows of ``|``-separated cells whose
 widths do not line up with the header (see docs/discovery.md and
@@ -20,7 +24,7 @@ others. Discovery turns both into warnings and falls back to PCI/sysfs.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import MetaxGpuError
@@ -81,11 +85,28 @@ class MxSmiGpu:
 
 
 @dataclass(frozen=True)
+class GpuSample:
+    """What the table says a GPU is doing now; None where its cell is absent or unreadable."""
+
+    bdf: str
+    utilization_percent: Optional[float] = None
+    temperature_celsius: Optional[float] = None
+    power_watts: Optional[float] = None
+    power_cap_watts: Optional[float] = None     # None also for a cap printed as NA
+    memory_used_mib: Optional[int] = None
+    memory_total_mib: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class MxSmiTable:
     driver_version: Optional[str]
     maca_version: Optional[str]
     gpus: Tuple[MxSmiGpu, ...]
     problems: Tuple[str, ...] = ()  # records skipped or incomplete, each naming its line
+    samples: Tuple[GpuSample, ...] = ()   # one per entry of ``gpus``, same order
+    # GPU index -> processes listed in the process table; None when the
+    # output has no process table (then the count is unknown, not zero)
+    processes: Optional[Dict[int, int]] = field(default=None, hash=False)
 
 
 def _cells(line: str) -> List[str]:
@@ -105,14 +126,37 @@ _FIELD_RULES: Tuple[Tuple[str, "re.Pattern[str]"], ...] = (
     ("index", re.compile(r"^(gpu|index|id)\b(?![-:])", re.IGNORECASE)),
 )
 _HEADER_FIELDS = ("bdf", "memory", "state", "name")
+# Readings, found by header name like the fields above; one cell may carry
+# several (``Temp        Pwr:Usage/Cap`` over ``29C  53W / 450W``), so each
+# value is picked out of its cell by its unit.
+_READING_RULES: Tuple[Tuple[str, "re.Pattern[str]"], ...] = (
+    ("util", re.compile(r"\bgpu[- ]?util\b", re.IGNORECASE)),
+    ("temp", re.compile(r"\btemp\b", re.IGNORECASE)),
+    ("power", re.compile(r"\bpwr\b|\bpower\b", re.IGNORECASE)),
+)
+_PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%")
+_CELSIUS = re.compile(r"(\d+(?:\.\d+)?)\s*C\b")
+_WATTS = re.compile(r"(\d+(?:\.\d+)?)\s*W\b")
+_CAP = re.compile(r"/\s*(\d+(?:\.\d+)?)\s*W\b")
+_USED = re.compile(r"(\d+)\s*/\s*\d+\s*(MiB|MB|GiB|GB)\b", re.IGNORECASE)
+_PROCESS_ROW = re.compile(r"^(\d+)\s+(\d+)\s+\S")
+
+
+def _reading_fields(cells: List[str]) -> Dict[str, int]:
+    found: Dict[str, int] = {}
+    for pos, cell in enumerate(cells):
+        for name, rule in _READING_RULES:
+            if rule.search(cell):
+                found.setdefault(name, pos)
+    return found
 
 
 def _header_fields(cells: List[str]) -> Dict[str, int]:
     found: Dict[str, int] = {}
     for pos, cell in enumerate(cells):
-        for field, rule in _FIELD_RULES:
+        for name, rule in _FIELD_RULES:
             if rule.search(cell):
-                found.setdefault(field, pos)
+                found.setdefault(name, pos)
                 break
     return found
 
@@ -122,6 +166,7 @@ class _Layout:
     rows: int                                      # data rows per GPU
     where: Dict[str, Tuple[int, int]]              # field -> (row, cell)
     widths: Tuple[int, ...]                        # cells per header row
+    readings: Dict[str, Tuple[int, int]] = field(default_factory=dict)   # reading -> (row, cell)
 
 
 def _find_layout(rows: List[Tuple[int, str, bool]]) -> Tuple[Optional[_Layout], int]:
@@ -140,6 +185,7 @@ def _find_layout(rows: List[Tuple[int, str, bool]]) -> Tuple[Optional[_Layout], 
         while pos > 0 and not rows[pos - 1][2] and not _holds_data(rows[pos - 1][1]):
             pos -= 1
         where: Dict[str, Tuple[int, int]] = {}
+        readings: Dict[str, Tuple[int, int]] = {}
         widths: List[int] = []
         end = pos
         while end < len(rows) and not rows[end][2]:
@@ -149,20 +195,24 @@ def _find_layout(rows: List[Tuple[int, str, bool]]) -> Tuple[Optional[_Layout], 
             # (a PCI address or a memory value) means there was none
             if end > pos and _holds_data(rows[end][1]):
                 break
-            for field, cell in fields.items():
-                where.setdefault(field, (len(widths), cell))
+            for name, cell in fields.items():
+                where.setdefault(name, (len(widths), cell))
+            for name, cell in _reading_fields(cells).items():
+                readings.setdefault(name, (len(widths), cell))
             widths.append(len(cells))
             end += 1
         if "bdf" in where:
-            return _Layout(len(widths), where, tuple(widths)), end
+            return _Layout(len(widths), where, tuple(widths), readings), end
     return None, len(rows)
 
 
-def _field(record: List[Optional[Tuple[int, str]]], layout: _Layout, field: str) -> Optional[Tuple[str, int, str]]:
-    """(cell text, lineno, line) of ``field`` in ``record``, None when absent."""
-    if field not in layout.where:
+def _field(record: List[Optional[Tuple[int, str]]], layout: _Layout, name: str,
+           readings: bool = False) -> Optional[Tuple[str, int, str]]:
+    """(cell text, lineno, line) of field ``name`` (or reading) in ``record``, None when absent."""
+    where = layout.readings if readings else layout.where
+    if name not in where:
         return None
-    row, cell = layout.where[field]
+    row, cell = where[name]
     entry = record[row]
     if entry is None:
         return None
@@ -227,12 +277,45 @@ def _read_record(record: List[Optional[Tuple[int, str]]], layout: _Layout, ordin
             problems.append(_problem(TABLE_COMMAND, "bad Memory-Usage %r of GPU %d" % (mem[0], index),
                                      mem[1], mem[2]))
     state = _field(record, layout, "state")
-    missing = [label for field, label, value in (("memory", "Memory-Usage", mem), ("state", "GPU-State", state))
-               if value is None and field in layout.where]
+    missing = [label for name, label, value in (("memory", "Memory-Usage", mem), ("state", "GPU-State", state))
+               if value is None and name in layout.where]
     if missing:
         problems.append(_problem(TABLE_COMMAND, "GPU %d has no %s cell" % (index, " or ".join(missing)),
                                  bus[1], bus[2]))
     return MxSmiGpu(index, name, bdf, memory, state[0] if state else "")
+
+
+def _number(pattern: "re.Pattern[str]", cell: Optional[Tuple[str, int, str]]) -> Optional[float]:
+    found = pattern.search(cell[0]) if cell is not None else None
+    return float(found.group(1)) if found else None
+
+
+def _read_sample(record: List[Optional[Tuple[int, str]]], layout: _Layout, gpu: MxSmiGpu) -> GpuSample:
+    """The readings of one GPU record; a cell that says nothing readable (``NA``) gives None."""
+    power = _field(record, layout, "power", readings=True)
+    used: Optional[int] = None
+    mem = _field(record, layout, "memory")
+    found = _USED.search(mem[0]) if mem is not None else None
+    if found:
+        used = int(found.group(1)) * (1024 if found.group(2).upper().startswith("G") else 1)
+    return GpuSample(
+        bdf=gpu.bdf,
+        utilization_percent=_number(_PERCENT, _field(record, layout, "util", readings=True)),
+        temperature_celsius=_number(_CELSIUS, _field(record, layout, "temp", readings=True)),
+        power_watts=_number(_WATTS, power), power_cap_watts=_number(_CAP, power),
+        memory_used_mib=used, memory_total_mib=gpu.memory_total_mib)
+
+
+def _count_processes(rows: List[Tuple[int, str, bool]]) -> Dict[int, int]:
+    """GPU index -> rows of the process table (``GPU  PID  Process Name ...``)."""
+    counts: Dict[int, int] = {}
+    for _lineno, line, separator in rows:
+        if separator:
+            continue
+        found = _PROCESS_ROW.match(" ".join(_cells(line)).strip())
+        if found:
+            counts[int(found.group(1))] = counts.get(int(found.group(1)), 0) + 1
+    return counts
 
 
 def parse_table(text: str) -> MxSmiTable:
@@ -261,6 +344,8 @@ def parse_table(text: str) -> MxSmiTable:
                               first[0], first[1])
     problems: List[str] = []
     gpus: List[MxSmiGpu] = []
+    samples: List[GpuSample] = []
+    processes: Optional[Dict[int, int]] = None
     data = []
     rest = rows[pos:]
     for at, (lineno, line, separator) in enumerate(rest):
@@ -275,6 +360,11 @@ def parse_table(text: str) -> MxSmiTable:
                                          later[0][1]))
             break
         data.append((lineno, line))
+    # the process table, whether or not the loop above met it (its title is
+    # a full-width row, skipped there)
+    starts = [at for at, (_n, line, sep) in enumerate(rest) if not sep and _OTHER_TABLE.search(line)]
+    if starts:
+        processes = _count_processes(rest[starts[0] + 1:])
     # A record is anchored on the row whose Bus-id cell holds a PCI address;
     # its other rows are the neighbours in header order, unless they are
     # anchors themselves (a GPU printed with a row missing).
@@ -301,6 +391,7 @@ def parse_table(text: str) -> MxSmiTable:
                                      data[anchor][0], data[anchor][1]))
         else:
             gpus.append(gpu)
+            samples.append(_read_sample(record, layout, gpu))
     previous = -2
     for at, (lineno, line) in enumerate(data):
         if at not in used and at != previous + 1:
@@ -313,7 +404,7 @@ def parse_table(text: str) -> MxSmiTable:
         # we did not follow (or elided), which says nothing about their health
         problems.append(_problem(TABLE_COMMAND, "%d GPUs attached, %d read from the table"
                                  % (attached[0], len(gpus)), attached[1], attached[2]))
-    return MxSmiTable(driver, maca, tuple(gpus), tuple(problems))
+    return MxSmiTable(driver, maca, tuple(gpus), tuple(problems), tuple(samples), processes)
 
 
 def parse_list(text: str, problems: Optional[List[str]] = None) -> Dict[int, Dict[str, str]]:

@@ -12,6 +12,8 @@ install-hook DIR             (re)install the kernel hook (roots made before it e
 driver-tools DIR [--kind K]  add fake dpkg/rpm + modprobe (sim.pkgtool); --remove undoes it
 make-package DIR --kind K --version V [--broken]   write a simulated driver package
 set-mx-smi-layout DIR real|legacy   what mx-smi prints (real: MetaX's layout, the default)
+set-mx-smi-version DIR VERSION      what mx-smi says it is (before 2.2.12: no -j)
+workload DIR --bdf BDF --utilization U [--processes N] | --clear   a workload on a GPU or VF
 """
 
 from __future__ import annotations
@@ -59,6 +61,15 @@ def _parser() -> argparse.ArgumentParser:
     layout = sub.add_parser("set-mx-smi-layout", help="choose what mx-smi prints")
     layout.add_argument("root")
     layout.add_argument("layout", choices=generator.MX_SMI_LAYOUTS)
+    smi_version = sub.add_parser("set-mx-smi-version", help="change mx-smi's version")
+    smi_version.add_argument("root")
+    smi_version.add_argument("version")
+    load = sub.add_parser("workload", help="put a workload on a GPU or VF (what mx-smi reports)")
+    load.add_argument("root")
+    load.add_argument("--bdf", help="PCI address of the PF or VF")
+    load.add_argument("--utilization", type=float, default=0.7, help="0-1; 0 removes the load")
+    load.add_argument("--processes", type=int, default=None, help="processes mx-smi lists (default 1)")
+    load.add_argument("--clear", action="store_true", help="remove every load")
     return parser
 
 
@@ -97,6 +108,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             generator.set_driver_version(host, args.version)
         elif args.command == "set-mx-smi-layout":
             generator.set_mx_smi_layout(host, args.layout)
+        elif args.command == "set-mx-smi-version":
+            generator.set_mx_smi_version(host, args.version)
+        elif args.command == "workload":
+            if args.clear:
+                generator.clear_load(host)
+            elif not args.bdf:
+                raise generator.SimError("workload needs --bdf BDF (or --clear)")
+            else:
+                generator.set_load(host, args.bdf, args.utilization, args.processes)
         else:
             state = generator.load_state(host)
             json.dump({"driver_loaded": state["driver_loaded"], "driver_version": state["driver_version"],

@@ -28,6 +28,7 @@ from ..host import SIM_STATE_DIR, HostRoot
 from .spec import GpuSpec, NodeSpec, expected_link
 
 STATE_FILE = SIM_STATE_DIR + "/state.json"
+LOAD_FILE = SIM_STATE_DIR + "/load.json"     # read by mx-smi at each run (sim/mx_smi.py)
 MX_SMI_PATH = "usr/bin/mx-smi"
 MX_SMI_LAYOUTS = ("real", "legacy")   # sim/mx_smi.py LAYOUTS; the first is the default
 DRIVER_DIR = "sys/bus/pci/drivers/metax"
@@ -227,6 +228,7 @@ def create(root: str, spec: NodeSpec, force: bool = False) -> HostRoot:
         "maca_version": spec.maca_version,
         "mx_smi_version": spec.mx_smi_version,
         "mx_smi_layout": MX_SMI_LAYOUTS[0],
+        "seed": sum(ord(c) for c in spec.name),    # mx-smi's readings sway per node, reproducibly
         "next_card": len(gpus),
     }
     host = HostRoot(root)
@@ -367,6 +369,57 @@ def set_mx_smi_layout(host: HostRoot, layout: str) -> None:
     state = load_state(host)
     state["mx_smi_layout"] = layout
     save_state(host, state)
+
+
+def set_mx_smi_version(host: HostRoot, version: str) -> None:
+    """What ``mx-smi`` says its version is; before 2.2.12 it refuses ``-j`` (no JSON)."""
+    if not all(part.isdigit() for part in version.split(".")):
+        raise SimError("mx-smi version must look like 2.2.12, not %r" % version)
+    state = load_state(host)
+    state["mx_smi_version"] = version
+    save_state(host, state)
+
+
+# -- load (what mx-smi reports as utilisation, memory, power...) --------------
+def device_bdfs(host: HostRoot) -> List[str]:
+    """PCI addresses of every simulated PF and VF present now."""
+    out = []
+    for gpu in load_state(host)["gpus"]:
+        out.append(gpu["bdf"])
+        out.extend(vf_bdf(gpu["bdf"], k) for k in range(1, gpu["numvfs"] + 1))
+    return out
+
+
+def read_load(host: HostRoot) -> Dict[str, Dict[str, float]]:
+    path = host.join(LOAD_FILE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def set_load(host: HostRoot, bdf: str, utilization: float, processes: Optional[int] = None) -> None:
+    """Put a workload on a PF or VF: mx-smi reports it busy at about ``utilization`` (0-1).
+
+    ``utilization`` 0 removes the load. The readings that follow from it are
+    in sim/mx_smi.py; every one is a function of the seed and the time.
+    """
+    if bdf not in device_bdfs(host):
+        raise SimError("no device %s on this simulated node" % bdf)
+    if not 0.0 <= utilization <= 1.0:
+        raise SimError("utilization must be between 0 and 1, not %s" % utilization)
+    loads = read_load(host)
+    if utilization == 0:
+        loads.pop(bdf, None)
+    else:
+        loads[bdf] = {"utilization": utilization, "processes": 1 if processes is None else processes}
+    host.write_file_atomic(LOAD_FILE, json.dumps(loads, indent=1, sort_keys=True).encode())
+
+
+def clear_load(host: HostRoot) -> None:
+    load_state(host)        # refuses a directory that is not a simulated node
+    if os.path.exists(host.join(LOAD_FILE)):
+        os.unlink(host.join(LOAD_FILE))
 
 
 # -- faults -------------------------------------------------------------------

@@ -17,9 +17,22 @@ Two layouts (``mx_smi_layout`` in the node state):
 ``legacy``          the layout this simulator printed before the real one
                     was known (``MXC500``, aligned cells, affinity columns);
                     kept so the parsers' tolerance stays tested.
+
+``-j`` prints JSON shaped like the real 2.2.12 capture (version line first,
+devices keyed by PCI address, numbers as strings, no memory); versions
+before 2.2.12 refuse it, as old tools do. Simulated VFs are listed in the
+JSON under their own addresses (an assumption: no real capture with VFs).
+
+Readings change over time and with load: ``.metax-sim/load.json`` (written by
+``sim load``) gives a device (PF or VF address) a utilisation and a number of
+processes; utilisation, memory, temperature and power follow from it with a
+slow wave, so a dashboard shows something alive. Everything is a function
+of the state's ``seed`` and the time, which ``METAX_SIM_TIME`` (seconds)
+fixes for tests.
 """
 
 import json
+import math
 import os
 import sys
 import time
@@ -49,6 +62,73 @@ def _visible(state):
     return [g for g in state["gpus"] if g["failed"] != "bus"]
 
 
+POWER_CAP = {"C500": 350, "C550": 450, "N100": 150}
+# an idle GPU prints what the real captures show (table-2.2.9-8xC500.txt):
+# 0%, 826 MiB, 57 W, 35 C; only load makes the numbers move
+IDLE_MEMORY_MIB = 826
+IDLE_POWER = 57
+IDLE_TEMP = 35
+WAVE_SECONDS = 300.0
+JSON_SINCE = (2, 2, 12)
+
+
+def _now():
+    fixed = os.environ.get("METAX_SIM_TIME")
+    return float(fixed) if fixed else time.time()
+
+
+def _loads():
+    try:
+        with open(os.path.join(_root(), ".metax-sim", "load.json")) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _phase(bdf, seed):
+    return (sum((i + 1) * ord(c) for i, c in enumerate(bdf)) * 7919 + seed * 104729) % 1000 / 1000.0
+
+
+def _vf_bdfs(gpu):
+    domain, bus = gpu["bdf"].split(":")[:2]
+    return ["%s:%s:%02x.%d" % (domain, bus, k >> 3, k & 7) for k in range(1, gpu.get("numvfs", 0) + 1)]
+
+
+def _reading(state, bdf, loads, now):
+    """(utilisation 0-1, processes, wave 0-1) of one PF or VF: its load, swaying slowly."""
+    wave = 0.5 + 0.5 * math.sin(2 * math.pi * (now / WAVE_SECONDS + _phase(bdf, state.get("seed", 0))))
+    entry = loads.get(bdf) or {}
+    load = max(0.0, min(1.0, float(entry.get("utilization", 0.0))))
+    util = load * (0.8 + 0.2 * wave) if load > 0 else 0.0
+    return util, int(entry.get("processes", 1 if load > 0 else 0)), wave
+
+
+def _gpu_readings(state, gpu, loads, now):
+    """The board's numbers: a PF with VFs is as busy as its VFs on average."""
+    util, procs, wave = _reading(state, gpu["bdf"], loads, now)
+    vfs = [_reading(state, vf, loads, now) for vf in _vf_bdfs(gpu)]
+    if vfs:
+        util = sum(v[0] for v in vfs) / len(vfs)
+        procs += sum(v[1] for v in vfs)
+    cap = POWER_CAP.get(gpu["product"], 350)
+    total = gpu["memory_mib"]
+    sway = wave if util > 0 else 0.0
+    return {
+        "util": util, "processes": procs, "cap": cap,
+        "memory_used": min(total, IDLE_MEMORY_MIB + int(util * 0.9 * (total - IDLE_MEMORY_MIB))),
+        "temp": IDLE_TEMP + 45.0 * util + 2.0 * sway,
+        "power": IDLE_POWER + (cap - IDLE_POWER) * util + 3.0 * sway,
+    }
+
+
+def _version_tuple(text):
+    parts = []
+    for part in text.split("."):
+        parts.append(int(part) if part.isdigit() else 0)
+    return tuple(parts)
+
+
 LAYOUTS = ("real", "legacy")
 BANNER = "=================== MetaX System Management Interface Log ==================="
 
@@ -73,20 +153,56 @@ def _table_real(state):
            "| Board Name   | GPU Persist-M | Bus-id              | GPU-Util      sGPU-M |",
            "| Pwr:Usage/Cap| Temp   Perf  | Memory-Usage        | GPU-State            |",
            "|-------------------------+-----------------+---------------------+----------------------|"]
+    loads, now = _loads(), _now()
+    processes = []
     for pos, gpu in enumerate(gpus):
         status = "Unavailable" if gpu["failed"] else "Available"
-        out.append("| %d  MetaX %s | %d  Off | %s | 0%%  Disabled |" % (pos, gpu["product"], pos, gpu["bdf"]))
-        out.append("| 57W / 350W   | 35C  P0  | 826/%d MiB | %-20s |" % (gpu["memory_mib"], status))
+        r = _gpu_readings(state, gpu, loads, now)
+        out.append("| %d  MetaX %s | %d  Off | %s | %d%%  Disabled |"
+                   % (pos, gpu["product"], pos, gpu["bdf"], round(r["util"] * 100)))
+        out.append("| %dW / %dW   | %dC  P0  | %d/%d MiB | %-20s |"
+                   % (r["power"], r["cap"], r["temp"], r["memory_used"], gpu["memory_mib"], status))
         out.append(rule)
+        for k in range(r["processes"]):
+            processes.append((pos, 10000 + 100 * gpu["index"] + k, (r["memory_used"] - IDLE_MEMORY_MIB)
+                              // max(1, r["processes"])))
     out += ["", "+---------------------------------------------------------------------------------+",
             "| Process:                                                                        |",
             "|  GPU                    PID         Process Name                 GPU Memory     |",
             "|                                                                  Usage(MiB)     |",
-            "|=================================================================================|",
-            "|  no process found                                                               |",
-            "+---------------------------------------------------------------------------------+",
+            "|=================================================================================|"]
+    if not processes:
+        out.append("|  no process found                                                               |")
+    for pos, pid, mib in processes:
+        out.append("|  %-20d %-11d %-28s %-14d |" % (pos, pid, "python", mib))
+    out += ["+---------------------------------------------------------------------------------+",
             "", "End of Log"]
     return "\n".join(out)
+
+
+def _json(state):
+    """``mx-smi -j`` as 2.2.12 prints it (the capture in tests/unit/gpu/fixtures/mx-smi/)."""
+    loads, now = _loads(), _now()
+    gpus = _visible(state)
+    doc = {"timestamp": time.strftime("%a %b %d %H:%M:%S %Y", time.gmtime(now)),
+           "smi_version": state["mx_smi_version"], "maca_version": state["maca_version"],
+           "driver_version": state["driver_version"], "attached_gpus": len(gpus)}
+    for pos, gpu in enumerate(gpus):
+        r = _gpu_readings(state, gpu, loads, now)
+        rails = (0.42, 0.43, 0.15)     # the real capture's split of board power over three rails
+        doc[gpu["bdf"]] = {
+            "device_id": pos, "vbios_version": "1.33.5.0",
+            "unavailable_reason": "GPU is unavailable" if gpu["failed"] else "",
+            "hotspot": "%.3f" % (r["temp"] + 3.5), "utilization": int(round(r["util"] * 100)),
+            "board_power": {"power": {"Way%d" % i: "%.3f" % (r["power"] * share) for i, share in enumerate(rails)}},
+            "sgpu_count": 0, "sgpu_info": [],
+        }
+        for k, vf in enumerate(_vf_bdfs(gpu)):
+            util, _procs, _wave = _reading(state, vf, loads, now)
+            parent = doc[gpu["bdf"]]
+            doc[vf] = {"device_id": len(gpus) + pos * 64 + k, "unavailable_reason": parent["unavailable_reason"],
+                       "hotspot": parent["hotspot"], "utilization": int(round(util * 100))}
+    return "mx-smi  version: %s\n%s" % (state["mx_smi_version"], json.dumps(doc, indent=4))
 
 
 def _table_legacy(state):
@@ -104,12 +220,15 @@ def _table_legacy(state):
     out.append("| GPU         NAME                   | Bus-id              | GPU-Util             |")
     out.append("| Temp        Pwr:Usage/Cap          | Memory-Usage        | GPU-State            |")
     out.append("|====================================+=====================+======================|")
+    loads, now = _loads(), _now()
     for pos, gpu in enumerate(gpus):
         name = "MX" + gpu["product"]
         status = "Unavailable" if gpu["failed"] else "Available"
-        out.append("| %-11d %-22s | %-19s | %-20s |" % (pos, name, gpu["bdf"], "0%"))
-        memory = "858/%d MiB" % gpu["memory_mib"]
-        out.append("| %-11s %-22s | %-19s | %-20s |" % ("36C", "52W / 350W", memory, status))
+        r = _gpu_readings(state, gpu, loads, now)
+        out.append("| %-11d %-22s | %-19s | %-20s |" % (pos, name, gpu["bdf"], "%d%%" % round(r["util"] * 100)))
+        memory = "%d/%d MiB" % (r["memory_used"], gpu["memory_mib"])
+        power = "%dW / %dW" % (r["power"], r["cap"])
+        out.append("| %-11s %-22s | %-19s | %-20s |" % ("%dC" % r["temp"], power, memory, status))
         out.append(sep)
     out.append("")
     out.append("End of Log")
@@ -174,6 +293,11 @@ def main(argv):
         sys.stdout.write(_list(state) + "\n")
     elif args[0] == "topo" and args[1:2] in (["-m"], ["--matrix"]):
         sys.stdout.write(_topo(state) + "\n")
+    elif args[0] in ("-j", "--json"):
+        if _version_tuple(state["mx_smi_version"]) < JSON_SINCE:
+            sys.stderr.write("mx-smi: unrecognized option '%s'\n" % args[0])
+            return 2
+        sys.stdout.write(_json(state) + "\n")
     elif args[0] in ("-v", "--version"):
         sys.stdout.write("mx-smi version: %s\n" % state["mx_smi_version"])
     else:

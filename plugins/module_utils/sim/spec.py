@@ -35,7 +35,7 @@ class NodeSpec:
     gpus: Tuple[GpuSpec, ...]
     driver_version: str = "2.14.6"
     maca_version: str = "2.29.0.19"
-    mx_smi_version: str = "2.1.12"
+    mx_smi_version: str = "2.2.12"      # the first with -j (JSON)
     extra: Dict[str, str] = field(default_factory=dict, hash=False)
 
     def validate(self) -> None:

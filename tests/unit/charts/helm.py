@@ -51,12 +51,18 @@ def helm_required(helm: Optional[str]) -> Any:
 
 def render(helm: str, values: Dict[str, Any], sets: Sequence[str] = (),
            namespace: str = "metax-gpu", extra: Sequence[str] = (),
-           chart: Path = CHART) -> Tuple[int, List[Dict[str, Any]], str]:
-    """(rc, objects, stderr) of `helm template` with ``values`` (a values file), ``--set`` pairs and ``extra`` flags."""
+           chart: Path = CHART, api_versions: Sequence[str] = ()) -> Tuple[int, List[Dict[str, Any]], str]:
+    """(rc, objects, stderr) of `helm template` with ``values`` (a values file), ``--set`` pairs and ``extra`` flags.
+
+    ``api_versions``: what the cluster would serve on top of the built-in
+    APIs (``monitoring.coreos.com/v1/ServiceMonitor``), for ``.Capabilities``.
+    """
     args = [helm, "template", "metax-gpu-extensions", str(chart), "--namespace", namespace,
             "--values", "-"] + list(extra)
     for pair in sets:
         args += ["--set", pair]
+    for api in api_versions:
+        args += ["--api-versions", api]
     proc = subprocess.run(args, input=yaml.safe_dump(values), capture_output=True, text=True,
                           timeout=60, check=False)
     objects = [doc for doc in yaml.safe_load_all(proc.stdout) if doc] if proc.returncode == 0 else []

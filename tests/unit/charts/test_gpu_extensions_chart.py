@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from ansible_collections.metax.gpu.plugins.module_utils import names
-from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_aware, gpu_device, gpu_label
+from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_aware, gpu_device, gpu_exporter, gpu_label
 from ansible_collections.metax.gpu.plugins.module_utils.agents.common import parse_duration
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import parse_weight
 
@@ -29,7 +29,7 @@ HELM = find_helm()
 pytestmark = helm_required(HELM)
 
 PARSERS = {"gpu-device": gpu_device.build_parser, "gpu-label": gpu_label.build_parser,
-           "gpu-aware": gpu_aware.build_parser}
+           "gpu-aware": gpu_aware.build_parser, "gpu-exporter": gpu_exporter.build_parser}
 
 SIM = {"hostRoot": {"path": "/var/lib/metax-sim", "subPathExpr": "$(NODE_NAME)"}}
 
@@ -45,6 +45,8 @@ VALUE_SETS = {
         "gpuAware": {"log": {"level": "error", "rotationTime": "12h", "maxAge": "1d"}},
     },
     "simulated-nodes": dict(SIM, deployExtenderGPUAware=True, log={"dir": ""}, imageTag="dev"),
+    "exporter": dict(SIM, gpuExporter={"enabled": True, "interval": 30, "port": 9555,
+                                       "log": {"level": "debug"}}),
 }
 
 
@@ -84,6 +86,8 @@ def test_every_container_parses_with_its_agent(case):
     expected = {"gpu-device", "gpu-label"}
     if VALUE_SETS[case].get("deployExtenderGPUAware"):
         expected.add("gpu-aware")
+    if VALUE_SETS[case].get("gpuExporter", {}).get("enabled"):
+        expected.add("gpu-exporter")
     assert seen == expected
 
 
@@ -173,7 +177,8 @@ def test_rbac_is_least_privilege_per_agent():
     rc, objects, err = render(HELM, VALUE_SETS["extender"])
     assert rc == 0, err
     objs = by_kind_name(objects)
-    rules = {name: objs[("ClusterRole", "metax-gpu-" + name)]["rules"] for name in PARSERS}
+    # gpu-exporter reads only the node: no role at all (tests/unit/charts/test_gpu_exporter_chart.py)
+    rules = {name: objs[("ClusterRole", "metax-gpu-" + name)]["rules"] for name in PARSERS if name != "gpu-exporter"}
     assert rules["gpu-device"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
     assert rules["gpu-label"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert rules["gpu-aware"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]

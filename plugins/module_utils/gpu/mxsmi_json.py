@@ -1,0 +1,141 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Parser for ``mx-smi -j`` (JSON output, mx-smi 2.2.12 and later).
+
+What the real tool prints (tests/unit/gpu/fixtures/mx-smi/json-2.2.12-1xC500-sgpu.txt):
+a ``mx-smi  version: X`` line, then one JSON object whose device entries are
+keyed by PCI address next to scalar keys (``smi_version``,
+``driver_version``...). Numbers are strings (``"hotspot": "38.500"``) or
+numbers (``"utilization": 0``); both are read. Board power is per rail
+(``board_power.power.Way0..``) and summed. ``unavailable_reason`` is empty
+for a usable GPU. The JSON has no memory and no process list: gpu-exporter
+reads those from the table.
+
+A device entry or value that cannot be read is reported in
+``MxSmiJson.problems`` (naming the key) and left out; only output that holds
+no JSON object at all raises :class:`~.mxsmi.MxSmiParseError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from .mxsmi import MxSmiParseError
+from .pci import normalize_bdf
+
+JSON_COMMAND = "mx-smi -j"
+_VERSION = re.compile(r"^\s*mx-smi\s+version:\s*(\S+)", re.IGNORECASE)
+_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*%?\s*$")
+
+
+@dataclass(frozen=True)
+class JsonDevice:
+    bdf: str
+    index: Optional[int]                  # ``device_id``
+    unavailable_reason: str               # "" when the GPU is usable
+    utilization_percent: Optional[float]
+    temperature_celsius: Optional[float]  # ``hotspot``
+    power_watts: Optional[float]          # sum of ``board_power.power``
+
+    @property
+    def available(self) -> bool:
+        return not self.unavailable_reason.strip()
+
+
+@dataclass(frozen=True)
+class MxSmiJson:
+    version: Optional[str]
+    driver_version: Optional[str]
+    maca_version: Optional[str]
+    devices: Tuple[JsonDevice, ...]
+    problems: Tuple[str, ...] = ()
+
+
+def number(value: Any) -> Optional[float]:
+    """``"38.500"``, ``0``, ``"0%"`` -> float; anything else (``"NA"``, ``None``, dicts) -> None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        found = _NUMBER.match(value)
+        if found:
+            return float(found.group(1))
+    return None
+
+
+def _power(entry: Dict[str, Any]) -> Optional[float]:
+    board = entry.get("board_power")
+    rails = board.get("power") if isinstance(board, dict) else None
+    if not isinstance(rails, dict) or not rails:
+        return None
+    values = [number(v) for v in rails.values()]
+    if any(v is None for v in values):
+        return None
+    return round(sum(v for v in values if v is not None), 3)
+
+
+def _device(bdf: str, entry: Dict[str, Any], problems: List[str]) -> JsonDevice:
+    index = entry.get("device_id")
+    reason = entry.get("unavailable_reason", "")
+    readings = {}
+    for key in ("utilization", "hotspot"):
+        if key in entry:
+            readings[key] = number(entry[key])
+            if readings[key] is None:
+                problems.append("`%s` output not understood: %s of %s is %r" % (JSON_COMMAND, key, bdf, entry[key]))
+    return JsonDevice(
+        bdf=bdf, index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+        unavailable_reason=reason if isinstance(reason, str) else str(reason),
+        utilization_percent=readings.get("utilization"), temperature_celsius=readings.get("hotspot"),
+        power_watts=_power(entry))
+
+
+def parse_json(text: str) -> MxSmiJson:
+    """Parse ``mx-smi -j``: the version line (optional), then one JSON object."""
+    version = None
+    start = None
+    lines = text.splitlines()
+    for lineno, line in enumerate(lines):
+        found = _VERSION.match(line)
+        if found and version is None:
+            version = found.group(1)
+        if line.lstrip().startswith("{"):
+            start = lineno
+            break
+    if start is None:
+        first = next(((n, l) for n, l in enumerate(lines, start=1) if l.strip()), (1, ""))
+        raise MxSmiParseError(JSON_COMMAND, "no JSON object", first[0], first[1])
+    try:
+        data = json.loads("\n".join(lines[start:]))
+    except ValueError as exc:
+        raise MxSmiParseError(JSON_COMMAND, "invalid JSON: %s" % exc, start + 1, lines[start])
+    if not isinstance(data, dict):
+        raise MxSmiParseError(JSON_COMMAND, "the JSON is not an object", start + 1, lines[start])
+    problems: List[str] = []
+    devices: List[JsonDevice] = []
+    for key, entry in data.items():
+        try:
+            bdf = normalize_bdf(key)
+        except ValueError:
+            continue        # timestamp, versions, attached_gpus...
+        if not isinstance(entry, dict):
+            problems.append("`%s` output not understood: device %s is not an object" % (JSON_COMMAND, key))
+            continue
+        devices.append(_device(bdf, entry, problems))
+    attached = data.get("attached_gpus")
+    if isinstance(attached, int) and attached > len(devices):
+        # VFs may be listed on top of the GPUs; fewer entries than GPUs is a layout we did not follow
+        problems.append("`%s` output not understood: %d GPUs attached, %d devices read"
+                        % (JSON_COMMAND, attached, len(devices)))
+
+    def text_of(key: str) -> Optional[str]:
+        value = data.get(key)
+        return str(value) if value not in (None, "") else None
+
+    return MxSmiJson(version=text_of("smi_version") or version, driver_version=text_of("driver_version"),
+                     maca_version=text_of("maca_version"), devices=tuple(devices), problems=tuple(problems))

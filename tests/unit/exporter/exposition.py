@@ -1,0 +1,37 @@
+"""Read a Prometheus text exposition back into samples (tests only)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def samples(text):
+    """[(name, {label: value}, float)] of every sample line."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        found = _SAMPLE.match(line)
+        assert found, "not a sample line: %r" % line
+        labels = dict(_LABEL.findall(found.group(2) or ""))
+        out.append((found.group(1), labels, float(found.group(3))))
+    return out
+
+
+def series(text, name, **match):
+    """{bdf or '': value} of metric ``name`` whose labels include ``match``."""
+    return {labels.get("bdf", ""): value for metric, labels, value in samples(text)
+            if metric == name and all(labels.get(k) == v for k, v in match.items())}
+
+
+def promtool_check(text):
+    """(returncode, output) of ``promtool check metrics`` on ``text``."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: Debian's prometheus package (requirements/system.txt; scripts/deps.sh)"
+    proc = subprocess.run([promtool, "check", "metrics"], input=text.encode(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=60, check=False)
+    return proc.returncode, proc.stdout.decode()
