@@ -124,7 +124,7 @@ class Agents:
              "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NS}]},
         ]
 
-    def daemonset(self, name, args, volumes):
+    def daemonset(self, name, args, volumes, run_as_user=None):
         mounts = [{"name": v, "mountPath": where[1]} for v, where in volumes.items()]
         host_volumes = [{"name": v, "hostPath": {"path": where[0], "type": "Directory"}} for v, where in volumes.items()]
         return {
@@ -143,7 +143,8 @@ class Agents:
                             "name": name, "image": self.images[name], "imagePullPolicy": "IfNotPresent",
                             "command": [name], "args": args,
                             "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
-                            "securityContext": {"privileged": True},
+                            "securityContext": dict({"privileged": True},
+                                                    **({} if run_as_user is None else {"runAsUser": run_as_user})),
                             "volumeMounts": mounts,
                         }],
                         "volumes": host_volumes,
@@ -152,11 +153,11 @@ class Agents:
             },
         }
 
-    def start(self, name, args, volumes):
+    def start(self, name, args, volumes, run_as_user=None):
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}, *self.rbac(name))
         # the agents run under the chart's node-agent admission policy, as installed (issue 30)
         self.policy = node_policy.apply_policy(self.cluster, NS)
-        self.apply(self.daemonset(name, args, volumes))
+        self.apply(self.daemonset(name, args, volumes, run_as_user))
         return self.wait_ready(name)
 
     def pod_of(self, name):
