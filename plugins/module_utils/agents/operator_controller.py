@@ -293,7 +293,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         start_http_server(args.metrics_port)
     register(operator, args)
     kopf.run(namespaces=[args.namespace], standalone=False, peering_name=args.peering,
-             identity=peering_identity(os.environ.get("POD_NAME"), socket.gethostname(), os.getpid()),
+             # kopf's Identity is a NewType of str, defined in a private module
+             identity=peering_identity(os.environ.get("POD_NAME"), socket.gethostname(),  # type: ignore[arg-type]
+                                       os.getpid()),
              liveness_endpoint="http://0.0.0.0:%d/healthz" % args.health_port if args.health_port else None)
     return 0
 
