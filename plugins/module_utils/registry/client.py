@@ -301,23 +301,9 @@ class Registry:
             conv.progress = progress  # type: ignore[attr-defined]
             try:
                 location = self._start_upload(repo, "")
-                resp = self._send("PATCH", location, self.scope(repo), data=conv.chunks(),  # type: ignore[attr-defined]
-                                  headers={"Content-Type": "application/octet-stream"})
-                if conv.error:  # type: ignore[attr-defined]
-                    raise conv.error  # type: ignore[attr-defined]
-                if resp.status_code == 404:
-                    raise TransientError("registry %s: upload session vanished: %s" % (self.host, _error_text(resp)))
-                if resp.status_code in (400, 411, 413, 501):
-                    raise StreamRefused("registry %s: chunked upload refused: HTTP %d %s"
-                                        % (self.host, resp.status_code, _error_text(resp)))
-                self._check(resp, (202,), "upload a layer to %s" % repo)
-                location = urljoin(self.base, resp.headers.get("Location") or location)
-                digest = conv.digest  # type: ignore[attr-defined]
-                resp = self._send("PUT", self._with_digest(location, digest), self.scope(repo),
-                                  headers={"Content-Length": "0"}, data=b"")
-                if resp.status_code == 404:
-                    raise TransientError("registry %s: upload session of %s vanished" % (self.host, digest))
-                self._check(resp, (201,), "commit %s to %s" % (digest, repo))
+                digest = self.stream_upload_once(location, repo, conv.chunks(),  # type: ignore[attr-defined]
+                                                 lambda c=conv: c.digest,  # type: ignore[misc]
+                                                 body_error=lambda c=conv: c.error)  # type: ignore[misc]
                 return digest, conv.size  # type: ignore[attr-defined]
             except TransientError as exc:
                 last = exc
@@ -330,12 +316,19 @@ class Registry:
         return self._start_upload(repo, "")
 
     def stream_upload_once(self, location: str, repo: str, chunks: Iterable[bytes],
-                           digest_of: Callable[[], str]) -> str:
+                           digest_of: Callable[[], str],
+                           body_error: Optional[Callable[[], Optional[Exception]]] = None) -> str:
         """Send ``chunks`` as one chunked PATCH to an open session, then commit it with the digest
         ``digest_of()`` gives once the body is consumed; no retry (the caller owns the source stream).
+        ``body_error()``: what went wrong producing the body, raised before the registry's answer
+        is read (a body cut short by its producer is not the registry's refusal).
         Returns the digest; raises TransientError when the session or the connection died."""
         resp = self._send("PATCH", location, self.scope(repo), data=chunks,  # type: ignore[arg-type]
                           headers={"Content-Type": "application/octet-stream"})
+        if body_error is not None:
+            error = body_error()
+            if isinstance(error, Exception):
+                raise error
         if resp.status_code == 404:
             raise TransientError("registry %s: upload session vanished: %s" % (self.host, _error_text(resp)))
         if resp.status_code in (400, 411, 413, 501):
