@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from typing import List, Optional
+
+from ports import free_port
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 LIB = os.path.join(ROOT, "scripts", "cluster", "lib.sh")
@@ -30,12 +31,6 @@ def lib_dir(function: str) -> str:
     out = subprocess.run(["bash", "-c", 'source "$1"; %s' % function, "lib", LIB], capture_output=True, text=True,
                          check=True, timeout=60)
     return out.stdout.strip().splitlines()[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ControlPlane:

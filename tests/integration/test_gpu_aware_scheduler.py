@@ -37,7 +37,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -57,17 +56,12 @@ from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import (
     Weights, prioritize, reason_free, reason_total)
 # gpu-device on the kubelet node: the shared fixtures of the gpu-device cluster tests.
 from test_gpu_device_cluster import agent_images, device_agent  # noqa: E402,F401  pylint: disable=unused-import
+from ports import free_port  # noqa: E402
 
 GPU = "metax-tech.com/gpu"
 AGENT = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_aware"
 PAUSE = "metax-gpu/pause:3.10"
 TAINT = "metax.gpu/gpu-aware-it"
-
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait(predicate, timeout, what):
@@ -219,7 +213,7 @@ class Running:
 
     def __init__(self, env, cluster, tmp, node_cache):
         self.env = env
-        self.port = _free_port()
+        self.port = free_port()
         self.scheduler_name = "metax-gpu-aware-it-%s-%s" % (env.suffix, "cache" if node_cache else "nodes")
         environment = dict(os.environ, PYTHONPATH=COLLECTIONS)
         environment.pop("POD_NAMESPACE", None)

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from agent_process import agent_env, run_agent  # noqa: E402
 from kubelet_peer import KubeletPeer, pb  # noqa: E402
+from ports import free_port  # noqa: E402
 
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device"
 
@@ -78,22 +78,16 @@ current-context: c
 """
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_serves_logs_json_and_stops_on_sigterm(make_node):
     host = make_node("8xC500")
     base = tempfile.mkdtemp(prefix="mxcli-", dir="/tmp")
     peer = KubeletPeer(os.path.join(base, "dp"))
     peer.start()
-    port = _free_port()
+    port = free_port()
     logdir = os.path.join(base, "logs")
     kubeconfig = os.path.join(base, "kubeconfig")
     with open(kubeconfig, "w") as handle:
-        handle.write(UNREACHABLE_KUBECONFIG % _free_port())     # nothing listens there: apiserver away
+        handle.write(UNREACHABLE_KUBECONFIG % free_port())     # nothing listens there: apiserver away
     proc = subprocess.Popen(
         [sys.executable, "-m", MODULE, "--host-root", host.path, "--host-prefix", "/var/lib/metax-sim/root",
          "--device-plugin-dir", peer.dir, "--pod-resources-socket", os.path.join(base, "none.sock"),

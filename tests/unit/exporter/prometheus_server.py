@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -16,18 +15,13 @@ import urllib.parse
 import urllib.request
 
 import yaml
+from ports import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CHART_FILES = os.path.join(REPO, "files", "charts", "metax-gpu-extensions", "files")
 RULES = os.path.join(CHART_FILES, "gpu-exporter-rules.yaml")
 DASHBOARD = os.path.join(CHART_FILES, "gpu-exporter-dashboard.json")
 OUTPUT = os.path.join(REPO, "tests", "output")
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait(predicate, timeout, what, interval=0.5):

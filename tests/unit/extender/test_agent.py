@@ -8,7 +8,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import time
 import pytest
 
 from extender_support import FakeApiServer, extender_args, gpu_pod, make_node
+from ports import free_port
 
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_aware"
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -28,12 +28,6 @@ def agent_env(extra=None):
     env.pop("KUBERNETES_SERVICE_HOST", None)
     env.pop("POD_NAMESPACE", None)
     return env
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Agent:

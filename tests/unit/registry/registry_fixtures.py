@@ -20,6 +20,8 @@ from typing import List, Optional, Tuple
 
 import pytest
 
+from ports import free_port
+
 
 def registry_bin() -> str:
     """Debian's docker-registry on PATH; without it the test skips (and fails under CI: tests/skip_policy.py)."""
@@ -27,12 +29,6 @@ def registry_bin() -> str:
     if found is None:
         pytest.skip("docker-registry not on PATH (Debian package docker-registry, requirements/system.txt)")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
