@@ -15,6 +15,8 @@ replicas run as processes with the chart service account's token. Then:
 - the active replica is SIGKILLed: the standby applies the next patch (time
   printed, the issue's bound is 15 s) and no object is duplicated;
 - deploy: false removes a component's objects and what it wrote on nodes;
+- drift: an edited or deleted owned DaemonSet or ServiceAccount is put back
+  without a CR change (times printed);
 - idle: no status or object writes (peering heartbeats counted and printed);
 - deleting the CR leaves no object and no metax-tech.com/ node label or
   annotation; with every controller down, the chart's --cleanup hook does it.
@@ -22,6 +24,7 @@ replicas run as processes with the chart service account's token. Then:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -44,6 +47,9 @@ NS = N.OPERATOR_NAMESPACE
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller"
 CHART_KINDS = ("ServiceAccount", "KopfPeering", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
                "ClusterOperator")
+_SPEC = importlib.util.spec_from_file_location("gen_operator_rbac", os.path.join(ROOT, "scripts", "gen_operator_rbac.py"))
+gen_operator_rbac = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(gen_operator_rbac)
 GPU_LABELS = {N.LABEL_GPU_INSTALLED: "true", N.LABEL_GPU_PRODUCT: "C500", N.LABEL_DRIVER_READY: "true"}
 
 
@@ -170,51 +176,15 @@ def test_reconciled_into_owned_gated_objects(env):
     assert re.search(r"cluster-operator\s+(True|False)\s+\S+\s+2\s+", printed), printed
 
 
-RBAC_DOC = os.path.join(ROOT, "docs", "operator-rbac.md")
-SERVICE_ACCOUNTS = ("operator-controller", "gpu-label", "gpu-device", "gpu-aware")
-# granted to every authenticated user by the API server's defaults, not by us
-DEFAULT_RULES = ("selfsubjectreviews.authentication.k8s.io", "selfsubjectaccessreviews.authorization.k8s.io",
-                 "selfsubjectrulesreviews.authorization.k8s.io")
-
-
-def rights(env, account):
-    """(resource, resource names, verbs) rows of `kubectl auth can-i --list` for a service account."""
-    out = env.ok("auth", "can-i", "--list", "-n", NS,
-                 "--as=system:serviceaccount:%s:%s" % (NS, account)).stdout.splitlines()
-    rows = []
-    for line in out[1:]:
-        fields = re.findall(r"\[[^]]*\]|\S+", line)
-        if len(fields) != 4 or fields[0] in DEFAULT_RULES:
-            continue  # non-resource URLs (discovery, health) have no resource column
-        rows.append((fields[0], fields[2], fields[3]))
-    return sorted(rows)
-
-
-def rbac_table(env):
-    lines = []
-    for account in SERVICE_ACCOUNTS:
-        lines += ["", "### %s" % account, "", "| resource | resource names | verbs |", "|---|---|---|"]
-        lines += ["| %s | %s | %s |" % row for row in rights(env, account)]
-    return "\n".join(lines) + "\n"
-
-
 def test_rbac_is_the_committed_table_least_privilege(env):
-    """The live rights of every service account = docs/operator-rbac.md (METAX_UPDATE_RBAC_TABLE=1 rewrites it)."""
+    """The live rights of every service account = docs/operator-rbac.md (scripts/gen_operator_rbac.py)."""
     assert env.patch({"gpuAware": {"deploy": True}}).returncode == 0
     wait(lambda: env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware deployed")
-    table = rbac_table(env)
+    live, problems = gen_operator_rbac.check(lambda args: env.ok(*args).stdout, NS)
     assert env.patch({"gpuAware": {"deploy": False}}).returncode == 0
     wait(lambda: not env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware removed")
-    for line in table.splitlines():
-        assert "*" not in line and "secrets" not in line, line
-    marker = "<!-- generated: kubectl auth can-i --list, tests/integration/test_operator_controller_apiserver.py -->"
-    with open(RBAC_DOC) as fh:
-        doc = fh.read()
-    head = doc[:doc.index(marker) + len(marker)]
-    if os.environ.get("METAX_UPDATE_RBAC_TABLE") == "1":
-        with open(RBAC_DOC, "w") as fh:
-            fh.write(head + "\n" + table)
-    assert doc[len(head):] == "\n" + table, "the live rights differ from %s:\n%s" % (RBAC_DOC, table)
+    assert "| nodes |" in live and "### gpu-aware" in live
+    assert not problems, "%s\n%s" % (problems, live)
 
 
 def test_health_and_metrics_endpoints(env):
@@ -250,6 +220,31 @@ def test_patch_changes_gpu_device_only_and_bad_values_are_refused(env):
     assert env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["generation"] == generation
 
 
+def test_drift_of_owned_objects_is_repaired(env):
+    """An edited or deleted owned object is put back by the active controller, without a CR change."""
+    generation = env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["generation"]
+    start = time.monotonic()
+    env.ok("-n", NS, "patch", "daemonset", "gpu-device", "--type=json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/template/spec/nodeSelector", "value": {"edited": "by-hand"}}]))
+    wait(lambda: env.daemonsets()["gpu-device"]["spec"]["template"]["spec"]["nodeSelector"] ==
+         {N.LABEL_GPU_INSTALLED: "true"}, 15, "the edited gpu-device DaemonSet put back")
+    edited = time.monotonic() - start
+    uid = env.daemonsets()["gpu-label"]["metadata"]["uid"]
+    start = time.monotonic()
+    env.ok("-n", NS, "delete", "daemonset", "gpu-label", "--wait=false")
+    recreated = wait(lambda: (env.daemonsets().get("gpu-label") or {"metadata": {"uid": uid}})["metadata"]["uid"]
+                     != uid and env.daemonsets()["gpu-label"], 15, "the deleted gpu-label DaemonSet recreated")
+    deleted = time.monotonic() - start
+    assert recreated["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
+    env.ok("-n", NS, "delete", "serviceaccount", "gpu-device", "--wait=false")
+    wait(lambda: env.get("serviceaccount", "gpu-device", "-n", NS), 15, "the deleted ServiceAccount recreated")
+    print("\ndrift: edited DaemonSet put back in %.2fs, deleted DaemonSet recreated in %.2fs" % (edited, deleted))
+    assert env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["generation"] == generation
+    metrics = [_http(port, "/metrics") or "" for _health, port in env.ports.values()]
+    assert any('metax_operator_drift_repairs_total{action="recreated",kind="DaemonSet"} 1.0' in m
+               for m in metrics), [m for m in metrics if "drift" in m]
+
+
 def test_idle_controller_writes_no_status_or_objects(env):
     time.sleep(6)  # one status round after the last change
     cr = env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)
@@ -280,7 +275,9 @@ def test_killed_active_replica_is_replaced(env):
     wait(lambda: env.daemonsets()["gpu-device"]["metadata"]["generation"] > before, 15, "the standby's reconcile")
     print("\nactive replica (RSS %d MiB) SIGKILLed: the standby applied the patch after %.1fs"
           % (rss // 1024, time.monotonic() - start))
-    assert env.reconciles(standby) > standby_runs
+    # the DaemonSet changes before the reconcile logs its end
+    wait(lambda: env.reconciles(standby) > standby_runs, 15, "the standby's reconcile to finish")
+    assert "--healthy-interval=4" in env.daemonsets()["gpu-device"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert sorted(env.daemonsets()) == ["gpu-device", "gpu-label"]
     env.start_controller(active)  # two replicas again for the next tests
 

@@ -10,8 +10,9 @@
 Built on kopf: handlers for create/update/resume, the finalizer (cleanup of
 every object and every ``metax-tech.com/`` node label and annotation before
 the CR goes), retries with backoff (``kopf.TemporaryError``), a status timer
-that writes only when the status changed, and peering so that of two replicas
-one is active. ``--cleanup`` runs the finalizer's work once and removes the
+that writes only when the status changed, a watch on the objects it owns that
+puts back an edited or deleted one (drift), and peering so that of two
+replicas one is active. ``--cleanup`` runs the finalizer's work once and removes the
 finalizer (the chart's pre-delete hook: uninstall cleans up even when the
 controller is down). See docs/operator.md.
 """
@@ -24,7 +25,8 @@ import logging
 import os
 import random
 import socket
-from typing import Any, Dict, List, Optional, Sequence
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import names
 from ..clusteroperator import render
@@ -39,10 +41,10 @@ from .common import UsageError, add_common_flags, kube_api_client, run_main, set
 try:
     import kopf
     import yaml
-    from prometheus_client import start_http_server
+    from prometheus_client import Counter, start_http_server
     HAS_KOPF = True
 except ImportError:
-    kopf = yaml = start_http_server = None  # type: ignore[assignment]
+    kopf = yaml = start_http_server = Counter = None  # type: ignore[assignment,misc]
     HAS_KOPF = False
 
 COMPONENT = "operator-controller"
@@ -51,6 +53,12 @@ DEFAULT_CRD = "/opt/metax/crds/clusteroperator.yaml"
 STATUS_INTERVAL = 5.0
 RETRY_BACKOFF = 5.0
 PEERING_LIFETIME = 12  # seconds: the standby takes over within this after the active one dies (< 15 s)
+# Owned kinds whose edits and deletions are put back at once (a watch each,
+# filtered by the owner label; the chart grants `watch` on them). RBAC objects
+# are left to the next reconcile: the agents' roles are not edited in practice,
+# and a watch on them would need `watch` on every Role in the namespace.
+DRIFT_WATCHED = (("apps", "v1", "daemonsets"), ("apps", "v1", "deployments"), ("", "v1", "configmaps"),
+                 ("", "v1", "services"), ("", "v1", "serviceaccounts"))
 LOG = logging.getLogger(COMPONENT)
 
 
@@ -63,13 +71,37 @@ class Operator:
         self.helm = helm
         self.chart_dir = chart_dir
         self.registry = tuple(registry)
+        # The objects of one version (uid, generation) of the CR, by
+        # object_key: the drift watch compares owned objects with them. A
+        # standby that becomes active renders the CR it sees now, never the
+        # older one it may have reconciled at startup. The lock keeps a
+        # repair from applying one version while a reconcile applies another.
+        self._desired: Dict[str, Dict[str, Any]] = {}
+        self._desired_version: Optional[Tuple[str, int]] = None
+        self._unrepairable: Dict[str, str] = {}
+        self._lock = threading.RLock()
 
-    def reconcile(self, body: Dict[str, Any]) -> Dict[str, int]:
-        """Apply every deployed component's objects in chain order; remove what is off."""
+    def _render(self, body: Mapping[str, Any]) -> Dict[str, List[Dict[str, Any]]]:
         spec = body.get("spec") or {}
         rendered = render.helm_template(self.helm, self.chart_dir, render.chart_values(spec, self.registry),
                                         body["metadata"]["namespace"])
-        desired = render.desired_objects(rendered, spec, body, self.registry)
+        return render.desired_objects(rendered, spec, body, self.registry)
+
+    def _remember(self, body: Mapping[str, Any], desired: Mapping[str, List[Dict[str, Any]]]) -> None:
+        meta = body["metadata"]
+        self._desired = {render.object_key(o): o for objects in desired.values() for o in objects}
+        self._desired_version = (meta["uid"], meta.get("generation", 0))
+        self._unrepairable = {}
+
+    def reconcile(self, body: Dict[str, Any]) -> Dict[str, int]:
+        """Apply every deployed component's objects in chain order; remove what is off."""
+        desired = self._render(body)
+        with self._lock:
+            self._remember(body, desired)
+            return self._apply_all(body, desired)
+
+    def _apply_all(self, body: Dict[str, Any], desired: Mapping[str, List[Dict[str, Any]]]) -> Dict[str, int]:
+        spec = body.get("spec") or {}
         uid = body["metadata"]["uid"]
         counts = {"applied": 0, "deleted": 0}
         for component in self.registry:
@@ -83,6 +115,45 @@ class Operator:
             if not deployed(component, spec):
                 self.cleanup_nodes([component], uid)
         return counts
+
+    def repair(self, event_type: Optional[str], live: Mapping[str, Any],
+               owner: Optional[Mapping[str, Any]]) -> Optional[str]:
+        """Put back an owned object that was edited or deleted; what was done (None: nothing drifted).
+
+        Called for every event of an owned object with the ClusterOperator as
+        the watch last saw it (``owner``); the comparison is local, so the
+        events of a healthy cluster (status updates, our own applies) cost no
+        API call, and an idle cluster none at all.
+        """
+        key = render.object_key(live)
+        meta = live.get("metadata") or {}
+        if not owner or (owner.get("metadata") or {}).get("deletionTimestamp"):
+            return None  # no CR, or it is going: the finalizer removes everything
+        if (meta.get("labels") or {}).get(names.LABEL_OPERATOR_OWNER) != owner["metadata"]["uid"]:
+            return None
+        with self._lock:
+            version = (owner["metadata"]["uid"], owner["metadata"].get("generation", 0))
+            if self._desired_version != version:
+                self._remember(owner, self._render(owner))
+            desired = self._desired.get(key)
+            if desired is None:
+                return None  # not (or no longer) ours to keep: pruned, component off, CR going
+            if event_type == "DELETED":
+                action = "recreated"
+            elif meta.get("deletionTimestamp") or not render.drifted(live, desired):
+                return None
+            elif self._unrepairable.get(key) == _version(meta):
+                return None  # applied once already for this version and still different: see below
+            else:
+                action = "restored"
+            result = self.cluster.apply(desired)
+            if render.drifted(result, desired):
+                # A field server-side apply cannot take back (an element another
+                # manager added to a list of ours): applying again would change
+                # nothing, so wait until the object changes again.
+                self._unrepairable[key] = _version(result.get("metadata") or {})
+                LOG.warning("%s still differs from what the controller applies after a repair", key)
+            return action
 
     def cleanup_nodes(self, components: Sequence[Component], uid: str) -> List[str]:
         """Strip what ``components`` own from the nodes, once none of their pods runs."""
@@ -130,6 +201,11 @@ class Operator:
             "nodes": {"total": len(nodes), "gpu": len(gpu_nodes), "ready": device["ready"] if device else 0},
             "components": entries,
         }
+
+
+def _version(meta: Mapping[str, Any]) -> str:
+    """What changes when an object's content does (generation where the kind has one: not on status)."""
+    return str(meta.get("generation") or meta.get("resourceVersion") or "")
 
 
 def _retry(message: str) -> Exception:
@@ -199,6 +275,27 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
     def finalize(body: Any, logger: Any, **_: Any) -> None:
         changed = operator.cleanup(dict(body))
         logger.info("cleaned up; nodes changed: %s", ", ".join(changed) or "none")
+
+    repairs = Counter("metax_operator_drift_repairs_total",
+                      "Owned objects put back after an edit or a deletion", ["kind", "action"])
+
+    @kopf.index(*resource, id="owners")
+    def owners(body: Any, **_: Any) -> Dict[str, Any]:
+        """The CR as the watch last saw it (no API call), for the drift handlers."""
+        return {"cluster-operator": dict(body)}
+
+    def repair_drift(event: Any, logger: Any, owners: Any, **_: Any) -> None:
+        obj = event.get("object") or {}
+        current = next(iter(owners.get("cluster-operator", ())), None)
+        action = operator.repair(event.get("type"), obj, current)
+        if action:
+            repairs.labels(obj.get("kind", ""), action).inc()
+            logger.warning("drift: %s %s %s", obj.get("kind"), (obj.get("metadata") or {}).get("name"), action)
+
+    # Only the active peer watches (kopf pauses the standby's watches too).
+    for group, version, plural in DRIFT_WATCHED:
+        kopf.on.event(group, version, plural, id="drift-" + plural,
+                      labels={names.LABEL_OPERATOR_OWNER: kopf.PRESENT})(repair_drift)
 
     @kopf.timer(*resource, id="status", interval=STATUS_INTERVAL, initial_delay=1.0, backoff=RETRY_BACKOFF)
     def refresh_status(body: Any, patch: Any, **_: Any) -> None:

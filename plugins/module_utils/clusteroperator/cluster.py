@@ -53,12 +53,14 @@ class Cluster:
     def _resource(self, api_version: str, kind: str) -> Any:
         return self.dynamic.resources.get(api_version=api_version, kind=kind)
 
-    def apply(self, obj: Mapping[str, Any]) -> None:
-        """Server-side apply as the operator's field manager (forced: the operator owns these objects)."""
+    def apply(self, obj: Mapping[str, Any]) -> Dict[str, Any]:
+        """Server-side apply as the operator's field manager (forced: the operator owns these objects);
+        the object as the API server now has it."""
         resource = self._resource(obj["apiVersion"], obj["kind"])
-        resource.server_side_apply(body=dict(obj), name=obj["metadata"]["name"],
-                                   namespace=obj["metadata"].get("namespace"),
-                                   field_manager=names.OPERATOR_FIELD_MANAGER, force_conflicts=True)
+        result = resource.server_side_apply(body=dict(obj), name=obj["metadata"]["name"],
+                                            namespace=obj["metadata"].get("namespace"),
+                                            field_manager=names.OPERATOR_FIELD_MANAGER, force_conflicts=True)
+        return result.to_dict() if hasattr(result, "to_dict") else dict(result or {})
 
     def _owned(self, owner_uid: str, component: Optional[Component]) -> List[Tuple[Any, Mapping[str, Any]]]:
         selector = "%s=%s" % (names.LABEL_OPERATOR_OWNER, owner_uid)

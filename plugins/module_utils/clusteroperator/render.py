@@ -120,3 +120,27 @@ def desired_objects(rendered: Iterable[Mapping[str, Any]], spec: Mapping[str, An
 def object_key(obj: Mapping[str, Any]) -> str:
     meta = obj["metadata"]
     return "%s/%s/%s/%s" % (obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
+
+
+def contains(live: Any, desired: Any) -> bool:
+    """Whether ``live`` still holds every field ``desired`` sets, with the same value.
+
+    What the API server adds (defaults, status, other managers' fields in a
+    map) is not drift; lists must keep their length (server-side apply
+    replaces an atomic list whole, and a missing or extra element of ours is
+    drift). Pure: the drift check of the controller's watch on owned objects.
+    """
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(k in live and contains(live[k], v) for k, v in desired.items())
+    if isinstance(desired, list):
+        return isinstance(live, list) and len(live) == len(desired) and all(
+            contains(a, b) for a, b in zip(live, desired))
+    if isinstance(live, (int, float)) and isinstance(desired, str) or \
+            isinstance(desired, (int, float)) and isinstance(live, str):
+        return str(live) == str(desired)  # int-or-string fields (ports, maxUnavailable)
+    return bool(live == desired)
+
+
+def drifted(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """An owned object no longer is what the controller applied (its spec, data, labels, owner)."""
+    return not contains(live, desired)

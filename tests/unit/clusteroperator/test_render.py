@@ -93,3 +93,27 @@ def test_minimal_mode_and_gpu_aware():
     assert minimal["gpu-aware"] == [] and minimal["gpu-device"] and minimal["gpu-label"]
     off = objects(dict(SPEC, labelgen={"deploy": False}))
     assert off["gpu-label"] == [] and off["gpu-device"]
+
+
+def test_drift_is_a_changed_or_missing_field_of_ours_not_what_the_server_adds():
+    desired = {"metadata": {"name": "gpu-device", "labels": {"a": "1"}},
+               "spec": {"template": {"spec": {"nodeSelector": {"x": "true"},
+                                              "containers": [{"name": "c", "args": ["--a"], "ports": [
+                                                  {"containerPort": 8080}]}]}}}}
+    live = {"metadata": {"name": "gpu-device", "labels": {"a": "1", "other": "2"}, "generation": 3},
+            "spec": {"revisionHistoryLimit": 10,
+                     "template": {"spec": {"nodeSelector": {"x": "true"}, "dnsPolicy": "ClusterFirst",
+                                           "containers": [{"name": "c", "args": ["--a"], "ports": [
+                                               {"containerPort": "8080", "protocol": "TCP"}],
+                                               "terminationMessagePath": "/dev/termination-log"}]}}},
+            "status": {"numberReady": 1}}
+    assert not render.drifted(live, desired)
+    edited = json.loads(json.dumps(live))
+    edited["spec"]["template"]["spec"]["nodeSelector"] = {"edited": "by-hand"}
+    assert render.drifted(edited, desired)
+    edited = json.loads(json.dumps(live))
+    edited["spec"]["template"]["spec"]["containers"][0]["args"].append("--b")   # atomic list: extra is drift
+    assert render.drifted(edited, desired)
+    edited = json.loads(json.dumps(live))
+    del edited["metadata"]["labels"]["a"]
+    assert render.drifted(edited, desired)
