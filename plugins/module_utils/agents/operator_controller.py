@@ -284,9 +284,9 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
         """The CR as the watch last saw it (no API call), for the drift handlers."""
         return {"cluster-operator": dict(body)}
 
-    def repair_drift(event: Any, logger: Any, owners: Any, **_: Any) -> None:
+    def repair_drift(event: Any, logger: Any, **kwargs: Any) -> None:
         obj = event.get("object") or {}
-        current = next(iter(owners.get("cluster-operator", ())), None)
+        current = next(iter(kwargs["owners"].get("cluster-operator", ())), None)  # the index above
         action = operator.repair(event.get("type"), obj, current)
         if action:
             repairs.labels(obj.get("kind", ""), action).inc()
