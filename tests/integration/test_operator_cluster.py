@@ -3,13 +3,27 @@
 # Apache License 2.0 (see LICENSE)
 """The GPU Operator scheme on the local three-node cluster (issue 24, manual section 3.2).
 
-helm install of files/charts/metax-operator (the manual's flags; the chart
-from the checkout, not yet from oci://), then: the ClusterOperator becomes
-Ready, every GPU node's allocatable equals its devices, the readiness labels
-appear (first-seen times printed); a `kubectl patch` of
-devicePlugin.healthyInterval rolls gpu-device only; bad values are refused by
-the API server; the manual's uninstall script (3.2.5) leaves no CR, no
-DaemonSet and no metax-tech.com/ label or annotation on any node.
+One helm install of files/charts/metax-operator (the manual's flags; the chart
+from the checkout, not yet from oci://) shared by the module's tests, in order:
+
+- the ClusterOperator becomes Ready, every GPU node's allocatable = its devices;
+- per node the chain's steps appear in order (gpu-label pod, gpu.installed,
+  gpu-device pod, allocatable); the timeline is printed and written to
+  tests/output/operator-chain.json;
+- a `kubectl patch` of devicePlugin.healthyInterval rolls gpu-device only;
+  bad values are refused by the API server;
+- every service account's rights = docs/operator-rbac.md (scripts/gen_operator_rbac.py);
+- an edited and a deleted owned DaemonSet are put back (drift), and a healthy
+  install made no repair;
+- the active controller, killed mid-reconcile (frozen after gpu-label was
+  applied, its pod force-deleted, SIGKILL), is replaced by the other replica
+  within 15 s; the objects are then exactly a render of the CR, none and no
+  pod duplicated;
+- a node without MetaX GPUs gets gpu-label only (a hand-made Node: every
+  preset of the local cluster has GPUs, and adding a node restarts the cluster);
+- the manual's uninstall script (3.2.5), run with the controller scaled to 0,
+  leaves no CR, no DaemonSet and no metax-tech.com/ label or annotation on any
+  node (with the controller up: test_operator_controller_apiserver.py).
 
 A GPU Extensions release found on the cluster is uninstalled first (two device
 plugins must never register the same resource) and installed again afterwards
@@ -18,22 +32,30 @@ with the same values.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
+import urllib.request
 
 import pytest
 from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.join(ROOT, "files", "images", "agent", "build.sh")
 CHART = os.path.join(ROOT, "files", "charts", "metax-operator")
 EXTENSIONS_CHART = os.path.join(ROOT, "files", "charts", "metax-gpu-extensions")
+OUTPUT = os.path.join(ROOT, "tests", "output")
 NS = N.OPERATOR_NAMESPACE
+_SPEC = importlib.util.spec_from_file_location("gen_operator_rbac", os.path.join(ROOT, "scripts", "gen_operator_rbac.py"))
+gen_operator_rbac = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(gen_operator_rbac)
 READINESS = (N.LABEL_GPU_INSTALLED, N.LABEL_DRIVER_READY, N.LABEL_MACA_READY, N.LABEL_RUNTIME_READY)
 # manual 3.2.5, as written
 UNINSTALL_SCRIPT = """
@@ -95,8 +117,13 @@ def no_extensions(cluster):
              "--values", "-", input=values)
 
 
-class LabelWatch(threading.Thread):
-    """First time each readiness label is seen on each node (seconds after the install started)."""
+class ChainWatch(threading.Thread):
+    """When each step of the chain is first seen on each node, in seconds after the install started.
+
+    Per poll the pods are read before the nodes: a gpu-device pod seen in a
+    poll proves its node had gpu.installed before that node read, so the
+    label's first-seen time can never come after the pod's.
+    """
 
     def __init__(self, cluster):
         super().__init__(daemon=True)
@@ -105,23 +132,42 @@ class LabelWatch(threading.Thread):
         self.seen = {}
         self.stop = threading.Event()
 
+    def _poll(self):
+        pods = self.cluster.kubectl("get", "pods", "-n", NS, "-o", "json")
+        res = self.cluster.kubectl("get", "nodes", "-o", "json")
+        if pods.returncode != 0 or res.returncode != 0:
+            return
+        now = round(time.monotonic() - self.start_time, 1)
+        for pod in json.loads(pods.stdout)["items"]:
+            component = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/name")
+            node = pod["spec"].get("nodeName")
+            if component in ("gpu-label", "gpu-device") and node:
+                self.seen.setdefault((node, component + " pod"), now)
+                if any(c["type"] == "Ready" and c["status"] == "True"
+                       for c in (pod.get("status") or {}).get("conditions") or []):
+                    self.seen.setdefault((node, component + " Ready"), now)
+        for node in json.loads(res.stdout)["items"]:
+            name = node["metadata"]["name"]
+            labels = node["metadata"].get("labels") or {}
+            for label in READINESS:
+                if labels.get(label) == "true":
+                    self.seen.setdefault((name, label), now)
+            if int(node["status"].get("allocatable", {}).get(N.RESOURCE_NAME, "0")) > 0:
+                self.seen.setdefault((name, "allocatable"), now)
+
     def run(self):
         while not self.stop.is_set():
-            res = self.cluster.kubectl("get", "nodes", "-o", "json")
-            if res.returncode == 0:
-                now = time.monotonic() - self.start_time
-                for node in json.loads(res.stdout)["items"]:
-                    labels = node["metadata"].get("labels") or {}
-                    for label in READINESS:
-                        if labels.get(label) == "true":
-                            self.seen.setdefault((node["metadata"]["name"], label), round(now, 1))
+            self._poll()
             self.stop.wait(0.5)
+
+    def timeline(self):
+        return sorted((t, node, step) for (node, step), t in self.seen.items())
 
 
 @pytest.fixture(scope="module")
 def installed(cluster, images, no_extensions):
     before = {name: ours(node) for name, node in nodes(cluster).items()}
-    watch = LabelWatch(cluster)
+    watch = ChainWatch(cluster)
     watch.start()
     res = helm(cluster, "install", CHART, "--create-namespace", "-n", NS, "--generate-name", "--wait",
                "--set", "registry=" + images["registry"], "--set", "imageTag=" + images["tag"],
@@ -131,8 +177,14 @@ def installed(cluster, images, no_extensions):
     info = {"before": before, "watch": watch, "helm_seconds": round(time.monotonic() - watch.start_time, 1)}
     yield info
     watch.stop.set()
+    cluster.kubectl("scale", "deployment", "operator-controller", "-n", NS, "--replicas=2")
     subprocess.run(["bash", "-c", UNINSTALL_SCRIPT], env=cluster.env, capture_output=True, timeout=600,
                    check=False)
+
+
+def patch_cr(cluster, spec):
+    return cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
+                           "-p", json.dumps({"spec": spec}))
 
 
 def cr(cluster):
@@ -167,8 +219,6 @@ def test_install_brings_every_gpu_node_to_its_devices(cluster, installed):
     body = cr(cluster)
     print("\nhelm install --wait: %ss; every GPU node allocatable after %.1fs" % (installed["helm_seconds"], total))
     print("status: %s" % json.dumps(body["status"]["conditions"]))
-    print("readiness labels first seen (s after install): %s" % sorted(
-        (t, n, label) for (n, label), t in installed["watch"].seen.items()))
     components = {c["name"]: c for c in body["status"]["components"]}
     assert components["gpu-device"]["ready"] == len(alloc)
     assert components["gpu-aware"]["deployed"] is False
@@ -176,8 +226,31 @@ def test_install_brings_every_gpu_node_to_its_devices(cluster, installed):
     ds = get_json(cluster, "daemonset", "gpu-device", "-n", NS)
     assert ds["spec"]["template"]["spec"]["nodeSelector"] == {N.LABEL_GPU_INSTALLED: "true"}
     assert ds["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
-    for name in alloc:
-        assert (name, N.LABEL_GPU_INSTALLED) in installed["watch"].seen
+
+
+def test_readiness_labels_appear_in_chain_order(cluster, installed):
+    """Per GPU node: gpu-label's pod, then gpu.installed, then the gpu-device pod it gates, then allocatable.
+    The timeline is printed and written to tests/output/operator-chain.json."""
+    watch = installed["watch"]
+    wait_until(lambda: all((n, "allocatable") in watch.seen for n in gpu_nodes_allocatable(cluster)), 60,
+               "the watch to see every node allocatable")
+    watch.stop.set()
+    timeline = watch.timeline()
+    os.makedirs(OUTPUT, exist_ok=True)
+    with open(os.path.join(OUTPUT, "operator-chain.json"), "w") as fh:
+        json.dump([{"seconds": t, "node": n, "step": step} for t, n, step in timeline], fh, indent=1)
+    print("\nchain, first seen (s after helm install started):")
+    for t, node, step in timeline:
+        print("  %6.1f  %-6s %s" % (t, node, step))
+    seen = watch.seen
+    for node in gpu_nodes_allocatable(cluster):
+        chain = [(node, "gpu-label pod"), (node, N.LABEL_GPU_INSTALLED), (node, "gpu-device pod"),
+                 (node, "allocatable")]
+        times = [seen.get(step) for step in chain]
+        assert None not in times, (node, times)
+        assert times == sorted(times), "out of chain order on %s: %s" % (node, list(zip(chain, times)))
+        # gpu-label sets driver.ready with gpu.installed (no driver component yet)
+        assert seen.get((node, N.LABEL_DRIVER_READY)) is not None
 
 
 def test_patch_rolls_gpu_device_only(cluster, installed):
@@ -206,7 +279,211 @@ def test_bad_values_are_refused_by_the_api_server(cluster, installed, patch, fie
     assert cr(cluster)["metadata"]["generation"] == generation
 
 
-def test_zz_manual_uninstall_leaves_nothing(cluster, installed):
+def test_rbac_on_the_cluster_is_the_committed_table(cluster, installed):
+    """`kubectl auth can-i --list` per service account = docs/operator-rbac.md; no wildcard, no Secrets."""
+    wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
+    assert patch_cr(cluster, {"gpuAware": {"deploy": True}}).returncode == 0
+    try:
+        wait_until(lambda: get_json(cluster, "rolebinding", "gpu-aware", "-n", NS), 30, "gpu-aware's RBAC applied")
+
+        def kubectl(args):
+            return cluster.kubectl(*args, check=True).stdout
+        live, problems = gen_operator_rbac.check(kubectl, NS)
+    finally:
+        assert patch_cr(cluster, {"gpuAware": {"deploy": False}}).returncode == 0
+        wait_until(lambda: not get_json(cluster, "deployment", "gpu-aware", "-n", NS), 60, "gpu-aware removed")
+    assert "### gpu-aware" in live and "| nodes |" in live
+    assert not gen_operator_rbac.violations(live)
+    assert not problems, "%s\n%s" % (problems, live)
+
+
+def controller_pods(cluster):
+    items = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=operator-controller",
+                                       "-o", "json", check=True).stdout)["items"]
+    return {p["metadata"]["name"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
+
+
+def active_controller(cluster):
+    """The pod name of the active replica: the highest live priority in kopf's peering object."""
+    peers = (get_json(cluster, "kopfpeering", "metax-operator", "-n", NS) or {}).get("status") or {}
+    live = controller_pods(cluster)
+    candidates = [(v["priority"], k.split("/")[0]) for k, v in peers.items() if v and k.split("/")[0] in live]
+    return max(candidates)[1] if candidates else None
+
+
+def drift_repairs(cluster):
+    """metax_operator_drift_repairs_total summed over every controller replica (its /metrics, by pod IP)."""
+    total = 0.0
+    for pod in controller_pods(cluster).values():
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip:
+            continue
+        with urllib.request.urlopen("http://%s:9400/metrics" % ip, timeout=10) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("metax_operator_drift_repairs_total{"):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_drift_of_owned_objects_is_repaired(cluster, installed):
+    """An edited DaemonSet and a deleted one are put back without a CR change; a healthy install,
+    with all its DaemonSet status events, made no repair (no false drift)."""
+    wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
+    assert drift_repairs(cluster) == 0
+    generation = cr(cluster)["metadata"]["generation"]
+    start = time.monotonic()
+    cluster.kubectl("patch", "daemonset", "gpu-device", "-n", NS, "--type=json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/template/spec/nodeSelector", "value": {"edited": "by-hand"}}]), check=True)
+    wait_until(lambda: get_json(cluster, "daemonset", "gpu-device", "-n", NS)["spec"]["template"]["spec"][
+        "nodeSelector"] == {N.LABEL_GPU_INSTALLED: "true"}, 15, "the edited DaemonSet put back", interval=0.1)
+    edited = time.monotonic() - start
+    uid = get_json(cluster, "daemonset", "gpu-label", "-n", NS)["metadata"]["uid"]
+    start = time.monotonic()
+    cluster.kubectl("delete", "daemonset", "gpu-label", "-n", NS, "--wait=false", check=True)
+    wait_until(lambda: (get_json(cluster, "daemonset", "gpu-label", "-n", NS) or {"metadata": {"uid": uid}})[
+        "metadata"]["uid"] != uid, 15, "the deleted DaemonSet recreated", interval=0.1)
+    deleted = time.monotonic() - start
+    print("\ndrift: edited DaemonSet put back in %.2fs, deleted DaemonSet recreated in %.2fs" % (edited, deleted))
+    assert cr(cluster)["metadata"]["generation"] == generation
+    assert drift_repairs(cluster) >= 2   # a stale event of the edited object may re-apply once more (a no-op)
+    wait_until(lambda: cr_ready(cluster), 120, "ClusterOperator Ready again")
+
+
+def owned_objects(cluster, uid):
+    """kind/name of every object labelled with the CR's uid (namespaced and cluster-scoped)."""
+    selector = "%s=%s" % (N.LABEL_OPERATOR_OWNER, uid)
+    out = set()
+    for kinds, scope in (("daemonsets,deployments,services,configmaps,serviceaccounts,roles,rolebindings",
+                          ["-n", NS]), ("clusterroles,clusterrolebindings", [])):
+        items = json.loads(cluster.kubectl("get", kinds, "-l", selector, "-o", "json", *scope,
+                                           check=True).stdout)["items"]
+        out |= {"%s/%s" % (o["kind"], o["metadata"]["name"]) for o in items}
+    return out
+
+
+def host_pid(pod_name):
+    """The host pid of the operator-controller process of ``pod_name`` (containers are host processes)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as fh:
+                if b"operator_controller" not in fh.read():
+                    continue
+            with open("/proc/%s/environ" % entry, "rb") as fh:
+                if ("POD_NAME=%s" % pod_name).encode() in fh.read().split(b"\0"):
+                    return int(entry)
+        except OSError:
+            continue
+    return None
+
+
+def test_killed_active_controller_mid_reconcile(cluster, installed):
+    """The active replica is frozen (SIGSTOP) right after the reconcile of a CR change applied gpu-label and
+    before gpu-device, its pod force-deleted and the process SIGKILLed: the other replica takes over
+    within 15 s, and the result is what a render of the CR gives, with no object and no pod duplicated."""
+    from kubernetes import client, watch as kwatch
+
+    wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
+    wait_until(lambda: len(controller_pods(cluster)) == 2 and active_controller(cluster), 60, "two replicas, one active")
+    active = active_controller(cluster)
+    pid = host_pid(active)
+    assert pid, "no host process for %s" % active
+    body = cr(cluster)
+    uid = body["metadata"]["uid"]
+    objects_before = owned_objects(cluster, uid)
+    generations = {n: get_json(cluster, "daemonset", n, "-n", NS)["metadata"]["generation"]
+                   for n in ("gpu-label", "gpu-device")}
+    api = cluster.api_client()
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    stream = kwatch.Watch()
+    since = get_json(cluster, "daemonsets", "-n", NS)["metadata"]["resourceVersion"]   # before the change
+    changed = {"labelgen": {"log": {"level": "debug"}}, "devicePlugin": {"healthyInterval": 4}}
+    assert patch_cr(cluster, changed).returncode == 0
+    stopped_at = None
+    for event in stream.stream(apps.list_namespaced_daemon_set, NS, timeout_seconds=30, resource_version=since):
+        ds = event["object"]
+        if ds.metadata.name == "gpu-label" and ds.metadata.generation > generations["gpu-label"]:
+            os.kill(pid, signal.SIGSTOP)   # frozen: from the API's view it died here
+            stopped_at = time.monotonic()
+            break
+    stream.stop()
+    assert stopped_at, "the reconcile of gpu-label was not seen"
+    device_at_stop = apps.read_namespaced_daemon_set("gpu-device", NS).metadata.generation
+    core.delete_namespaced_pod(active, NS, grace_period_seconds=0)
+    os.kill(pid, signal.SIGKILL)
+    mid = device_at_stop == generations["gpu-device"]
+
+    def device_done():
+        ds = get_json(cluster, "daemonset", "gpu-device", "-n", NS)
+        return "--healthy-interval=4" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    wait_until(device_done, 15, "the other replica to finish the reconcile", interval=0.2)
+    took = time.monotonic() - stopped_at
+    print("\nactive %s killed %s; the other replica applied gpu-device %.1fs later"
+          % (active, "mid-reconcile (gpu-label applied, gpu-device not yet)" if mid
+             else "after the reconcile had reached gpu-device", took))
+    assert mid, "the kill landed after gpu-device was applied: not mid-reconcile"
+    wait_until(lambda: cr_ready(cluster), 180, "ClusterOperator Ready after the failover")
+    # the result: the objects a render of the live CR gives, each as rendered, nothing more
+    body = cr(cluster)
+    desired = render.desired_objects(
+        render.helm_template(cluster.helm or "helm", EXTENSIONS_CHART, render.chart_values(body["spec"]), NS),
+        body["spec"], body)
+    want = {"%s/%s" % (o["kind"], o["metadata"]["name"]) for objs in desired.values() for o in objs}
+    assert owned_objects(cluster, uid) == want == objects_before
+    for obj in (o for objs in desired.values() for o in objs):
+        scope = [] if obj["kind"] in ("ClusterRole", "ClusterRoleBinding") else ["-n", NS]
+        live = get_json(cluster, obj["kind"].lower(), obj["metadata"]["name"], *scope)
+        assert not render.drifted(live, obj), "%s/%s differs from the render" % (obj["kind"], obj["metadata"]["name"])
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-o", "json", check=True).stdout)["items"]
+    per_node = {}
+    for pod in pods:
+        component = pod["metadata"]["labels"].get("app.kubernetes.io/name")
+        if component in ("gpu-label", "gpu-device") and not pod["metadata"].get("deletionTimestamp"):
+            per_node.setdefault((component, pod["spec"]["nodeName"]), []).append(pod["metadata"]["name"])
+    assert all(len(v) == 1 for v in per_node.values()), per_node
+    assert len(per_node) == 2 * len(cluster.nodes)
+
+
+@pytest.fixture
+def gpu_less_node(cluster):
+    """A hand-made Node without MetaX GPUs (no kubelet: the local cluster's presets all have GPUs, and a
+    node is added only by a cluster restart). Ready by its status, so nothing but labels tells it apart."""
+    name = "operator-it-nogpu"
+    node = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}}}
+    cluster.kubectl("create", "-f", "-", input=json.dumps(node), check=True)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cluster.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(
+        {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                    "lastHeartbeatTime": now, "lastTransitionTime": now}],
+                    "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                    "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}}), check=True)
+    yield name
+    cluster.kubectl("delete", "node", name, "--wait=true")
+    cluster.kubectl("delete", "pods", "-n", NS, "--field-selector", "spec.nodeName=" + name, "--force",
+                    "--grace-period=0")
+
+
+def test_node_without_gpus_gets_gpu_label_only(cluster, installed, gpu_less_node):
+    def pods_on_node():
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", NS, "--field-selector",
+                                          "spec.nodeName=" + gpu_less_node, "-o", "json", check=True).stdout)
+        return sorted(p["metadata"]["labels"].get("app.kubernetes.io/name") for p in pods["items"])
+    wait_until(lambda: pods_on_node() == ["gpu-label"], 60, "a gpu-label pod on the GPU-less node")
+    wait_until(lambda: (cr(cluster)["status"]["nodes"]["total"] == len(cluster.nodes) + 1), 30, "status counts it")
+    status = cr(cluster)["status"]
+    time.sleep(3)   # a gpu-device pod would be created by now: the DaemonSet controller acts within a second
+    assert pods_on_node() == ["gpu-label"]
+    assert status["nodes"]["gpu"] == len(cluster.nodes)
+    assert N.LABEL_GPU_INSTALLED not in (nodes(cluster)[gpu_less_node]["metadata"].get("labels") or {})
+
+
+def test_zz_uninstall_with_the_controller_scaled_to_zero_leaves_nothing(cluster, installed):
+    """Manual 3.2.5 as written, after `kubectl scale deployment operator-controller --replicas=0`:
+    the chart's pre-delete hook does the finalizer's work."""
+    cluster.kubectl("scale", "deployment", "operator-controller", "-n", NS, "--replicas=0", check=True)
+    wait_until(lambda: not controller_pods(cluster), 60, "no controller pod")
     res = subprocess.run(["bash", "-c", UNINSTALL_SCRIPT], env=cluster.env, capture_output=True, text=True,
                          timeout=600, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
