@@ -123,7 +123,8 @@ class Operator:
         Called for every event of an owned object with the ClusterOperator as
         the watch last saw it (``owner``); the comparison is local, so the
         events of a healthy cluster (status updates, our own applies) cost no
-        API call, and an idle cluster none at all.
+        API call, and an idle cluster none at all. Only an event that differs
+        costs a read of the object, and only a real difference a write.
         """
         key = render.object_key(live)
         meta = live.get("metadata") or {}
@@ -138,11 +139,16 @@ class Operator:
             desired = self._desired.get(key)
             if desired is None:
                 return None  # not (or no longer) ours to keep: pruned, component off, CR going
-            if event_type == "DELETED":
-                action = "recreated"
-            elif meta.get("deletionTimestamp") or not render.drifted(live, desired):
+            if event_type != "DELETED" and (meta.get("deletionTimestamp") or not render.drifted(live, desired)):
                 return None
-            elif self._unrepairable.get(key) == _version(meta):
+            # An event may be older than our last apply (a status update queued
+            # before it): only the object as it is now says whether it drifted.
+            current = self.cluster.get(desired)
+            if current is None:
+                action = "recreated"
+            elif not render.drifted(current, desired):
+                return None
+            elif self._unrepairable.get(key) == _version(current.get("metadata") or {}):
                 return None  # applied once already for this version and still different: see below
             else:
                 action = "restored"

@@ -62,6 +62,16 @@ class Cluster:
                                             field_manager=names.OPERATOR_FIELD_MANAGER, force_conflicts=True)
         return result.to_dict() if hasattr(result, "to_dict") else dict(result or {})
 
+    def get(self, obj: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+        """The object named like ``obj`` as the API server has it now (None: there is none)."""
+        resource = self._resource(obj["apiVersion"], obj["kind"])
+        try:
+            return resource.get(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace")).to_dict()
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def _owned(self, owner_uid: str, component: Optional[Component]) -> List[Tuple[Any, Mapping[str, Any]]]:
         selector = "%s=%s" % (names.LABEL_OPERATOR_OWNER, owner_uid)
         if component is not None:
