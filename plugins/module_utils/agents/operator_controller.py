@@ -142,7 +142,13 @@ class Operator:
             if event_type != "DELETED" and (meta.get("deletionTimestamp") or not render.drifted(live, desired)):
                 return None
             # An event may be older than our last apply (a status update queued
-            # before it): only the object as it is now says whether it drifted.
+            # before it): only the object as it is now says whether it drifted,
+            # and only a CR that still is this version may have it back (the
+            # watch of the CR can lag behind the uninstall hook's delete).
+            fresh = self.cluster.get(owner)
+            if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp") or \
+                    (fresh["metadata"]["uid"], fresh["metadata"].get("generation", 0)) != version:
+                return None
             current = self.cluster.get(desired)
             if current is None:
                 action = "recreated"
@@ -250,12 +256,19 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
             return kopf.login_via_client(**kwargs)
         return connection_info(operator.cluster.api.configuration)
 
+    diffbase = kopf.AnnotationsDiffBaseStorage(prefix=names.OPERATOR_GROUP)
+
+    def handled(body: Mapping[str, Any]) -> bool:
+        """kopf's own test: the CR's spec is the one its handlers last finished with."""
+        wrapped = kopf.Body(dict(body))  # type: ignore[arg-type]  # a raw object, as kopf builds it
+        return bool(diffbase.fetch(body=wrapped) == diffbase.build(body=wrapped))
+
     @kopf.on.startup()
     def configure(settings: Any, **_: Any) -> None:
         settings.persistence.finalizer = names.OPERATOR_FINALIZER
         # the CRD's status schema has no room for kopf's own progress: annotations only
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.OPERATOR_GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.OPERATOR_GROUP)
+        settings.persistence.diffbase_storage = diffbase
         settings.peering.name = args.peering
         settings.peering.mandatory = True
         # Peers of equal priority all pause (kopf's rule), so each replica
@@ -293,7 +306,9 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
     def repair_drift(event: Any, logger: Any, **kwargs: Any) -> None:
         obj = event.get("object") or {}
         current = next(iter(kwargs["owners"].get("cluster-operator", ())), None)  # the index above
-        action = operator.repair(event.get("type"), obj, current)
+        # A CR change not yet reconciled is the reconcile's to apply: a repair
+        # now would race it (and count a rollout as drift).
+        action = operator.repair(event.get("type"), obj, current if current and handled(current) else None)
         if action:
             repairs.labels(obj.get("kind", ""), action).inc()
             logger.warning("drift: %s %s %s", obj.get("kind"), (obj.get("metadata") or {}).get("name"), action)
@@ -345,15 +360,25 @@ def run_cleanup(operator: Operator, namespace: str, attempts: int = 90, pause: f
         api_version="%s/%s" % (names.OPERATOR_GROUP, names.OPERATOR_VERSION), kind=names.OPERATOR_KIND)
     for item in custom.get(namespace=namespace).items:
         name = item.metadata.name
-        deleted = False
+        body = item.to_dict()
+        # Deleted first: a live controller then stops putting back what the
+        # cleanup below deletes (its drift watch leaves a CR that is going).
+        # Without our finalizer the CR goes at once: the cleanup still runs
+        # with the body read above (cluster-scoped objects and node labels
+        # are not garbage-collected).
+        try:
+            custom.delete(name=name, namespace=namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
         for attempt in range(attempts):
+            gone = False
             try:
                 body = custom.get(name=name, namespace=namespace).to_dict()
             except ApiException as exc:
-                if exc.status == 404:
-                    LOG.info("ClusterOperator %s is gone", name)
-                    break
-                raise
+                if exc.status != 404:
+                    raise
+                gone = True
             try:
                 operator.cleanup(body)
             except Exception as exc:  # pylint: disable=broad-except
@@ -362,14 +387,14 @@ def run_cleanup(operator: Operator, namespace: str, attempts: int = 90, pause: f
                 LOG.info("cleanup of %s: %s; retrying", name, exc)
                 time.sleep(pause)
                 continue
+            if gone:
+                LOG.info("ClusterOperator %s is gone", name)
+                break
             finalizers = body["metadata"].get("finalizers") or []
             if names.OPERATOR_FINALIZER in finalizers:
                 custom.patch(name=name, namespace=namespace, content_type="application/merge-patch+json",
                              body={"metadata": {"finalizers": [f for f in finalizers
                                                                if f != names.OPERATOR_FINALIZER] or None}})
-            if not deleted:
-                custom.delete(name=name, namespace=namespace)
-                deleted = True
             time.sleep(pause / 2)
         else:
             raise UsageError("ClusterOperator %s still exists after the cleanup" % name)
