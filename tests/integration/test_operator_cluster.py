@@ -311,6 +311,14 @@ def active_controller(cluster):
     return max(candidates)[1] if candidates else None
 
 
+def controller_logs(cluster, grep):
+    out = []
+    for name in controller_pods(cluster):
+        res = cluster.kubectl("logs", "-n", NS, name)
+        out += ["%s: %s" % (name, line) for line in res.stdout.splitlines() if grep in line]
+    return "\n".join(out[-40:])
+
+
 def drift_repairs(cluster):
     """metax_operator_drift_repairs_total summed over every controller replica (its /metrics, by pod IP)."""
     total = 0.0
@@ -329,7 +337,7 @@ def test_drift_of_owned_objects_is_repaired(cluster, installed):
     """An edited DaemonSet and a deleted one are put back without a CR change; a healthy install,
     with all its DaemonSet status events, made no repair (no false drift)."""
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
-    assert drift_repairs(cluster) == 0
+    assert drift_repairs(cluster) == 0, controller_logs(cluster, "drift")
     generation = cr(cluster)["metadata"]["generation"]
     start = time.monotonic()
     cluster.kubectl("patch", "daemonset", "gpu-device", "-n", NS, "--type=json", "-p", json.dumps(
