@@ -353,7 +353,8 @@ def test_drift_of_owned_objects_is_repaired(cluster, installed):
     deleted = time.monotonic() - start
     print("\ndrift: edited DaemonSet put back in %.2fs, deleted DaemonSet recreated in %.2fs" % (edited, deleted))
     assert cr(cluster)["metadata"]["generation"] == generation
-    assert drift_repairs(cluster) >= 2   # a stale event of the edited object may re-apply once more (a no-op)
+    # counted once the repair's apply returned, just after the object is back
+    wait_until(lambda: drift_repairs(cluster) == 2, 10, "two repairs counted:\n" + controller_logs(cluster, "drift"))
     wait_until(lambda: cr_ready(cluster), 120, "ClusterOperator Ready again")
 
 
