@@ -348,8 +348,11 @@ def test_drift_of_owned_objects_is_repaired(cluster, installed):
     uid = get_json(cluster, "daemonset", "gpu-label", "-n", NS)["metadata"]["uid"]
     start = time.monotonic()
     cluster.kubectl("delete", "daemonset", "gpu-label", "-n", NS, "--wait=false", check=True)
-    wait_until(lambda: (get_json(cluster, "daemonset", "gpu-label", "-n", NS) or {"metadata": {"uid": uid}})[
-        "metadata"]["uid"] != uid, 15, "the deleted DaemonSet recreated", interval=0.1)
+    try:
+        wait_until(lambda: (get_json(cluster, "daemonset", "gpu-label", "-n", NS) or {"metadata": {"uid": uid}})[
+            "metadata"]["uid"] != uid, 15, "the deleted DaemonSet recreated", interval=0.1)
+    except pytest.fail.Exception:
+        pytest.fail("the deleted DaemonSet was not recreated; controllers:\n" + controller_logs(cluster, ""))
     deleted = time.monotonic() - start
     print("\ndrift: edited DaemonSet put back in %.2fs, deleted DaemonSet recreated in %.2fs" % (edited, deleted))
     assert cr(cluster)["metadata"]["generation"] == generation

@@ -78,6 +78,7 @@ class Operator:
         # repair from applying one version while a reconcile applies another.
         self._desired: Dict[str, Dict[str, Any]] = {}
         self._desired_version: Optional[Tuple[str, int]] = None
+        self._reconciled_version: Optional[Tuple[str, int]] = None
         self._unrepairable: Dict[str, str] = {}
         self._lock = threading.RLock()
 
@@ -98,7 +99,9 @@ class Operator:
         desired = self._render(body)
         with self._lock:
             self._remember(body, desired)
-            return self._apply_all(body, desired)
+            counts = self._apply_all(body, desired)
+            self._reconciled_version = self._desired_version
+            return counts
 
     def _apply_all(self, body: Dict[str, Any], desired: Mapping[str, List[Dict[str, Any]]]) -> Dict[str, int]:
         spec = body.get("spec") or {}
@@ -117,7 +120,7 @@ class Operator:
         return counts
 
     def repair(self, event_type: Optional[str], live: Mapping[str, Any],
-               owner: Optional[Mapping[str, Any]]) -> Optional[str]:
+               owner: Optional[Mapping[str, Any]], handled: bool = True) -> Optional[str]:
         """Put back an owned object that was edited or deleted; what was done (None: nothing drifted).
 
         Called for every event of an owned object with the ClusterOperator as
@@ -125,6 +128,9 @@ class Operator:
         events of a healthy cluster (status updates, our own applies) cost no
         API call, and an idle cluster none at all. Only an event that differs
         costs a read of the object, and only a real difference a write.
+        ``handled``: kopf's handlers finished this version of the CR (else a
+        reconcile is pending, and it applies everything anyway, unless this
+        process has just finished one of it, before kopf recorded that).
         """
         key = render.object_key(live)
         meta = live.get("metadata") or {}
@@ -132,8 +138,10 @@ class Operator:
             return None  # no CR, or it is going: the finalizer removes everything
         if (meta.get("labels") or {}).get(names.LABEL_OPERATOR_OWNER) != owner["metadata"]["uid"]:
             return None
-        with self._lock:
+        with self._lock:  # held by a reconcile while it applies: a repair waits for it
             version = (owner["metadata"]["uid"], owner["metadata"].get("generation", 0))
+            if not handled and self._reconciled_version != version:
+                return None
             if self._desired_version != version:
                 self._remember(owner, self._render(owner))
             desired = self._desired.get(key)
@@ -308,7 +316,7 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
         current = next(iter(kwargs["owners"].get("cluster-operator", ())), None)  # the index above
         # A CR change not yet reconciled is the reconcile's to apply: a repair
         # now would race it (and count a rollout as drift).
-        action = operator.repair(event.get("type"), obj, current if current and handled(current) else None)
+        action = operator.repair(event.get("type"), obj, current, current is not None and handled(current))
         if action:
             repairs.labels(obj.get("kind", ""), action).inc()
             logger.warning("drift: %s %s %s", obj.get("kind"), (obj.get("metadata") or {}).get("name"), action)
