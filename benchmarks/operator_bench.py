@@ -235,7 +235,7 @@ def measure(kube: Kube, registry: str, tag: str, idle_seconds: float) -> Dict[st
         result["operator"] = install_operator(kube, registry, tag)
         time.sleep(10)   # the rollout's last status writes
         result["rss_controller"] = rss_mib("POD_NAME=operator-controller-", b"agents.operator_controller")
-        result["rss_gpu_label"] = rss_mib("POD_NAME=gpu-label-", b"agents.gpu_label")
+        result["rss_gpu_label"] = rss_mib("NODE_NAME=", b"agents.gpu_label")
         before = request_counts(kube)
         time.sleep(idle_seconds)
         result["idle"] = per_minute(before, request_counts(kube), idle_seconds)
@@ -264,9 +264,10 @@ def table(rounds: List[Dict[str, object]]) -> str:
                      % (i, op["allocatable"], ext["allocatable"], op["allocatable"] / ext["allocatable"]))
         lines.append("| %d | helm install --wait returns (s) | %.1f | %.1f | |" % (i, op["helm"], ext["helm"]))
         ctl, agent = r["rss_controller"], r["rss_gpu_label"]
-        if ctl and agent:
-            lines.append("| %d | RSS per controller replica (MiB) | %s | %.0f (a gpu-label agent) | %.2f |"
-                         % (i, ", ".join("%.0f" % v for v in ctl), max(agent), max(ctl) / max(agent)))
+        if ctl:
+            lines.append("| %d | RSS per controller replica (MiB) | %s | %s (gpu-label agents) | %s |"
+                         % (i, ", ".join("%.0f" % v for v in ctl), ", ".join("%.0f" % v for v in agent) or "-",
+                            "%.2f" % (max(ctl) / max(agent)) if agent else "-"))
         for phase in ("idle", "reconcile"):
             rate = r[phase]
             agents = rate["metax-bench-agents"]

@@ -126,12 +126,13 @@ def contains(live: Any, desired: Any) -> bool:
     """Whether ``live`` still holds every field ``desired`` sets, with the same value.
 
     What the API server adds (defaults, status, other managers' fields in a
-    map) is not drift; lists must keep their length (server-side apply
+    map) is not drift, nor what it leaves out (an empty ``nodeSelector``); lists must keep their length (server-side apply
     replaces an atomic list whole, and a missing or extra element of ours is
     drift). Pure: the drift check of the controller's watch on owned objects.
     """
     if isinstance(desired, Mapping):
-        return isinstance(live, Mapping) and all(k in live and contains(live[k], v) for k, v in desired.items())
+        return isinstance(live, Mapping) and all(
+            _zero(v) if live.get(k) is None else contains(live[k], v) for k, v in desired.items())
     if isinstance(desired, list):
         return isinstance(live, list) and len(live) == len(desired) and all(
             contains(a, b) for a, b in zip(live, desired))
@@ -139,6 +140,11 @@ def contains(live: Any, desired: Any) -> bool:
             isinstance(desired, (int, float)) and isinstance(live, str):
         return str(live) == str(desired)  # int-or-string fields (ports, maxUnavailable)
     return bool(live == desired)
+
+
+def _zero(value: Any) -> bool:
+    """A value the API server omits when stored (Go's omitempty: an empty map, list or string, false, 0)."""
+    return value is None or value is False or (type(value) is int and value == 0) or value in ({}, [], "")
 
 
 def drifted(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
