@@ -130,7 +130,8 @@ def images(kube: Kube) -> Tuple[str, str]:
 def values(registry: str, tag: str) -> List[str]:
     sets = ["registry=" + registry, "imageTag=" + tag, "hostRoot.path=/var/lib/metax-sim",
             "hostRoot.subPathExpr=$(NODE_NAME)", "log.dir="]
-    return [arg for pair in sets for arg in ("--set", pair)]
+    # --set-string: a content tag can be all digits, which --set makes a number
+    return [arg for pair in sets for arg in ("--set-string", pair)]
 
 
 def releases(kube: Kube) -> List[dict]:

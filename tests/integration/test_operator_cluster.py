@@ -170,7 +170,7 @@ def installed(cluster, images, no_extensions):
     watch = ChainWatch(cluster)
     watch.start()
     res = helm(cluster, "install", CHART, "--create-namespace", "-n", NS, "--generate-name", "--wait",
-               "--set", "registry=" + images["registry"], "--set", "imageTag=" + images["tag"],
+               "--set", "registry=" + images["registry"], "--set-string", "imageTag=" + images["tag"],
                "--set", "hostRoot.path=/var/lib/metax-sim", "--set", "hostRoot.subPathExpr=$(NODE_NAME)",
                "--set", "log.dir=", "--set", "gpuDevice.healthyInterval=2")
     assert res.returncode == 0, "helm install failed:\n%s\n%s" % (res.stdout, res.stderr)
