@@ -319,6 +319,12 @@ def controller_logs(cluster, grep):
     return "\n".join(out[-40:])
 
 
+def reconciling(cluster):
+    """kopf's progress annotations on the CR: present while a handler is retried."""
+    annotations = cr(cluster)["metadata"].get("annotations") or {}
+    return [k for k in annotations if k.startswith(N.OPERATOR_GROUP + "/") and not k.endswith("last-handled-configuration")]
+
+
 def drift_repairs(cluster):
     """metax_operator_drift_repairs_total summed over every controller replica (its /metrics, by pod IP)."""
     total = 0.0
@@ -337,6 +343,8 @@ def test_drift_of_owned_objects_is_repaired(cluster, installed):
     """An edited DaemonSet and a deleted one are put back without a CR change; a healthy install,
     with all its DaemonSet status events, made no repair (no false drift)."""
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
+    # no reconcile still retrying (gpu-aware's removal waits for its pods): its applies would undo the edit first
+    wait_until(lambda: not reconciling(cluster), 90, "no reconcile in progress")
     assert drift_repairs(cluster) == 0, controller_logs(cluster, "drift")
     generation = cr(cluster)["metadata"]["generation"]
     start = time.monotonic()
