@@ -455,12 +455,14 @@ def test_killed_active_controller_mid_reconcile(cluster, installed):
         scope = [] if obj["kind"] in ("ClusterRole", "ClusterRoleBinding") else ["-n", NS]
         live = get_json(cluster, obj["kind"].lower(), obj["metadata"]["name"], *scope)
         assert not render.drifted(live, obj), "%s/%s differs from the render" % (obj["kind"], obj["metadata"]["name"])
+
     def rolled_out(name):
         ds = get_json(cluster, "daemonset", name, "-n", NS)
         st = ds.get("status") or {}
         return st.get("observedGeneration") == ds["metadata"]["generation"] and \
             st.get("updatedNumberScheduled") == st.get("desiredNumberScheduled") == st.get("numberReady") == \
             st.get("numberAvailable")
+
     wait_until(lambda: rolled_out("gpu-label") and rolled_out("gpu-device"), 180, "both DaemonSets rolled out")
     pods = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-o", "json", check=True).stdout)["items"]
     per_node = {}

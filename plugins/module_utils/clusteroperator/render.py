@@ -144,7 +144,9 @@ def contains(live: Any, desired: Any) -> bool:
 
 def _zero(value: Any) -> bool:
     """A value the API server omits when stored (Go's omitempty: an empty map, list or string, false, 0)."""
-    return value is None or value is False or (type(value) is int and value == 0) or value in ({}, [], "")
+    if isinstance(value, bool):
+        return not value
+    return value is None or (isinstance(value, int) and value == 0) or value in ({}, [], "")
 
 
 def drifted(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:

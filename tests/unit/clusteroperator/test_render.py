@@ -109,8 +109,8 @@ def test_drift_is_a_changed_or_missing_field_of_ours_not_what_the_server_adds():
             "status": {"numberReady": 1}}
     assert not render.drifted(live, desired)
     # what the API server omits when empty (a gate-less nodeSelector, hostNetwork: false) is not drift
-    assert not render.drifted(live, dict(desired, spec=dict(desired["spec"], selector={}, paused=False,
-                                                                minReadySeconds=0)))
+    omitted = dict(desired["spec"], selector={}, paused=False, minReadySeconds=0)
+    assert not render.drifted(live, dict(desired, spec=omitted))
     edited = json.loads(json.dumps(live))
     edited["spec"]["template"]["spec"]["nodeSelector"] = {"edited": "by-hand"}
     assert render.drifted(edited, desired)
