@@ -114,7 +114,7 @@ def blocks(text: str) -> Tuple[List[str], List[Tuple[str, str]]]:
             raise SharingError("values.yaml: cannot place line %r (top-level keys, indented members, comments)" % line)
     if key is not None:
         out.append((key, "\n".join(current)))
-    keys = [k for k, _ in out]
+    keys = [k for k, _block in out]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if twice:
         raise SharingError("values.yaml: %s defined twice" % ", ".join(twice))
@@ -126,7 +126,7 @@ def compose_values(shared_text: str, own_text: str) -> str:
     _shared_header, shared = blocks(shared_text)
     own_header, own = blocks(own_text)
     shared = [(k, b) for k, b in shared if k not in NOT_SHARED]
-    both = sorted({k for k, _ in shared} & {k for k, _ in own})
+    both = sorted({k for k, _block in shared} & {k for k, _block in own})
     if both:
         raise SharingError("%s redefines the shared option(s) %s of %s: define them once, there"
                            % (OWN_VALUES, ", ".join(both), os.path.join(SHARED_CHART, VALUES)))
