@@ -71,9 +71,12 @@ DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_A
 # account) and metadata field. The charts' ValidatingAdmissionPolicy lets an
 # agent change only these, and only on its own node: its allowed sets are
 # generated from this table (scripts/gen_node_agent_policy.py), and a unit test
-# fails when the charts and this table disagree. An agent that starts writing
-# a new key needs it here first; a new node agent (the operator's components,
-# with their readiness label) adds its row.
+# fails when the charts and this table disagree. Both charts (GPU Extensions,
+# GPU Operator) use it. An agent that starts writing a new key needs it here
+# first; a new node agent (a later operator component whose pods write Node
+# keys) adds its row. The operator's readiness labels (maca.ready, runtime.ready)
+# are in no row: the operator-controller sets them (component contract), so
+# the policy refuses them to every agent (docs/security.md).
 NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
     "gpu-device": {"labels": (), "annotations": ANNOTATION_KEYS},
     "gpu-label": {"labels": GPU_LABEL_KEYS, "annotations": ()},

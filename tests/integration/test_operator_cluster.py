@@ -126,7 +126,10 @@ def installed(cluster, images, no_extensions):
     res = helm(cluster, "install", CHART, "--create-namespace", "-n", NS, "--generate-name", "--wait",
                "--set", "registry=" + images["registry"], "--set", "imageTag=" + images["tag"],
                "--set", "hostRoot.path=/var/lib/metax-sim", "--set", "hostRoot.subPathExpr=$(NODE_NAME)",
-               "--set", "log.dir=", "--set", "gpuDevice.healthyInterval=2")
+               "--set", "log.dir=", "--set", "gpuDevice.healthyInterval=2",
+               # the node-agent admission policy (issue 30) on, not only where auto finds it: the agents
+               # must do their work under it, and an install where it did not render must fail here
+               "--set", "nodeAgentPolicy.enabled=true")
     assert res.returncode == 0, "helm install failed:\n%s\n%s" % (res.stdout, res.stderr)
     info = {"before": before, "watch": watch, "helm_seconds": round(time.monotonic() - watch.start_time, 1)}
     yield info
