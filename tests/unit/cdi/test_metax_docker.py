@@ -22,6 +22,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.cdi import writer
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
 from ansible_collections.metax.gpu.plugins.module_utils.sim.maca import install_maca, maca_dir
 
+from .docker_engine import DOCKER, SKIP_REASON as DOCKER_SKIP, needs_docker, start_docker
 from .podman_cdi import BASE_IMAGE, PROBE, SKIP_REASON, needs_podman, podman_env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -238,3 +239,71 @@ def test_an_images_own_maca_is_kept_unless_maca_force(installed, image_with_maca
     assert proc.returncode == 0, proc.stderr
     assert probe(proc.stdout)["maca"] == "simulated MXMACA 3.1.0.2 runtime"
     assert other == "/" + maca_dir("3.1.0.2")
+
+
+# -- Debian's Docker 20.10: no CDI, so the flags path -----------------------------------------
+@pytest.fixture(scope="module")
+def docker():
+    if DOCKER_SKIP or SKIP_REASON:
+        pytest.skip(DOCKER_SKIP or SKIP_REASON)
+    yield from start_docker()
+
+
+@pytest.fixture
+def docker_node(make_node, tmp_path, docker):
+    host = make_node("8xC500")
+    install_maca(host, "3.0.0.8")
+    spec_dir = str(tmp_path / "cdi")
+    writer.refresh(host, spec_dir)
+    env = {"DOCKER_HOST": docker.host, "METAX_DOCKER_ENGINE": str(DOCKER), "METAX_DOCKER_SPEC_DIRS": spec_dir,
+           "METAX_DOCKER_CONFIG": str(tmp_path / "none")}
+    return host, env
+
+
+@needs_docker
+def test_docker_20_has_no_cdi_and_gets_the_same_container_through_flags(docker, docker_node, monkeypatch):
+    host, env = docker_node
+    monkeypatch.setenv("DOCKER_HOST", docker.host)
+    assert docker.run("info", "--format", "{{.ServerVersion}}").stdout.startswith("20.10")
+    assert not md.engine_reads_cdi(str(DOCKER))
+    gpus = generator.load_state(host)["gpus"]
+    proc = metax_docker(str(SCRIPT), "run", "--rm", "--network", "none", "--gpus", "[%s]" % gpus[4]["serial"],
+                        BASE_IMAGE, "sh", "-c", PROBE, **env)
+    assert proc.returncode == 0, proc.stderr
+    seen = probe(proc.stdout)
+    assert seen["dri"] == ["card4", "renderD132"] and seen["mxcd"] == "mxcd=yes"
+    assert seen["maca"] == "simulated MXMACA 3.0.0.8 runtime" and seen["maca_mount"] == ["ro"]
+    assert seen["env"] == ["MACA_PATH=/opt/maca", "LD_LIBRARY_PATH=/opt/maca/lib:/opt/maca/mxgpu_llvm/lib"]
+    dry = metax_docker(str(SCRIPT), "run", "--rm", "--gpus", "1", BASE_IMAGE, "true",
+                       METAX_DOCKER_DRY_RUN="1", **env)
+    assert "metax-tech.com/gpu=" not in dry.stdout and "/dev/dri/card0:/dev/dri/card0" in dry.stdout
+    # an unknown serial: exit 125, and Docker has no container at all
+    before = docker.run("ps", "-aq").stdout
+    proc = metax_docker(str(SCRIPT), "run", "--gpus", "[ff-ff]", BASE_IMAGE, "true", **env)
+    assert proc.returncode == 125 and "unknown GPU ID or serial number ff-ff" in proc.stderr
+    assert docker.run("ps", "-aq").stdout == before == ""
+
+
+@needs_docker
+def test_docker_keeps_an_images_own_maca_unless_maca_force(docker, docker_node, tmp_path):
+    _host, env = docker_node
+    context = tmp_path / "image"
+    (context / "maca" / "lib").mkdir(parents=True)
+    (context / "maca" / "lib" / "libmxc-runtime64.so").write_text("the image's own MXMACA\n")
+    (context / "Dockerfile").write_text("FROM %s\nCOPY maca /opt/maca\n" % BASE_IMAGE)
+    tag = "localhost/metax-gpu/test-own-maca:docker"
+    built = docker.run("build", "-q", "-t", tag, str(context))
+    assert built.returncode == 0, built.stderr
+    try:
+        run = ["run", "--rm", "--network", "none", "--gpus", "[0]"]
+        kept = metax_docker(str(SCRIPT), *run, tag, "sh", "-c", PROBE, **env)
+        assert kept.returncode == 0, kept.stderr
+        assert probe(kept.stdout)["maca"] == "the image's own MXMACA" and probe(kept.stdout)["dri"] == \
+            ["card0", "renderD128"]
+        forced = metax_docker(str(SCRIPT), *run, "--maca-force", tag, "sh", "-c", PROBE, **env)
+        assert forced.returncode == 0, forced.stderr
+        assert probe(forced.stdout)["maca"] == "simulated MXMACA 3.0.0.8 runtime"
+        # the probe's container is gone
+        assert docker.run("ps", "-aq").stdout == ""
+    finally:
+        docker.run("rmi", "-f", tag)
