@@ -296,6 +296,13 @@ def _install_kernel_hook(root: str) -> None:
 
 
 # -- state ------------------------------------------------------------------
+def reinstall_mx_smi(host: HostRoot) -> str:
+    """Copy this simulator's mx-smi into an existing node (one made before it changed)."""
+    load_state(host)        # refuses a directory that is not a simulated node
+    _install_mx_smi(host.path)
+    return host.join("usr/bin/mx-smi")
+
+
 def load_state(host: HostRoot) -> dict:
     path = host.join(STATE_FILE)
     if not os.path.isfile(path):

@@ -219,3 +219,14 @@ def test_install_hook_refuses_a_directory_that_is_not_a_simulated_node(tmp_path,
     assert sim_main(["install-hook", str(tmp_path)]) == 2
     assert "not a simulated MetaX node" in capsys.readouterr().err
     assert not (tmp_path / ".metax-sim").exists()
+
+
+def test_install_mx_smi_brings_an_old_root_up_to_date(make_node, tmp_path):
+    host = make_node("1xC500")
+    with open(host.join("usr/bin/mx-smi"), "w") as handle:
+        handle.write("#!/bin/sh\necho 'GPU 0: MXC500 (UUID: GPU-old)'\n")
+    assert mx_smi(host, "-L").stdout.startswith("GPU 0: ")
+    assert sim_main(["install-mx-smi", host.path]) == 0
+    assert mx_smi(host, "-L").stdout.splitlines()[1].startswith("GPU#0    MXC500      0000:")
+    # not a simulated node: refused
+    assert sim_main(["install-mx-smi", str(tmp_path)]) == 2
