@@ -56,12 +56,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if args.command == "refresh":
         result = writer.refresh(host, args.spec_dir, maca_root)
-        print(_report(result))
+        sys.stdout.write(_report(result) + "\n")
         return 0 if result.spec is not None else 1
 
     def changed(result: writer.Refresh) -> None:
         if result.changed:
-            print(_report(result), flush=True)
+            sys.stdout.write(_report(result) + "\n")
+            sys.stdout.flush()
 
     try:
         writer.watch(host, args.spec_dir, args.interval, maca_root, on_refresh=changed)
@@ -71,4 +72,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

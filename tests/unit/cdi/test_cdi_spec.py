@@ -49,8 +49,8 @@ def test_one_device_per_gpu_by_index_uuid_and_serial_plus_all(make_node, tmp_pat
         nodes = [host.join("dev/dri/card%d" % index), host.join("dev/dri/renderD%d" % (128 + index))]
         for name in (str(index), gpu["uuid"], gpu["serial"]):
             assert [n["hostPath"] for n in names[name]["deviceNodes"]] == nodes
-            assert [n["path"] for n in names[name]["deviceNodes"]] == ["/dev/dri/card%d" % index,
-                                                                      "/dev/dri/renderD%d" % (128 + index)]
+            paths = ["/dev/dri/card%d" % index, "/dev/dri/renderD%d" % (128 + index)]
+            assert [n["path"] for n in names[name]["deviceNodes"]] == paths
     assert len(names["all"]["deviceNodes"]) == 16
     common = spec["containerEdits"]
     assert common["deviceNodes"] == [{"path": "/dev/mxcd", "hostPath": host.join("dev/mxcd")}]
@@ -151,9 +151,9 @@ def test_a_real_root_has_no_host_paths(make_node):
 # -- the spec is never stale ---------------------------------------------------------------
 def test_unchanged_node_is_not_rewritten(make_node, tmp_path):
     host = node_with_maca(make_node)
-    first, _ = refreshed(host, tmp_path)
+    first = writer.refresh(host, str(tmp_path / "cdi"))
     inode = os.stat(first.path).st_ino
-    again, _ = refreshed(host, tmp_path)
+    again = writer.refresh(host, str(tmp_path / "cdi"))
     assert first.changed and not again.changed and os.stat(again.path).st_ino == inode
     assert os.listdir(os.path.dirname(first.path)) == [CDI_SPEC_FILE]
 

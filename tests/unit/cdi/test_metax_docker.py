@@ -38,6 +38,8 @@ def _load():
 
 
 md = _load()
+# the file in the repository says "python" (sanity's shebang rule); the role installs it with python3
+SCRIPT_ARGV = [sys.executable, str(SCRIPT)]
 
 
 def test_its_names_are_the_collections():
@@ -151,13 +153,17 @@ def installed(make_node, tmp_path):
     (tmp_path / "bin").mkdir()
     assert run_role(tmp_path, **settings) == 3     # its directory, its settings, the executable
     assert run_role(tmp_path, **settings) == 0
+    installed_text = (tmp_path / "bin" / "metax-docker").read_text()
+    assert installed_text.startswith("#!/usr/bin/env python3\n")
+    assert 'DEFAULT_CONFIG = "%s"' % settings["metax_docker_config_path"] in installed_text
     yield host, str(tmp_path / "bin" / "metax-docker"), settings
     assert run_role(tmp_path, metax_docker_state="absent", **settings) == 1
     assert not os.path.exists(str(tmp_path / "bin" / "metax-docker")) and not os.path.exists(str(tmp_path / "etc" / "md.conf"))
 
 
 def metax_docker(binary, *args, **env):
-    return subprocess.run([binary] + list(args), capture_output=True, text=True, check=False, timeout=300,
+    argv = list(binary) if isinstance(binary, list) else [binary]
+    return subprocess.run(argv + list(args), capture_output=True, text=True, check=False, timeout=300,
                           env=dict(podman_env(), **env), stdin=subprocess.DEVNULL)
 
 
@@ -267,19 +273,19 @@ def test_docker_20_has_no_cdi_and_gets_the_same_container_through_flags(docker, 
     assert docker.run("info", "--format", "{{.ServerVersion}}").stdout.startswith("20.10")
     assert not md.engine_reads_cdi(str(DOCKER))
     gpus = generator.load_state(host)["gpus"]
-    proc = metax_docker(str(SCRIPT), "run", "--rm", "--network", "none", "--gpus", "[%s]" % gpus[4]["serial"],
+    proc = metax_docker(SCRIPT_ARGV, "run", "--rm", "--network", "none", "--gpus", "[%s]" % gpus[4]["serial"],
                         BASE_IMAGE, "sh", "-c", PROBE, **env)
     assert proc.returncode == 0, proc.stderr
     seen = probe(proc.stdout)
     assert seen["dri"] == ["card4", "renderD132"] and seen["mxcd"] == "mxcd=yes"
     assert seen["maca"] == "simulated MXMACA 3.0.0.8 runtime" and seen["maca_mount"] == ["ro"]
     assert seen["env"] == ["MACA_PATH=/opt/maca", "LD_LIBRARY_PATH=/opt/maca/lib:/opt/maca/mxgpu_llvm/lib"]
-    dry = metax_docker(str(SCRIPT), "run", "--rm", "--gpus", "1", BASE_IMAGE, "true",
+    dry = metax_docker(SCRIPT_ARGV, "run", "--rm", "--gpus", "1", BASE_IMAGE, "true",
                        METAX_DOCKER_DRY_RUN="1", **env)
     assert "metax-tech.com/gpu=" not in dry.stdout and "/dev/dri/card0:/dev/dri/card0" in dry.stdout
     # an unknown serial: exit 125, and Docker has no container at all
     before = docker.run("ps", "-aq").stdout
-    proc = metax_docker(str(SCRIPT), "run", "--gpus", "[ff-ff]", BASE_IMAGE, "true", **env)
+    proc = metax_docker(SCRIPT_ARGV, "run", "--gpus", "[ff-ff]", BASE_IMAGE, "true", **env)
     assert proc.returncode == 125 and "unknown GPU ID or serial number ff-ff" in proc.stderr
     assert docker.run("ps", "-aq").stdout == before == ""
 
@@ -296,11 +302,11 @@ def test_docker_keeps_an_images_own_maca_unless_maca_force(docker, docker_node, 
     assert built.returncode == 0, built.stderr
     try:
         run = ["run", "--rm", "--network", "none", "--gpus", "[0]"]
-        kept = metax_docker(str(SCRIPT), *run, tag, "sh", "-c", PROBE, **env)
+        kept = metax_docker(SCRIPT_ARGV, *run, tag, "sh", "-c", PROBE, **env)
         assert kept.returncode == 0, kept.stderr
         assert probe(kept.stdout)["maca"] == "the image's own MXMACA" and probe(kept.stdout)["dri"] == \
             ["card0", "renderD128"]
-        forced = metax_docker(str(SCRIPT), *run, "--maca-force", tag, "sh", "-c", PROBE, **env)
+        forced = metax_docker(SCRIPT_ARGV, *run, "--maca-force", tag, "sh", "-c", PROBE, **env)
         assert forced.returncode == 0, forced.stderr
         assert probe(forced.stdout)["maca"] == "simulated MXMACA 3.0.0.8 runtime"
         # the probe's container is gone
