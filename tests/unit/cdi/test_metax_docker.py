@@ -95,6 +95,8 @@ def test_cdi_names_only_for_the_hosts_maca_else_flags():
     # the image keeps its own MACA: devices only, even with CDI
     assert md.flags_for(SPEC, ["0"], True, None) == fallback
     assert md.flags_for(SPEC, ["0"], True, "/other")[-4:] == ["-v", "/other:/opt/maca:ro", "-e", "MACA_PATH=/opt/maca"]
+    # --maca without --gpus: MACA, no device
+    assert md.flags_for(SPEC, [], True, "") == ["-v", "/opt/maca-3:/opt/maca:ro", "-e", "MACA_PATH=/opt/maca"]
 
 
 def test_everything_else_passes_through_unchanged(tmp_path):
