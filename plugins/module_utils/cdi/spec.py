@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..errors import MetaxGpuError
 from ..gpu.model import Inventory
 from ..names import CDI_ALL, CDI_KIND, MACA_CONTAINER_PATH
 
@@ -40,7 +41,7 @@ MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 _NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
 
-class CdiSpecError(ValueError):
+class CdiSpecError(MetaxGpuError):
     """The devices cannot be described in a valid spec."""
 
 
