@@ -285,8 +285,10 @@ def _install_mx_smi(root: str) -> None:
     with open(source) as handle:
         body = handle.read()
     target = os.path.join(root, MX_SMI_PATH)
-    _write(target, "#!/usr/bin/env python3\n" + body)
-    os.chmod(target, 0o755)
+    # renamed into place: agents may be running it (sim install-mx-smi on a live node)
+    _write(target + ".new", "#!/usr/bin/env python3\n" + body)
+    os.chmod(target + ".new", 0o755)
+    os.replace(target + ".new", target)
 
 
 def _install_kernel_hook(root: str) -> None:
