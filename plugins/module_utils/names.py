@@ -103,3 +103,15 @@ LABEL_RUNTIME_READY = LABEL_PREFIX + "runtime.ready"
 # namespaced owner, so cleanup finds them by this label).
 LABEL_OPERATOR_OWNER = OPERATOR_GROUP + "/owner"
 OPERATOR_FIELD_MANAGER = "metax-operator-controller"
+
+# CDI (Container Device Interface, issue 26): the kind of the spec the node
+# side writes and that runtimes, gpu-device and metax-docker name devices by
+# (``metax-tech.com/gpu=0``, ``=GPU-<uuid>``, ``=<serial>``, ``=all``).
+CDI_KIND = RESOURCE_NAME
+CDI_ALL = "all"
+# /var/run/cdi: the directory for specs generated from the live hardware
+# (runtimes read it next to /etc/cdi, whose specs are static).
+CDI_SPEC_DIR = "/var/run/cdi"
+CDI_SPEC_FILE = "metax-tech.com-gpu.json"
+# Where containers find the host's MXMACA, as in the vendor's images (§4).
+MACA_CONTAINER_PATH = "/opt/maca"

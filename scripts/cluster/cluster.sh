@@ -415,12 +415,15 @@ make_sim_root() { # NODE PRESET
   local node=$1 want=$2 dir py have=""
   dir=$(sim_dir_of "${node}")
   [[ -f $(node_dir "${node}")/sim-preset ]] && have=$(cat "$(node_dir "${node}")/sim-preset")
-  if [[ -d ${dir} && ${have} == "${want}" ]]; then
-    log "simulated MetaX node ${node} (${want}) present at ${dir}"
-    return 0
-  fi
   ensure_collection_path
   py=$(project_python)
+  if [[ -d ${dir} && ${have} == "${want}" ]]; then
+    log "simulated MetaX node ${node} (${want}) present at ${dir}"
+    # a root made by an older checkout gets this checkout's mx-smi (e.g. the real -L form)
+    "${py}" -m ansible_collections.metax.gpu.plugins.module_utils.sim install-mx-smi "${dir}" >/dev/null ||
+      die "cannot update the mx-smi of the simulated node at ${dir}"
+    return 0
+  fi
   mkdir -p "${SIM_PARENT}"
   "${py}" -m ansible_collections.metax.gpu.plugins.module_utils.sim create --force \
     --preset "${want}" "${dir}" >&2 ||
