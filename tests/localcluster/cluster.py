@@ -1,0 +1,64 @@
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The whole cluster's generated files, from its settings, node plan and inputs (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from . import kubeconfig, nodes as nodes_mod, registries, scheduler
+from .component import FileSpec, Files, Inputs
+from .node import NodeComponent
+from .nodes import Node
+from .settings import MARKER_NAME, Settings
+
+
+@dataclass(frozen=True)
+class PkiComponent:
+    settings: Settings
+    nodes: tuple[Node, ...]
+    inputs: Inputs
+    name: str = "pki + kubeconfigs"
+
+    def files(self) -> list[FileSpec]:
+        marker = FileSpec("%s/%s" % (self.settings.kube_etc, MARKER_NAME), self.settings.state_dir + "\n")
+        return [marker] + kubeconfig.files(self.settings, self.nodes, self.inputs)
+
+
+@dataclass(frozen=True)
+class RegistriesComponent:
+    settings: Settings
+    inputs: Inputs
+    name: str = "registries"
+
+    def files(self) -> list[FileSpec]:
+        return [registries.config_file(registries.plain(self.settings, self.inputs.registry_secret)),
+                registries.config_file(registries.auth(self.settings, self.inputs.registry_auth_secret)),
+                *registries.host_files(self.settings)]
+
+
+@dataclass(frozen=True)
+class SchedulerComponent:
+    settings: Settings
+    name: str = "kube-scheduler"
+
+    def files(self) -> list[FileSpec]:
+        return [scheduler.manifest_file(self.settings)]
+
+
+def components(settings: Settings, nodes: Sequence[Node], inputs: Inputs,
+               containerd_config_version: int = 3) -> list[Files]:
+    """In the order `up` makes them."""
+    out: list[Files] = [PkiComponent(settings, tuple(nodes), inputs), RegistriesComponent(settings, inputs),
+                         SchedulerComponent(settings)]
+    out += [NodeComponent(settings, n, inputs, containerd_config_version) for n in nodes]
+    return out
+
+
+def generated_files(settings: Settings, nodes: Sequence[Node], inputs: Inputs) -> list[FileSpec]:
+    files: list[FileSpec] = [FileSpec(settings.state_dir + "/node-table", nodes_mod.render_table(nodes)),
+                             FileSpec(settings.state_dir + "/node-name", nodes[0].name + "\n")]
+    for c in components(settings, nodes, inputs):
+        files += c.files()
+    return files

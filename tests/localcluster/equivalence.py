@@ -1,0 +1,234 @@
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Does the package generate what cluster.sh wrote? Compared against a running cluster, read-only.
+
+Byte for byte: every generated file (node table, kubeconfigs, registry and
+containerd configs, registry host config, CNI, kubelet and kube-proxy configs,
+the scheduler manifest, cluster.env, nodes.json) and its mode, and each
+component's command line (/proc/<pid>/cmdline). Structurally, where the
+content is made at random at `up`: each certificate's subject, SANs, usages,
+issuer and signature (openssl). Also the iptables chains, the pod routes and
+the baseline (its files re-rendered from the parsed record, and the teardown
+plan for the machine as it is now must not touch anything the baseline lists).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from dataclasses import dataclass
+from typing import Optional
+
+from . import apiserver, binaries, controller_manager, containerd, edge, envfile, etcd
+from . import baseline as baseline_mod
+from . import kube_proxy, kubelet, network, pki, registries
+from .cluster import generated_files
+from .component import FileSpec, ProcessSpec, Write
+from .nodes import Node
+from .settings import Settings
+
+
+@dataclass(frozen=True)
+class Result:
+    path: str
+    verdict: str  # identical | structural | differs | missing | patched
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in ("identical", "structural", "patched")
+
+
+def _mode(path: str) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def compare_file(spec: FileSpec, check_mode: bool = True) -> Result:
+    have = edge.read_text(spec.path)
+    if have is None:
+        return Result(spec.path, "missing")
+    if have != spec.content:
+        return Result(spec.path, "differs", _first_difference(spec.content, have))
+    if check_mode and _mode(spec.path) != spec.mode:
+        return Result(spec.path, "differs", "mode %o, expected %o" % (_mode(spec.path), spec.mode))
+    return Result(spec.path, "identical")
+
+
+def _first_difference(want: str, have: str) -> str:
+    for i, (w, h) in enumerate(zip(want.splitlines(), have.splitlines()), start=1):
+        if w != h:
+            return "line %d: expected %r, found %r" % (i, w, h)
+    return "lengths differ: expected %d lines, found %d" % (len(want.splitlines()), len(have.splitlines()))
+
+
+def compare_scheduler_manifest(spec: FileSpec) -> Result:
+    """Written once (IF_ABSENT); metax.gpu.scheduler_extender may have patched it since."""
+    r = compare_file(spec, check_mode=False)
+    if r.verdict == "differs" and spec.write is Write.IF_ABSENT:
+        have = edge.read_text(spec.path) or ""
+        if "--config=" in have and "kube-scheduler" in have:
+            return Result(spec.path, "patched", "patched by scheduler_extender since up wrote it")
+    return r
+
+
+# ---------------------------------------------------------------- certificates
+def _openssl(*args: str) -> str:
+    return subprocess.run(["openssl", *args], capture_output=True, text=True, check=True).stdout
+
+
+def compare_cert(settings: Settings, spec: pki.CertSpec) -> Result:
+    crt = "%s/%s.crt" % (settings.pki, spec.name)
+    if not os.path.exists(crt):
+        return Result(crt, "missing")
+    text = _openssl("x509", "-in", crt, "-noout", "-subject", "-issuer", "-ext",
+                    "subjectAltName,extendedKeyUsage,keyUsage,basicConstraints", "-nameopt", "compat")
+    problems = []
+    subject = next((ln for ln in text.splitlines() if ln.startswith("subject=")), "")
+    if subject != "subject=" + spec.subject:
+        problems.append("%s, expected subject=%s" % (subject, spec.subject))
+    if "issuer=/CN=kubernetes" not in text:
+        problems.append("not issued by the cluster CA")
+    usages = {"serverAuth": "TLS Web Server Authentication", "clientAuth": "TLS Web Client Authentication"}
+    want_eku = ", ".join(usages[u] for u in spec.usage.value.split(","))
+    if want_eku not in text:
+        problems.append("extended key usage is not %s" % want_eku)
+    if "CA:FALSE" not in text or "Digital Signature, Key Encipherment" not in text:
+        problems.append("basic constraints / key usage differ")
+    want_sans = ", ".join(s.replace("IP:", "IP Address:") for s in spec.sans)
+    sans_line = ""
+    lines = text.splitlines()
+    for i, ln in enumerate(lines):
+        if "Subject Alternative Name" in ln and i + 1 < len(lines):
+            sans_line = lines[i + 1].strip()
+    if sans_line != want_sans:
+        problems.append("SANs %r, expected %r" % (sans_line, want_sans))
+    if "ASN1 OID: prime256v1" not in _openssl("x509", "-in", crt, "-noout", "-text"):
+        problems.append("not an EC P-256 key")
+    verify = subprocess.run(["openssl", "verify", "-CAfile", settings.pki + "/ca.crt", crt], capture_output=True,
+                            text=True, check=False)
+    if verify.returncode != 0:
+        problems.append("does not verify against ca.crt: " + verify.stdout.strip())
+    if problems:
+        return Result(crt, "differs", "; ".join(problems))
+    return Result(crt, "structural", "subject, SANs, usages, issuer, P-256, signature")
+
+
+# ---------------------------------------------------------------- processes
+def _cmdline(settings: Settings, name: str) -> Optional[list[str]]:
+    pid = (edge.read_text("%s/%s.pid" % (settings.pids, name)) or "").strip()
+    if not pid:
+        return None
+    try:
+        with open("/proc/%s/cmdline" % pid, "rb") as fh:
+            return [a.decode() for a in fh.read().split(b"\0")[:-1]]
+    except OSError:
+        return None
+
+
+def compare_process(settings: Settings, spec: ProcessSpec) -> Result:
+    label = "process " + spec.name
+    have = _cmdline(settings, spec.name)
+    if have is None:
+        return Result(label, "missing", "no running process recorded in %s" % settings.pids)
+    want = [os.path.realpath(spec.argv[0])] + list(spec.argv[1:])
+    if have != want:
+        return Result(label, "differs", "expected %s, runs %s" % (" ".join(want), " ".join(have)))
+    return Result(label, "identical", "command line")
+
+
+def processes(settings: Settings, nodes: list[Node], kube_bin: str, containerd_bin: str) -> list[ProcessSpec]:
+    specs = [etcd.process(settings), apiserver.process(settings, kube_bin + "/kube-apiserver"),
+             controller_manager.process(settings, kube_bin + "/kube-controller-manager"),
+             registries.process(registries.plain(settings, "")), registries.process(registries.auth(settings, ""))]
+    for n in nodes:
+        specs += [containerd.process(settings, n, containerd_bin + "/containerd", 0),
+                  kubelet.process(settings, n, kube_bin + "/kubelet", 0),
+                  kube_proxy.process(settings, n, kube_bin + "/kube-proxy", 0)]
+    return specs
+
+
+# ---------------------------------------------------------------- network
+def compare_chains(settings: Settings) -> list[Result]:
+    out = []
+    for chain in network.chains(settings):
+        label = "iptables -t %s -S %s" % (chain.table, chain.name)
+        proc = subprocess.run(["iptables", "-t", chain.table, "-S", chain.name], capture_output=True, text=True,
+                              check=False)
+        have = proc.stdout.splitlines()
+        if have == network.listed(chain):
+            out.append(Result(label, "identical"))
+        else:
+            out.append(Result(label, "differs", "expected %s, found %s" % (network.listed(chain), have)))
+    return out
+
+
+def compare_routes(nodes: list[Node]) -> list[Result]:
+    out = []
+    for route in network.routes(nodes):
+        argv = (["ip", "-n", route.netns] if route.netns else ["ip"]) + ["route", "show", route.dest]
+        have = subprocess.run(argv, capture_output=True, text=True, check=False).stdout.split()
+        want = [route.dest, "via", route.via, "dev", route.dev]
+        label = "route %s%s" % (route.dest, " in " + route.netns if route.netns else " on the host")
+        out.append(Result(label, "identical") if have == want else Result(label, "differs", " ".join(have)))
+    return out
+
+
+# ---------------------------------------------------------------- baseline
+def compare_baseline(settings: Settings) -> list[Result]:
+    files = {}
+    for name in baseline_mod.FILES + ("complete",):
+        text = edge.read_text("%s/%s" % (settings.baseline_dir, name))
+        if text is not None:
+            files[name] = text
+    b = baseline_mod.parse(files)
+    out = []
+    for name, content in baseline_mod.render(b, settings).items():
+        out.append(compare_file(FileSpec("%s/%s" % (settings.baseline_dir, name), content), check_mode=False))
+    plan = baseline_mod.plan_down(settings, b, edge.observe(settings))
+    bad = baseline_mod.violates_baseline(plan, b, settings)
+    out.append(Result("teardown plan of the running cluster", "differs" if bad else "structural",
+                      "would remove what existed before: %s" % bad if bad else
+                      "removes %d paths, %d netns, %d cgroups, %d links, %d chains; nothing the baseline lists"
+                      % (len(plan.paths), len(plan.netns), len(plan.cgroups), len(plan.links), len(plan.chains))))
+    return out
+
+
+# ---------------------------------------------------------------- all
+def go_version(source: str) -> str:
+    """The Go version lib.sh keys the Kubernetes binaries by (it runs `go env GOVERSION`)."""
+    lib = os.path.join(source, "scripts", "cluster", "lib.sh")
+    proc = subprocess.run(["bash", "-c", 'source "$1" && go_version', "bash", lib], capture_output=True, text=True,
+                          check=False)
+    return proc.stdout.strip() or "unknown"
+
+
+def compare_running(settings: Settings, source: str = "") -> list[Result]:
+    nodes = edge.recorded_nodes(settings)
+    if not nodes:
+        return [Result(settings.state_dir + "/node-table", "missing", "no running cluster")]
+    inputs = edge.load_inputs(settings, nodes)
+    results: list[Result] = []
+    for spec in generated_files(settings, nodes, inputs):
+        if spec.path.endswith("/kube-scheduler.yaml"):
+            results.append(compare_scheduler_manifest(spec))
+        else:
+            results.append(compare_file(spec))
+    results += [compare_cert(settings, c) for c in pki.plan(nodes)]
+    source = source or edge.recorded_source(settings) or ""
+    kube_bin = binaries.k8s_bin_dir(settings, go_version(source))
+    ctrd_bin = binaries.containerd_bin_dir(settings)
+    tools = envfile.Tools(
+        kube_bin=kube_bin, containerd_bin=ctrd_bin, helm_bin=binaries.helm_bin_dir(settings),
+        helm_plugins=binaries.helm_plugins_dir(settings),
+        containers_conf=os.path.join(source, "scripts/cluster/containers/containers.conf"),
+        containers_registries_conf=os.path.join(source, "scripts/cluster/containers/registries.conf"))
+    results.append(compare_file(FileSpec(settings.state_dir + "/cluster.env",
+                                         envfile.cluster_env(settings, nodes, tools)), check_mode=False))
+    results.append(compare_file(FileSpec(settings.state_dir + "/nodes.json", envfile.nodes_json(settings, nodes)),
+                                check_mode=False))
+    results += [compare_process(settings, p) for p in processes(settings, nodes, kube_bin, ctrd_bin)]
+    results += compare_chains(settings)
+    results += compare_routes(nodes)
+    results += compare_baseline(settings)
+    return results
