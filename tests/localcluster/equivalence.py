@@ -62,13 +62,22 @@ def _first_difference(want: str, have: str) -> str:
     return "lengths differ: expected %d lines, found %d" % (len(want.splitlines()), len(have.splitlines()))
 
 
+def _is_subsequence(small: list[str], big: list[str]) -> bool:
+    it = iter(big)
+    return all(line in it for line in small)
+
+
 def compare_scheduler_manifest(spec: FileSpec) -> Result:
-    """Written once (IF_ABSENT); metax.gpu.scheduler_extender may have patched it since."""
+    """Written once (IF_ABSENT); metax.gpu.scheduler_extender may have patched it since: then every line
+    `up` wrote is still there, in order, and what was added carries the extender's --config."""
     r = compare_file(spec, check_mode=False)
-    if r.verdict == "differs" and spec.write is Write.IF_ABSENT:
-        have = edge.read_text(spec.path) or ""
-        if "--config=" in have and "kube-scheduler" in have:
-            return Result(spec.path, "patched", "patched by scheduler_extender since up wrote it")
+    if r.verdict != "differs" or spec.write is not Write.IF_ABSENT:
+        return r
+    have = (edge.read_text(spec.path) or "").splitlines()
+    want = spec.content.splitlines()
+    added = [line for line in have if line not in want]
+    if _is_subsequence(want, have) and any("--config=" in line for line in added):
+        return Result(spec.path, "patched", "every line up wrote is there; scheduler_extender added %d" % len(added))
     return r
 
 
