@@ -37,13 +37,23 @@ def read_bytes(path: str) -> bytes:
 
 
 def first_node_name(settings: Settings) -> str:
-    """cluster.sh's node_name: the recorded name, else METAX_NODE_NAME, else vm."""
+    """The recorded name, else METAX_NODE_NAME, else vm.
+
+    A fixed name, not the machine's hostname: the example inventory, the demo and the cluster tests
+    address the nodes as vm, vm-2, ... and must work on any machine. Nothing needs the name to resolve:
+    the apiserver reaches each kubelet at its own InternalIP, which its serving certificate lists.
+    """
     recorded = read_text(settings.state_dir + "/node-name")
     return recorded.strip() if recorded is not None else settings.first_node_name
 
 
 def planned_nodes(settings: Settings, env: Mapping[str, str]) -> list[Node]:
-    """What `cluster.sh plan` prints: NODES, else the running cluster's presets, else one METAX_SIM_PRESET node."""
+    """What `cluster.sh plan` prints: NODES, else the running cluster's presets, else one METAX_SIM_PRESET node.
+
+    A NODES of only blanks plans no node (as in bash: `up` then refuses it).
+    """
+    if env.get("NODES", "") and not env["NODES"].split():
+        return []
     presets = nodes_mod.parse_nodes_var(env.get("NODES", ""))
     if not presets:
         table = read_text(settings.state_dir + "/node-table")
