@@ -51,7 +51,7 @@ def components(settings: Settings, nodes: Sequence[Node], inputs: Inputs,
                containerd_config_version: int = 3) -> list[Files]:
     """In the order `up` makes them."""
     out: list[Files] = [PkiComponent(settings, tuple(nodes), inputs), RegistriesComponent(settings, inputs),
-                         SchedulerComponent(settings)]
+                        SchedulerComponent(settings)]
     out += [NodeComponent(settings, n, inputs, containerd_config_version) for n in nodes]
     return out
 

@@ -46,8 +46,8 @@ def cni_conflist(ipam_dir: str, subnet: str, gateway: str) -> str:
 
 def cni_file(settings: Settings, node: Node) -> FileSpec:
     d = NodePaths(settings, node).cni_dir
-    return FileSpec("%s/net.d/10-%s.conflist" % (d, CNI_NAME), cni_conflist(d + "/ipam", node.pod_cidr,
-                                                                             node.pod_gateway))
+    content = cni_conflist(d + "/ipam", node.pod_cidr, node.pod_gateway)
+    return FileSpec("%s/net.d/10-%s.conflist" % (d, CNI_NAME), content)
 
 
 @dataclass(frozen=True)
