@@ -16,6 +16,7 @@ the pure half; phase 2 implements ``Host`` and the three verbs
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -50,6 +51,18 @@ class ProcessSpec:
     argv: tuple[str, ...]
     wrap: tuple[str, ...] = ()
     config_files: tuple[str, ...] = ()
+
+
+def start_hash(spec: ProcessSpec, config_contents: Sequence[bytes]) -> str:
+    """What cluster.sh's `start` records in <pids>/NAME.hash: a running process whose hash is unchanged is
+    kept, any other is restarted. sha256 of the wrapper (one line, empty when none), the binary as given and
+    each argument, one per line, then the config files' contents. Phase 2 computes the same, so a cluster
+    that bash started is adopted without a restart."""
+    lines = [" ".join(spec.wrap), spec.argv[0], *spec.argv[1:]]
+    digest = hashlib.sha256("".join(line + "\n" for line in lines).encode())
+    for content in config_contents:
+        digest.update(content)
+    return digest.hexdigest()
 
 
 @runtime_checkable

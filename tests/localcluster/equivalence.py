@@ -23,8 +23,9 @@ from typing import Optional
 from . import apiserver, binaries, controller_manager, containerd, edge, envfile, etcd
 from . import baseline as baseline_mod
 from . import kube_proxy, kubelet, network, pki, registries
+from . import node as node_mod
 from .cluster import generated_files
-from .component import FileSpec, ProcessSpec, Write
+from .component import FileSpec, ProcessSpec, Write, start_hash
 from .nodes import Node
 from .settings import Settings
 
@@ -136,6 +137,7 @@ def _cmdline(settings: Settings, name: str) -> Optional[list[str]]:
 
 
 def compare_process(settings: Settings, spec: ProcessSpec) -> Result:
+    """The command line it runs, and the restart hash `start` recorded for it (so phase 2 can adopt it)."""
     label = "process " + spec.name
     have = _cmdline(settings, spec.name)
     if have is None:
@@ -143,7 +145,19 @@ def compare_process(settings: Settings, spec: ProcessSpec) -> Result:
     want = [os.path.realpath(spec.argv[0])] + list(spec.argv[1:])
     if have != want:
         return Result(label, "differs", "expected %s, runs %s" % (" ".join(want), " ".join(have)))
-    return Result(label, "identical", "command line")
+    recorded = (edge.read_text("%s/%s.hash" % (settings.pids, spec.name)) or "").strip()
+    try:
+        contents = [edge.read_bytes(f) for f in spec.config_files]
+    except OSError as exc:
+        return Result(label, "missing", "config file: %s" % exc)
+    if start_hash(spec, contents) != recorded:
+        return Result(label, "differs", "the restart hash is not the one cluster.sh recorded")
+    return Result(label, "identical", "command line and restart hash")
+
+
+def _holder_pid(settings: Settings, node: Node) -> int:
+    pid = (edge.read_text("%s/ns-%s.pid" % (settings.pids, node.name)) or "").strip()
+    return int(pid) if pid.isdigit() else 0
 
 
 def processes(settings: Settings, nodes: list[Node], kube_bin: str, containerd_bin: str) -> list[ProcessSpec]:
@@ -151,9 +165,11 @@ def processes(settings: Settings, nodes: list[Node], kube_bin: str, containerd_b
              controller_manager.process(settings, kube_bin + "/kube-controller-manager"),
              registries.process(registries.plain(settings, "")), registries.process(registries.auth(settings, ""))]
     for n in nodes:
-        specs += [containerd.process(settings, n, containerd_bin + "/containerd", 0),
-                  kubelet.process(settings, n, kube_bin + "/kubelet", 0),
-                  kube_proxy.process(settings, n, kube_bin + "/kube-proxy", 0)]
+        holder = _holder_pid(settings, n)
+        specs += [node_mod.holder_process(n),
+                  containerd.process(settings, n, containerd_bin + "/containerd", holder),
+                  kubelet.process(settings, n, kube_bin + "/kubelet", holder),
+                  kube_proxy.process(settings, n, kube_bin + "/kube-proxy", holder)]
     return specs
 
 

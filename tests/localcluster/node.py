@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import containerd, kube_proxy, kubelet, network
-from .component import FileSpec, Inputs
+from .component import FileSpec, Inputs, ProcessSpec
 from .nodes import Node, NodePaths
 from .settings import Settings
 
@@ -31,6 +31,15 @@ def host_bind_mounts(settings: Settings, first: Node) -> list[tuple[str, str]]:
     """The first node's kubelet dir and simulated root also at the standard paths on the host."""
     p = NodePaths(settings, first)
     return [(p.kubelet_dir, settings.kubelet_dir), (p.sim_dir, settings.sim_root)]
+
+
+def holder_process(node: Node) -> ProcessSpec:
+    """The namespace holder: a `sleep infinity` in the node's network namespace and a new mount namespace
+    (slave: the host's later mounts show inside, the node's stay there); everything else of the node
+    enters its namespaces through this process (nsenter -t PID)."""
+    return ProcessSpec("ns-" + node.name, ("/usr/bin/sleep", "infinity"),
+                       wrap=("nsenter", "--net=/run/netns/" + node.netns, "unshare", "--mount", "--propagation",
+                             "slave", "--"))
 
 
 def cgroup_dirs(settings: Settings, node: Node, hierarchies: list[str]) -> list[str]:
