@@ -6,8 +6,9 @@
 Read-only: it regenerates every configuration file from the cluster's own
 inputs (its certificates, secrets, node table) and compares byte for byte,
 with modes; certificates structurally (subject, SANs, usages, issuer, key,
-signature); the component command lines, iptables chains and pod routes as
-they run; the baseline record and a teardown plan that must spare everything
+signature); the component command lines and restart hashes, each node's bind
+mounts (as its mount namespace sees them) and cgroups, iptables chains and pod
+routes as they are; the baseline record and a teardown plan that must spare everything
 the baseline lists. It needs no fixture of the cluster's: marked ``cluster``
 so that a session brings the cluster up first (conftest.py); on a machine
 whose cluster is shared, ``pytest --noconftest`` runs it without any `up`.
@@ -58,12 +59,18 @@ def test_every_generated_file_is_byte_identical(results):
 
 def test_certificates_match_the_pki_plan(results):
     certs = _group(results, lambda r: r.path.endswith(".crt"))
-    assert len(certs) >= 6 + 2 * 3
+    assert len(certs) >= 6 + 2 * 3 + 1  # the cluster's, two per node, the TLS registry's
 
 
 def test_command_lines(results):
     procs = _group(results, lambda r: r.path.startswith("process "))
     assert {r.path for r in procs} >= {"process etcd", "process kube-apiserver", "process kubelet-vm"}
+
+
+def test_node_mounts_and_cgroups(results):
+    mounts = _group(results, lambda r: r.path.startswith("mount "))
+    assert len(mounts) >= 2 + 6  # the first node's on the host, six per node
+    _group(results, lambda r: r.path.startswith("cgroupRoot "))
 
 
 def test_network(results):

@@ -8,12 +8,15 @@ cluster (docs/local-cluster.md).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import json
 import os
 import shutil
 import subprocess
-from typing import Mapping, Optional
+import time
+from typing import Iterator, Mapping, Optional
 
 from . import baseline
 from . import nodes as nodes_mod
@@ -144,3 +147,29 @@ def observe(settings: Settings) -> baseline.Observed:
         state_exists=os.path.isdir(settings.state_dir),
         etc_marker=os.path.exists(os.path.join(settings.kube_etc, MARKER_NAME)),
         kubelet_marker=os.path.exists(os.path.join(settings.kubelet_dir, MARKER_NAME)))
+
+
+@contextlib.contextmanager
+def shared_cluster_lock(settings: Settings, timeout: float = 600.0) -> Iterator[bool]:
+    """Hold cluster.sh's own lock (<cache>/cluster.lock, exclusive during up/down/restart-kubelet) shared:
+    a read sees no half-written state. Yields whether it got the lock (False: no lock file, or timeout)."""
+    try:
+        fh = open(settings.cache_dir + "/cluster.lock", "rb")  # pylint: disable=consider-using-with
+    except OSError:
+        yield False
+        return
+    with fh:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.5)
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

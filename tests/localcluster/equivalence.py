@@ -14,6 +14,7 @@ plan for the machine as it is now must not touch anything the baseline lists).
 
 from __future__ import annotations
 
+import glob
 import os
 import stat
 import subprocess
@@ -173,6 +174,52 @@ def processes(settings: Settings, nodes: list[Node], kube_bin: str, containerd_b
     return specs
 
 
+def compare_mounts(settings: Settings, nodes: list[Node]) -> list[Result]:
+    """Each node's bind mounts, as its mount namespace sees them (through /proc/<holder>/root, read-only),
+    and the first node's on the host: the target is the source (same device and inode), as `up` checks."""
+    out = []
+    checks = [("host", "", src, dst) for src, dst in node_mod.host_bind_mounts(settings, nodes[0])]
+    for n in nodes:
+        pid = _holder_pid(settings, n)
+        checks += [(n.name, "/proc/%d/root" % pid, src, dst) for src, dst in node_mod.bind_mounts(settings, n)]
+    for where, root, src, dst in checks:
+        label = "mount %s at %s in %s" % (src, dst, where)
+        try:
+            a, b = os.stat(src), os.stat(root + dst)
+        except OSError as exc:
+            out.append(Result(label, "missing", str(exc)))
+            continue
+        same = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+        out.append(Result(label, "identical" if same else "differs"))
+    return out
+
+
+def compare_cgroups(settings: Settings, nodes: list[Node]) -> list[Result]:
+    hierarchies = sorted(d for d in glob.glob("/sys/fs/cgroup/*/") if os.path.isfile(d + "cgroup.procs"))
+    out = []
+    for n in nodes:
+        dirs = node_mod.cgroup_dirs(settings, n, hierarchies)
+        missing = [d for d in dirs if not os.path.isdir(d)]
+        out.append(Result("cgroupRoot of %s in %d hierarchies" % (n.name, len(dirs)),
+                          "differs" if missing or not dirs else "identical", ", ".join(missing)))
+    return out
+
+
+def compare_registry_cert(settings: Settings) -> Result:
+    crt = settings.state_dir + "/registry-auth/tls.crt"
+    if not os.path.exists(crt):
+        return Result(crt, "missing")
+    text = _openssl("x509", "-in", crt, "-noout", "-subject", "-ext", "subjectAltName", "-nameopt", "compat")
+    want = registries.tls_sans().split("=", 1)[1].split(",")
+    sans = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith(("IP Address:", "DNS:"))), "")
+    problems = []
+    if "subject=" + registries.TLS_SUBJECT not in text:
+        problems.append("subject: " + text.splitlines()[0])
+    if sans != ", ".join(w.replace("IP:", "IP Address:") for w in want):
+        problems.append("SANs " + sans)
+    return Result(crt, "differs" if problems else "structural", "; ".join(problems) or "subject and SANs")
+
+
 # ---------------------------------------------------------------- network
 def compare_chains(settings: Settings) -> list[Result]:
     out = []
@@ -229,6 +276,12 @@ def go_version(source: str) -> str:
 
 
 def compare_running(settings: Settings, source: str = "") -> list[Result]:
+    """Everything, while no `up`/`down` runs (cluster.sh's lock, held shared for these few seconds)."""
+    with edge.shared_cluster_lock(settings):
+        return _compare_running(settings, source)
+
+
+def _compare_running(settings: Settings, source: str) -> list[Result]:
     nodes = edge.recorded_nodes(settings)
     if not nodes:
         return [Result(settings.state_dir + "/node-table", "missing", "no running cluster")]
@@ -253,6 +306,9 @@ def compare_running(settings: Settings, source: str = "") -> list[Result]:
     results.append(compare_file(FileSpec(settings.state_dir + "/nodes.json", envfile.nodes_json(settings, nodes)),
                                 check_mode=False))
     results += [compare_process(settings, p) for p in processes(settings, nodes, kube_bin, ctrd_bin)]
+    results.append(compare_registry_cert(settings))
+    results += compare_mounts(settings, nodes)
+    results += compare_cgroups(settings, nodes)
     results += compare_chains(settings)
     results += compare_routes(nodes)
     results += compare_baseline(settings)
