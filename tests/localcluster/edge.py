@@ -18,7 +18,7 @@ import subprocess
 import time
 from typing import Iterator, Mapping, Optional
 
-from . import baseline
+from . import baseline, status
 from . import nodes as nodes_mod
 from . import pki
 from .component import Inputs
@@ -173,3 +173,18 @@ def shared_cluster_lock(settings: Settings, timeout: float = 600.0) -> Iterator[
             yield True
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def process_states(settings: Settings, names: list[str]) -> dict[str, status.ProcessState]:
+    """Each component's state from its PID files and /proc (read-only)."""
+    out = {}
+    for name in names:
+        pid = read_text("%s/%s.pid" % (settings.pids, name))
+        pid_s = (pid or "").strip()
+        alive = bool(pid_s) and os.path.isdir("/proc/" + pid_s)
+        try:
+            actual: Optional[str] = os.readlink("/proc/%s/exe" % pid_s) if alive else None
+        except OSError:
+            actual = None
+        out[name] = status.process_state(pid, alive, read_text("%s/%s.exe" % (settings.pids, name)), actual)
+    return out

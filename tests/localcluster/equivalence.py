@@ -23,7 +23,7 @@ from typing import Optional
 
 from . import apiserver, binaries, controller_manager, containerd, edge, envfile, etcd
 from . import baseline as baseline_mod
-from . import kube_proxy, kubelet, network, pki, registries
+from . import kube_proxy, kubelet, network, pki, registries, status
 from . import node as node_mod
 from .cluster import generated_files
 from .component import FileSpec, ProcessSpec, Write, start_hash
@@ -220,6 +220,26 @@ def compare_registry_cert(settings: Settings) -> Result:
     return Result(crt, "differs" if problems else "structural", "; ".join(problems) or "subject and SANs")
 
 
+def compare_status(settings: Settings, nodes: list[Node], tools: envfile.Tools) -> Result:
+    """`cluster.sh status` up to kubectl's tables, and its verdict line and exit code."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(["bash", os.path.join(repo, "scripts", "cluster", "cluster.sh"), "status"],
+                          capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.DEVNULL)
+    marker = "  (inside every node"
+    lines = proc.stdout.splitlines(keepends=True)
+    cut = next((i for i, line in enumerate(lines) if line.startswith(marker)), len(lines) - 1) + 1
+    have_head, have_last = "".join(lines[:cut]), (lines[-1].rstrip("\n") if lines else "")
+    states = edge.process_states(settings, status.components(nodes))
+    want_head = status.render_head(settings, nodes, states, tools)
+    want_last, want_rc = status.verdict(settings, nodes, states)
+    if have_head != want_head:
+        return Result("cluster.sh status", "differs", _first_difference(want_head, have_head))
+    if (have_last, proc.returncode) != (want_last, want_rc):
+        return Result("cluster.sh status", "differs", "%r exit %d, expected %r exit %d"
+                      % (have_last, proc.returncode, want_last, want_rc))
+    return Result("cluster.sh status", "identical", "all but kubectl's tables; verdict and exit code")
+
+
 # ---------------------------------------------------------------- network
 def compare_chains(settings: Settings) -> list[Result]:
     out = []
@@ -306,6 +326,7 @@ def _compare_running(settings: Settings, source: str) -> list[Result]:
     results.append(compare_file(FileSpec(settings.state_dir + "/nodes.json", envfile.nodes_json(settings, nodes)),
                                 check_mode=False))
     results += [compare_process(settings, p) for p in processes(settings, nodes, kube_bin, ctrd_bin)]
+    results.append(compare_status(settings, nodes, tools))
     results.append(compare_registry_cert(settings))
     results += compare_mounts(settings, nodes)
     results += compare_cgroups(settings, nodes)
