@@ -76,8 +76,8 @@ def render_head(settings: Settings, nodes: Sequence[Node], states: Mapping[str, 
     ]
     for i, n in enumerate(nodes):
         p = NodePaths(settings, n)
-        out.append("  %-22s %-13s %-36s %-12s %-15s %s%s" % (n.name, n.preset, p.sim_dir, n.ip, n.pod_cidr,
-                                                              p.socket, "  control plane" if i == 0 else ""))
+        row = (n.name, n.preset, p.sim_dir, n.ip, n.pod_cidr, p.socket, "  control plane" if i == 0 else "")
+        out.append("  %-22s %-13s %-36s %-12s %-15s %s%s" % row)
     out.append("  (inside every node its own simulated root is at %s, its kubelet dir at %s)"
                % (settings.sim_root, settings.kubelet_dir))
     return "\n".join(out) + "\n"
