@@ -67,6 +67,11 @@ def test_command_lines(results):
     assert {r.path for r in procs} >= {"process etcd", "process kube-apiserver", "process kubelet-vm"}
 
 
+def test_health_urls_answer(results):
+    ready = _group(results, lambda r: r.path.startswith("ready "))
+    assert len(ready) >= 3 + 2 * 3  # etcd, apiserver, controller-manager; per node kubelet and kube-proxy
+
+
 def test_node_mounts_and_cgroups(results):
     mounts = _group(results, lambda r: r.path.startswith("mount "))
     assert len(mounts) >= 2 + 6  # the first node's on the host, six per node

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import glob
 import os
+import ssl
 import stat
 import subprocess
+import urllib.request
 from dataclasses import dataclass
 from typing import Optional
 
@@ -240,6 +242,35 @@ def compare_status(settings: Settings, nodes: list[Node], tools: envfile.Tools) 
     return Result("cluster.sh status", "identical", "all but kubectl's tables; verdict and exit code")
 
 
+def _get(url: str, context: Optional[ssl.SSLContext]) -> int:
+    # never through a proxy of the environment: these addresses are the machine's own
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+    try:
+        with opener.open(url, timeout=5) as resp:
+            return int(resp.status)
+    except OSError as exc:
+        return int(getattr(exc, "code", 0) or 0)
+
+
+def compare_ready(settings: Settings, nodes: list[Node]) -> list[Result]:
+    """The health URLs phase 2's ready() polls answer 200 on the running cluster (GET only)."""
+    admin = ssl.create_default_context(cafile=settings.pki + "/ca.crt")
+    admin.load_cert_chain(settings.pki + "/admin.crt", settings.pki + "/admin.key")
+    unverified = ssl.create_default_context()
+    unverified.check_hostname = False
+    unverified.verify_mode = ssl.CERT_NONE  # the controller-manager's self-signed serving certificate
+    urls: list[tuple[str, Optional[ssl.SSLContext]]] = [
+        (etcd.health_url(settings), None), (apiserver.readyz_url(settings), admin),
+        (controller_manager.healthz_url(), unverified)]
+    for n in nodes:
+        urls += [(kubelet.healthz_url(n), None), (kube_proxy.healthz_url(n), None)]
+    out = []
+    for url, context in urls:
+        code = _get(url, context)
+        out.append(Result("ready " + url, "identical" if code == 200 else "differs", "HTTP %d" % code))
+    return out
+
+
 # ---------------------------------------------------------------- network
 def compare_chains(settings: Settings) -> list[Result]:
     out = []
@@ -328,6 +359,7 @@ def _compare_running(settings: Settings, source: str) -> list[Result]:
     results += [compare_process(settings, p) for p in processes(settings, nodes, kube_bin, ctrd_bin)]
     results.append(compare_status(settings, nodes, tools))
     results.append(compare_registry_cert(settings))
+    results += compare_ready(settings, nodes)
     results += compare_mounts(settings, nodes)
     results += compare_cgroups(settings, nodes)
     results += compare_chains(settings)

@@ -101,7 +101,3 @@ def chains(settings: Settings) -> list[Chain]:
 def listed(chain: Chain) -> list[str]:
     """The chain as `iptables -t TABLE -S NAME` prints it."""
     return ["-N " + chain.name] + ["-A %s %s" % (chain.name, " ".join(rule)) for rule in chain.rules]
-
-
-def host_address() -> str:
-    return HOST_IP + "/24"
