@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from . import kubeconfig, nodes as nodes_mod, registries, scheduler
+from . import kubeconfig, nodes as nodes_mod, scheduler
 from .component import FileSpec, Files, Inputs
 from .node import NodeComponent
+from .registries import RegistriesComponent
 from .nodes import Node
 from .settings import MARKER_NAME, Settings
 
@@ -24,18 +25,6 @@ class PkiComponent:
     def files(self) -> list[FileSpec]:
         marker = FileSpec("%s/%s" % (self.settings.kube_etc, MARKER_NAME), self.settings.state_dir + "\n")
         return [marker] + kubeconfig.files(self.settings, self.nodes, self.inputs)
-
-
-@dataclass(frozen=True)
-class RegistriesComponent:
-    settings: Settings
-    inputs: Inputs
-    name: str = "registries"
-
-    def files(self) -> list[FileSpec]:
-        return [registries.config_file(registries.plain(self.settings, self.inputs.registry_secret)),
-                registries.config_file(registries.auth(self.settings, self.inputs.registry_auth_secret)),
-                *registries.host_files(self.settings)]
 
 
 @dataclass(frozen=True)

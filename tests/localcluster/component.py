@@ -78,9 +78,12 @@ class Files(Protocol):
 
 
 class Host(Protocol):
-    """The I/O edge (phase 2): writes FileSpecs, starts/stops ProcessSpecs, runs commands."""
+    """The I/O edge (host.LocalHost): writes FileSpecs, starts/stops ProcessSpecs, runs commands, asks URLs."""
 
     def write(self, spec: FileSpec) -> bool:
+        ...
+
+    def read(self, path: str) -> str:
         ...
 
     def start(self, spec: ProcessSpec) -> int:
@@ -89,7 +92,13 @@ class Host(Protocol):
     def stop(self, name: str) -> None:
         ...
 
-    def run(self, argv: Sequence[str]) -> str:
+    def running(self, name: str) -> bool:
+        ...
+
+    def run(self, argv: Sequence[str], stdin: str = "") -> str:
+        ...
+
+    def http_status(self, url: str, cafile: str = "", user: str = "", password: str = "") -> int:
         ...
 
 

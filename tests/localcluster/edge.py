@@ -188,3 +188,18 @@ def process_states(settings: Settings, names: list[str]) -> dict[str, status.Pro
             actual = None
         out[name] = status.process_state(pid, alive, read_text("%s/%s.exe" % (settings.pids, name)), actual)
     return out
+
+
+CONTAINERS_CONF_SUFFIX = "/scripts/cluster/containers/containers.conf"
+
+
+def env_source(settings: Settings) -> Optional[str]:
+    """The checkout whose `up` last wrote cluster.env (its CONTAINERS_CONF is inside it): an input of that
+    file like the secrets are. Test sessions of several checkouts share one cluster, and each reusing `up`
+    rewrites cluster.env -- not always in the order the identity record was written."""
+    for line in (read_text(settings.state_dir + "/cluster.env") or "").splitlines():
+        if line.startswith("export CONTAINERS_CONF="):
+            value = line.split("=", 1)[1]
+            if value.endswith(CONTAINERS_CONF_SUFFIX) and os.path.exists(value):
+                return value[:-len(CONTAINERS_CONF_SUFFIX)]
+    return None

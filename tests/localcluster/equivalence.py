@@ -344,7 +344,7 @@ def _compare_running(settings: Settings, source: str) -> list[Result]:
         else:
             results.append(compare_file(spec))
     results += [compare_cert(settings, c) for c in pki.plan(nodes)]
-    source = source or edge.recorded_source(settings) or ""
+    source = source or edge.env_source(settings) or edge.recorded_source(settings) or ""
     kube_bin = binaries.k8s_bin_dir(settings, go_version(source))
     ctrd_bin = binaries.containerd_bin_dir(settings)
     tools = envfile.Tools(

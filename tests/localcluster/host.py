@@ -13,11 +13,15 @@ recorded binary is ever signalled.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import os
 import signal
+import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -141,8 +145,32 @@ class LocalHost:
         for ext in ("pid", "exe", "hash"):
             _remove(self._file(name, ext))
 
-    def run(self, argv: Sequence[str]) -> str:
-        return subprocess.run(list(argv), capture_output=True, text=True, check=True).stdout
+    def read(self, path: str) -> str:
+        return _read(path) or ""
+
+    def run(self, argv: Sequence[str], stdin: str = "") -> str:
+        """ARGV's output; a failure raises with its stderr (secrets go through STDIN, never argv)."""
+        proc = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError("%s failed (exit %d): %s" % (argv[0], proc.returncode, proc.stderr.strip()))
+        return proc.stdout
+
+    def http_status(self, url: str, cafile: str = "", user: str = "", password: str = "") -> int:
+        """GET URL (never through a proxy: these are the machine's own addresses); 0 when unreachable."""
+        context = ssl.create_default_context(cafile=cafile) if cafile else None
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                             urllib.request.HTTPSHandler(context=context))
+        request = urllib.request.Request(url)
+        if user:
+            token = base64.b64encode(("%s:%s" % (user, password)).encode()).decode("ascii")
+            request.add_header("Authorization", "Basic " + token)
+        try:
+            with opener.open(request, timeout=5) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError:
+            return 0
 
 
 def _signal(pid: int, sig: int) -> None:

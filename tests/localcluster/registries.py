@@ -10,9 +10,10 @@ reaches them on the bridge address by the names the images carry
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from .component import FileSpec, ProcessSpec
+from .component import FileSpec, Host, Inputs, ProcessSpec, Write
 from .settings import CHAIN_IN, HOST_IP, Settings
 
 REALM = "metax-gpu-registry"
@@ -97,3 +98,68 @@ def host_files(settings: Settings) -> list[FileSpec]:
     out += [FileSpec("%s/%s/hosts.toml" % (d, h), hosts_toml(tls_server, ca))
             for h in (settings.registry_auth, "%s:%d" % (HOST_IP, settings.registry_auth_port))]
     return out
+
+
+def tls_commands(directory: str) -> list[list[str]]:
+    """The TLS registry's self-signed EC P-256 certificate (names: loopback, the bridge address, localhost)."""
+    return [["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-days", "3650", "-subj", TLS_SUBJECT, "-addext", tls_sans(), "-keyout", directory + "/tls.key",
+             "-out", directory + "/tls.crt"]]
+
+
+@dataclass(frozen=True)
+class RegistriesComponent:
+    """Both registries: their configs, the nodes' registry host config, the two processes."""
+
+    settings: Settings
+    inputs: Inputs
+    name: str = "registries"
+
+    def files(self) -> list[FileSpec]:
+        a = auth(self.settings, self.inputs.registry_auth_secret)
+        return [config_file(plain(self.settings, self.inputs.registry_secret)), config_file(a),
+                *host_files(self.settings)]
+
+    def processes(self) -> list[ProcessSpec]:
+        return [process(plain(self.settings, "")), process(auth(self.settings, ""))]
+
+    # ---------------------------------------------------------------- lifecycle
+    def _inputs(self, host: Host) -> Inputs:
+        """The secrets, password, htpasswd and TLS pair this component owns: made once, then kept."""
+        s = self.settings
+        p, a = plain(s, ""), auth(s, "")
+        for path in (p.dir + "/secret", a.dir + "/secret", a.dir + "/password"):
+            host.write(FileSpec(path, host.run(["openssl", "rand", "-hex", "16"]), 0o600, Write.IF_ABSENT))
+        password = host.read(a.dir + "/password").strip()
+        if not host.read(a.dir + "/htpasswd"):
+            # the password on stdin, never on a command line
+            line = host.run(["htpasswd", "-Bin", s.registry_user], stdin=password + "\n")
+            host.write(FileSpec(a.dir + "/htpasswd", line, 0o644, Write.IF_ABSENT))
+        if not host.read(a.dir + "/tls.crt"):
+            for argv in tls_commands(a.dir):
+                host.run(argv)
+            host.write(FileSpec(a.dir + "/tls.key", host.read(a.dir + "/tls.key"), 0o600))
+        return dataclasses.replace(self.inputs, registry_secret=host.read(p.dir + "/secret").strip(),
+                                   registry_auth_secret=host.read(a.dir + "/secret").strip(),
+                                   registry_password=password)
+
+    def up(self, host: Host) -> None:
+        made = dataclasses.replace(self, inputs=self._inputs(host))
+        a = auth(self.settings, "")
+        host.write(FileSpec("%s/certs.d/%s/ca.crt" % (a.dir, self.settings.registry_auth),
+                            host.read(a.dir + "/tls.crt")))
+        for spec in made.files():
+            host.write(spec)
+        for proc in self.processes():
+            host.start(proc)
+
+    def ready(self, host: Host) -> bool:
+        a = auth(self.settings, "")
+        password = host.read(a.dir + "/password").strip()
+        return (host.http_status("http://%s/v2/" % self.settings.registry) == 200
+                and host.http_status("https://%s/v2/" % self.settings.registry_auth, cafile=a.dir + "/tls.crt",
+                                     user=self.settings.registry_user, password=password) == 200)
+
+    def down(self, host: Host) -> None:
+        for proc in self.processes():
+            host.stop(proc.name)
