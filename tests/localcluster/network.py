@@ -17,8 +17,7 @@ from typing import Sequence
 
 from .component import FileSpec
 from .nodes import Node, NodePaths
-from .settings import (CHAIN, CHAIN_FWD, CHAIN_IN, CLUSTER_BRIDGE, CNI_NAME, HOST_IP, POD_BRIDGE, SERVICE_IP,
-                       Settings)
+from .settings import CHAIN, CHAIN_FWD, CHAIN_IN, CLUSTER_BRIDGE, CNI_NAME, POD_BRIDGE, SERVICE_IP, Settings
 
 
 def cni_conflist(ipam_dir: str, subnet: str, gateway: str) -> str:

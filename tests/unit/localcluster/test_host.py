@@ -84,7 +84,7 @@ def test_term_ignored_then_killed(host, tmp_path):
     lines: list[str] = []
     host.log = lines.append
     pid = host.start(spec)
-    for _ in range(100):
+    for _attempt in range(100):
         if ready.exists():
             break
         time.sleep(0.1)
@@ -132,7 +132,7 @@ def test_bash_started_is_kept_and_stopped_by_python(host, tmp_path):
     os.makedirs(host.logs)
     _bash(host, tmp_path, "start sleeper /usr/bin/sleep 300")
     # bash's `setsid ... &` returns before the child has exec'd sleep (cluster.sh waits for each process too)
-    for _ in range(100):
+    for _attempt in range(100):
         if host.running("sleeper"):
             break
         time.sleep(0.05)

@@ -23,7 +23,7 @@ def test_our_own_files_are_not_foreign(settings):
 
 
 def test_ports_and_presets(settings):
-    assert [p for _, p in preflight.ports(settings)] == [2379, 2380, 6443, 10257, 5000, 5443]
+    assert [port for _name, port in preflight.ports(settings)] == [2379, 2380, 6443, 10257, 5000, 5443]
     assert preflight.unknown_presets(["8xC500", "9xZ", "4xN100"], {"8xC500", "4xN100"}) == ["9xZ"]
 
 

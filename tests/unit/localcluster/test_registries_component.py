@@ -33,7 +33,7 @@ def component(tmp_path):
 
 
 def _wait_ready(comp, host) -> bool:
-    for _ in range(100):
+    for _attempt in range(100):
         if comp.ready(host):
             return True
         time.sleep(0.1)
