@@ -7,24 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from . import kubeconfig, nodes as nodes_mod, scheduler
+from . import nodes as nodes_mod, scheduler
 from .component import FileSpec, Files, Inputs
 from .node import NodeComponent
+from .pki import PkiComponent
 from .registries import RegistriesComponent
 from .nodes import Node
-from .settings import MARKER_NAME, Settings
-
-
-@dataclass(frozen=True)
-class PkiComponent:
-    settings: Settings
-    nodes: tuple[Node, ...]
-    inputs: Inputs
-    name: str = "pki + kubeconfigs"
-
-    def files(self) -> list[FileSpec]:
-        marker = FileSpec("%s/%s" % (self.settings.kube_etc, MARKER_NAME), self.settings.state_dir + "\n")
-        return [marker] + kubeconfig.files(self.settings, self.nodes, self.inputs)
+from .settings import Settings
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
-from .component import ProcessSpec
+from dataclasses import dataclass
+
+from .component import FileSpec, Host, ProcessSpec
 from .settings import Settings
 
 BINARY = "/usr/bin/etcd"
@@ -23,3 +25,22 @@ def process(settings: Settings) -> ProcessSpec:
 
 def health_url(settings: Settings) -> str:
     return "http://127.0.0.1:%d/health" % settings.etcd_port
+
+
+@dataclass(frozen=True)
+class EtcdComponent:
+    settings: Settings
+    name: str = "etcd"
+
+    def files(self) -> list[FileSpec]:
+        return []  # all on its command line
+
+    def up(self, host: Host) -> None:
+        host.mkdir(self.settings.state_dir + "/etcd", 0o700)
+        host.start(process(self.settings))
+
+    def ready(self, host: Host) -> bool:
+        return host.http_status(health_url(self.settings)) == 200
+
+    def down(self, host: Host) -> None:
+        host.stop("etcd")

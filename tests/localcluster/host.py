@@ -148,6 +148,13 @@ class LocalHost:
     def read(self, path: str) -> str:
         return _read(path) or ""
 
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        os.makedirs(path, exist_ok=True)
+        os.chmod(path, mode)
+
+    def remove(self, path: str) -> None:
+        _remove(path)
+
     def run(self, argv: Sequence[str], stdin: str = "") -> str:
         """ARGV's output; a failure raises with its stderr (secrets go through STDIN, never argv)."""
         proc = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, check=False)

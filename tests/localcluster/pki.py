@@ -10,12 +10,15 @@ is never remade.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Sequence
 
+from . import kubeconfig
+from .component import FileSpec, Host, Inputs
 from .nodes import Node
-from .settings import HOST_IP, SERVICE_IP
+from .settings import HOST_IP, MARKER_NAME, SERVICE_IP, Settings
 
 DAYS = 3650
 
@@ -101,3 +104,70 @@ def ca_commands(pki: str) -> list[list[str]]:
 def service_account_commands(pki: str) -> list[list[str]]:
     return [["openssl", "genrsa", "-out", pki + "/sa.key", "2048"],
             ["openssl", "rsa", "-in", pki + "/sa.key", "-pubout", "-out", pki + "/sa.pub"]]
+
+
+@dataclass(frozen=True)
+class PkiComponent:
+    """The CA, every certificate of the plan, the service-account keys and the kubeconfigs (with the marker
+    that tells `down` without a state, and preflight, that /etc/kubernetes is the cluster's own)."""
+
+    settings: Settings
+    nodes: tuple[Node, ...]
+    inputs: Inputs
+    name: str = "pki + kubeconfigs"
+
+    def files_marker(self) -> FileSpec:
+        return FileSpec("%s/%s" % (self.settings.kube_etc, MARKER_NAME), self.settings.state_dir + "\n")
+
+    def files(self) -> list[FileSpec]:
+        return [self.files_marker()] + kubeconfig.files(self.settings, self.nodes, self.inputs)
+
+    def _made(self, host: Host, name: str) -> bool:
+        return bool(host.read("%s/%s.crt" % (self.settings.pki, name))) and bool(
+            host.read("%s/%s.key" % (self.settings.pki, name)))
+
+    def up(self, host: Host) -> None:
+        """Make what is missing (an existing certificate or key is never remade), then the kubeconfigs."""
+        d = self.settings.pki
+        host.mkdir(d)
+        host.mkdir(self.settings.manifests)
+        # the marker first: a `down` after an interrupted `up` (and without a state) knows the files are ours
+        host.write(self.files_marker())
+        if not host.read(d + "/ca.crt"):
+            for argv in ca_commands(d):
+                host.run(argv)
+            host.write(FileSpec(d + "/ca.key", host.read(d + "/ca.key"), 0o600))
+        for spec in plan(self.nodes):
+            if self._made(host, spec.name):
+                continue
+            ext = "%s/%s.ext" % (d, spec.name)
+            host.write(FileSpec(ext, spec.extfile(), 0o600))
+            for argv in spec.commands(d, ext):
+                host.run(argv)
+            host.remove(ext)
+            host.remove("%s/%s.csr" % (d, spec.name))
+            host.write(FileSpec("%s/%s.key" % (d, spec.name), host.read("%s/%s.key" % (d, spec.name)), 0o600))
+        if not host.read(d + "/sa.key"):
+            for argv in service_account_commands(d):
+                host.run(argv)
+            host.write(FileSpec(d + "/sa.key", host.read(d + "/sa.key"), 0o600))
+        certs = {c.name: (host.read("%s/%s.crt" % (d, c.name)).encode(), host.read("%s/%s.key" % (d, c.name)).encode())
+                 for c in plan(self.nodes)}
+        inputs = dataclasses.replace(self.inputs, ca_crt=host.read(d + "/ca.crt").encode(), certs=certs)
+        made = dataclasses.replace(self, inputs=inputs)
+        for f in made.files():
+            host.write(f)
+
+    def ready(self, host: Host) -> bool:
+        """Every certificate of the plan verifies against the CA."""
+        d = self.settings.pki
+        try:
+            for spec in plan(self.nodes):
+                host.run(["openssl", "verify", "-CAfile", d + "/ca.crt", "%s/%s.crt" % (d, spec.name)])
+        except RuntimeError:
+            return False
+        return True
+
+    def down(self, host: Host) -> None:
+        """Nothing to stop: the files go with the teardown plan (baseline.plan_down), which spares what a
+        machine had before."""
