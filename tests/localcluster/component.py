@@ -104,6 +104,9 @@ class Host(Protocol):
     def run(self, argv: Sequence[str], stdin: str = "") -> str:
         ...
 
+    def ok(self, argv: Sequence[str]) -> bool:
+        ...
+
     def http_status(self, url: str, cafile: str = "", user: str = "", password: str = "") -> int:
         ...
 

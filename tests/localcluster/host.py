@@ -162,6 +162,10 @@ class LocalHost:
             raise RuntimeError("%s failed (exit %d): %s" % (argv[0], proc.returncode, proc.stderr.strip()))
         return proc.stdout
 
+    def ok(self, argv: Sequence[str]) -> bool:
+        """Whether ARGV succeeds (a check such as `iptables -C`); its output is dropped."""
+        return subprocess.run(list(argv), capture_output=True, check=False).returncode == 0
+
     def http_status(self, url: str, cafile: str = "", user: str = "", password: str = "") -> int:
         """GET URL (never through a proxy: these are the machine's own addresses); 0 when unreachable."""
         context = ssl.create_default_context(cafile=cafile) if cafile else None

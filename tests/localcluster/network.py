@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .component import FileSpec
+from .component import FileSpec, Host
 from .nodes import Node, NodePaths
-from .settings import CHAIN, CHAIN_FWD, CHAIN_IN, CLUSTER_BRIDGE, CNI_NAME, POD_BRIDGE, SERVICE_IP, Settings
+from .settings import CHAIN, CHAIN_FWD, CHAIN_IN, CLUSTER_BRIDGE, CNI_NAME, HOST_IP, POD_BRIDGE, SERVICE_IP, Settings
 
 
 def cni_conflist(ipam_dir: str, subnet: str, gateway: str) -> str:
@@ -100,3 +100,56 @@ def chains(settings: Settings) -> list[Chain]:
 def listed(chain: Chain) -> list[str]:
     """The chain as `iptables -t TABLE -S NAME` prints it."""
     return ["-N " + chain.name] + ["-A %s %s" % (chain.name, " ".join(rule)) for rule in chain.rules]
+
+
+@dataclass(frozen=True)
+class NetworkComponent:
+    """The host's side: the cluster bridge, the service IP on lo, our three iptables chains and their jumps.
+    Per-node namespaces, veths and routes are the node's."""
+
+    settings: Settings
+    name: str = "network"
+
+    def files(self) -> list[FileSpec]:
+        return []
+
+    def up(self, host: Host) -> None:
+        if not host.ok(["ip", "link", "show", CLUSTER_BRIDGE]):
+            host.run(["ip", "link", "add", CLUSTER_BRIDGE, "type", "bridge"])
+            host.run(["ip", "addr", "add", HOST_IP + "/24", "dev", CLUSTER_BRIDGE])
+            host.run(["ip", "link", "set", CLUSTER_BRIDGE, "up"])
+        # the host, as a client, also uses the service IP (DNAT to the apiserver)
+        if " %s/32 " % SERVICE_IP not in host.run(["ip", "-4", "-o", "addr", "show", "dev", "lo"]):
+            host.run(["ip", "addr", "add", SERVICE_IP + "/32", "dev", "lo"])
+        for chain in chains(self.settings):
+            t = ["iptables", "-t", chain.table]
+            host.ok(t + ["-N", chain.name])  # exists already on a second up
+            host.run(t + ["-F", chain.name])
+            for rule in chain.rules:
+                host.run(t + ["-A", chain.name, *rule])
+            if not host.ok(t + ["-C", chain.hook, "-j", chain.name]):
+                host.run(t + ["-I", chain.hook, "-j", chain.name])
+
+    def ready(self, host: Host) -> bool:
+        """The bridge, and each chain exactly as planned with its jump."""
+        if not host.ok(["ip", "link", "show", CLUSTER_BRIDGE]):
+            return False
+        for c in chains(self.settings):
+            t = ["iptables", "-t", c.table]
+            if not host.ok(t + ["-S", c.name]) or host.run(t + ["-S", c.name]).splitlines() != listed(c):
+                return False
+            if not host.ok(t + ["-C", c.hook, "-j", c.name]):
+                return False
+        return True
+
+    def down(self, host: Host) -> None:
+        for chain in chains(self.settings):
+            t = ["iptables", "-t", chain.table]
+            while host.ok(t + ["-D", chain.hook, "-j", chain.name]):
+                pass
+            host.ok(t + ["-F", chain.name])
+            host.ok(t + ["-X", chain.name])
+        if host.ok(["ip", "link", "show", CLUSTER_BRIDGE]):
+            host.run(["ip", "link", "delete", CLUSTER_BRIDGE])
+        if " %s/32 " % SERVICE_IP in host.run(["ip", "-4", "-o", "addr", "show", "dev", "lo"]):
+            host.run(["ip", "addr", "del", SERVICE_IP + "/32", "dev", "lo"])
