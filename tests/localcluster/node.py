@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import containerd, kube_proxy, kubelet, network
-from .component import FileSpec, Inputs, ProcessSpec
+from .component import FileSpec, Host, Inputs, ProcessSpec
 from .nodes import Node, NodePaths
-from .settings import Settings
+from .settings import CLUSTER_BRIDGE, HOST_IP, Settings
 
 
 def bind_mounts(settings: Settings, node: Node) -> list[tuple[str, str]]:
@@ -71,3 +71,61 @@ class NodeComponent:
                 kubelet.config_file(self.settings, self.node),
                 kube_proxy.config_file(self.settings, self.node),
                 FileSpec(NodePaths(self.settings, self.node).dir + "/sim-preset", self.node.preset + "\n")]
+
+
+@dataclass(frozen=True)
+class NodeNetworkComponent:
+    """A node's network: its namespace on the cluster bridge (veth, address, default route via the host),
+    the pod CIDR routes (its own from the host, the others' from it) and its CNI config."""
+
+    settings: Settings
+    node: Node
+    nodes: tuple[Node, ...]  # every node: the routes to the others' pod CIDRs
+
+    @property
+    def name(self) -> str:
+        return "network of " + self.node.name
+
+    def files(self) -> list[FileSpec]:
+        return [network.cni_file(self.settings, self.node)]
+
+    def routes(self) -> list[network.Route]:
+        return [r for r in network.routes(self.nodes)
+                if r.netns == self.node.netns or (not r.netns and r.dest == self.node.pod_cidr)]
+
+    def up(self, host: Host) -> None:
+        n, ns = self.node, self.node.netns
+        host.mkdir(NodePaths(self.settings, n).cni_dir + "/ipam")
+        for f in self.files():
+            host.write(f)
+        if not host.ok(["test", "-e", "/run/netns/" + ns]):
+            host.run(["ip", "netns", "add", ns])
+        if not host.ok(["ip", "link", "show", n.veth]):
+            host.run(["ip", "link", "add", n.veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
+            host.run(["ip", "link", "set", n.veth, "master", CLUSTER_BRIDGE, "up"])
+            host.run(["ip", "-n", ns, "addr", "add", n.ip + "/24", "dev", "eth0"])
+            host.run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            host.run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        host.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        host.run(["ip", "-n", ns, "route", "replace", "default", "via", HOST_IP])
+        for r in self.routes():
+            host.run(r.argv())
+
+    def ready(self, host: Host) -> bool:
+        """The node's address, and each of its routes as planned."""
+        ns = self.node.netns
+        if not host.ok(["ip", "-n", ns, "addr", "show", "dev", "eth0"]):
+            return False
+        if " %s/24 " % self.node.ip not in host.run(["ip", "-n", ns, "-4", "-o", "addr", "show", "dev", "eth0"]):
+            return False
+        for r in self.routes():
+            show = (["ip", "-n", r.netns] if r.netns else ["ip"]) + ["route", "show", r.dest]
+            if host.run(show).split() != [r.dest, "via", r.via, "dev", r.dev]:
+                return False
+        return True
+
+    def down(self, host: Host) -> None:
+        """Deleting the namespace takes its end of the veth and with it ours; the host's route goes with it."""
+        host.ok(["ip", "netns", "delete", self.node.netns])
+        host.ok(["ip", "link", "delete", self.node.veth])
+        host.ok(["ip", "route", "del", self.node.pod_cidr])
