@@ -40,7 +40,9 @@ out["route_get"] = subprocess.run(["ip", "netns", "exec", "metax-gpu-vm", "ip", 
 server = subprocess.Popen(["ip", "netns", "exec", "metax-gpu-vm-2", sys.executable, "-c",
     "import socket; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
     "s.bind(('10.250.0.12', 18080)); s.listen(1); c, a = s.accept(); c.sendall(a[0].encode()); c.close()"])
-client = "import socket, time\nfor i in range(50):\n    try:\n        s = socket.create_connection(('10.250.0.12', 18080), 2); break\n    except OSError:\n        time.sleep(0.1)\nprint(s.recv(64).decode())"
+client = ("import socket, time\nfor i in range(50):\n    try:\n"
+          "        s = socket.create_connection(('10.250.0.12', 18080), 2); break\n"
+          "    except OSError:\n        time.sleep(0.1)\nprint(s.recv(64).decode())")
 out["peer_seen_by_server"] = subprocess.run(["ip", "netns", "exec", "metax-gpu-vm", sys.executable, "-c", client],
                                             capture_output=True, text=True, timeout=30).stdout.strip()
 server.wait(timeout=30)
