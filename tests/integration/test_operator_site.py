@@ -36,6 +36,7 @@ from ansible_collections.metax.gpu.plugins.module_utils import names as N
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 INVENTORY = os.path.join(ROOT, "docs", "examples", "local-cluster-inventory.yml")
+OPERATOR_CHART = os.path.join(ROOT, "files", "charts", "metax-operator")
 NS = N.OPERATOR_NAMESPACE
 EXT_NS = "metax-gpu"                 # gpu_extensions_namespace's default, kept by the example inventory
 PROJECT = "metax-gpu"                # push_artifacts_project of the example inventory
@@ -121,9 +122,27 @@ def assert_nothing_of_ours(cluster):
 
 
 @pytest.fixture(scope="module")
-def site(cluster, no_extensions):  # noqa: F811  (the fixture imported above)
-    assert [r for r in helm_releases(cluster) if r[2].startswith("metax-operator")] == [], \
-        "an operator release is installed already"
+def no_operator(cluster):
+    """Uninstall an operator release another test left (manual 3.2.5); install it again afterwards."""
+    helm = cluster.helm or "helm"
+    saved = []
+    for ns, name, _chart, _rev in [r for r in helm_releases(cluster) if r[2].startswith("metax-operator")]:
+        values = subprocess.run([helm, "get", "values", name, "-n", ns, "-o", "json"], env=cluster.env,
+                                capture_output=True, text=True, timeout=60, check=True).stdout
+        saved.append((ns, name, values))
+        res = subprocess.run([helm, "uninstall", name, "-n", ns, "--wait"], env=cluster.env, capture_output=True,
+                             text=True, timeout=600, check=False)
+        assert res.returncode == 0, res.stderr
+    yield [name for _ns, name, _values in saved]
+    for ns, name, values in saved:
+        subprocess.run([helm, "install", name, OPERATOR_CHART, "-n", ns, "--create-namespace", "--wait",
+                        "--values", "-"], input=values, env=cluster.env, capture_output=True, text=True,
+                       timeout=600, check=False)
+
+
+@pytest.fixture(scope="module")
+def site(cluster, no_extensions, no_operator):  # noqa: F811  (no_extensions: the fixture imported above)
+    assert [r for r in helm_releases(cluster) if r[2].startswith(CHARTS)] == [], helm_releases(cluster)
     proc, secs = playbook(cluster, "site")
     print("\nmetax.gpu.site (operator scheme, images cached): %.1fs" % secs)
     yield {"stdout": ok(proc), "seconds": secs}
