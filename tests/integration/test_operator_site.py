@@ -14,8 +14,8 @@ way round) with nothing changed, metax.gpu.uninstall leaves nothing of ours,
 and the manual's 3.2.1 command as written installs from the local registry.
 
 The tests of this module run in order (each builds on the cluster state of the
-one before); a GPU Extensions release found before is uninstalled for the
-module's duration and installed again afterwards (fixture no_extensions).
+one before); a release of either chart found before is uninstalled for the
+module's duration and installed again afterwards (fixture releases_aside).
 """
 
 from __future__ import annotations
@@ -30,13 +30,12 @@ import urllib.request
 import pytest
 from playbook_output import recap
 from polling import wait_until
-from test_operator_cluster import UNINSTALL_SCRIPT, no_extensions  # noqa: F401  (a fixture of this module too)
+from test_operator_cluster import UNINSTALL_SCRIPT
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 INVENTORY = os.path.join(ROOT, "docs", "examples", "local-cluster-inventory.yml")
-OPERATOR_CHART = os.path.join(ROOT, "files", "charts", "metax-operator")
 NS = N.OPERATOR_NAMESPACE
 EXT_NS = "metax-gpu"                 # gpu_extensions_namespace's default, kept by the example inventory
 PROJECT = "metax-gpu"                # push_artifacts_project of the example inventory
@@ -122,26 +121,30 @@ def assert_nothing_of_ours(cluster):
 
 
 @pytest.fixture(scope="module")
-def no_operator(cluster):
-    """Uninstall an operator release another test left (manual 3.2.5); install it again afterwards."""
+def releases_aside(cluster):
+    """Uninstall a release of either chart that another test or the demo left; install it again afterwards.
+
+    This module installs and removes both schemes, and refuses one where the other is: it needs a cluster with
+    neither. The releases found are put back with their values (charts from the checkout) when it ends.
+    """
     helm = cluster.helm or "helm"
     saved = []
-    for ns, name, _chart, _rev in [r for r in helm_releases(cluster) if r[2].startswith("metax-operator")]:
+    for ns, name, chart, _rev in [r for r in helm_releases(cluster) if r[2].startswith(CHARTS)]:
         values = subprocess.run([helm, "get", "values", name, "-n", ns, "-o", "json"], env=cluster.env,
                                 capture_output=True, text=True, timeout=60, check=True).stdout
-        saved.append((ns, name, values))
+        saved.append((ns, name, chart.rsplit("-", 1)[0], values))
         res = subprocess.run([helm, "uninstall", name, "-n", ns, "--wait"], env=cluster.env, capture_output=True,
                              text=True, timeout=600, check=False)
         assert res.returncode == 0, res.stderr
-    yield [name for _ns, name, _values in saved]
-    for ns, name, values in saved:
-        subprocess.run([helm, "install", name, OPERATOR_CHART, "-n", ns, "--create-namespace", "--wait",
-                        "--values", "-"], input=values, env=cluster.env, capture_output=True, text=True,
-                       timeout=600, check=False)
+    yield [name for _ns, name, _chart, _values in saved]
+    for ns, name, chart, values in saved:
+        subprocess.run([helm, "install", name, os.path.join(ROOT, "files", "charts", chart), "-n", ns,
+                        "--create-namespace", "--wait", "--values", "-"], input=values, env=cluster.env,
+                       capture_output=True, text=True, timeout=600, check=False)
 
 
 @pytest.fixture(scope="module")
-def site(cluster, no_extensions, no_operator):  # noqa: F811  (no_extensions: the fixture imported above)
+def site(cluster, releases_aside):
     assert [r for r in helm_releases(cluster) if r[2].startswith(CHARTS)] == [], helm_releases(cluster)
     proc, secs = playbook(cluster, "site")
     print("\nmetax.gpu.site (operator scheme, images cached): %.1fs" % secs)
@@ -197,15 +200,16 @@ def test_check_and_diff_change_nothing(cluster, site):
 
 
 def test_extensions_refused_where_the_operator_is(cluster, site):
-    before = (helm_releases(cluster), workloads(cluster), {n: ours(v) for n, v in nodes(cluster).items()})
+    before = (helm_releases(cluster), workloads(cluster), {n: ours(v) for n, v in nodes(cluster).items()},
+              cluster.kubectl("get", "namespace", EXT_NS).returncode)
     for name in ("install", "site"):
         proc, _secs = playbook(cluster, name, scheme="extensions")
         assert proc.returncode != 0, proc.stdout[-3000:]
         assert "Refusing to install the GPU Extensions scheme: the GPU Operator scheme is installed" in proc.stdout
         assert "metax.gpu.uninstall" in proc.stdout and "helm list -q -f metax -n metax-operator" in proc.stdout
         assert all(c["changed"] == 0 for c in recap(proc.stdout).values()), recap(proc.stdout)
-    assert cluster.kubectl("get", "namespace", EXT_NS).returncode != 0
-    assert (helm_releases(cluster), workloads(cluster), {n: ours(v) for n, v in nodes(cluster).items()}) == before
+    assert (helm_releases(cluster), workloads(cluster), {n: ours(v) for n, v in nodes(cluster).items()},
+            cluster.kubectl("get", "namespace", EXT_NS).returncode) == before
 
 
 def test_uninstall_leaves_nothing_of_ours(cluster, site):
@@ -259,16 +263,15 @@ def test_operator_refused_where_extensions_is(cluster, site):
     ok(proc)
     print("\nmetax.gpu.install (extensions): %.1fs" % secs)
     try:
-        before = (helm_releases(cluster), workloads(cluster))
+        before = (helm_releases(cluster), workloads(cluster), cluster.kubectl("get", "namespace", NS).returncode)
         for name in ("install", "site"):
             proc, _secs = playbook(cluster, name, scheme="operator")
             assert proc.returncode != 0, proc.stdout[-3000:]
             assert "Refusing to install the GPU Operator scheme: the GPU Extensions scheme is installed" in proc.stdout
             assert "metax.gpu.uninstall" in proc.stdout
             assert all(c["changed"] == 0 for c in recap(proc.stdout).values()), recap(proc.stdout)
-        assert cluster.kubectl("get", "namespace", NS).returncode != 0
         assert cluster.kubectl("get", "crd", CRD).returncode != 0
-        assert (helm_releases(cluster), workloads(cluster)) == before
+        assert (helm_releases(cluster), workloads(cluster), cluster.kubectl("get", "namespace", NS).returncode) == before
     finally:
         proc, _secs = playbook(cluster, "uninstall", scheme="extensions")
     ok(proc)
