@@ -100,3 +100,8 @@ LABEL_RUNTIME_READY = LABEL_PREFIX + "runtime.ready"
 # namespaced owner, so cleanup finds them by this label).
 LABEL_OPERATOR_OWNER = OPERATOR_GROUP + "/owner"
 OPERATOR_FIELD_MANAGER = "metax-operator-controller"
+# The charts of the two schemes (files/charts/), as their helm releases name them.
+EXTENSIONS_CHART = "metax-gpu-extensions"
+OPERATOR_CHART = "metax-operator"
+# Device-plugin DaemonSets: ours, and MetaX operator 0.9.2's (samples/kubernetes).
+DEVICE_PLUGIN_DAEMONSETS = ("gpu-device", "metax-gpu-device")

@@ -23,13 +23,12 @@ EXTENSIONS = "extensions"
 OPERATOR = "operator"
 SCHEMES = (EXTENSIONS, OPERATOR)
 
-# The charts of each scheme (ours, and the names MetaX's own package uses).
+# The chart of each scheme: the same names as MetaX's own package (the manual's oci:// references).
 CHARTS = {
-    EXTENSIONS: ("metax-gpu-extensions", "metax-extensions"),
-    OPERATOR: ("metax-operator", "metax-gpu-operator"),
+    EXTENSIONS: (N.EXTENSIONS_CHART,),
+    OPERATOR: (N.OPERATOR_CHART,),
 }
-# Device-plugin DaemonSets: ours (gpu-device) and MetaX operator 0.9.2's (metax-gpu-device).
-DEVICE_PLUGIN_NAMES = ("gpu-device", "metax-gpu-device")
+DEVICE_PLUGIN_NAMES = N.DEVICE_PLUGIN_DAEMONSETS
 
 # What the administrator runs to remove each scheme (named in the refusal).
 UNINSTALL_STEP = {
