@@ -8,8 +8,7 @@ The logic is module_utils/scheme.py (pure, unit-tested); these only expose it.
 
 from __future__ import annotations
 
-from ansible_collections.metax.gpu.plugins.module_utils.scheme import (installed_schemes, releases_of,
-                                                                         scheme_refusal)
+from ansible_collections.metax.gpu.plugins.module_utils.scheme import installed_schemes, releases_of, scheme_refusal
 
 
 class FilterModule:

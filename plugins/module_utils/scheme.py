@@ -34,8 +34,7 @@ DEVICE_PLUGIN_NAMES = N.DEVICE_PLUGIN_DAEMONSETS
 UNINSTALL_STEP = {
     EXTENSIONS: "ansible-playbook metax.gpu.uninstall (or: helm uninstall RELEASE -n NAMESPACE --wait)",
     OPERATOR: ("ansible-playbook metax.gpu.uninstall (or the manual's section 3.2.5: "
-               "helm uninstall $(helm list -q -f metax -n %s) -n %s --wait)" % (N.OPERATOR_NAMESPACE,
-                                                                                  N.OPERATOR_NAMESPACE)),
+               "helm uninstall $(helm list -q -f metax -n {0}) -n {0} --wait)".format(N.OPERATOR_NAMESPACE)),
 }
 TITLE = {EXTENSIONS: "GPU Extensions", OPERATOR: "GPU Operator"}
 
@@ -51,7 +50,7 @@ class Release:
 
 
 def chart_name(chart: str) -> str:
-    """`metax-operator-0.1.0` -> `metax-operator` (helm list prints NAME-VERSION; a version has no '-' before its digits)."""
+    """`metax-operator-0.1.0` -> `metax-operator` (helm list prints the chart as NAME-VERSION)."""
     parts = chart.split("-")
     for i in range(len(parts) - 1, 0, -1):
         if parts[i][:1].isdigit():

@@ -9,9 +9,8 @@ import pytest
 
 from ansible_collections.metax.gpu.plugins.filter.scheme import FilterModule
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
-from ansible_collections.metax.gpu.plugins.module_utils.scheme import (EXTENSIONS, OPERATOR, chart_name,
-                                                                         installed_schemes, releases_of,
-                                                                         scheme_refusal)
+from ansible_collections.metax.gpu.plugins.module_utils.scheme import (
+    EXTENSIONS, OPERATOR, chart_name, installed_schemes, releases_of, scheme_refusal)
 
 # rows as `helm list -A -a -o json` prints them
 EXT_RELEASE = {"name": "metax-gpu-extensions", "namespace": "metax-gpu", "revision": "1",
