@@ -115,3 +115,8 @@ CDI_SPEC_DIR = "/var/run/cdi"
 CDI_SPEC_FILE = "metax-tech.com-gpu.json"
 # Where containers find the host's MXMACA, as in the vendor's images (§4).
 MACA_CONTAINER_PATH = "/opt/maca"
+# The charts of the two schemes (files/charts/), as their helm releases name them.
+EXTENSIONS_CHART = "metax-gpu-extensions"
+OPERATOR_CHART = "metax-operator"
+# Device-plugin DaemonSets: ours, and MetaX operator 0.9.2's (samples/kubernetes).
+DEVICE_PLUGIN_DAEMONSETS = ("gpu-device", "metax-gpu-device")
