@@ -230,3 +230,20 @@ def test_install_mx_smi_brings_an_old_root_up_to_date(make_node, tmp_path):
     assert mx_smi(host, "-L").stdout.splitlines()[1].startswith("GPU#0    MXC500      0000:")
     # not a simulated node: refused
     assert sim_main(["install-mx-smi", str(tmp_path)]) == 2
+
+
+def test_install_mx_smi_over_an_older_copy_keeps_state_faults_and_load(make_node):
+    from ansible_collections.metax.gpu.plugins.module_utils.gpu import mxsmi_json
+
+    host = make_node("8xC500")
+    bdf = generator.load_state(host)["gpus"][2]["bdf"]
+    generator.fail_gpu(host, 5, "smi")
+    generator.set_load(host, bdf, 0.8)
+    # the copy a root made before load.json existed: an idle table, no -j
+    with open(host.join(generator.MX_SMI_PATH), "w") as handle:
+        handle.write("#!/bin/sh\necho 'mx-smi  version: 2.2.9'\n")
+    assert sim_main(["install-mx-smi", host.path]) == 0
+    devices = {d.bdf: d for d in mxsmi_json.parse_json(mx_smi(host, "-j").stdout).devices}
+    # the load sways between 80 % and 100 % of what was set
+    assert 64 <= devices[bdf].utilization_percent <= 80
+    assert not devices[generator.load_state(host)["gpus"][5]["bdf"]].available
