@@ -1467,6 +1467,8 @@ cmd_down() {
     return 0
   fi
   load_nodes || true
+  # make demo's Prometheus (scripts/demo_metrics.py) records itself here
+  stop demo-prometheus
   phase_start "drain pods"
   # no controller may recreate what is drained
   stop kube-controller-manager
