@@ -5,10 +5,9 @@
 
     python scripts/demo_metrics.py [--port 9090] [--timeout 90]
 
-Starts ``prometheus`` (requirements/system.txt) on 127.0.0.1, detached, with
-the cluster's Kubernetes API as its service discovery (every pod labelled
-``app.kubernetes.io/name=gpu-exporter``, port ``metrics``) and the chart's
-alert rules, and leaves it running for the reader: its PID file is the local
+Starts ``prometheus`` (requirements/system.txt) on 127.0.0.1, detached,
+scraping every pod labelled ``app.kubernetes.io/name=gpu-exporter`` (port
+``metrics``) with the chart's alert rules, and leaves it running for the reader: its PID file is the local
 cluster's (``<cluster dir>/pids/demo-prometheus.pid``), so ``make
 cluster-down`` stops it, and a second demo replaces it. Then it waits until
 every exporter pod is scraped and prints, from Prometheus, one line per GPU
@@ -42,8 +41,24 @@ def cluster_dir():
     return os.environ.get("METAX_CLUSTER_DIR", "/var/lib/metax-gpu-cluster")
 
 
-def config(kubeconfig):
-    """Prometheus' configuration (YAML is a superset of JSON)."""
+def metrics_port(pod):
+    return next(p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])
+                if p.get("name") == "metrics")
+
+
+def targets(pods):
+    """Prometheus file_sd targets: every exporter pod, its node as ``instance``."""
+    return [{"targets": ["%s:%d" % (p["status"]["podIP"], metrics_port(p))],
+             "labels": {"instance": p["spec"].get("nodeName", "")}} for p in pods]
+
+
+def config(targets_file):
+    """Prometheus' configuration (YAML is a superset of JSON).
+
+    Debian's prometheus is built without Kubernetes service discovery: the
+    exporter pods, as the API lists them now, go to a file_sd file (rewrite
+    it and Prometheus follows; a next demo does).
+    """
     return {
         "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},
         "rule_files": [RULES],
@@ -51,14 +66,7 @@ def config(kubeconfig):
             "job_name": "gpu-exporter",
             # namespace/pod/container on a series are the workload's holding the device
             "honor_labels": True,
-            "kubernetes_sd_configs": [{"role": "pod", "kubeconfig_file": kubeconfig}],
-            "relabel_configs": [
-                {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
-                 "regex": "gpu-exporter", "action": "keep"},
-                {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "metrics",
-                 "action": "keep"},
-                {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "instance"},
-            ],
+            "file_sd_configs": [{"files": [targets_file], "refresh_interval": "10s"}],
         }],
     }
 
@@ -107,15 +115,18 @@ def pick_port(wanted):
         return sock.getsockname()[1]
 
 
-def start(binary, port, kubeconfig):
+def start(binary, port, pods):
     pids, pid_file, exe_file = _pid_files()
     home = os.path.join(cluster_dir(), NAME)
     shutil.rmtree(home, ignore_errors=True)
     os.makedirs(home)
     os.makedirs(pids, exist_ok=True)
+    targets_file = os.path.join(home, "targets.json")
+    with open(targets_file, "w") as handle:
+        json.dump(targets(pods), handle, indent=1)
     path = os.path.join(home, "prometheus.yml")
     with open(path, "w") as handle:
-        json.dump(config(kubeconfig), handle, indent=1)
+        json.dump(config(targets_file), handle, indent=1)
     log = open(os.path.join(home, "prometheus.log"), "w")
     proc = subprocess.Popen(
         [binary, "--config.file=" + path, "--storage.tsdb.path=" + os.path.join(home, "data"),
@@ -211,7 +222,7 @@ def main(argv=None):
     stop_previous()
     port = pick_port(args.port)
     started = time.monotonic()
-    proc, home = start(binary, port, kubeconfig)
+    proc, home = start(binary, port, pods)
     try:
         wait_scraped(proc, port, pods, args.timeout)
     except RuntimeError as exc:
@@ -224,10 +235,8 @@ def main(argv=None):
         print("  " + line)
     print("\nWhere the metrics are:")
     for pod in sorted(pods, key=lambda p: p["spec"].get("nodeName", "")):
-        port_no = next(c["containerPort"] for c in pod["spec"]["containers"][0].get("ports", [])
-                       if c.get("name") == "metrics")
         print("  gpu-exporter on %-6s http://%s:%d/metrics" % (pod["spec"].get("nodeName"), pod["status"]["podIP"],
-                                                              port_no))
+                                                              metrics_port(pod)))
     namespace = pods[0]["metadata"]["namespace"]
     print("  Service        gpu-exporter.%s (port metrics); metric list: docs/metrics.md" % namespace)
     print("  Prometheus     http://127.0.0.1:%d (pid %d, %s; every %s; alert rules: the chart's)"
