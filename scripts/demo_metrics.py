@@ -195,10 +195,11 @@ def gpu_lines(port):
 
         pods = sorted({"%s/%s" % (m.get("namespace", ""), m.get("pod", "")) for m in owners
                        if m.get("node") == key[0] and m.get("gpu") == labels.get("gpu")})
-        lines.append("%-6s GPU %-2s %s  %-5s util %4s%%  mem %6s/%-5s GiB  %4s C  %4s W  procs %s  %-9s %s" % (
+        memory = "%s/%s GiB" % (value("metax_gpu_memory_used_bytes", 1 / GIB, "%.1f"),
+                                value("metax_gpu_memory_total_bytes", 1 / GIB, "%.0f"))
+        lines.append("%-6s GPU %-2s %s  %-5s util %4s%%  mem %-12s  %4s C  %4s W  procs %s  %-9s %s" % (
             key[0], labels.get("gpu", "?"), key[1], labels.get("product", "?"),
-            value("metax_gpu_utilization_ratio", 100.0), value("metax_gpu_memory_used_bytes", 1 / GIB, "%.1f"),
-            value("metax_gpu_memory_total_bytes", 1 / GIB, "%.0f"), value("metax_gpu_temperature_celsius"),
+            value("metax_gpu_utilization_ratio", 100.0), memory, value("metax_gpu_temperature_celsius"),
             value("metax_gpu_power_watts"), value("metax_gpu_processes"),
             "healthy" if healthy == 1 else "UNHEALTHY", ",".join(pods) or "-"))
     return lines
