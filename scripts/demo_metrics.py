@@ -89,9 +89,8 @@ def stop_previous():
         running = False
     if running:
         os.kill(pid, 15)
-        for _ in range(100):
-            if not os.path.exists("/proc/%d" % pid):
-                break
+        deadline = time.monotonic() + 10
+        while os.path.exists("/proc/%d" % pid) and time.monotonic() < deadline:
             time.sleep(0.1)
     for path in (pid_file, exe_file):
         if os.path.exists(path):
@@ -180,9 +179,9 @@ def by_device(port, metric):
 def gpu_lines(port):
     """One line per GPU of the cluster: Prometheus' latest values, joined by (node, bdf)."""
     health = by_device(port, "metax_gpu_healthy")
-    values = {m: by_device(port, m) for m in ("metax_gpu_utilization_ratio", "metax_gpu_memory_used_bytes",
-                                             "metax_gpu_memory_total_bytes", "metax_gpu_temperature_celsius",
-                                             "metax_gpu_power_watts", "metax_gpu_processes")}
+    metrics = ("metax_gpu_utilization_ratio", "metax_gpu_memory_used_bytes", "metax_gpu_memory_total_bytes",
+               "metax_gpu_temperature_celsius", "metax_gpu_power_watts", "metax_gpu_processes")
+    values = {m: by_device(port, m) for m in metrics}
     # a GPU's pods: those holding it or one of its VFs (same node and gpu index)
     owners = [r["metric"] for r in query(port, 'metax_gpu_allocated{pod!=""} == 1')]
     lines = []
@@ -236,8 +235,8 @@ def main(argv=None):
         print("  " + line)
     print("\nWhere the metrics are:")
     for pod in sorted(pods, key=lambda p: p["spec"].get("nodeName", "")):
-        print("  gpu-exporter on %-6s http://%s:%d/metrics" % (pod["spec"].get("nodeName"), pod["status"]["podIP"],
-                                                              metrics_port(pod)))
+        where = (pod["spec"].get("nodeName"), pod["status"]["podIP"], metrics_port(pod))
+        print("  gpu-exporter on %-6s http://%s:%d/metrics" % where)
     namespace = pods[0]["metadata"]["namespace"]
     print("  Service        gpu-exporter.%s (port metrics); metric list: docs/metrics.md" % namespace)
     print("  Prometheus     http://127.0.0.1:%d (pid %d, %s; every %s; alert rules: the chart's)"

@@ -165,8 +165,8 @@ def test_every_dashboard_query_returns_data(exporter):
     try:
         held = wait_for(lambda: prom.query('metax_gpu_allocated{pod="%s"} == 1' % name), 180, "the pod's device")
         # the pod's device busy and a second GPU half as busy, for some seconds: a picture with something in it
-        loaded = [held[0]["metric"]["bdf"]] + [g["bdf"] for g in generator.load_state(agents.sim())["gpus"]
-                                                if g["bdf"] != held[0]["metric"]["bdf"]][:1]
+        busy = held[0]["metric"]["bdf"]
+        loaded = [busy] + [g["bdf"] for g in generator.load_state(agents.sim())["gpus"] if g["bdf"] != busy][:1]
         generator.set_load(agents.sim(), loaded[0], 0.7)
         generator.set_load(agents.sim(), loaded[1], 0.35)
         wait_for(lambda: prom.query("count_over_time((metax_gpu_utilization_ratio > 0.2)[30s:1s]) >= 15"), 90,

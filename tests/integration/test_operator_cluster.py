@@ -8,7 +8,8 @@ from the checkout, not yet from oci://), then: the ClusterOperator becomes
 Ready, every GPU node's allocatable equals its devices, the readiness labels
 appear (first-seen times printed); a `kubectl patch` of
 devicePlugin.healthyInterval rolls gpu-device only; bad values are refused by
-the API server; the manual's uninstall script (3.2.5) leaves no CR, no
+the API server; dataExporter.deploy: true puts a gpu-exporter pod on every
+GPU node serving each of its GPUs, false removes it; the manual's uninstall script (3.2.5) leaves no CR, no
 DaemonSet and no metax-tech.com/ label or annotation on any node.
 
 A GPU Extensions release found on the cluster is uninstalled first (two device
@@ -23,6 +24,7 @@ import os
 import subprocess
 import threading
 import time
+import urllib.request
 
 import pytest
 from polling import wait_until
@@ -207,6 +209,50 @@ def test_bad_values_are_refused_by_the_api_server(cluster, installed, patch, fie
                           "-p", json.dumps({"spec": patch}))
     assert res.returncode != 0 and field in res.stderr, res.stderr
     assert cr(cluster)["metadata"]["generation"] == generation
+
+
+def exporter_gpus(pod):
+    """{bdf: healthy} of the PFs a gpu-exporter pod serves (its /metrics, as Prometheus would read it)."""
+    text = urllib.request.urlopen("http://%s:9401/metrics" % pod["status"]["podIP"], timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("metax_gpu_healthy{") and 'function="pf"' in line:
+            out[line.split('bdf="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_data_exporter_serves_every_gpu_node(cluster, installed):
+    wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
+    res = cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
+                          "-p", '{"spec":{"dataExporter":{"deploy":true}}}')
+    assert res.returncode == 0, res.stderr
+    counts = {name: int((n["metadata"].get("labels") or {}).get(N.LABEL_GPU_COUNT, "0"))
+              for name, n in nodes(cluster).items()}
+
+    def ready_pods():
+        ds = get_json(cluster, "daemonset", "gpu-exporter", "-n", NS)
+        if not ds or (ds.get("status") or {}).get("numberReady") != len(counts):
+            return None
+        pods = get_json(cluster, "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpu-exporter")["items"]
+        return pods if len(pods) == len(counts) else None
+
+    try:
+        wait_until(ready_pods, 180, "a gpu-exporter pod Ready on every GPU node")
+        pods = ready_pods()
+        ds = get_json(cluster, "daemonset", "gpu-exporter", "-n", NS)
+        assert ds["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
+        wait_until(lambda: all(len(exporter_gpus(p)) == counts[p["spec"]["nodeName"]] for p in pods), 60,
+                   "every GPU in its node's exporter")
+        served = {p["spec"]["nodeName"]: exporter_gpus(p) for p in pods}
+        assert {node: sorted(set(gpus.values())) for node, gpus in served.items()} == {n: [1.0] for n in counts}
+        wait_until(lambda: cr_ready(cluster), 120, "Ready with gpu-exporter")
+        entry = next(c for c in cr(cluster)["status"]["components"] if c["name"] == "gpu-exporter")
+        assert entry["deployed"] is True and entry["ready"] == len(counts)
+        print("\ndataExporter: gpu-exporter serves %s GPUs on %s" % (sum(counts.values()), sorted(counts)))
+    finally:
+        cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
+                        "-p", '{"spec":{"dataExporter":{"deploy":false}}}')
+    wait_until(lambda: not get_json(cluster, "daemonset", "gpu-exporter", "-n", NS), 60, "gpu-exporter removed")
 
 
 def test_zz_manual_uninstall_leaves_nothing(cluster, installed):
