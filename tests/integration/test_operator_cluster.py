@@ -213,7 +213,10 @@ def test_bad_values_are_refused_by_the_api_server(cluster, installed, patch, fie
 
 def exporter_gpus(pod):
     """{bdf: healthy} of the PFs a gpu-exporter pod serves (its /metrics, as Prometheus would read it)."""
-    text = urllib.request.urlopen("http://%s:9401/metrics" % pod["status"]["podIP"], timeout=10).read().decode()
+    try:
+        text = urllib.request.urlopen("http://%s:9401/metrics" % pod["status"]["podIP"], timeout=10).read().decode()
+    except OSError:
+        return {}       # not listening yet
     out = {}
     for line in text.splitlines():
         if line.startswith("metax_gpu_healthy{") and 'function="pf"' in line:
