@@ -76,6 +76,15 @@ def _pid_files():
     return pids, os.path.join(pids, NAME + ".pid"), os.path.join(pids, NAME + ".exe")
 
 
+def alive(pid):
+    """The process exists and is not a zombie (exited, not yet reaped)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def stop_previous():
     """End the Prometheus a previous demo left, only if its PID file's process still runs that binary."""
     _pids, pid_file, exe_file = _pid_files()
@@ -90,7 +99,7 @@ def stop_previous():
     if running:
         os.kill(pid, 15)
         deadline = time.monotonic() + 10
-        while os.path.exists("/proc/%d" % pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
     for path in (pid_file, exe_file):
         if os.path.exists(path):
