@@ -282,7 +282,9 @@ def test_killed_active_replica_is_replaced(env):
     wait(lambda: env.daemonsets()["gpu-device"]["metadata"]["generation"] > before, 15, "the standby's reconcile")
     print("\nactive replica (RSS %d MiB) SIGKILLed: the standby applied the patch after %.1fs"
           % (rss // 1024, time.monotonic() - start))
-    assert env.reconciles(standby) > standby_runs
+    # "reconciled:" is logged after the whole pass (every component's apply and prune), a moment after
+    # gpu-device's DaemonSet changed
+    wait(lambda: env.reconciles(standby) > standby_runs, 15, "the standby's reconcile logged")
     assert sorted(env.daemonsets()) == ["gpu-device", "gpu-label"]
     env.start_controller(active)  # two replicas again for the next tests
 
