@@ -71,9 +71,12 @@ DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_A
 # account) and metadata field. The charts' ValidatingAdmissionPolicy lets an
 # agent change only these, and only on its own node: its allowed sets are
 # generated from this table (scripts/gen_node_agent_policy.py), and a unit test
-# fails when the charts and this table disagree. An agent that starts writing
-# a new key needs it here first; a new node agent (the operator's components,
-# with their readiness label) adds its row.
+# fails when the charts and this table disagree. Both charts (GPU Extensions,
+# GPU Operator) use it. An agent that starts writing a new key needs it here
+# first; a new node agent (a later operator component whose pods write Node
+# keys) adds its row. The operator's readiness labels (maca.ready, runtime.ready)
+# are in no row: the operator-controller sets them (component contract), so
+# the policy refuses them to every agent (docs/security.md).
 NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
     "gpu-device": {"labels": (), "annotations": ANNOTATION_KEYS},
     "gpu-label": {"labels": GPU_LABEL_KEYS, "annotations": ()},
@@ -100,3 +103,20 @@ LABEL_RUNTIME_READY = LABEL_PREFIX + "runtime.ready"
 # namespaced owner, so cleanup finds them by this label).
 LABEL_OPERATOR_OWNER = OPERATOR_GROUP + "/owner"
 OPERATOR_FIELD_MANAGER = "metax-operator-controller"
+
+# CDI (Container Device Interface, issue 26): the kind of the spec the node
+# side writes and that runtimes, gpu-device and metax-docker name devices by
+# (``metax-tech.com/gpu=0``, ``=GPU-<uuid>``, ``=<serial>``, ``=all``).
+CDI_KIND = RESOURCE_NAME
+CDI_ALL = "all"
+# /var/run/cdi: the directory for specs generated from the live hardware
+# (runtimes read it next to /etc/cdi, whose specs are static).
+CDI_SPEC_DIR = "/var/run/cdi"
+CDI_SPEC_FILE = "metax-tech.com-gpu.json"
+# Where containers find the host's MXMACA, as in the vendor's images (§4).
+MACA_CONTAINER_PATH = "/opt/maca"
+# The charts of the two schemes (files/charts/), as their helm releases name them.
+EXTENSIONS_CHART = "metax-gpu-extensions"
+OPERATOR_CHART = "metax-operator"
+# Device-plugin DaemonSets: ours, and MetaX operator 0.9.2's (samples/kubernetes).
+DEVICE_PLUGIN_DAEMONSETS = ("gpu-device", "metax-gpu-device")

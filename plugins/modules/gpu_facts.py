@@ -104,6 +104,7 @@ ansible_facts:
               healthy: true
               driver_bound: true
               uuid: GPU-000004d5-4d58-0000-8000-00005e000000
+              serial: 4d-58-00-00-04-d5-00-01
               drm_card: card0
               drm_render: renderD128
               sriov_totalvfs: 0

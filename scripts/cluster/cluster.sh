@@ -92,15 +92,11 @@ load_nodes() {
   done <"${STATE}/node-table"
   ((${#NODE_NAMES[@]}))
 }
-# plan_nodes: the node table NODES asks for: node_name, then node_name-2, ...
-plan_nodes() {
-  local first i=0 p
-  first=$(node_name)
-  for p in ${NODES}; do
-    i=$((i + 1))
-    if ((i == 1)); then echo "1 ${first} ${p}"; else echo "${i} ${first}-${i} ${p}"; fi
-  done
-}
+# The pure parts that moved to the Python package tests/localcluster (standard
+# library only: python3 without the venv; docs/local-cluster.md).
+localcluster() { PYTHONPATH="${REPO_ROOT}/tests${PYTHONPATH:+:${PYTHONPATH}}" python3 -m localcluster "$@"; }
+# plan_nodes: the node table NODES asks for (vm, vm-2, ...; tests/localcluster/nodes.py)
+plan_nodes() { NODES=${NODES} localcluster plan; }
 node_ip() { echo "10.250.0.$((10 + $1))"; }
 pod_cidr() { echo "10.244.$(($1 - 1)).0/24"; }
 pod_gw() { echo "10.244.$(($1 - 1)).1"; }
@@ -124,22 +120,6 @@ in_node() {
 }
 
 # ------------------------------------------------------------------ helpers
-node_name() {
-  if [[ -f ${STATE}/node-name ]]; then
-    cat "${STATE}/node-name"
-    return
-  fi
-  if [[ -n ${METAX_NODE_NAME:-} ]]; then
-    echo "${METAX_NODE_NAME}"
-    return
-  fi
-  # A fixed name, not the machine's hostname: the example inventory, the demo
-  # and the cluster tests address the nodes as vm, vm-2, ... and must work on
-  # any machine. Nothing needs the name to resolve: the apiserver reaches each
-  # kubelet at its own InternalIP, which its serving certificate lists.
-  echo vm
-}
-
 pid_of() { [[ -f ${PIDS}/$1.pid ]] && cat "${PIDS}/$1.pid"; }
 
 # running NAME: its PID file names a live process running the recorded binary.
@@ -415,12 +395,15 @@ make_sim_root() { # NODE PRESET
   local node=$1 want=$2 dir py have=""
   dir=$(sim_dir_of "${node}")
   [[ -f $(node_dir "${node}")/sim-preset ]] && have=$(cat "$(node_dir "${node}")/sim-preset")
-  if [[ -d ${dir} && ${have} == "${want}" ]]; then
-    log "simulated MetaX node ${node} (${want}) present at ${dir}"
-    return 0
-  fi
   ensure_collection_path
   py=$(project_python)
+  if [[ -d ${dir} && ${have} == "${want}" ]]; then
+    log "simulated MetaX node ${node} (${want}) present at ${dir}"
+    # a root made by an older checkout gets this checkout's mx-smi (e.g. the real -L form)
+    "${py}" -m ansible_collections.metax.gpu.plugins.module_utils.sim install-mx-smi "${dir}" >/dev/null ||
+      die "cannot update the mx-smi of the simulated node at ${dir}"
+    return 0
+  fi
   mkdir -p "${SIM_PARENT}"
   "${py}" -m ansible_collections.metax.gpu.plugins.module_utils.sim create --force \
     --preset "${want}" "${dir}" >&2 ||
@@ -1077,26 +1060,7 @@ PY
 # collection's conventions: docs/local-cluster.md).
 cmd_inventory() {
   [[ -f ${STATE}/nodes.json ]] || die "no cluster state in ${STATE}: run 'make cluster-up' first"
-  python3 - "${STATE}/nodes.json" "${ADMIN_CONF}" <<'PY'
-import json, sys
-nodes = json.load(open(sys.argv[1]))
-out = ["# Ansible inventory of the local cluster (scripts/cluster/cluster.sh inventory)", "all:",
-       "  vars:", "    metax_gpu_kubeconfig: %s" % sys.argv[2], "  children:"]
-def host(n):
-    return ["        %s:" % n["name"], "          ansible_connection: local",
-            "          ansible_python_interpreter: \"{{ ansible_playbook_python }}\"",
-            "          metax_gpu_host_root: %s" % n["sim_root"], "          metax_gpu_node_name: %s" % n["name"]]
-out += ["    kube_control_plane:", "      hosts:"]
-for n in nodes:
-    if n["control_plane"]:
-        out += host(n)
-out += ["    gpu_nodes:", "      hosts:"]
-for n in nodes:
-    out += host(n)
-out += ["  hosts:", "    localhost:", "      ansible_connection: local",
-        "      ansible_python_interpreter: \"{{ ansible_playbook_python }}\""]
-print("\n".join(out))
-PY
+  localcluster inventory "${STATE}/nodes.json" "${ADMIN_CONF}"
 }
 
 # ------------------------------------------------------------------ up
@@ -1132,8 +1096,9 @@ if bad:
 PY
   # a cluster started by another checkout, other cluster scripts or with
   # other nodes is never reused silently (scripts/cluster/identity.py)
-  local verdict
-  verdict=$(python3 "${CLUSTER_SCRIPTS}/identity.py" check "${STATE}/identity.json" "${REPO_ROOT}" "${CLUSTER_SCRIPTS}" "${NODES}")
+  # what decides how the cluster is built: these scripts and the package they run
+  local verdict CLUSTER_SOURCES=${CLUSTER_SCRIPTS}:${REPO_ROOT}/tests/localcluster
+  verdict=$(python3 "${CLUSTER_SCRIPTS}/identity.py" check "${STATE}/identity.json" "${REPO_ROOT}" "${CLUSTER_SOURCES}" "${NODES}")
   case ${verdict} in
     replace*)
       warn "replacing the running cluster: ${verdict#replace: }"
@@ -1148,7 +1113,7 @@ PY
   record_baseline
   mkdir -p "${RUN}"
   echo "${planned}" >"${STATE}/node-table"
-  python3 "${CLUSTER_SCRIPTS}/identity.py" record "${STATE}/identity.json" "${REPO_ROOT}" "${CLUSTER_SCRIPTS}" "${NODES}"
+  python3 "${CLUSTER_SCRIPTS}/identity.py" record "${STATE}/identity.json" "${REPO_ROOT}" "${CLUSTER_SOURCES}" "${NODES}"
   load_nodes
   first=${NODE_NAMES[0]}
   echo "${first}" >"${STATE}/node-name"
@@ -1502,6 +1467,8 @@ cmd_down() {
     return 0
   fi
   load_nodes || true
+  # make demo's Prometheus (scripts/demo_metrics.py) records itself here
+  stop demo-prometheus
   phase_start "drain pods"
   # no controller may recreate what is drained
   stop kube-controller-manager

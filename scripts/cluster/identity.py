@@ -10,7 +10,7 @@ reused silently -- it is taken down and replaced, and the reason is logged.
 METAX_CLUSTER_REUSE=1 reuses a foreign cluster on purpose (logged as such),
 e.g. several worktrees sharing the one cluster of a machine.
 
-Usage: identity.py record FILE REPO SCRIPTS_DIR NODES
+Usage: identity.py record FILE REPO SCRIPTS_DIR[:DIR...] NODES
        identity.py check FILE REPO SCRIPTS_DIR NODES   -> prints "fresh", "reuse[: why]" or "replace: why"
 
 Standard library only: it runs before the project's venv may exist.
@@ -28,18 +28,25 @@ FIELDS = ("source", "scripts_sha256", "nodes")
 
 
 def scripts_hash(scripts_dir: str) -> str:
-    """sha256 over the names and contents of the cluster scripts (what decides how a cluster is built)."""
+    """sha256 over the names and contents of the cluster scripts (what decides how a cluster is built).
+
+    SCRIPTS_DIR may name several directories separated by ":" (cluster.sh passes scripts/cluster and the
+    Python package tests/localcluster it runs); one directory hashes as it always did.
+    """
+    dirs = scripts_dir.split(os.pathsep)
     digest = hashlib.sha256()
-    for root, dirs, files in os.walk(scripts_dir):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith((".pyc", ".pyo")):
-                continue
-            path = os.path.join(root, name)
-            digest.update(os.path.relpath(path, scripts_dir).encode() + b"\0")
-            with open(path, "rb") as fh:
-                digest.update(fh.read())
-            digest.update(b"\0")
+    for i, top in enumerate(dirs):
+        prefix = "" if len(dirs) == 1 else "%d:" % i
+        for root, subdirs, files in os.walk(top):
+            subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+            for name in sorted(files):
+                if name.endswith((".pyc", ".pyo")):
+                    continue
+                path = os.path.join(root, name)
+                digest.update((prefix + os.path.relpath(path, top)).encode() + b"\0")
+                with open(path, "rb") as fh:
+                    digest.update(fh.read())
+                digest.update(b"\0")
     return digest.hexdigest()
 
 

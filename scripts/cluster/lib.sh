@@ -166,7 +166,9 @@ port_in_use() { [[ -n $(ss -Hltn "( sport = :$1 )" 2>/dev/null) ]]; }
 : "${HELM_VERSION:=v3.22.0}"
 : "${HELM_DIFF_VERSION:=v3.9.14}"
 : "${CONTAINERD_VERSION:=v2.4.2}"
-export HELM_VERSION HELM_DIFF_VERSION CONTAINERD_VERSION
+# The CDI library the spec tests validate with (build-cdi-validate.sh).
+: "${CDI_VERSION:=v1.1.1}"
+export HELM_VERSION HELM_DIFF_VERSION CONTAINERD_VERSION CDI_VERSION
 
 # Cache layout (contract: docs/local-cluster.md; other tools look for helm at
 # helm_bin_dir/helm).
@@ -174,6 +176,7 @@ helm_bin_dir() { echo "${METAX_CACHE_DIR}/helm/${HELM_VERSION}/bin"; }
 # A HELM_PLUGINS directory holding only the diff plugin.
 helm_plugins_dir() { echo "${METAX_CACHE_DIR}/helm-diff/${HELM_DIFF_VERSION}/plugins"; }
 containerd_bin_dir() { echo "${METAX_CACHE_DIR}/containerd/${CONTAINERD_VERSION}/bin"; }
+cdi_validate_bin_dir() { echo "${METAX_CACHE_DIR}/cdi-validate/${CDI_VERSION}/bin"; }
 
 # ensure_go: GO is a usable Go, fetching the pinned toolchain when GO is its
 # (not yet present) cache path. A GO the caller chose is never replaced.

@@ -3,6 +3,9 @@
 # Apache License 2.0 (see LICENSE)
 """The charts' node-agent ValidatingAdmissionPolicy, rendered for a test namespace and applied to the local cluster.
 
+Both charts ship it (issue 30): the GPU Extensions chart (``CHART``, the
+default) and the GPU Operator chart (``OPERATOR_CHART``).
+
 Rendered by the real chart with the capabilities this cluster's discovery
 reports (what `helm install` gives the chart's "auto" check), so the agents
 under test run under exactly the policy an installation gets. Not `helm
@@ -23,6 +26,7 @@ import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHART = os.path.join(REPO, "files", "charts", "metax-gpu-extensions")
+OPERATOR_CHART = os.path.join(REPO, "files", "charts", "metax-operator")
 POLICY_TEMPLATE = "templates/node-agent-policy.yaml"
 KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
@@ -43,10 +47,10 @@ def capabilities(cluster) -> List[str]:
     return flags
 
 
-def render(cluster, namespace: str, show_only: str = POLICY_TEMPLATE) -> List[Dict[str, Any]]:
+def render(cluster, namespace: str, show_only: str = POLICY_TEMPLATE, chart: str = CHART) -> List[Dict[str, Any]]:
     """The chart's objects of one template for ``namespace``, with the cluster's capabilities."""
     helm = cluster.helm or "helm"
-    proc = subprocess.run([helm, "template", "policy-it", CHART, "--namespace", namespace,
+    proc = subprocess.run([helm, "template", "policy-it", chart, "--namespace", namespace,
                            "--show-only", show_only] + capabilities(cluster),
                           env=cluster.env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, "helm template failed:\n%s" % proc.stderr
@@ -58,9 +62,9 @@ def apply(cluster, objects: List[Dict[str, Any]]) -> None:
     assert res.returncode == 0, res.stderr
 
 
-def apply_policy(cluster, namespace: str) -> List[Dict[str, Any]]:
+def apply_policy(cluster, namespace: str, chart: str = CHART) -> List[Dict[str, Any]]:
     """Render and apply the policy and binding for ``namespace``; returns them (the capability check must pass)."""
-    objects = render(cluster, namespace)
+    objects = render(cluster, namespace, chart=chart)
     kinds = sorted(o["kind"] for o in objects)
     assert kinds == sorted(KINDS), (
         "the chart did not render the policy on this cluster (its auto capability check failed): %s" % kinds)

@@ -279,6 +279,8 @@ def device_agent(cluster, agent_images):
     agents = Agents(cluster, agent_images)
     if generator.load_state(agents.sim())["gpus"].__len__() != 8 or not agents.sim().exists("sys/module/metax"):
         agents.recreate_sim("8xC500")
+    # a root made by an older checkout keeps its older mx-smi (no load, no -j): this simulator's
+    generator.reinstall_mx_smi(agents.sim())
     volumes = {
         "device-plugins": ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins"),
         "pod-resources": ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources"),

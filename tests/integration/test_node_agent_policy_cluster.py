@@ -1,16 +1,26 @@
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""The node-agent ValidatingAdmissionPolicy on the real apiserver (issue 30).
+"""The node-agent ValidatingAdmissionPolicy on the real apiserver (issue 30), for both schemes.
 
-The chart's policy, service accounts and RBAC are applied for a test
-namespace; for each agent a pod is put on two nodes, and the agent's own
+Each scheme's policy, service accounts and RBAC are applied for a test
+namespace:
+
+- ``extensions``: the GPU Extensions chart's policy and its ``rbac.yaml``;
+- ``operator``: the GPU Operator chart's policy, and the agents' service
+  accounts and RBAC as the operator-controller creates them (its own
+  rendering code, module_utils/clusteroperator/render.py, from the CR the
+  operator chart creates), so the binding is tested against the service
+  accounts the operator's agents really run as.
+
+For each agent a pod is put on two nodes, and the agent's own
 service-account token is issued bound to one of them (`kubectl create token
 --bound-object-kind Pod`), so the apiserver sees the node's name in
 ``authentication.kubernetes.io/node-name`` as it does for the agent's pod.
 With those tokens: the agent's own keys on its own node are written; another
 node, a label outside metax-tech.com/, another agent's key, a key no agent
-owns, spec.unschedulable, a taint and a token naming no node are each refused
+owns (a day-two label, the readiness labels the operator-controller sets),
+spec.unschedulable, a taint and a token naming no node are each refused
 with a message naming the policy and the reason, and leave the node as it was.
 """
 
@@ -27,23 +37,45 @@ pytestmark = pytest.mark.cluster
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from node_policy import apply, apply_policy, policy_name, render  # noqa: E402
+from node_policy import CHART, OPERATOR_CHART, apply, apply_policy, policy_name, render  # noqa: E402
 from polling import wait_until  # noqa: E402
 
-NS = "metax-gpu-policy-it"
-POLICY = policy_name(NS)
+# scheme -> (test namespace, chart whose policy is applied)
+SCHEMES = {"extensions": ("metax-gpu-policy-it", CHART), "operator": ("metax-operator-policy-it", OPERATOR_CHART)}
 AGENTS = ("gpu-device", "gpu-label")
 P = "metax-tech.com/"
 OWN = {"gpu-label": ("labels", P + "gpu.product"), "gpu-device": ("annotations", P + "gpu.devices")}
 # keys the denial tests try to write; removed again (as admin) whatever happens
 PROBE_KEYS = {"labels": ["topology.kubernetes.io/zone", "node-role.kubernetes.io/gpu", P + "gpu.product",
-                         P + "driver.upgrade-state"],
+                         P + "driver.upgrade-state", P + "runtime.ready", P + "maca.ready"],
               "annotations": [P + "gpu.devices", "example.com/note"]}
 
 
-def _rbac_for(cluster, namespace):
-    """The chart's service accounts and node RBAC, cluster-scoped names prefixed so no release is touched."""
-    objects = render(cluster, namespace, show_only="templates/rbac.yaml")
+def _operator_agents(cluster, namespace):
+    """The agents' ServiceAccounts and RBAC as the operator-controller applies them for the operator chart's CR."""
+    from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render as operator_render
+
+    cr = render(cluster, namespace, show_only="templates/clusteroperator.yaml", chart=OPERATOR_CHART)[0]
+    owner = {"metadata": dict(cr["metadata"], uid="policy-it")}
+    rendered = operator_render.helm_template(cluster.helm or "helm", CHART, operator_render.chart_values(cr["spec"]),
+                                             namespace)
+    out = []
+    for objects in operator_render.desired_objects(rendered, cr["spec"], owner).values():
+        for obj in objects:
+            if obj["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+                # no CR owns them here: without this the garbage collector would delete them
+                obj["metadata"].pop("ownerReferences", None)
+                out.append(obj)
+    assert sorted(o["metadata"]["name"] for o in out if o["kind"] == "ServiceAccount") == list(AGENTS), out
+    return out
+
+
+def _rbac_for(cluster, scheme, namespace):
+    """The scheme's agent service accounts and node RBAC, cluster-scoped names prefixed so no release is touched."""
+    if scheme == "operator":
+        objects = _operator_agents(cluster, namespace)
+    else:
+        objects = render(cluster, namespace, show_only="templates/rbac.yaml")
     out = []
     for obj in objects:
         if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
@@ -57,10 +89,12 @@ def _rbac_for(cluster, namespace):
 class Tokens:
     """API clients authenticated as an agent's service account, bound to its pod on a given node."""
 
-    def __init__(self, cluster):
+    def __init__(self, cluster, namespace):
         from kubernetes import client
 
         self.cluster = cluster
+        self.namespace = namespace
+        self.policy = policy_name(namespace)
         self.admin = client.CoreV1Api(cluster.api_client())
         self.nodes = [n["name"] for n in cluster.nodes] or [cluster.node_name]
         assert len(self.nodes) >= 2, "the policy tests need two nodes (the test session brings up three)"
@@ -74,7 +108,7 @@ class Tokens:
         for agent in AGENTS:
             for node in self.nodes:
                 name = "%s-%s-%s" % (agent, node, uuid.uuid4().hex[:5])
-                self.admin.create_namespaced_pod(NS, {
+                self.admin.create_namespaced_pod(self.namespace, {
                     "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                     "spec": {"nodeName": node, "serviceAccountName": agent,
                              "tolerations": [{"operator": "Exists"}], "terminationGracePeriodSeconds": 0,
@@ -82,7 +116,7 @@ class Tokens:
                 self.pods[(agent, node)] = name
 
     def token(self, agent, node=None):
-        args = ["-n", NS, "create", "token", agent, "--duration", "10m"]
+        args = ["-n", self.namespace, "create", "token", agent, "--duration", "10m"]
         if node is not None:
             args += ["--bound-object-kind", "Pod", "--bound-object-name", self.pods[(agent, node)]]
         res = self.cluster.kubectl(*args)
@@ -124,14 +158,17 @@ class Tokens:
         return self.admin.read_node(node).spec.to_dict()
 
 
-@pytest.fixture(scope="module")
-def tokens(cluster):
-    t = Tokens(cluster)
+@pytest.fixture(scope="module", params=sorted(SCHEMES))
+def tokens(request, cluster):
+    scheme = request.param
+    namespace, chart = SCHEMES[scheme]
+    t = Tokens(cluster, namespace)
     before = {n: t.metadata(n) for n in t.nodes}
     specs = {n: t.node_spec(n) for n in t.nodes}
-    cluster.kubectl("create", "namespace", NS)
-    apply(cluster, _rbac_for(cluster, NS))
-    apply_policy(cluster, NS)
+    rbac = _rbac_for(cluster, scheme, namespace)
+    cluster.kubectl("create", "namespace", namespace)
+    apply(cluster, rbac)
+    apply_policy(cluster, namespace, chart=chart)
     try:
         t.place_pods()
 
@@ -140,8 +177,8 @@ def tokens(cluster):
         def active():
             status, message = t.patch("gpu-label", t.nodes[0], t.nodes[0],
                                       {"metadata": {"labels": {"example.com/policy-probe": uuid.uuid4().hex}}})
-            return status == 403 and POLICY in message
-        wait_until(active, 60, "the policy %s to be in force" % POLICY)
+            return status == 403 and t.policy in message
+        wait_until(active, 60, "the policy %s to be in force" % t.policy)
         yield t
     finally:
         for node in t.nodes:
@@ -150,19 +187,20 @@ def tokens(cluster):
             t.admin.patch_node(node, {"metadata": restore}, _content_type="application/merge-patch+json")
             if t.node_spec(node).get("unschedulable") != specs[node].get("unschedulable"):
                 t.admin.patch_node(node, {"spec": {"unschedulable": specs[node].get("unschedulable")}})
-        cluster.kubectl("delete", "namespace", NS, "--wait=false", "--ignore-not-found")
-        cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", POLICY,
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found")
+        cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", t.policy,
                         "--ignore-not-found")
-        for obj in _rbac_for(cluster, NS):
+        for obj in rbac:
             if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
                 cluster.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found")
 
 
-def assert_denied(result, *reasons):
+def assert_denied(tokens, result, *reasons):
     status, message = result
     assert status == 403, "expected a denial, got HTTP %s %s" % (status, message)
     # the apiserver names the policy and binding; the policy's message says why
-    assert "ValidatingAdmissionPolicy '%s' with binding '%s' denied request" % (POLICY, POLICY) in message, message
+    policy = tokens.policy
+    assert "ValidatingAdmissionPolicy '%s' with binding '%s' denied request" % (policy, policy) in message, message
     for reason in reasons:
         assert reason in message, message
 
@@ -170,7 +208,7 @@ def assert_denied(result, *reasons):
 def test_policy_type_checks(cluster, tokens):
     """The apiserver type-checked every CEL expression of the policy without a warning."""
     def checked():
-        res = cluster.kubectl("get", "validatingadmissionpolicy", POLICY, "-o", "json")
+        res = cluster.kubectl("get", "validatingadmissionpolicy", tokens.policy, "-o", "json")
         obj = json.loads(res.stdout)
         status = obj.get("status") or {}
         return obj if status.get("observedGeneration") == obj["metadata"]["generation"] else None
@@ -186,7 +224,7 @@ def test_the_bound_token_names_the_pods_node(tokens):
     review = client.AuthenticationV1Api(tokens.client("gpu-label", node)).create_self_subject_review(
         {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
     info = review.status.user_info
-    assert info.username == "system:serviceaccount:%s:gpu-label" % NS
+    assert info.username == "system:serviceaccount:%s:gpu-label" % tokens.namespace
     assert info.extra["authentication.kubernetes.io/node-name"] == [node]
 
 
@@ -210,7 +248,7 @@ def test_another_node_is_denied(tokens, agent):
     field, key = OWN[agent]
     before = tokens.metadata(other)[field].get(key)
     result = tokens.patch(agent, mine, other, {"metadata": {field: {key: "policy-test"}}})
-    assert_denied(result, "%s may change only its own node %s, not node %s" % (agent, mine, other))
+    assert_denied(tokens, result, "%s may change only its own node %s, not node %s" % (agent, mine, other))
     assert tokens.metadata(other)[field].get(key) == before
 
 
@@ -223,7 +261,7 @@ def test_another_node_is_denied(tokens, agent):
 def test_a_key_outside_our_domain_is_denied(tokens, agent, field, key):
     node = tokens.nodes[0]
     result = tokens.patch(agent, node, node, {"metadata": {field: {key: "policy-test"}}})
-    assert_denied(result, "%s may change only metax-tech.com/ %s, not %s" % (agent, field, key))
+    assert_denied(tokens, result, "%s may change only metax-tech.com/ %s, not %s" % (agent, field, key))
     assert key not in tokens.metadata(node)[field]
 
 
@@ -231,12 +269,15 @@ def test_a_key_outside_our_domain_is_denied(tokens, agent, field, key):
     ("gpu-label", "annotations", P + "gpu.devices", "is owned by gpu-device"),
     ("gpu-device", "labels", P + "gpu.product", "is owned by gpu-label"),
     ("gpu-label", "labels", P + "driver.upgrade-state", "is owned by no node agent"),
+    # the operator-controller's readiness chain: an agent faking it would start gpu-device too early
+    ("gpu-label", "labels", P + "runtime.ready", "is owned by no node agent"),
+    ("gpu-device", "labels", P + "maca.ready", "is owned by no node agent"),
 ])
 def test_a_key_the_agent_does_not_own_is_denied(tokens, agent, field, key, owner):
     node = tokens.nodes[0]
     before = tokens.metadata(node)[field].get(key)
     result = tokens.patch(agent, node, node, {"metadata": {field: {key: "policy-test"}}})
-    assert_denied(result, "%s may change only the %s it owns: %s %s" % (agent, field, key, owner))
+    assert_denied(tokens, result, "%s may change only the %s it owns: %s %s" % (agent, field, key, owner))
     assert tokens.metadata(node)[field].get(key) == before
 
 
@@ -248,7 +289,7 @@ def test_the_node_spec_is_denied(tokens, agent, spec):
     node = tokens.nodes[0]
     before = tokens.node_spec(node)
     result = tokens.patch(agent, node, node, {"spec": spec})
-    assert_denied(result, "%s may not change the spec of node %s (taints, unschedulable" % (agent, node))
+    assert_denied(tokens, result, "%s may not change the spec of node %s (taints, unschedulable" % (agent, node))
     assert tokens.node_spec(node) == before
 
 
@@ -257,7 +298,7 @@ def test_own_key_with_a_foreign_one_is_denied_as_a_whole(tokens):
     before = tokens.metadata(node)["labels"]
     result = tokens.patch("gpu-label", node, node, {"metadata": {"labels": {
         P + "gpu.product": "policy-test", "topology.kubernetes.io/zone": "policy-test"}}})
-    assert_denied(result, "not topology.kubernetes.io/zone")
+    assert_denied(tokens, result, "not topology.kubernetes.io/zone")
     assert tokens.metadata(node)["labels"].get(P + "gpu.product") == before.get(P + "gpu.product")
 
 
@@ -266,7 +307,7 @@ def test_a_token_naming_no_node_is_denied(tokens, agent):
     node = tokens.nodes[0]
     field, key = OWN[agent]
     result = tokens.patch(agent, None, node, {"metadata": {field: {key: "policy-test"}}})
-    assert_denied(result, "%s may change only the node its pod runs on, and this token names no node" % agent)
+    assert_denied(tokens, result, "%s may change only the node its pod runs on, and this token names no node" % agent)
 
 
 def test_others_are_not_affected(tokens):

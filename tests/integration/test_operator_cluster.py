@@ -23,7 +23,9 @@ from the checkout, not yet from oci://) shared by the module's tests, in order:
   preset of the local cluster has GPUs, and adding a node restarts the cluster);
 - the manual's uninstall script (3.2.5), run with the controller scaled to 0,
   leaves no CR, no DaemonSet and no metax-tech.com/ label or annotation on any
-  node (with the controller up: test_operator_controller_apiserver.py).
+  node (with the controller up: test_operator_controller_apiserver.py);
+- dataExporter.deploy: true puts a gpu-exporter pod on every GPU node serving
+  each of its GPUs, false removes it.
 
 A GPU Extensions release found on the cluster is uninstalled first (two device
 plugins must never register the same resource) and installed again afterwards
@@ -172,7 +174,10 @@ def installed(cluster, images, no_extensions):
     res = helm(cluster, "install", CHART, "--create-namespace", "-n", NS, "--generate-name", "--wait",
                "--set", "registry=" + images["registry"], "--set-string", "imageTag=" + images["tag"],
                "--set", "hostRoot.path=/var/lib/metax-sim", "--set", "hostRoot.subPathExpr=$(NODE_NAME)",
-               "--set", "log.dir=", "--set", "gpuDevice.healthyInterval=2")
+               "--set", "log.dir=", "--set", "gpuDevice.healthyInterval=2",
+               # the node-agent admission policy (issue 30) on, not only where auto finds it: the agents
+               # must do their work under it, and an install where it did not render must fail here
+               "--set", "nodeAgentPolicy.enabled=true")
     assert res.returncode == 0, "helm install failed:\n%s\n%s" % (res.stdout, res.stderr)
     info = {"before": before, "watch": watch, "helm_seconds": round(time.monotonic() - watch.start_time, 1)}
     yield info
@@ -506,6 +511,53 @@ def test_node_without_gpus_gets_gpu_label_only(cluster, installed, gpu_less_node
     assert pods_on_node() == ["gpu-label"]
     assert status["nodes"]["gpu"] == len(cluster.nodes)
     assert N.LABEL_GPU_INSTALLED not in (nodes(cluster)[gpu_less_node]["metadata"].get("labels") or {})
+
+
+def exporter_gpus(pod):
+    """{bdf: healthy} of the PFs a gpu-exporter pod serves (its /metrics, as Prometheus would read it)."""
+    try:
+        text = urllib.request.urlopen("http://%s:9401/metrics" % pod["status"]["podIP"], timeout=10).read().decode()
+    except OSError:
+        return {}       # not listening yet
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("metax_gpu_healthy{") and 'function="pf"' in line:
+            out[line.split('bdf="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_data_exporter_serves_every_gpu_node(cluster, installed):
+    wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
+    res = cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
+                          "-p", '{"spec":{"dataExporter":{"deploy":true}}}')
+    assert res.returncode == 0, res.stderr
+    counts = {name: int((n["metadata"].get("labels") or {}).get(N.LABEL_GPU_COUNT, "0"))
+              for name, n in nodes(cluster).items()}
+
+    def ready_pods():
+        ds = get_json(cluster, "daemonset", "gpu-exporter", "-n", NS)
+        if not ds or (ds.get("status") or {}).get("numberReady") != len(counts):
+            return None
+        pods = get_json(cluster, "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpu-exporter")["items"]
+        return pods if len(pods) == len(counts) else None
+
+    try:
+        wait_until(ready_pods, 180, "a gpu-exporter pod Ready on every GPU node")
+        pods = ready_pods()
+        ds = get_json(cluster, "daemonset", "gpu-exporter", "-n", NS)
+        assert ds["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
+        wait_until(lambda: all(len(exporter_gpus(p)) == counts[p["spec"]["nodeName"]] for p in pods), 60,
+                   "every GPU in its node's exporter")
+        served = {p["spec"]["nodeName"]: exporter_gpus(p) for p in pods}
+        assert {node: sorted(set(gpus.values())) for node, gpus in served.items()} == {n: [1.0] for n in counts}
+        wait_until(lambda: cr_ready(cluster), 120, "Ready with gpu-exporter")
+        entry = next(c for c in cr(cluster)["status"]["components"] if c["name"] == "gpu-exporter")
+        assert entry["deployed"] is True and entry["ready"] == len(counts)
+        print("\ndataExporter: gpu-exporter serves %s GPUs on %s" % (sum(counts.values()), sorted(counts)))
+    finally:
+        cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
+                        "-p", '{"spec":{"dataExporter":{"deploy":false}}}')
+    wait_until(lambda: not get_json(cluster, "daemonset", "gpu-exporter", "-n", NS), 60, "gpu-exporter removed")
 
 
 def test_zz_uninstall_with_the_controller_scaled_to_zero_leaves_nothing(cluster, installed):

@@ -17,6 +17,8 @@ replicas run as processes with the chart service account's token. Then:
 - deploy: false removes a component's objects and what it wrote on nodes;
 - drift: an edited or deleted owned DaemonSet or ServiceAccount is put back
   without a CR change (times printed);
+- dataExporter.deploy: true adds gpu-exporter's DaemonSet, Service and
+  dashboard ConfigMap (owned by the CR), deploy: false removes them;
 - idle: no status or object writes (peering heartbeats counted and printed);
 - deleting the CR leaves no object and no metax-tech.com/ node label or
   annotation; with every controller down, the chart's --cleanup hook does it.
@@ -171,7 +173,7 @@ def test_reconciled_into_owned_gated_objects(env):
     cr = wait(lambda: (env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS) or {}).get("status") and
               env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS), 30, "status")
     assert cr["status"]["nodes"]["gpu"] == 2 and cr["status"]["nodes"]["total"] == 3
-    assert [c["name"] for c in cr["status"]["components"]] == ["gpu-label", "gpu-device", "gpu-aware"]
+    assert [c["name"] for c in cr["status"]["components"]] == ["gpu-label", "gpu-device", "gpu-aware", "gpu-exporter"]
     printed = env.ok("get", "clusteroperator", "-n", NS).stdout
     assert re.search(r"cluster-operator\s+(True|False)\s+\S+\s+2\s+", printed), printed
 
@@ -275,8 +277,9 @@ def test_killed_active_replica_is_replaced(env):
     wait(lambda: env.daemonsets()["gpu-device"]["metadata"]["generation"] > before, 15, "the standby's reconcile")
     print("\nactive replica (RSS %d MiB) SIGKILLed: the standby applied the patch after %.1fs"
           % (rss // 1024, time.monotonic() - start))
-    # the DaemonSet changes before the reconcile logs its end
-    wait(lambda: env.reconciles(standby) > standby_runs, 15, "the standby's reconcile to finish")
+    # "reconciled:" is logged after the whole pass (every component's apply and prune), a moment after
+    # gpu-device's DaemonSet changed
+    wait(lambda: env.reconciles(standby) > standby_runs, 15, "the standby's reconcile logged")
     assert "--healthy-interval=4" in env.daemonsets()["gpu-device"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert sorted(env.daemonsets()) == ["gpu-device", "gpu-label"]
     env.start_controller(active)  # two replicas again for the next tests
@@ -291,6 +294,27 @@ def test_deploy_false_removes_the_component_and_its_node_labels(env):
     assert N.ANNOTATION_DEVICES in env.node_metax()["gpu-a"]
     assert env.patch({"labelgen": {"deploy": True}}).returncode == 0
     wait(lambda: "gpu-label" in env.daemonsets(), 15, "gpu-label back")
+
+
+def test_data_exporter_deploys_gpu_exporter_and_removes_it(env):
+    # the real product's field (ClusterOperator dataExporter), off by default
+    assert "gpu-exporter" not in env.daemonsets()
+    assert env.patch({"dataExporter": {"deploy": True, "service": {"port": 30445}}}).returncode == 0
+    ds = wait(lambda: env.daemonsets().get("gpu-exporter"), 15, "gpu-exporter deployed")
+    assert ds["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {N.LABEL_GPU_INSTALLED: "true"}
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "127.0.0.1:5000/metax-gpu/gpu-exporter:test"
+    assert "--port=30445" in container["args"]
+    service = wait(lambda: env.get("service", "gpu-exporter", "-n", NS), 15, "its Service")
+    assert service["spec"]["ports"][0]["port"] == 30445
+    dashboard = wait(lambda: env.get("configmap", "gpu-exporter-dashboard", "-n", NS), 15, "its dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["metax-gpu.json"])["panels"]
+    assert env.patch({"dataExporter": {"deploy": False}}).returncode == 0
+    wait(lambda: "gpu-exporter" not in env.daemonsets(), 15, "gpu-exporter removed")
+    wait(lambda: not env.get("service", "gpu-exporter", "-n", NS), 15, "its Service removed")
+    wait(lambda: not env.get("configmap", "gpu-exporter-dashboard", "-n", NS), 15, "its dashboard removed")
 
 
 def test_delete_leaves_nothing(env):

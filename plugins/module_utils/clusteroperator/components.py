@@ -6,6 +6,8 @@
 The chain follows MetaX's operator 0.9.2 (samples/kubernetes/operator-0.9.2-daemonsets.txt):
 container-runtime on GPU nodes; driver and MACA after ``runtime.ready``;
 gpu-device after ``maca.ready`` and ``runtime.ready``; gpu-label everywhere.
+gpu-exporter (the CR's ``dataExporter``, MetaX's mx-exporter) after
+``driver.ready``: it reads mx-smi, which needs the loaded driver.
 driver, maca and runtime are not built yet (issues of driver-manager and
 container-runtime): their readiness labels are named here, in gpu-device's
 ``requires``, and the chain skips them while no deployed component owns them.
@@ -41,8 +43,15 @@ GPU_AWARE = Component(
     enable_values={"deployExtenderGPUAware": True},
 )
 
+GPU_EXPORTER = Component(
+    name="gpu-exporter", spec_key="dataExporter", values_key="dataExporter", chart=EXTENSIONS_CHART,
+    image="gpu-exporter", default_deploy=False, gpu_nodes_only=True,
+    # reads mx-smi, which answers only with the driver loaded; writes nothing to nodes
+    requires=(names.LABEL_DRIVER_READY,),
+)
+
 # Chain order: a component comes after every component owning a label it requires.
-REGISTRY: Tuple[Component, ...] = (GPU_LABEL, GPU_DEVICE, GPU_AWARE)
+REGISTRY: Tuple[Component, ...] = (GPU_LABEL, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER)
 
 BY_NAME: Dict[str, Component] = {c.name: c for c in REGISTRY}
 BY_SPEC_KEY: Dict[str, Component] = {c.spec_key: c for c in REGISTRY}

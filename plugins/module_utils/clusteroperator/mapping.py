@@ -21,6 +21,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from .components import REGISTRY
 from .contract import Component, deployed
 
+# gpu-exporter's defaults: the Extensions chart's gpuExporter.port and .interval (the CRD's defaults too)
+EXPORTER_PORT = 9401
+EXPORTER_INTERVAL = 15
 LOG_KEYS = ("dir", "level", "format", "rotationTime", "maxAge")
 DEFAULT_LOG = {"dir": "/var/log/metax", "level": "info", "format": "json", "rotationTime": "1w", "maxAge": "26w"}
 
@@ -45,6 +48,9 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
      "fields": ["deploy", "healthyInterval", "resources", "podTemplateSpec"], "registryDefaults": []},
     {"spec": "gpuAware", "values": "gpuAware", "image": "gpu-aware", "deployValue": "deployExtenderGPUAware",
      "fields": ["scoreWeight", "lossWeight", "resources", "podTemplateSpec"], "registryDefaults": []},
+    # extra (the real product's CR has it, the manual not): gpu-exporter, default off
+    {"spec": "dataExporter", "values": "dataExporter", "image": "gpu-exporter", "deployValue": None,
+     "fields": ["deploy", "interval", "service", "resources", "podTemplateSpec"], "registryDefaults": []},
     {"spec": "driver", "values": "driver", "image": "driver-manager", "deployValue": None,
      "fields": ["deploy", "deployPolicy", "payload", "upgradePolicy", "resources", "podTemplateSpec"],
      "registryDefaults": ["payload"]},
@@ -124,6 +130,7 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
     device = spec.get("devicePlugin") or {}
     label = spec.get("labelgen") or {}
     aware = spec.get("gpuAware") or {}
+    exporter = spec.get("dataExporter") or {}
     values: Dict[str, Any] = {
         "registry": "operator.invalid/rendered",  # replaced per component by the CR's image
         "pullPolicy": _image(device, "gpu-device")["pullPolicy"],
@@ -132,6 +139,12 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
         "gpuLabel": {"log": merged_log(None, label.get("log"))},
         "gpuAware": {"scoreWeight": str(aware.get("scoreWeight", "1")), "lossWeight": str(aware.get("lossWeight", "1")),
                      "log": merged_log(None, aware.get("log"))},
+        # always rendered: desired_objects keeps its objects only when dataExporter deploys it
+        # (ServiceMonitor and PrometheusRule need their CRDs, which helm template does not see)
+        "gpuExporter": {"enabled": True, "port": (exporter.get("service") or {}).get("port", EXPORTER_PORT),
+                        "serviceType": (exporter.get("service") or {}).get("type", "ClusterIP"),
+                        "interval": exporter.get("interval", EXPORTER_INTERVAL),
+                        "log": merged_log(None, exporter.get("log"))},
         "gpuNodeSelector": dict(gpu_node_selector),
         "deployExtenderGPUAware": False,
     }

@@ -116,8 +116,9 @@ def query_mx_smi(host: HostRoot, warnings: List[str], topology: bool = True) -> 
         except _PARSE_FAILURES as exc:
             problems, listed = [str(exc)], {}
         for problem in problems:
-            _not_understood(view, warnings, binary, problem, "UUIDs and serials of the GPU are unknown")
-        view.ids = {bdf_of[i]: f for i, f in listed.items() if i in bdf_of}
+            _not_understood(view, warnings, binary, problem, "that GPU has no UUID")
+        # -L names each GPU's PCI address: keyed by it, not by its index
+        view.ids = {f["bdf"]: f for f in listed.values()}
     if topology:
         topo_out = _run(host, binary, ["topo", "-m"], warnings)
         if topo_out is not None:
@@ -245,7 +246,7 @@ def discover(host: HostRoot, topology: bool = True) -> Inventory:
         gpus.append(Gpu(
             index=index, bdf=pf.bdf, pci_device_id=pf.device_id,
             product=product, family=family, memory_gib=memory, numa_node=pf.numa_node, pci_path=pf.path,
-            driver_bound=pf.driver is not None, uuid=ids.get("uuid"), serial=ids.get("serial"),
+            driver_bound=pf.driver is not None, uuid=ids.get("uuid"), serial=ids.get("serial") or pf.serial,
             healthy=healthy, drm_card=pf.drm_card, drm_render=pf.drm_render,
             sriov_totalvfs=pf.sriov_totalvfs, sriov_numvfs=pf.sriov_numvfs,
             vf_bdfs=tuple(v.bdf for v in vfs_of.get(pf.bdf, [])),

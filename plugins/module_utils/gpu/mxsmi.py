@@ -33,7 +33,10 @@ from .pci import normalize_bdf
 
 _LEADING_INDEX = re.compile(r"^\s*(\d+)(?:\s+(.*?))?\s*$")
 _MEMORY = re.compile(r"(\d+)\s*/\s*(\d+)\s*(MiB|MB|GiB|GB)\b", re.IGNORECASE)
-_LIST_LINE = re.compile(r"^GPU\s+(\d+):\s*(.*?)\s*\((.*)\)\s*$")
+_LIST_INDEX = re.compile(r"^GPU#(\d+)$")
+_LIST_BDF = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_LIST_DETAILS = re.compile(r"^(.*?)\s*\(([^()]*:[^()]*)\)$")
+_VERSION_LINE = re.compile(r"^\s*mx-smi\s+version\s*:", re.IGNORECASE)
 _DRIVER = re.compile(r"Kernel Mode Driver Version:\s*(\S+)")
 _MACA = re.compile(r"MACA Version:\s*(\S+)")
 _ATTACHED = re.compile(r"^\s*Attached GPUs\s*:\s*(\d+)\s*$")
@@ -407,29 +410,61 @@ def parse_table(text: str) -> MxSmiTable:
     return MxSmiTable(driver, maca, tuple(gpus), tuple(problems), tuple(samples), processes)
 
 
-def parse_list(text: str, problems: Optional[List[str]] = None) -> Dict[int, Dict[str, str]]:
-    """Parse ``mx-smi -L``: index -> {"name", "uuid", "serial"}.
+def _list_record(line: str) -> Tuple[Optional[Tuple[int, Dict[str, str]]], str]:
+    """One ``-L`` line: ((index, fields), "") or (None, why it cannot be read).
 
-    With ``problems``, lines that cannot be read are reported there and
-    skipped; without it the first such line raises.
+    Read by structure, never by column: ``GPU#<n>``, the chip name (any
+    number of words), the PCI address, then the state, and the details in
+    the last parentheses as ``KEY: value`` pairs (``UUID``, and ``SN`` if a
+    version prints one).
+    """
+    tokens = line.split()
+    head = _LIST_INDEX.match(tokens[0]) if tokens else None
+    if head is None:
+        return None, "expected 'GPU#<index>  <chip>  <PCI address>  <state> (UUID: ...)'"
+    at_bdf = next((n for n, token in enumerate(tokens) if _LIST_BDF.match(token)), None)
+    if at_bdf is None or at_bdf < 2:
+        return None, "no chip name and PCI address after %s" % tokens[0]
+    rest = " ".join(tokens[at_bdf + 1:])
+    details = _LIST_DETAILS.match(rest)
+    state = (details.group(1) if details else rest).strip()
+    fields = {"name": " ".join(tokens[1:at_bdf]), "bdf": normalize_bdf(tokens[at_bdf]), "state": state}
+    if details:
+        for part in details.group(2).split(","):
+            key, sep, value = part.partition(":")
+            if sep:
+                key = key.strip().lower()
+                fields["serial" if key in ("sn", "serial") else key] = value.strip()
+    if state.lower() != "available":
+        return None, "GPU %s is %r" % (head.group(1), state or "in no state")
+    if not fields.get("uuid"):
+        return None, "GPU %s has no UUID" % head.group(1)
+    return (int(head.group(1)), fields), ""
+
+
+def parse_list(text: str, problems: Optional[List[str]] = None) -> Dict[int, Dict[str, str]]:
+    """Parse ``mx-smi -L``: index -> {"name", "bdf", "state", "uuid"[, "serial"]}.
+
+    The real form (``../shared/samples/mx-smi/list-2.2.9-MXC500-excerpt.txt``)
+    is ``GPU#0  MXC500  0000:08:00.0  Available (UUID: GPU-...)`` after a
+    ``mx-smi  version: X`` line. A GPU that is not available (printed as
+    ``Not Available(<reason>)`` with no UUID) or any other line not
+    understood is skipped; with ``problems`` it is reported there, without
+    it the first such line raises.
     """
     result: Dict[int, Dict[str, str]] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+        if not line.strip() or _VERSION_LINE.match(line):
             continue
-        match = _LIST_LINE.match(line.strip())
-        if not match:
-            if problems is None:
-                raise MxSmiParseError("mx-smi -L", "expected 'GPU N: NAME (UUID: ...)'", lineno, line)
-            problems.append(_problem("mx-smi -L", "expected 'GPU N: NAME (UUID: ...)'", lineno, line))
+        record, why = _list_record(line)
+        if record is not None and record[0] in result:
+            why = "duplicate GPU index %d" % record[0]
+        elif record is not None:
+            result[record[0]] = record[1]
             continue
-        fields = {"name": match.group(2)}
-        for part in match.group(3).split(","):
-            if ":" in part:
-                key, value = part.split(":", 1)
-                key = key.strip().lower()
-                fields["serial" if key in ("sn", "serial") else key] = value.strip()
-        result[int(match.group(1))] = fields
+        if problems is None:
+            raise MxSmiParseError("mx-smi -L", why, lineno, line)
+        problems.append(_problem("mx-smi -L", why, lineno, line))
     return result
 
 

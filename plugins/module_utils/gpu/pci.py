@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -48,6 +49,41 @@ class PciFunction:
     sriov_numvfs: int
     drm_card: Optional[str]
     drm_render: Optional[str]
+    serial: Optional[str] = None    # PCIe Device Serial Number, as lspci prints it
+
+
+# PCIe extended capabilities start after the 256-byte legacy config space;
+# each header is ID (16 bits), version (4), next offset (12).
+_EXT_CAP_START = 0x100
+_EXT_CAP_DSN = 0x0003
+
+
+def device_serial_number(config: bytes) -> Optional[str]:
+    """The Device Serial Number capability of a config-space dump, or None.
+
+    Formatted as ``lspci -vv`` does (``xx-xx-xx-xx-xx-xx-xx-xx``, most
+    significant byte first). sysfs shows the extended space only to root;
+    a short read simply has no serial.
+    """
+    offset, seen = _EXT_CAP_START, set()
+    while offset >= _EXT_CAP_START and offset + 12 <= len(config) and offset not in seen:
+        seen.add(offset)
+        header = struct.unpack_from("<I", config, offset)[0]
+        if header in (0, 0xFFFFFFFF):
+            return None
+        if header & 0xFFFF == _EXT_CAP_DSN:
+            value = struct.unpack_from("<Q", config, offset + 4)[0]
+            return "-".join("%02x" % b for b in value.to_bytes(8, "big"))
+        offset = (header >> 20) & 0xFFC
+    return None
+
+
+def _read_serial(host: HostRoot, base: str) -> Optional[str]:
+    try:
+        with open(host.join(base + "/config"), "rb") as handle:
+            return device_serial_number(handle.read(4096))
+    except OSError:
+        return None
 
 
 def _pci_path(host: HostRoot, link: str) -> PciPath:
@@ -95,6 +131,7 @@ def read_function(host: HostRoot, bdf: str) -> Optional[PciFunction]:
         sriov_numvfs=host.read_int(base + "/sriov_numvfs", default=0),
         drm_card=card,
         drm_render=render,
+        serial=None if physfn_link else _read_serial(host, base),
     )
 
 

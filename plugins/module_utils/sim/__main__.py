@@ -9,6 +9,7 @@ recover DIR --gpu N          undo ``fail``
 unload DIR | load DIR        unload / load the kernel driver
 status DIR                   print the node state as JSON
 install-hook DIR             (re)install the kernel hook (roots made before it existed)
+install-mx-smi DIR           (re)install usr/bin/mx-smi (roots made before it changed, e.g. the real -L form)
 driver-tools DIR [--kind K]  add fake dpkg/rpm + modprobe (sim.pkgtool); --remove undoes it
 make-package DIR --kind K --version V [--broken]   write a simulated driver package
 set-mx-smi-layout DIR real|legacy   what mx-smi prints (real: MetaX's layout, the default)
@@ -44,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         if name == "fail":
             cmd.add_argument("--mode", choices=("bus", "smi"), default="bus")
     sub.add_parser("install-hook", help="(re)install .metax-sim/kernel").add_argument("root")
+    sub.add_parser("install-mx-smi", help="(re)install usr/bin/mx-smi from this simulator").add_argument("root")
     for name in ("load", "unload", "status"):
         sub.add_parser(name, help="%s the driver" % name if name != "status" else "show state").add_argument("root")
     version = sub.add_parser("set-driver-version", help="change the installed driver version")
@@ -95,6 +97,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "install-hook":
             generator.load_state(host)      # refuses a directory that is not a simulated node
             sys.stdout.write("installed %s\n" % install_hook(host.path))
+            return 0
+        if args.command == "install-mx-smi":
+            sys.stdout.write("installed %s\n" % generator.reinstall_mx_smi(host))
             return 0
         if args.command == "fail":
             generator.fail_gpu(host, args.gpu, args.mode)

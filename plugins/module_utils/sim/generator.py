@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import stat
+import struct
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -176,6 +177,24 @@ def _uuid(node_name: str, index: int) -> str:
     return "GPU-%08x-%04x-%04x-%04x-%012x" % (seed, 0x4d58, index, 0x8000 | index, 0x5e000000 + index)
 
 
+def _serial(node_name: str, index: int) -> str:
+    # the PCIe Device Serial Number discovery reads from sysfs (lspci's form);
+    # deterministic and distinct per node and GPU
+    seed = sum(ord(c) * (i + 1) for i, c in enumerate(node_name)) & 0xFFFFFF
+    value = (0x4D58 << 48) | (seed << 16) | (index + 1)
+    return "-".join("%02x" % b for b in value.to_bytes(8, "big"))
+
+
+def _config_space(device_id: int, serial: Optional[str]) -> bytes:
+    """A 4 KiB PCIe config space: IDs and, for a PF, the Device Serial Number capability."""
+    data = bytearray(4096)
+    struct.pack_into("<HH", data, 0, METAX_VENDOR_ID, device_id)
+    if serial is not None:
+        # header: capability 0x0003, version 1, no next capability
+        struct.pack_into("<IQ", data, 0x100, 0x0003 | (1 << 16), int(serial.replace("-", ""), 16))
+    return bytes(data)
+
+
 def create(root: str, spec: NodeSpec, force: bool = False) -> HostRoot:
     """Create a simulated node at ``root`` (must be empty unless ``force``)."""
     spec.validate()
@@ -211,7 +230,7 @@ def create(root: str, spec: NodeSpec, force: bool = False) -> HostRoot:
             "numa_node": gpu.numa_node,
             "sriov_totalvfs": gpu.sriov_totalvfs,
             "uuid": _uuid(spec.name, index),
-            "serial": "MX%010d" % (index + 1),
+            "serial": _serial(spec.name, index),
             "card": index,
             "failed": None,
             "numvfs": 0,
@@ -234,7 +253,7 @@ def create(root: str, spec: NodeSpec, force: bool = False) -> HostRoot:
     host = HostRoot(root)
     for gpu_state in gpu_states:
         _write_function(host, gpu_state["sysfs"], gpu_state["device_id"], gpu_state["numa_node"],
-                        gpu_state["sriov_totalvfs"])
+                        gpu_state["sriov_totalvfs"], serial=gpu_state["serial"])
     _install_mx_smi(root)
     _install_kernel_hook(root)
     save_state(host, state)
@@ -243,9 +262,12 @@ def create(root: str, spec: NodeSpec, force: bool = False) -> HostRoot:
 
 
 def _write_function(host: HostRoot, sysfs_dir: str, device_id: int, numa_node: int,
-                    totalvfs: int, physfn: Optional[str] = None) -> None:
+                    totalvfs: int, physfn: Optional[str] = None, serial: Optional[str] = None) -> None:
     base = host.join(sysfs_dir)
     bdf = os.path.basename(sysfs_dir)
+    os.makedirs(base, exist_ok=True)
+    with open(os.path.join(base, "config"), "wb") as handle:
+        handle.write(_config_space(device_id, serial))
     _write(os.path.join(base, "vendor"), "0x%04x\n" % METAX_VENDOR_ID)
     _write(os.path.join(base, "device"), "0x%04x\n" % device_id)
     _write(os.path.join(base, "class"), GPU_CLASS + "\n")
@@ -263,8 +285,10 @@ def _install_mx_smi(root: str) -> None:
     with open(source) as handle:
         body = handle.read()
     target = os.path.join(root, MX_SMI_PATH)
-    _write(target, "#!/usr/bin/env python3\n" + body)
-    os.chmod(target, 0o755)
+    # renamed into place: agents may be running it (sim install-mx-smi on a live node)
+    _write(target + ".new", "#!/usr/bin/env python3\n" + body)
+    os.chmod(target + ".new", 0o755)
+    os.replace(target + ".new", target)
 
 
 def _install_kernel_hook(root: str) -> None:
@@ -274,6 +298,13 @@ def _install_kernel_hook(root: str) -> None:
 
 
 # -- state ------------------------------------------------------------------
+def reinstall_mx_smi(host: HostRoot) -> str:
+    """Copy this simulator's mx-smi into an existing node (one made before it changed)."""
+    load_state(host)        # refuses a directory that is not a simulated node
+    _install_mx_smi(host.path)
+    return host.join("usr/bin/mx-smi")
+
+
 def load_state(host: HostRoot) -> dict:
     path = host.join(STATE_FILE)
     if not os.path.isfile(path):

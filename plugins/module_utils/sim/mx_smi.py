@@ -6,7 +6,8 @@
 Standalone (standard library only, Python 3.6+): it runs wherever the
 simulated root is mounted, including inside agent containers, and finds the
 node state relative to its own location. Output follows the MetaX tool:
-the device table, ``-L`` (one line per GPU with UUID) and ``topo -m``.
+the device table, ``-L`` (one line per GPU: chip, PCI address, state, UUID)
+and ``topo -m``.
 
 Two layouts (``mx_smi_layout`` in the node state):
 
@@ -236,9 +237,18 @@ def _table_legacy(state):
 
 
 def _list(state):
-    prefix = "MetaX " if _layout(state) == "real" else "MX"
-    return "\n".join("GPU %d: %s%s (UUID: %s, SN: %s)" % (pos, prefix, g["product"], g["uuid"], g["serial"])
-                     for pos, g in enumerate(_visible(state)))
+    # the real form (samples/mx-smi/list-2.2.9-MXC500-excerpt.txt): chip name,
+    # PCI address, state and UUID; no serial number. An unavailable GPU prints
+    # its reason and no UUID, as the samples' README records. Both layouts
+    # print it: the nvidia-smi shape printed here before was never real.
+    out = ["mx-smi  version: %s" % state["mx_smi_version"]]
+    for pos, gpu in enumerate(_visible(state)):
+        head = "%-9s%-12s%-15s" % ("GPU#%d" % pos, "MX" + gpu["product"], gpu["bdf"])
+        if gpu["failed"]:
+            out.append(head + "Not Available(GPU is unavailable)")
+        else:
+            out.append(head + "Available (UUID: %s)" % gpu["uuid"])
+    return "\n".join(out)
 
 
 def _topo(state):

@@ -4,11 +4,13 @@
 """The node-agent ValidatingAdmissionPolicy (issue 30): generated from names.py, rendered on a capability check.
 
 What the policy admits is tested against the real apiserver in
-tests/integration/test_node_agent_policy_cluster.py. Here: the key sets in
-the charts are exactly names.NODE_AGENT_KEYS (and the generator catches a
-change to names.py that was not regenerated), every service account that may
-write Nodes is confined, and the policy renders only where the API server
-supports it, with the values switch as the documented fallback.
+tests/integration/test_node_agent_policy_cluster.py. Here, for both charts
+(GPU Extensions and GPU Operator): the key sets in the charts are exactly
+names.NODE_AGENT_KEYS (and the generator catches a change to names.py that
+was not regenerated), every service account that may write Nodes is confined
+(for the operator: those the controller itself renders, not the controller),
+and the policy renders only where the API server supports it, with the values
+switch as the documented fallback.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ import pytest
 from ansible_collections.metax.gpu.plugins.module_utils import names
 
 from .helm import CHART, CHARTS, ROOT, find_helm, helm_required, render
+
+OPERATOR_CHART = CHARTS / "metax-operator"
+# every chart shipping the policy (issue 30: both schemes)
+POLICY_CHARTS = pytest.mark.parametrize("chart", [CHART, OPERATOR_CHART], ids=["extensions", "operator"])
 
 HELM = find_helm()
 
@@ -45,6 +51,23 @@ def variables(policy: Dict[str, Any]) -> Dict[str, str]:
     return {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
 
 
+def node_writers(objects: List[Dict[str, Any]]) -> set:
+    """Users of the service accounts that the objects' ClusterRoleBindings let write Nodes."""
+    roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
+    writers = set()
+    for crb in (o for o in objects if o["kind"] == "ClusterRoleBinding"):
+        rules = roles[crb["roleRef"]["name"]]["rules"]
+        if any(set(r["resources"]) & {"nodes", "nodes/status", "*"} and set(r["verbs"]) & {"patch", "update", "*"}
+               for r in rules):
+            writers |= {"system:serviceaccount:%s:%s" % (s["namespace"], s["name"]) for s in crb["subjects"]}
+    return writers
+
+
+def agent_map(policy: Dict[str, Any]) -> Dict[str, str]:
+    """The policy's service-account user -> agent table (its ``agent`` variable)."""
+    return json.loads(variables(policy)["agent"].split("[request.userInfo.username]")[0])
+
+
 # -- generation from names.py (no helm needed) -------------------------------
 
 def test_the_charts_are_generated_from_names_py():
@@ -52,8 +75,8 @@ def test_the_charts_are_generated_from_names_py():
     assert gen.out_of_date() == [], "run scripts/gen_node_agent_policy.py"
 
 
-def test_the_extensions_chart_uses_the_library_chart():
-    assert gen.users_of_library() == ["metax-gpu-extensions"]
+def test_both_charts_use_the_library_chart():
+    assert gen.users_of_library() == ["metax-gpu-extensions", "metax-operator"]
 
 
 def test_key_data_is_the_table():
@@ -100,7 +123,8 @@ def test_a_new_key_in_names_py_is_caught_then_generated(tmp_path):
     stale = gen.out_of_date(str(root))
     assert stale == sorted([
         "files/charts/metax-gpu-extensions/charts/metax-node-agent-policy/templates/_keys.tpl",
-        "files/charts/metax-node-agent-policy/templates/_keys.tpl"])
+        "files/charts/metax-node-agent-policy/templates/_keys.tpl",
+        "files/charts/metax-operator/charts/metax-node-agent-policy/templates/_keys.tpl"])
     assert gen.write(str(root)) == stale
     assert gen.out_of_date(str(root)) == []
     assert '"metax-tech.com/gpu.new"' in (root / stale[0]).read_text(encoding="utf-8")
@@ -134,8 +158,9 @@ needs_helm = helm_required(HELM)
 
 
 @needs_helm
-def test_rendered_key_sets_are_names_py():
-    rc, objects, err = render(HELM, {}, extra=SUPPORTED)
+@POLICY_CHARTS
+def test_rendered_key_sets_are_names_py(chart):
+    rc, objects, err = render(HELM, {}, extra=SUPPORTED, chart=chart)
     assert rc == 0, err
     policy, _binding = policy_objects(objects)
     assert policy is not None
@@ -156,13 +181,8 @@ def test_every_node_writer_of_the_chart_is_confined(namespace):
     rc, objects, err = render(HELM, {"deployExtenderGPUAware": True}, namespace=namespace, extra=SUPPORTED)
     assert rc == 0, err
     policy, binding = policy_objects(objects)
-    roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
-    writers = set()
-    for crb in (o for o in objects if o["kind"] == "ClusterRoleBinding"):
-        rules = roles[crb["roleRef"]["name"]]["rules"]
-        if any("nodes" in r["resources"] and set(r["verbs"]) & {"patch", "update", "*"} for r in rules):
-            writers |= {"system:serviceaccount:%s:%s" % (s["namespace"], s["name"]) for s in crb["subjects"]}
-    agent_of = json.loads(variables(policy)["agent"].split("[request.userInfo.username]")[0])
+    writers = node_writers(objects)
+    agent_of = agent_map(policy)
     assert set(agent_of) == writers
     assert set(agent_of.values()) == EXTENSIONS_AGENTS
     assert all(user == "system:serviceaccount:%s:%s" % (namespace, agent) for user, agent in agent_of.items())
@@ -176,8 +196,62 @@ def test_every_node_writer_of_the_chart_is_confined(namespace):
 
 
 @needs_helm
-def test_policy_shape():
-    rc, objects, err = render(HELM, {}, extra=SUPPORTED)
+@pytest.mark.parametrize("namespace", ["metax-operator", "gpu-operator"])
+def test_every_node_agent_the_operator_deploys_is_confined(namespace):
+    """The operator chart's policy names exactly the node-writing service accounts the CONTROLLER creates.
+
+    The controller renders the agents' ServiceAccounts and RBAC itself (the
+    Extensions chart through module_utils/clusteroperator/render.py, into the
+    CR's namespace = the release's), so they are not in the operator chart's
+    own output: this renders them the way the controller does, from the CR
+    the chart creates, with every optional component on. The controller's own
+    service account may patch nodes too (readiness labels, cleanup) and is
+    deliberately not a node agent: RBAC only (docs/security.md).
+    """
+    from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render as operator_render
+
+    rc, objects, err = render(HELM, {"deployExtenderGPUAware": True}, namespace=namespace, extra=SUPPORTED,
+                              chart=OPERATOR_CHART)
+    assert rc == 0, err
+    policy, binding = policy_objects(objects)
+    cr = next(o for o in objects if o["kind"] == names.OPERATOR_KIND)
+    assert cr["metadata"]["namespace"] == namespace
+    owner = {"metadata": dict(cr["metadata"], uid="u-1")}
+    rendered = operator_render.helm_template(HELM, str(CHART), operator_render.chart_values(cr["spec"]), namespace)
+    deployed = [o for objs in operator_render.desired_objects(rendered, cr["spec"], owner).values() for o in objs]
+    assert {c for c, objs in operator_render.desired_objects(rendered, cr["spec"], owner).items() if objs} == {
+        "gpu-device", "gpu-label", "gpu-aware"}
+    writers = node_writers(deployed)
+    agent_of = agent_map(policy)
+    assert set(agent_of) == writers
+    assert set(agent_of.values()) == EXTENSIONS_AGENTS
+    # the DaemonSets the controller applies run as those service accounts, in the release namespace
+    daemonsets = {(o["metadata"]["namespace"], o["spec"]["template"]["spec"]["serviceAccountName"])
+                  for o in deployed if o["kind"] == "DaemonSet"}
+    assert {"system:serviceaccount:%s:%s" % pair for pair in daemonsets} == writers
+    # the controller writes nodes (readiness labels, cleanup) but is not a node agent: outside the policy
+    controller_writers = node_writers(objects)
+    assert controller_writers == {"system:serviceaccount:%s:operator-controller" % namespace}
+    assert not controller_writers & set(agent_of)
+    condition = policy["spec"]["matchConditions"][0]["expression"]
+    assert json.loads(condition.split(" in ", 1)[1]) == sorted(writers)
+    assert policy["metadata"]["name"] == binding["metadata"]["name"] == "%s-node-agents" % namespace
+
+
+def test_readiness_labels_are_no_node_agents():
+    """The controller sets the readiness chain (contract.py), so no node agent may fake it on its node.
+
+    A compromised gpu-label pod setting runtime.ready or maca.ready would let
+    gpu-device start before the runtime and MACA are there.
+    """
+    owned = {k for fields in names.NODE_AGENT_KEYS.values() for k in fields["labels"]}
+    assert not owned & {names.LABEL_MACA_READY, names.LABEL_RUNTIME_READY}
+
+
+@needs_helm
+@POLICY_CHARTS
+def test_policy_shape(chart):
+    rc, objects, err = render(HELM, {}, extra=SUPPORTED, chart=chart)
     assert rc == 0, err
     policy, _binding = policy_objects(objects)
     spec = policy["spec"]
@@ -204,27 +278,32 @@ def test_policy_shape():
     (False, SUPPORTED, False),                                              # the fallback: RBAC only
     (True, [], True),                                                       # forced (e.g. GitOps rendering)
 ])
-def test_rendered_on_the_capability_check(enabled, extra, rendered):
-    rc, objects, err = render(HELM, {"nodeAgentPolicy": {"enabled": enabled}}, extra=extra)
+@POLICY_CHARTS
+def test_rendered_on_the_capability_check(chart, enabled, extra, rendered):
+    rc, objects, err = render(HELM, {"nodeAgentPolicy": {"enabled": enabled}}, extra=extra, chart=chart)
     assert rc == 0, err
     policy, binding = policy_objects(objects)
     assert (policy is not None, binding is not None) == (rendered, rendered)
-    assert any(o["kind"] == "DaemonSet" for o in objects)
+    # the chart's own workloads render either way (the Extensions agents; the operator's controller)
+    assert any(o["kind"] in ("DaemonSet", "Deployment") for o in objects)
 
 
 @needs_helm
 @pytest.mark.parametrize("pair", ["nodeAgentPolicy.enabled=maybe", "nodeAgentPolicy.other=1"])
-def test_schema_refuses_a_bad_switch(pair):
-    rc, objects, err = render(HELM, {}, sets=[pair])
+@POLICY_CHARTS
+def test_schema_refuses_a_bad_switch(chart, pair):
+    rc, objects, err = render(HELM, {}, sets=[pair], chart=chart)
     assert rc != 0 and not objects
     assert "nodeAgentPolicy" in err, err
 
 
 @needs_helm
-def test_an_agent_missing_from_names_py_is_refused(tmp_path):
+@POLICY_CHARTS
+def test_an_agent_missing_from_names_py_is_refused(tmp_path, chart):
     """A chart naming an agent that names.py does not know fails at render time, naming it."""
-    chart = tmp_path / "metax-gpu-extensions"
-    shutil.copytree(CHART, chart)
+    copy = tmp_path / chart.name
+    shutil.copytree(chart, copy)
+    chart = copy
     tpl = chart / "templates" / "node-agent-policy.yaml"
     tpl.write_text(tpl.read_text(encoding="utf-8").replace('"gpu-label" "gpu-label"', '"gpu-label" "gpu-label" '
                                                            '"gpu-mystery" "gpu-mystery"'), encoding="utf-8")

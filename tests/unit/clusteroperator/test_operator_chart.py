@@ -45,6 +45,8 @@ VALUE_SETS: Dict[str, Dict[str, Any]] = {
                   "gpuAware": {"scoreWeight": "2.5"},
                   "podTemplateSpec": {"metadata": {"annotations": {"team": "gpu"}}},
                   "hostRoot": {"path": "/var/lib/metax-sim", "subPathExpr": "$(NODE_NAME)"}},
+    "data-exporter": {"dataExporter": {"deploy": True, "interval": 5, "service": {"port": 30445},
+                                       "log": {"level": "debug"}, "resources": {"limits": {"memory": "96Mi"}}}},
 }
 
 
@@ -89,13 +91,16 @@ def test_real_product_cr_is_accepted():
     text = (FIXTURES / "clusteroperator-0.9.2.txt").read_text()
     cr = yaml.safe_load(text[text.index("apiVersion: gpu.metax-tech.com/v1alpha1"):])
     assert cr["kind"] == "ClusterOperator" and cr["spec"]["driver"]["deployPolicy"] == "PreferCloud"
+    assert cr["spec"]["dataExporter"]["service"] == {"port": 30445, "type": "ClusterIP"}
     jsonschema.validate(cr, crd_schema())
 
 
 @pytest.mark.parametrize("path,value", [(("driver", "deployPolicy"), "Sometimes"),
                                         (("devicePlugin", "healthyInterval"), -1),
                                         (("labelgen", "log", "level"), "loud"),
-                                        (("maca", "payload", "images"), ["no-tag"])])
+                                        (("maca", "payload", "images"), ["no-tag"]),
+                                        (("dataExporter", "interval"), 0),
+                                        (("dataExporter", "service", "port"), 70000)])
 def test_crd_refuses_bad_values(path, value):
     spec: Dict[str, Any] = {}
     node = spec

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from ansible_collections.metax.gpu.plugins.module_utils import names
-from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_device
+from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_device, gpu_exporter
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render
 
 from charts.helm import CHART, find_helm, helm_required
@@ -120,3 +120,34 @@ def test_drift_is_a_changed_or_missing_field_of_ours_not_what_the_server_adds():
     edited = json.loads(json.dumps(live))
     del edited["metadata"]["labels"]["a"]
     assert render.drifted(edited, desired)
+
+
+def test_data_exporter_deploys_gpu_exporter_from_the_extensions_chart():
+    assert objects(SPEC)["gpu-exporter"] == []          # off unless the CR asks (as in the real product)
+    spec = dict(SPEC, dataExporter={"deploy": True, "interval": 5, "service": {"port": 30445, "type": "NodePort"},
+                                    "image": dict(IMAGE, name="gpu-exporter"), "log": {"format": "text"},
+                                    "resources": {"limits": {"memory": "96Mi"}}})
+    objs = objects(spec)
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in objs["gpu-exporter"]) == [
+        ("ConfigMap", "gpu-exporter-dashboard"), ("DaemonSet", "gpu-exporter"), ("Service", "gpu-exporter"),
+        ("ServiceAccount", "gpu-exporter")]
+    for obj in objs["gpu-exporter"]:
+        assert obj["metadata"]["namespace"] == names.OPERATOR_NAMESPACE
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+        assert obj["metadata"]["labels"][names.LABEL_OPERATOR_OWNER] == "u-1"
+    ds = workload(objs, "gpu-exporter")
+    pod = ds["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "127.0.0.1:5000/metax-gpu/gpu-exporter:abc"
+    assert container["resources"] == {"limits": {"memory": "96Mi"}}
+    args = gpu_exporter.build_parser().parse_args(container["args"])
+    assert (args.port, args.interval, args.log_format) == (30445, 5.0, "text")
+    assert container["ports"] == [{"name": "metrics", "containerPort": 30445}]
+    service = next(o for o in objs["gpu-exporter"] if o["kind"] == "Service")
+    assert (service["spec"]["type"], service["spec"]["ports"][0]["port"]) == ("NodePort", 30445)
+    # GPU nodes only; driver.ready joins the gate once a driver component is deployed
+    assert pod["nodeSelector"] == {names.LABEL_GPU_INSTALLED: "true"}
+    assert ds["spec"]["template"]["metadata"]["annotations"] == {"team": "gpu"}
+    # the other components are untouched by it
+    assert objs["gpu-device"] == objects(SPEC)["gpu-device"]
+    assert objects(dict(spec, minimal=True))["gpu-exporter"] == []

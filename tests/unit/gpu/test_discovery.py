@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import DiscoveryError, discover
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.mxsmi import parse_table
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import GpuSpec, NodeSpec, expected_link, preset
@@ -60,6 +62,37 @@ def test_failed_gpu_disappears_or_turns_unhealthy(make_node):
     assert inv.gpu_count == 7
     assert [g.healthy for g in inv.gpus].count(False) == 1
     assert not next(g for g in inv.gpus if g.bdf == "0000:45:00.0").healthy
+    # -L prints it "Not Available(...)" with no UUID: reported, and that GPU alone has none
+    assert [g.uuid is None for g in inv.gpus].count(True) == 1
+    assert next(g for g in inv.gpus if g.bdf == "0000:45:00.0").uuid is None
+    assert any("Not Available" in w and "(line 7:" in w for w in inv.warnings)
+
+
+def test_uuids_from_the_real_list_form_and_serials_from_sysfs(make_node):
+    host = make_node("8xC500")
+    state = generator.load_state(host)
+    inv = discover(host)
+    assert [g.uuid for g in inv.gpus] == [g["uuid"] for g in state["gpus"]]
+    assert [g.serial for g in inv.gpus] == [g["serial"] for g in state["gpus"]]
+    assert len({g.serial for g in inv.gpus}) == 8 and re.match(r"^([0-9a-f]{2}-){7}[0-9a-f]{2}$", inv.gpus[0].serial)
+    # the real sample's lines, at this node's addresses and in another order:
+    # matched by PCI address, not by the index
+    with open(os.path.join(SAMPLES, "list-2.2.9-MXC500-excerpt.txt")) as handle:
+        real = handle.read().splitlines()
+    listing = [real[0], real[2].replace("0000:3c:00.0", BDFS_8XC500[7]).replace("GPU#7", "GPU#0"),
+               real[1].replace("0000:08:00.0", BDFS_8XC500[0]).replace("GPU#0", "GPU#7")]
+    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+        fake_mx_smi_printing(host, real_table_for(BDFS_8XC500), handle.read(), "\n".join(listing))
+    inv = discover(host)
+    assert inv.warnings == ()
+    assert inv.gpus[0].uuid == "GPU-e702f06b-bbd6-bc06-5196-90a5554a24ba"
+    assert inv.gpus[7].uuid == "GPU-0e715b45-bcef-1500-e2db-752724095700"
+    assert [g.uuid for g in inv.gpus[1:7]] == [None] * 6
+
+
+def test_sriov_vfs_have_no_serial_of_their_own(make_node):
+    inv = discover(make_node("2xC550-sriov"))
+    assert all(g.serial for g in inv.gpus)
 
 
 def test_driver_unloaded_reports_pci_only(make_node):
@@ -340,8 +373,10 @@ def test_mutated_real_layouts_never_leave_discovery_nor_fail_a_gpu(tmp_path_fact
     assert [g.bdf for g in inv.gpus] == BDFS_8XC500
     # no mutation here says a GPU is unavailable: only a GPU mx-smi no longer
     # prints at all, in a table that is otherwise read whole, may be unhealthy
+    # (topo's own warning that it lists that GPU is a consequence, not a misread)
+    table = "\n".join(texts[0])
     for gpu in inv.gpus:
-        assert gpu.healthy or (gpu.bdf not in "\n".join(texts[0]) and not inv.unparsed), inv.warnings
+        assert gpu.healthy or (gpu.bdf not in table and not parse_table(table).problems), inv.warnings
     assert all(g.product == "C500" and g.memory_gib == 64 for g in inv.gpus)
     if inv.topology.metaxlink_known:
         assert groups(inv) == [("metaxlink", (0, 1, 2, 3)), ("metaxlink", (4, 5, 6, 7))]

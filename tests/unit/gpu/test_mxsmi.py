@@ -86,16 +86,45 @@ def test_table_record_problems_name_the_line_and_keep_the_rest(text, message, li
     assert table.problems[0].startswith("`mx-smi` output not understood")
 
 
-def test_list_parses_uuid_and_serial_and_rejects_garbage():
-    parsed = mxsmi.parse_list("GPU 0: MXC500 (UUID: GPU-1234, SN: MX01)\n\nGPU 1: MXC500 (UUID: GPU-5678)\n")
-    assert parsed[0] == {"name": "MXC500", "uuid": "GPU-1234", "serial": "MX01"}
-    assert parsed[1]["uuid"] == "GPU-5678"
-    with pytest.raises(mxsmi.MxSmiParseError, match="line 1"):
-        mxsmi.parse_list("No devices were found\n")
+def test_list_reads_the_real_sample():
+    parsed = mxsmi.parse_list(sample("list-2.2.9-MXC500-excerpt.txt"))
+    assert parsed == {
+        0: {"name": "MXC500", "bdf": "0000:08:00.0", "state": "Available",
+            "uuid": "GPU-e702f06b-bbd6-bc06-5196-90a5554a24ba"},
+        7: {"name": "MXC500", "bdf": "0000:3c:00.0", "state": "Available",
+            "uuid": "GPU-0e715b45-bcef-1500-e2db-752724095700"},
+    }
+
+
+def test_list_reads_by_structure_not_by_column():
+    text = ("GPU#1\tMXC550-PL 0000:1B:00.0 Available  (UUID: GPU-1, SN: 12-34)\n"
+            "GPU#12 MetaX C500   00000000:9a:00.0  Available (UUID: GPU-12)\n")
+    assert mxsmi.parse_list(text) == {
+        1: {"name": "MXC550-PL", "bdf": "0000:1b:00.0", "state": "Available", "uuid": "GPU-1", "serial": "12-34"},
+        12: {"name": "MetaX C500", "bdf": "0000:9a:00.0", "state": "Available", "uuid": "GPU-12"},
+    }
+
+
+def test_list_reports_and_skips_what_it_cannot_use():
+    real = sample("list-2.2.9-MXC500-excerpt.txt").splitlines()
+    text = "\n".join([real[0], real[1],
+                      "GPU#3    MXC500      0000:0b:00.0   Not Available(GPU init failed)",
+                      "GPU#4    MXC500      0000:0c:00.0   Available",
+                      "GPU 5: MXC500 (UUID: GPU-5)",
+                      "GPU#0    MXC500      0000:0d:00.0   Available (UUID: GPU-dup)",
+                      "No devices were found", real[2]])
     problems = []
-    assert mxsmi.parse_list("GPU 0: MetaX C500 (UUID: GPU-1)\nbanana\n", problems) == {
-        0: {"name": "MetaX C500", "uuid": "GPU-1"}}
-    assert problems == ["`mx-smi -L` output not understood: expected 'GPU N: NAME (UUID: ...)' (line 2: 'banana')"]
+    parsed = mxsmi.parse_list(text, problems)
+    assert sorted(parsed) == [0, 7] and parsed[0]["bdf"] == "0000:08:00.0"
+    assert len(problems) == 5
+    assert "GPU 3 is 'Not Available(GPU init failed)' (line 3:" in problems[0]
+    assert "GPU 4 has no UUID (line 4:" in problems[1]
+    assert "expected 'GPU#<index>" in problems[2] and "(line 5: 'GPU 5: MXC500" in problems[2]
+    assert "duplicate GPU index 0 (line 6:" in problems[3]
+    assert "(line 7: 'No devices were found')" in problems[4]
+    assert all(p.startswith("`mx-smi -L` output not understood: ") for p in problems)
+    with pytest.raises(mxsmi.MxSmiParseError, match="line 3"):
+        mxsmi.parse_list(text)
 
 
 def test_topology_with_nic_columns_tabs_and_link_counts():

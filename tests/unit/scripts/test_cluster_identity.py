@@ -71,6 +71,22 @@ def test_scripts_hash_follows_contents(tmp_path):
     assert identity.scripts_hash(str(tmp_path)) != first
 
 
+def test_scripts_hash_covers_every_listed_dir(tmp_path):
+    """cluster.sh passes scripts/cluster and tests/localcluster: a change in either is another cluster."""
+    scripts, package = tmp_path / "scripts", tmp_path / "localcluster"
+    scripts.mkdir()
+    package.mkdir()
+    (scripts / "cluster.sh").write_text("echo 1\n")
+    (package / "nodes.py").write_text("X = 1\n")
+    both = "%s:%s" % (scripts, package)
+    first = identity.scripts_hash(both)
+    assert first != identity.scripts_hash(str(scripts))
+    (package / "nodes.py").write_text("X = 2\n")
+    assert identity.scripts_hash(both) != first
+    (package / "nodes.py").write_text("X = 1\n")
+    assert identity.scripts_hash(both) == first
+
+
 def _cli(*args, env=None):
     return subprocess.run([sys.executable, SCRIPT] + [str(a) for a in args], capture_output=True, text=True,
                           check=True, env=env).stdout.strip()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -55,7 +56,25 @@ def test_mx_smi_prints_table_list_and_topology(make_node):
     topo = mx_smi(host, "topo", "-m").stdout
     assert "PIX" in topo and "PHB" in topo and "MX " not in topo.split("Legend")[0]
     assert "Affinity" not in topo
-    assert "UUID: GPU-" in mx_smi(host, "-L").stdout
+    listing = mx_smi(host, "-L").stdout.splitlines()
+    assert listing[0] == "mx-smi  version: %s" % generator.load_state(host)["mx_smi_version"]
+    assert len(listing) == 5 and all(re.match(r"GPU#\d +MXN100 +0000:\S+ +Available \(UUID: GPU-", line)
+                                     for line in listing[1:])
+
+
+def test_list_prints_the_real_form_and_unavailable_gpus(make_node):
+    host = make_node("8xC500")
+    state = generator.load_state(host)
+    with open(os.path.join(SAMPLES, "list-2.2.9-MXC500-excerpt.txt")) as handle:
+        sample = handle.read().splitlines()
+    listing = mx_smi(host, "-L").stdout.splitlines()
+    # the sample's GPU 0 is at another address with another UUID; the rest is printed alike
+    gpu0 = state["gpus"][0]
+    assert listing[1].replace(gpu0["bdf"], "0000:08:00.0").replace(
+        gpu0["uuid"], "GPU-e702f06b-bbd6-bc06-5196-90a5554a24ba") == sample[1]
+    generator.fail_gpu(host, 2, mode="smi")
+    assert mx_smi(host, "-L").stdout.splitlines()[3] == \
+        "GPU#2    MXC500      %s   Not Available(GPU is unavailable)" % state["gpus"][2]["bdf"]
 
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu", "fixtures", "mx-smi")
@@ -81,7 +100,7 @@ def test_legacy_layout_stays_available(make_node):
     generator.set_mx_smi_layout(host, "legacy")
     assert mx_smi(host).stdout.count("MXN100") == 4
     assert "CPU Affinity" in mx_smi(host, "topo", "-m").stdout
-    assert mx_smi(host, "-L").stdout.startswith("GPU 0: MXN100 (UUID: GPU-")
+    assert mx_smi(host, "-L").stdout.splitlines()[1].startswith("GPU#0    MXN100      0000:")
     with pytest.raises(generator.SimError, match="layout must be one of real, legacy"):
         generator.set_mx_smi_layout(host, "fancy")
     bad = mx_smi(host, "--frobnicate")
@@ -200,3 +219,31 @@ def test_install_hook_refuses_a_directory_that_is_not_a_simulated_node(tmp_path,
     assert sim_main(["install-hook", str(tmp_path)]) == 2
     assert "not a simulated MetaX node" in capsys.readouterr().err
     assert not (tmp_path / ".metax-sim").exists()
+
+
+def test_install_mx_smi_brings_an_old_root_up_to_date(make_node, tmp_path):
+    host = make_node("1xC500")
+    with open(host.join("usr/bin/mx-smi"), "w") as handle:
+        handle.write("#!/bin/sh\necho 'GPU 0: MXC500 (UUID: GPU-old)'\n")
+    assert mx_smi(host, "-L").stdout.startswith("GPU 0: ")
+    assert sim_main(["install-mx-smi", host.path]) == 0
+    assert mx_smi(host, "-L").stdout.splitlines()[1].startswith("GPU#0    MXC500      0000:")
+    # not a simulated node: refused
+    assert sim_main(["install-mx-smi", str(tmp_path)]) == 2
+
+
+def test_install_mx_smi_over_an_older_copy_keeps_state_faults_and_load(make_node):
+    from ansible_collections.metax.gpu.plugins.module_utils.gpu import mxsmi_json
+
+    host = make_node("8xC500")
+    bdf = generator.load_state(host)["gpus"][2]["bdf"]
+    generator.fail_gpu(host, 5, "smi")
+    generator.set_load(host, bdf, 0.8)
+    # the copy a root made before load.json existed: an idle table, no -j
+    with open(host.join(generator.MX_SMI_PATH), "w") as handle:
+        handle.write("#!/bin/sh\necho 'mx-smi  version: 2.2.9'\n")
+    assert sim_main(["install-mx-smi", host.path]) == 0
+    devices = {d.bdf: d for d in mxsmi_json.parse_json(mx_smi(host, "-j").stdout).devices}
+    # the load sways between 80 % and 100 % of what was set
+    assert 64 <= devices[bdf].utilization_percent <= 80
+    assert not devices[generator.load_state(host)["gpus"][5]["bdf"]].available

@@ -1,0 +1,189 @@
+{{/*
+The node-agent admission policy (issue 30, docs/security.md).
+
+RBAC can grant "patch nodes" but cannot say "this node" or "these keys". A
+ValidatingAdmissionPolicy can: the kubelet's projected service-account token
+names the node its pod runs on (request.userInfo.extra
+"authentication.kubernetes.io/node-name", on by default since Kubernetes
+1.30), and CEL compares the new Node with the old one. An agent's update of a
+Node is admitted only when
+  - the Node is the one its pod runs on;
+  - spec, status, finalizers and owner references are unchanged;
+  - every label and annotation it adds, changes or removes is under
+    metax-tech.com/ and is one the agent owns (names.py NODE_AGENT_KEYS,
+    generated into _keys.tpl).
+Everyone else (administrators, the kubelet, controllers, the day-two
+playbooks) is outside the policy: matchConditions select the agents' own
+service accounts only.
+
+Usage, from a chart that lists this library chart as a dependency:
+
+  {{- include "metax-node-agent-policy.objects" (dict
+        "root" $
+        "name" "metax-gpu-node-agents"
+        "serviceAccounts" (dict "gpu-device" "gpu-device" "gpu-label" "gpu-label")
+        "enabled" .Values.nodeAgentPolicy.enabled
+        "labels" (include "my-chart.labels" .)) }}
+
+serviceAccounts maps an agent of NODE_AGENT_KEYS to the name of its service
+account in the release namespace. enabled: "auto" (rendered when the API
+server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy and is
+1.30 or newer), true (always) or false (never: RBAC only).
+*/}}
+
+{{/* "true" when the policy is to be rendered (see above); "" otherwise. */}}
+{{- define "metax-node-agent-policy.enabled" -}}
+{{- $enabled := .enabled -}}
+{{- if kindIs "bool" $enabled -}}
+{{- if $enabled }}true{{ end -}}
+{{- else if eq (toString $enabled) "auto" -}}
+{{- /* v1 (GA) is served from 1.30, the release that also turned the token's node-name extra on by default. */ -}}
+{{- if and (.root.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.30.0-0" .root.Capabilities.KubeVersion.Version) }}true{{ end -}}
+{{- else -}}
+{{- fail (printf "nodeAgentPolicy.enabled must be auto, true or false, not %v" $enabled) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The policy and its binding (see above). */}}
+{{- define "metax-node-agent-policy.objects" -}}
+{{- if include "metax-node-agent-policy.enabled" . -}}
+{{- $root := .root -}}
+{{- $data := include "metax-node-agent-policy.keys" . | fromJson -}}
+{{- $prefix := $data.prefix -}}
+{{- $users := list -}}
+{{- $agentOf := dict -}}
+{{- range $agent, $sa := .serviceAccounts -}}
+{{- if not (hasKey $data.agents $agent) -}}
+{{- fail (printf "node-agent policy: %s is not a node agent of names.py NODE_AGENT_KEYS (known: %s)" $agent (keys $data.agents | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- $user := printf "system:serviceaccount:%s:%s" $root.Release.Namespace $sa -}}
+{{- $users = append $users $user -}}
+{{- $_ := set $agentOf $user $agent -}}
+{{- end -}}
+{{- /* key -> owning agent, over every agent of the table, so a denial names the owner */ -}}
+{{- $labelOwners := dict -}}
+{{- $annotationOwners := dict -}}
+{{- range $agent, $keys := $data.agents -}}
+{{- range $keys.labels }}{{ $_ := set $labelOwners . $agent }}{{ end -}}
+{{- range $keys.annotations }}{{ $_ := set $annotationOwners . $agent }}{{ end -}}
+{{- end -}}
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {{ .name }}
+  {{- with .labels }}
+  labels:
+    {{- . | nindent 4 }}
+  {{- end }}
+spec:
+  # An expression that cannot be evaluated denies: an agent's write is refused
+  # rather than let through unchecked.
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [""]
+        apiVersions: ["*"]
+        operations: [UPDATE]
+        # nodes/status too: no agent may write it (RBAC does not grant it either)
+        resources: [nodes, nodes/status]
+  matchConditions:
+    # the node agents' own service accounts only
+    - name: node-agent-service-account
+      expression: |-
+        request.userInfo.username in {{ toJson $users }}
+  variables:
+    - name: agent
+      expression: |-
+        {{ toJson $agentOf }}[request.userInfo.username]
+    # the pod's node, from its bound service-account token ("" when the token names none)
+    - name: nodeName
+      expression: |-
+        has(request.userInfo.extra) && "authentication.kubernetes.io/node-name" in request.userInfo.extra && size(request.userInfo.extra["authentication.kubernetes.io/node-name"]) == 1 ? request.userInfo.extra["authentication.kubernetes.io/node-name"][0] : ""
+    - name: labelOwners
+      expression: |-
+        {{ toJson $labelOwners }}
+    - name: annotationOwners
+      expression: |-
+        {{ toJson $annotationOwners }}
+    - name: oldLabels
+      expression: oldObject.metadata.?labels.orValue({})
+    - name: newLabels
+      expression: object.metadata.?labels.orValue({})
+    - name: oldAnnotations
+      expression: oldObject.metadata.?annotations.orValue({})
+    - name: newAnnotations
+      expression: object.metadata.?annotations.orValue({})
+    # keys added, changed or removed by this request
+    - name: changedLabels
+      expression: |-
+        variables.newLabels.filter(k, !(k in variables.oldLabels) || variables.oldLabels[k] != variables.newLabels[k]) + variables.oldLabels.filter(k, !(k in variables.newLabels))
+    - name: changedAnnotations
+      expression: |-
+        variables.newAnnotations.filter(k, !(k in variables.oldAnnotations) || variables.oldAnnotations[k] != variables.newAnnotations[k]) + variables.oldAnnotations.filter(k, !(k in variables.newAnnotations))
+  validations:
+    - expression: variables.nodeName != ""
+      reason: Forbidden
+      message: a node agent may change only the node its pod runs on, and this token names no node
+      messageExpression: |-
+        variables.agent + " may change only the node its pod runs on, and this token names no node (no authentication.kubernetes.io/node-name: use the pod's own service-account token)"
+    - expression: object.metadata.name == variables.nodeName
+      reason: Forbidden
+      message: a node agent may change only the node its pod runs on
+      messageExpression: |-
+        variables.agent + " may change only its own node " + variables.nodeName + ", not node " + object.metadata.name
+    - expression: |-
+        has(object.spec) == has(oldObject.spec) && (!has(object.spec) || object.spec == oldObject.spec)
+      reason: Forbidden
+      message: a node agent may not change the node's spec (taints, unschedulable, ...)
+      messageExpression: |-
+        variables.agent + " may not change the spec of node " + object.metadata.name + " (taints, unschedulable, ...): a node agent writes only its own {{ $prefix }} labels and annotations"
+    - expression: |-
+        has(object.status) == has(oldObject.status) && (!has(object.status) || object.status == oldObject.status)
+      reason: Forbidden
+      message: a node agent may not change the node's status
+      messageExpression: |-
+        variables.agent + " may not change the status of node " + object.metadata.name + ": a node agent writes only its own {{ $prefix }} labels and annotations"
+    - expression: |-
+        object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([]) && object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([])
+      reason: Forbidden
+      message: a node agent may not change the node's finalizers or owner references
+      messageExpression: |-
+        variables.agent + " may not change the finalizers or owner references of node " + object.metadata.name
+    - expression: |-
+        variables.changedLabels.all(k, k.startsWith("{{ $prefix }}"))
+      reason: Forbidden
+      message: a node agent may change only {{ $prefix }} labels
+      messageExpression: |-
+        variables.agent + " may change only {{ $prefix }} labels, not " + variables.changedLabels.filter(k, !k.startsWith("{{ $prefix }}")).join(", ")
+    - expression: |-
+        variables.changedLabels.all(k, k in variables.labelOwners && variables.labelOwners[k] == variables.agent)
+      reason: Forbidden
+      message: a node agent may change only the labels it owns
+      messageExpression: |-
+        variables.agent + " may change only the labels it owns: " + variables.changedLabels.filter(k, !(k in variables.labelOwners && variables.labelOwners[k] == variables.agent)).map(k, k + (k in variables.labelOwners ? " is owned by " + variables.labelOwners[k] : " is owned by no node agent")).join(", ")
+    - expression: |-
+        variables.changedAnnotations.all(k, k.startsWith("{{ $prefix }}"))
+      reason: Forbidden
+      message: a node agent may change only {{ $prefix }} annotations
+      messageExpression: |-
+        variables.agent + " may change only {{ $prefix }} annotations, not " + variables.changedAnnotations.filter(k, !k.startsWith("{{ $prefix }}")).join(", ")
+    - expression: |-
+        variables.changedAnnotations.all(k, k in variables.annotationOwners && variables.annotationOwners[k] == variables.agent)
+      reason: Forbidden
+      message: a node agent may change only the annotations it owns
+      messageExpression: |-
+        variables.agent + " may change only the annotations it owns: " + variables.changedAnnotations.filter(k, !(k in variables.annotationOwners && variables.annotationOwners[k] == variables.agent)).map(k, k + (k in variables.annotationOwners ? " is owned by " + variables.annotationOwners[k] : " is owned by no node agent")).join(", ")
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ .name }}
+  {{- with .labels }}
+  labels:
+    {{- . | nindent 4 }}
+  {{- end }}
+spec:
+  policyName: {{ .name }}
+  validationActions: [Deny]
+{{- end -}}
+{{- end -}}
