@@ -44,6 +44,28 @@ SIM_KERNEL_HOOK = SIM_STATE_DIR + "/kernel"
 MX_SMI_DIRS = ("usr/bin", "usr/local/bin", "opt/mxdriver/bin", "opt/maca/bin", "usr/sbin")
 
 
+def replace_file(path: str, content: bytes, mode: int = 0o644, tmp_dir: Optional[str] = None) -> None:
+    """Replace ``path`` with ``content`` atomically: a reader sees the old or the new file, never half.
+
+    The temporary file (``.metax-tmp-*``, a name no config reader picks up)
+    is written and synced in ``tmp_dir`` (default: beside ``path``; same
+    filesystem), then renamed over ``path``; a failure removes it.
+    """
+    directory = tmp_dir or os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".metax-tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 class HostRootError(MetaxGpuError):
     """A node-side file or command could not be read or run.
 
@@ -224,20 +246,7 @@ class HostRoot:
         directories (e.g. the kubelet's static-pod path, where a stray file
         would be run as a pod); it must be on the same filesystem.
         """
-        path = self.join(rel)
-        directory = tmp_dir or os.path.dirname(path)
-        fd, tmp = tempfile.mkstemp(prefix=".metax-tmp-", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(content)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        replace_file(self.join(rel), content, mode, tmp_dir)
 
     # -- commands -----------------------------------------------------
     def which(self, name: str, dirs: Sequence[str] = MX_SMI_DIRS) -> Optional[str]:

@@ -17,13 +17,12 @@ Standard library only: this runs on nodes.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ..gpu.discovery import discover
-from ..host import HostRoot
+from ..host import HostRoot, replace_file
 from ..names import CDI_SPEC_DIR, CDI_SPEC_FILE
 from .spec import MACA_LIBRARY_DIRS, CdiSpecError, Maca, build_spec, devices_of, render
 
@@ -71,18 +70,7 @@ def write_if_changed(path: str, content: bytes, mode: int = 0o644) -> bool:
         pass
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    replace_file(path, content, mode)
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)        # the rename survives a crash
