@@ -166,9 +166,24 @@ class ChainWatch(threading.Thread):
         return sorted((t, node, step) for (node, step), t in self.seen.items())
 
 
+def strip_ours(cluster):
+    """Remove every metax-tech.com/ label and annotation from every node, as the cluster admin."""
+    for name, node in nodes(cluster).items():
+        meta = node["metadata"]
+        patch = {part: {k: None for k in (meta.get(part) or {}) if k.startswith(N.PREFIX)}
+                 for part in ("labels", "annotations")}
+        if any(patch.values()):
+            cluster.kubectl("patch", "node", name, "--type=merge", "-p", json.dumps({"metadata": patch}),
+                            check=True)
+
+
 @pytest.fixture(scope="module")
 def installed(cluster, images, no_extensions):
     before = {name: ours(node) for name, node in nodes(cluster).items()}
+    # The chain is timed from nodes without our keys: agents run by earlier
+    # modules (and a plain `helm uninstall` of Extensions) leave gpu-label's
+    # labels behind, which would be "seen" before the operator started.
+    strip_ours(cluster)
     watch = ChainWatch(cluster)
     watch.start()
     res = helm(cluster, "install", CHART, "--create-namespace", "-n", NS, "--generate-name", "--wait",
