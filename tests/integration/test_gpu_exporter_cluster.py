@@ -93,16 +93,21 @@ def test_prometheus_scrapes_every_gpu(exporter):
     assert [float(r["value"][1]) for r in up] == [1.0]
 
 
-def test_a_gpu_pods_devices_by_pod_label(exporter):
-    agents, prom = exporter
-    name = "gpu-load-%s" % uuid.uuid4().hex[:6]
-    agents.apply({
+def gpu_pod(agents, name, container):
+    """A pod holding one GPU on the agents' node, idle until deleted."""
+    return {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
         "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
                  "nodeSelector": {"kubernetes.io/hostname": agents.node},
                  "tolerations": [{"operator": "Exists"}],
-                 "containers": [{"name": "trainer", "image": agents.images["gpu-device"],
-                                 "command": ["sh", "-c", "sleep 3600"], "resources": {"limits": {GPU: "1"}}}]}})
+                 "containers": [{"name": container, "image": agents.images["gpu-device"],
+                                 "command": ["sh", "-c", "sleep 3600"], "resources": {"limits": {GPU: "1"}}}]}}
+
+
+def test_a_gpu_pods_devices_by_pod_label(exporter):
+    agents, prom = exporter
+    name = "gpu-load-%s" % uuid.uuid4().hex[:6]
+    agents.apply(gpu_pod(agents, name, "trainer"))
     bdf = None
     try:
         wait_for(lambda: agents.api.read_namespaced_pod(name, NS).status.phase == "Running", 180, "the GPU pod")
@@ -154,13 +159,7 @@ def test_every_dashboard_query_returns_data(exporter):
     with open(DASHBOARD) as handle:
         dashboard = json.load(handle)
     name = "gpu-dash-%s" % uuid.uuid4().hex[:6]
-    agents.apply({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
-        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                 "nodeSelector": {"kubernetes.io/hostname": agents.node},
-                 "tolerations": [{"operator": "Exists"}],
-                 "containers": [{"name": "c", "image": agents.images["gpu-device"],
-                                 "command": ["sh", "-c", "sleep 3600"], "resources": {"limits": {GPU: "1"}}}]}})
+    agents.apply(gpu_pod(agents, name, "c"))
     loaded = []
     try:
         held = wait_for(lambda: prom.query('metax_gpu_allocated{pod="%s"} == 1' % name), 180, "the pod's device")
