@@ -287,6 +287,7 @@ class _Choice:
     start: Tuple[str, ...]
     hold: Optional[Wait]                      # a reason holding every candidate
     cap_reason: str                           # the limit that ends the start list
+    full: bool                                # the start list reached that limit
     budget_left: int
     step: Optional[int]
     step_pause: Optional[StepPause]
@@ -302,13 +303,13 @@ def _choose(census: _Census, limits: _Limits, policy: Policy, now: float,
     if not policy.restart_unfinished and len(census.failed) >= threshold:
         why = "%d node(s) failed (%s), maxFailureThreshold %d: fallback %s" % (
             len(census.failed), ", ".join(census.failed), threshold, policy.fallback)
-        return _Choice((), Wait("", WAIT_PAUSED, why), "", budget, None, step_pause, True, why)
+        return _Choice((), Wait("", WAIT_PAUSED, why), "", False, budget, None, step_pause, True, why)
     if not policy.enabled:
-        return _Choice((), Wait("", WAIT_DISABLED, "upgradePolicy.enableRollout is false"), "", budget, None,
-                       step_pause, False, "")
+        return _Choice((), Wait("", WAIT_DISABLED, "upgradePolicy.enableRollout is false"), "", False, budget,
+                       None, step_pause, False, "")
     if policy.paused:
         why = "upgradePolicy.pause is true"
-        return _Choice((), Wait("", WAIT_PAUSED, why), "", budget, None, step_pause, True, why)
+        return _Choice((), Wait("", WAIT_PAUSED, why), "", False, budget, None, step_pause, True, why)
     done = len(census.done)
     step: Optional[int] = next((i for i, cap in enumerate(limits.caps) if done < cap), None)
     last_over = (len(limits.caps) if step is None else step) - 1
@@ -318,7 +319,7 @@ def _choose(census: _Census, limits: _Limits, policy: Policy, now: float,
         if now < step_pause.until:
             why = "step %d of %d is over (%d node(s) at the target): pause until %s" % (
                 last_over + 1, len(limits.caps), done, step_pause.until)
-            return _Choice((), Wait("", WAIT_STEP_PAUSE, why), "", budget, step, step_pause, False, "")
+            return _Choice((), Wait("", WAIT_STEP_PAUSE, why), "", False, budget, step, step_pause, False, "")
     parallel_left = limits.max_parallel - len(census.in_flight)
     step_left = limits.caps[step] - done - len(census.in_flight) - len(census.failed) \
         if step is not None else census.total
@@ -337,7 +338,8 @@ def _choose(census: _Census, limits: _Limits, policy: Policy, now: float,
         else:
             start.append(fresh.popleft())
             left -= 1
-    return _Choice(tuple(name for _, name in start), None, cap_reason, left, step, step_pause, False, "")
+    return _Choice(tuple(name for _, name in start), None, cap_reason, len(start) >= cap, left, step, step_pause,
+                   False, "")
 
 
 def _wait_detail(reason: str, limits: _Limits, census: _Census, choice: _Choice) -> str:
@@ -368,9 +370,9 @@ def decide(nodes: Sequence[RolloutNode], policy: Policy, now: float = 0.0,
             if choice.hold is not None:
                 waiting.append(Wait(name, choice.hold.reason, choice.hold.detail))
                 continue
-            # a cordoned candidate is left only by a full start list; a schedulable
-            # one also by the budget, the limit that then matters
-            reason = WAIT_BUDGET if not cheap and choice.budget_left <= 0 else choice.cap_reason
+            # a cordoned candidate is left only by a full start list, a schedulable
+            # one also by the budget; a full list says which limit the rollout is at
+            reason = choice.cap_reason if cheap or choice.full else WAIT_BUDGET
             if reason not in details:
                 details[reason] = _wait_detail(reason, limits, census, choice)
             waiting.append(Wait(name, reason, details[reason]))
