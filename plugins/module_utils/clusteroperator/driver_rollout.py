@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import names as N
 from ..driver.rollout import Decision, Policy, PolicyError, RolloutNode, Step, StepPause, decide, finished_node
-from ..driver.rollout_node import labels_of, rollout_node
+from ..driver.rollout_node import label_version, labels_of, rollout_node
 
 # deployPolicy values under which a version bump upgrades only the drivers the
 # operator installed (gpu.driver.mode=cloud); Always takes every node, Never none
@@ -82,7 +82,7 @@ def _in_scope(node: Mapping[str, Any], deploy_policy: str) -> bool:
         return False
     if deploy_policy in OWN_DRIVERS_ONLY and labels.get(N.LABEL_DRIVER_MODE) != MODE_CLOUD:
         return False         # the administrator's driver (native) is left alone
-    return rollout_node(node).current_version is not None   # no driver yet: an install, not an upgrade
+    return label_version(node) is not None   # no driver yet: an install, not an upgrade
 
 
 def rollout_nodes(nodes: Sequence[Mapping[str, Any]], target: str, deploy_policy: str) -> List[RolloutNode]:

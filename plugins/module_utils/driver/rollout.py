@@ -39,6 +39,7 @@ import math
 import re
 from collections import deque
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 from .. import names as N
@@ -182,6 +183,7 @@ class BatchPlan:
     batch_of: Dict[str, int] = field(default_factory=dict)
 
 
+@lru_cache(maxsize=256)     # a fleet has a handful of versions; every node asks
 def version_parts(version: Optional[str]) -> Tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", str(version or "")))
 
@@ -420,7 +422,8 @@ def plan_batches(nodes: Sequence[RolloutNode], policy: Policy, now: float = 0.0)
         # the batch succeeded: at the target, uncordoned unless the administrator had cordoned it
         census.done.extend(choice.start)
         for name in choice.start:
-            census.n_unavailable += int(finished_node(by_name[name]).unavailable) - int(by_name[name].unavailable)
+            node = by_name[name]    # finished: cordoned only if the administrator had (finished_node)
+            census.n_unavailable += int(node.admin_cordoned or not node.ready) - int(node.unavailable)
     blocked = tuple(name for _, name in sorted(list(census.free) + list(census.fresh)))
     return BatchPlan(batches=tuple(batches), first=first, blocked=blocked, pauses=tuple(pauses),
                      batch_of={name: i for i, batch in enumerate(batches) for name in batch})
