@@ -5,9 +5,10 @@
 
 A private control plane (controlplane.py: no kubelets, so the shared local
 cluster is not needed) holds six GPU Node objects, the operator's CRD and a
-ClusterOperator. Each round plays the controller's part with
-clusteroperator/driver_rollout.py (read the nodes, apply its merge patches,
-write status.driverUpgrade through the status subresource) and then the
+ClusterOperator. Each round plays the controller's part with the
+controller's own code, ``Cluster.roll_driver`` over the ``kubernetes``
+client (read the nodes, apply clusteroperator/driver_rollout.py's patches),
+and writes status.driverUpgrade through the status subresource; then the
 node agents' part of the contract (docs/operator.md, "driver upgradePolicy"):
 upgrade-required -> paused (gpu-label's labels stripped) -> done with the new
 version, or failed with a message on one node. The node agents are the
@@ -28,7 +29,9 @@ import pytest
 from controlplane import ControlPlane
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.cluster import Cluster
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.driver_rollout import driver_rollout
+from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CHART = os.path.join(ROOT, "files", "charts", "metax-operator")
@@ -117,12 +120,10 @@ def agent_round(api, nodes):
 
 def test_rollout_rounds_against_the_api_server(api):
     now, status, trace = T0, {}, []
+    controller = Cluster(api_client(api.cp.kubeconfig), NS)
     for _ in range(40):
-        spec = api.cr()["spec"]
-        plan = driver_rollout(spec, api.nodes(), now, status)
+        plan = controller.roll_driver(api.cr()["spec"], now, status)
         assert not plan.error, plan.error
-        for patch in plan.patches:
-            api.patch_node(patch.node, patch.body)
         status = plan.status
         # the CRD's status schema keeps every field (a structural schema would prune unknown ones)
         api.ok("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--subresource=status", "--type=merge",
