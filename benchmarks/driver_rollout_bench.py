@@ -80,7 +80,7 @@ def yaml_era_filter() -> Optional[Callable[..., Dict[str, Any]]]:
 
 def best(fn: Callable[[], Any], repeat: int) -> float:
     times = []
-    for _ in range(repeat):
+    for _round in range(repeat):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -94,7 +94,7 @@ def baseline(nodes: List[Dict[str, Any]]) -> Any:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()

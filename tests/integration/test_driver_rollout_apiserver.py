@@ -121,7 +121,7 @@ def agent_round(api, nodes):
 def test_rollout_rounds_against_the_api_server(api):
     now, status, trace = T0, {}, []
     controller = Cluster(api_client(api.cp.kubeconfig), NS)
-    for _ in range(40):
+    for _round in range(40):
         plan = controller.roll_driver(api.cr()["spec"], now, status)
         assert not plan.error, plan.error
         status = plan.status
@@ -162,7 +162,7 @@ def test_rollout_rounds_against_the_api_server(api):
         {"node": FAILS, "reason": "validate: driver.ready missing; rolled back"}]
     assert status["message"] == "over; not upgraded: %s (failed), %s (not-ready)" % (FAILS, NOT_READY)
     # the canary step: one node alone, then a 5 s pause before the rest
-    first_starts = [t for t, p, _, _ in trace if any(x.endswith(":start") for x in p)]
+    first_starts = [t for t, p, _u, _m in trace if any(x.endswith(":start") for x in p)]
     assert first_starts[0] == 0 and first_starts[1] >= 5 + 2, trace
 
 

@@ -190,12 +190,11 @@ def rollout_message(decision: Decision) -> str:
     if decision.pause_until is not None:
         return "between steps: the next starts at %s" % _iso(decision.pause_until)
     if decision.stuck:
-        return "waiting: maxUnavailable %d is used up by %s" % (decision.max_unavailable,
-                                                                 ", ".join(decision.unavailable))
+        return "waiting: maxUnavailable %d is used up by %s" % (
+            decision.max_unavailable, ", ".join(decision.unavailable))
     if decision.finished:
         left = ["%s (failed)" % name for name in decision.failed] + \
             ["%s (%s)" % (w.node, w.reason) for w in decision.waiting]
         return "every node is at the target" if not left else "over; not upgraded: " + ", ".join(left)
     moving = sorted(set(decision.in_flight) | set(decision.start))
     return "upgrading %s; %d waiting" % (", ".join(moving) or "none", len(decision.waiting))
-

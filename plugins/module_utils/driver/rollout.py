@@ -340,15 +340,14 @@ def _choose(census: _Census, limits: _Limits, policy: Policy, now: float,
         else:
             start.append(fresh.popleft())
             left -= 1
-    return _Choice(tuple(name for _, name in start), None, cap_reason, len(start) >= cap, left, step, step_pause,
+    return _Choice(tuple(name for _order, name in start), None, cap_reason, len(start) >= cap, left, step, step_pause,
                    False, "")
 
 
 def _wait_detail(reason: str, limits: _Limits, census: _Census, choice: _Choice) -> str:
     if reason == WAIT_PARALLEL:
         return "maxParallel %d: %d in flight" % (limits.max_parallel, len(census.in_flight) + len(choice.start))
-    if reason == WAIT_STEP:
-        assert choice.step is not None
+    if reason == WAIT_STEP and choice.step is not None:
         return "step %d of %d: %d node(s) at most, all started" % (
             choice.step + 1, len(limits.caps), limits.caps[choice.step])
     return "maxUnavailable %d: unavailable already %s" % (
@@ -368,7 +367,7 @@ def decide(nodes: Sequence[RolloutNode], policy: Policy, now: float = 0.0,
     waiting = list(census.excluded)
     details: Dict[str, str] = {}
     for cheap, queue in ((True, census.free), (False, census.fresh)):
-        for _, name in queue:
+        for _order, name in queue:
             if choice.hold is not None:
                 waiting.append(Wait(name, choice.hold.reason, choice.hold.detail))
                 continue
@@ -424,6 +423,6 @@ def plan_batches(nodes: Sequence[RolloutNode], policy: Policy, now: float = 0.0)
         for name in choice.start:
             node = by_name[name]    # finished: cordoned only if the administrator had (finished_node)
             census.n_unavailable += int(node.admin_cordoned or not node.ready) - int(node.unavailable)
-    blocked = tuple(name for _, name in sorted(list(census.free) + list(census.fresh)))
+    blocked = tuple(name for _order, name in sorted(list(census.free) + list(census.fresh)))
     return BatchPlan(batches=tuple(batches), first=first, blocked=blocked, pauses=tuple(pauses),
                      batch_of={name: i for i, batch in enumerate(batches) for name in batch})

@@ -37,7 +37,7 @@ int_or_percent = st.integers(1, 6) | st.integers(0, 100).map(lambda p: "%d%%" % 
 def policies(draw):
     steps = tuple(Step(draw(st.integers(0, 8) | st.integers(0, 100).map(lambda p: "%d%%" % p)),
                        draw(st.sampled_from((0, 0, 30, 600))))
-                  for _ in range(draw(st.integers(0, 3))))
+                  for _step in range(draw(st.integers(0, 3))))
     return Policy(max_parallel=draw(int_or_percent), max_unavailable=draw(int_or_percent), steps=steps,
                   max_failures=draw(st.integers(0, 4)), paused=draw(st.booleans() | st.just(False)),
                   enabled=draw(st.booleans() | st.just(True)))
@@ -48,8 +48,8 @@ def by_name(nodes):
 
 
 @settings(max_examples=400, deadline=None)
-@given(rollout_nodes(), policies(), st.floats(0, 1e6), st.none() | st.builds(StepPause, st.integers(0, 3),
-                                                                                st.floats(0, 2e6)))
+@given(rollout_nodes(), policies(), st.floats(0, 1e6),
+       st.none() | st.builds(StepPause, st.integers(0, 3), st.floats(0, 2e6)))
 def test_limits_hold_for_any_fleet_and_policy(nodes, policy, now, pause):
     d = decide(nodes, policy, now, pause)
     nodes_by = by_name(nodes)
