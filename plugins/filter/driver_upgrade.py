@@ -4,12 +4,13 @@
 """Filters of the rolling driver upgrade (playbooks/driver_upgrade.yml): plan, label patch, validation.
 
 Pure functions over Node objects (dicts from kubernetes.core.k8s_info), so the
-whole rolling plan is computed, printed and unit-tested without a cluster.
+whole rolling plan is computed, printed and unit-tested without a cluster. The
+plan is the rollout planner's (module_utils/driver/rollout.py), the one the
+operator's controller uses too; this file only maps the playbook's variables.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -17,6 +18,12 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import gpu_node_problems
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout import (
+    WAIT_NOT_READY, WAIT_SKIP, Policy, PolicyError, count_of, plan_batches)
+from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout_node import node_ready, rollout_node
+
+__all__ = ["budget", "node_ready", "driver_upgrade_plan", "driver_upgrade_validation", "driver_upgrade_failures",
+           "metax_label_removal", "driver_version_parts", "FilterModule"]
 
 DOCUMENTATION = ""  # filters are documented in docs/day-two.md
 
@@ -25,34 +32,36 @@ def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
     return (node.get("metadata") or {}).get("labels") or {}
 
 
-def node_ready(node: Mapping[str, Any]) -> bool:
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return cond.get("status") == "True"
-    return False
-
-
 def budget(max_unavailable: Union[int, str], total: int) -> int:
     """``max_unavailable`` as a node count: an int, or a percentage of ``total`` rounded down (at least 1)."""
-    text = str(max_unavailable).strip()
-    if text.endswith("%"):
-        try:
-            pct = float(text[:-1])
-        except ValueError:
-            raise AnsibleFilterError("max_unavailable %r: expected a count or a percentage" % max_unavailable)
-        return max(1, int(math.floor(total * pct / 100.0)))
     try:
-        count = int(text)
-    except ValueError:
-        raise AnsibleFilterError("max_unavailable %r: expected a count or a percentage" % max_unavailable)
-    if count < 1:
-        raise AnsibleFilterError("max_unavailable must be at least 1 (got %s)" % count)
-    return count
+        return count_of(max_unavailable, total, "max_unavailable")
+    except PolicyError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
+def upgrade_policy(serial: int, max_unavailable: Union[int, str]) -> Policy:
+    """The playbook's variables as the planner's policy (docs/day-two.md, "One planner").
+
+    ``driver_upgrade_serial`` is ``maxParallel`` (each batch finishes before the
+    next, so in flight = the batch), ``driver_upgrade_max_unavailable`` is
+    ``maxUnavailable``; no ``upgradeSteps``; the play stops at the first failed
+    batch (``maxFailureThreshold: 1``, ``fallback: pause``); a re-run of the
+    playbook restarts the nodes an earlier run left with a state label.
+    """
+    try:
+        if int(serial) < 1:
+            raise AnsibleFilterError("serial must be at least 1 (got %s)" % serial)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError("serial %r: expected a count" % (serial,))
+    return Policy(max_parallel=int(serial), max_unavailable=max_unavailable, max_failures=1,
+                  restart_unfinished=True)
 
 
 def driver_upgrade_plan(nodes: Sequence[Mapping[str, Any]], names: Sequence[str], serial: int = 1,
                         max_unavailable: Union[int, str] = "25%") -> Dict[str, Any]:
-    """Batches for the nodes ``names`` (inventory order).
+    """Batches for the nodes ``names`` (inventory order): the rollout planner
+    (module_utils/driver/rollout.py) played forward, each batch assumed to succeed.
 
     - a node labelled ``driver.upgrade.skip=true`` is skipped;
     - a NotReady node is skipped (its agents cannot validate it) and counts as unavailable;
@@ -62,56 +71,28 @@ def driver_upgrade_plan(nodes: Sequence[Mapping[str, Any]], names: Sequence[str]
     - a batch holds at most ``serial`` nodes, and the nodes it makes unavailable plus those already
       unavailable never exceed ``max_unavailable`` (a count or a % of the nodes in ``names``).
     """
-    if int(serial) < 1:
-        raise AnsibleFilterError("serial must be at least 1 (got %s)" % serial)
+    policy = upgrade_policy(serial, max_unavailable)
     by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
     missing = [name for name in names if name not in by_name]
     if missing:
         raise AnsibleFilterError("not Kubernetes nodes: %s (check metax_gpu_node_name)" % ", ".join(missing))
-    limit = budget(max_unavailable, len(names))
-    skipped: List[str] = []
-    not_ready: List[str] = []
-    pre_cordoned: List[str] = []
-    resumed: List[str] = []
-    todo: List[str] = []
-    for name in names:
-        node = by_name[name]
-        if _labels(node).get(N.LABEL_DRIVER_UPGRADE_SKIP) == "true":
-            skipped.append(name)
-        elif not node_ready(node):
-            not_ready.append(name)
-        else:
-            cordoned = bool((node.get("spec") or {}).get("unschedulable"))
-            recorded = N.ANNOTATION_PRE_CORDONED in ((node.get("metadata") or {}).get("annotations") or {})
-            # cordoned by an earlier run of ours (state label, no record of an admin's cordon): ours to undo
-            ours = cordoned and not recorded and N.LABEL_DRIVER_UPGRADE_STATE in _labels(node)
-            if recorded or (cordoned and not ours):
-                pre_cordoned.append(name)
-            elif ours:
-                resumed.append(name)
-            todo.append(name)
-    unavailable = [n for n in names if n in not_ready or n in pre_cordoned or n in resumed or (
-        n in skipped and ((by_name[n].get("spec") or {}).get("unschedulable") or not node_ready(by_name[n])))]
-    room = limit - len(unavailable)
-    fresh = [n for n in todo if n not in pre_cordoned and n not in resumed]
-    if fresh and room < 1:
+    views = [rollout_node(by_name[name]) for name in names]
+    try:
+        plan = plan_batches(views, policy)
+    except PolicyError as exc:
+        raise AnsibleFilterError(str(exc).replace("maxUnavailable", "max_unavailable"))
+    first = plan.first
+    if plan.blocked:
         raise AnsibleFilterError(
             "max_unavailable %s (= %d of %d nodes) is used up: already unavailable %s; nothing can be "
-            "cordoned" % (max_unavailable, limit, len(names), ", ".join(unavailable)))
-    batches: List[List[str]] = []
-    current: List[str] = []
-    spent = 0
-    for name in todo:
-        cost = 0 if name in pre_cordoned or name in resumed else 1
-        if current and (len(current) >= int(serial) or spent + cost > room):
-            batches.append(current)
-            current, spent = [], 0
-        current.append(name)
-        spent += cost
-    if current:
-        batches.append(current)
-    return {"batches": batches, "skipped": skipped, "not_ready": not_ready, "pre_cordoned": pre_cordoned, "resumed": resumed,
-            "max_unavailable": limit, "already_unavailable": unavailable, "batch_budget": max(room, 0)}
+            "cordoned" % (max_unavailable, first.max_unavailable, len(names), ", ".join(first.unavailable)))
+    todo = [v for v in views if not v.skip and v.ready]
+    return {"batches": [list(batch) for batch in plan.batches],
+            "skipped": list(first.reasons(WAIT_SKIP)), "not_ready": list(first.reasons(WAIT_NOT_READY)),
+            "pre_cordoned": [v.name for v in todo if v.admin_cordoned],
+            "resumed": [v.name for v in todo if v.cordoned and not v.admin_cordoned],
+            "max_unavailable": first.max_unavailable, "already_unavailable": list(first.unavailable),
+            "batch_budget": first.budget}
 
 
 def metax_label_removal(labels: Optional[Mapping[str, str]]) -> Dict[str, None]:

@@ -58,6 +58,15 @@ LABEL_AGENTS_PAUSED = PREFIX + "agents.paused"                   # node agents' 
 ANNOTATION_PRE_CORDONED = PREFIX + "driver.upgrade.pre-cordoned"  # the admin's cordon, never undone
 DRIVER_UPGRADE_STATES = ("upgrade-required", "cordoned", "paused", "pods-evicted", "driver-installed",
                          "validating", "done", "failed", "rolled-back")
+# How the rollout planner (driver/rollout.py) reads those states: the operator's
+# controller sets upgrade-required (and cordons); the node's procedure moves on
+# through the others to done (the controller then uncordons and clears) or failed.
+DRIVER_UPGRADE_REQUIRED = "upgrade-required"
+DRIVER_UPGRADE_DONE = "done"
+DRIVER_UPGRADE_FAILED_STATES = ("failed", "rolled-back")
+DRIVER_UPGRADE_IN_FLIGHT_STATES = tuple(s for s in DRIVER_UPGRADE_STATES
+                                        if s != DRIVER_UPGRADE_DONE and s not in DRIVER_UPGRADE_FAILED_STATES)
+ANNOTATION_DRIVER_UPGRADE_MESSAGE = PREFIX + "driver.upgrade.message"   # why a node is failed
 # set_vfnum.yml node state (issue 16), the MIG manager's vocabulary: pending
 # while the node is being changed, then success or failed (with the reason in
 # the message annotation). Ours, not gpu-label's.

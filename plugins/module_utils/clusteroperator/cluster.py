@@ -16,6 +16,7 @@ from .. import names
 from ..errors import MetaxGpuError
 from ..kube.client import HAS_KUBERNETES, ApiException, KubeClientError
 from .contract import Component, matches
+from .driver_rollout import RolloutPlan, driver_rollout
 
 try:
     from kubernetes import client as k8s_client
@@ -124,6 +125,16 @@ class Cluster:
 
     def patch_node_metadata(self, node: str, metadata: Mapping[str, Any]) -> None:
         self.core.patch_node(node, {"metadata": dict(metadata)})
+
+    def roll_driver(self, spec: Mapping[str, Any], now: float,
+                    previous: Optional[Mapping[str, Any]] = None) -> RolloutPlan:
+        """One reconcile of the rolling driver upgrade: the nodes read, ``driver_rollout``'s patches
+        applied (finishing ones first, as it orders them); the caller writes ``plan.status``
+        to ``status.driverUpgrade`` and passes it back as ``previous`` next time."""
+        plan = driver_rollout(spec, self.nodes(), now, previous)
+        for patch in plan.patches:
+            self.core.patch_node(patch.node, patch.body)
+        return plan
 
     def strip_nodes(self, label_patterns: Sequence[str], annotation_patterns: Sequence[str]) -> List[str]:
         """Remove matching labels and annotations from every node; the nodes changed."""

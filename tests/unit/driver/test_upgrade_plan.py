@@ -78,3 +78,15 @@ def test_a_node_we_left_failed_is_ours_to_uncordon_on_the_next_run():
                                max_unavailable=3)
     assert plan["resumed"] == ["b"] and plan["pre_cordoned"] == ["c"]
     assert plan["batches"] == [["a"], ["b"], ["c"], ["d"]]
+
+
+def test_the_plan_is_the_rollout_planners_played_forward():
+    """A cordoned node (cost 0) joins a batch the budget closed to the node before it; a node of ours
+    left failed frees its place once it validates, so the others are not refused."""
+    nodes = [node("a"), node("b"), node("c", cordoned=True), node("d")]
+    plan = driver_upgrade_plan(nodes, NAMES, serial=3, max_unavailable=2)
+    assert plan["batches"] == [["a", "c"], ["b"], ["d"]] and plan["batch_budget"] == 1
+    ours = node("a", cordoned=True, labels={N.LABEL_DRIVER_UPGRADE_STATE: "failed"})
+    plan = driver_upgrade_plan([ours, node("b"), node("c"), node("d")], NAMES, serial=1, max_unavailable=1)
+    assert plan["resumed"] == ["a"] and plan["batches"] == [["a"], ["b"], ["c"], ["d"]]
+    assert plan["already_unavailable"] == ["a"] and plan["batch_budget"] == 0

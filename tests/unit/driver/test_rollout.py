@@ -1,0 +1,224 @@
+"""The rollout planner (module_utils/driver/rollout.py): properties over random fleets and policies,
+then the worked examples of docs/operator.md and docs/day-two.md."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout import (
+    WAIT_BUDGET, WAIT_DISABLED, WAIT_NOT_READY, WAIT_PARALLEL, WAIT_PAUSED, WAIT_SKIP, WAIT_STEP, WAIT_STEP_PAUSE,
+    Policy, PolicyError, RolloutNode, Step, StepPause, count_of, decide, finished_node, plan_batches, same_version)
+
+OLD, NEW = "2.14.6", "2.40.1"
+STATES = (None, None, None) + N.DRIVER_UPGRADE_STATES
+
+
+@st.composite
+def rollout_nodes(draw, max_size=14):
+    count = draw(st.integers(0, max_size))
+    nodes = []
+    for i in range(count):
+        cordoned = draw(st.booleans())
+        state = draw(st.sampled_from(STATES))
+        recorded = draw(st.booleans())
+        nodes.append(RolloutNode(
+            name="n%02d" % i, ready=draw(st.booleans() | st.just(True)), cordoned=cordoned,
+            admin_cordoned=recorded or (cordoned and state is None), state=state,
+            skip=draw(st.sampled_from((False, False, False, True))),
+            current_version=draw(st.sampled_from((OLD, OLD, NEW, None))), target_version=NEW))
+    return nodes
+
+
+int_or_percent = st.integers(1, 6) | st.integers(0, 100).map(lambda p: "%d%%" % p)
+
+
+@st.composite
+def policies(draw):
+    steps = tuple(Step(draw(st.integers(0, 8) | st.integers(0, 100).map(lambda p: "%d%%" % p)),
+                       draw(st.sampled_from((0, 0, 30, 600))))
+                  for _step in range(draw(st.integers(0, 3))))
+    return Policy(max_parallel=draw(int_or_percent), max_unavailable=draw(int_or_percent), steps=steps,
+                  max_failures=draw(st.integers(0, 4)), paused=draw(st.booleans() | st.just(False)),
+                  enabled=draw(st.booleans() | st.just(True)))
+
+
+def by_name(nodes):
+    return {n.name: n for n in nodes}
+
+
+@settings(max_examples=400, deadline=None)
+@given(rollout_nodes(), policies(), st.floats(0, 1e6),
+       st.none() | st.builds(StepPause, st.integers(0, 3), st.floats(0, 2e6)))
+def test_limits_hold_for_any_fleet_and_policy(nodes, policy, now, pause):
+    d = decide(nodes, policy, now, pause)
+    nodes_by = by_name(nodes)
+    started = [nodes_by[s] for s in d.start]
+    # never exceeds maxParallel
+    assert not d.start or len(d.in_flight) + len(d.start) <= d.max_parallel
+    # never exceeds maxUnavailable, counting nodes already cordoned or NotReady
+    # (a node cordoned already costs nothing: starting it adds no unavailable node)
+    before = {n.name for n in nodes if n.unavailable}
+    after = before | set(d.start)
+    assert len(after) <= max(d.max_unavailable, len(before))
+    assert set(d.unavailable) == {n.name for n in nodes if n.unavailable}
+    # never a failed, skipped, NotReady, in-flight or up-to-date node
+    for node in started:
+        assert node.ready and not node.skip and node.outdated
+        assert node.state is None or node.state == N.DRIVER_UPGRADE_DONE
+    assert not set(d.start) & (set(d.failed) | set(d.in_flight) | set(d.done))
+    # pauses at the failure threshold
+    if len(d.failed) >= max(1, policy.max_failures):
+        assert d.start == () and d.paused
+    if not policy.enabled or policy.paused:
+        assert d.start == ()
+    # the step caps: nodes touched never exceed the current step's replicas
+    if policy.steps and d.step is not None and d.start:
+        cap = count_of(policy.steps[d.step].replicas, len(nodes), "r", round_up=True, minimum=0)
+        assert len(d.done) + len(d.in_flight) + len(d.failed) + len(d.start) <= cap
+    # a step pause starts nothing and ends in the future
+    if d.pause_until is not None:
+        assert d.start == () and d.pause_until > now
+    # every node is accounted for exactly once
+    accounted = list(d.start) + [w.node for w in d.waiting] + list(d.in_flight) + list(d.done) + list(d.failed)
+    assert sorted(accounted) == sorted(n.name for n in nodes)
+    # candidates are taken in the order given
+    order = [n.name for n in nodes]
+    assert list(d.start) == sorted(d.start, key=order.index)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rollout_nodes(), int_or_percent, int_or_percent)
+def test_progress_whenever_a_limit_allows_it(nodes, parallel, unavailable):
+    """Without failures, pauses or steps, something starts when a ready node fits the limits."""
+    nodes = [n for n in nodes if n.state is None]
+    policy = Policy(max_parallel=parallel, max_unavailable=unavailable)
+    d = decide(nodes, policy)
+    candidates = [n for n in nodes if n.ready and not n.skip and n.outdated]
+    fits = any(n.cordoned for n in candidates) or (candidates and d.budget >= 1)
+    assert bool(d.start) == bool(fits)
+    if not d.start and candidates:
+        assert d.stuck and {w.reason for w in d.waiting if w.node in {n.name for n in candidates}} == {WAIT_BUDGET}
+
+
+@settings(max_examples=300, deadline=None)
+@given(rollout_nodes(), policies())
+def test_batches_played_forward_respect_the_limits_and_cover_every_candidate(nodes, policy):
+    nodes = [n for n in nodes if n.state is None]
+    policy = Policy(max_parallel=policy.max_parallel, max_unavailable=policy.max_unavailable, steps=policy.steps)
+    plan = plan_batches(nodes, policy)
+    current = {n.name: n for n in nodes}
+    seen = []
+    for batch in plan.batches:
+        assert 0 < len(batch) <= plan.first.max_parallel
+        before = {n for n, node in current.items() if node.unavailable}
+        assert len(before | set(batch)) <= max(plan.first.max_unavailable, len(before))
+        for name in batch:
+            current[name] = finished_node(current[name])
+        seen.extend(batch)
+    assert len(seen) == len(set(seen))
+    candidates = [n.name for n in nodes if n.ready and not n.skip and n.outdated]
+    assert sorted(seen + list(plan.blocked)) == sorted(candidates)
+    # pauses only between steps, each moving the clock forward
+    assert [p.until for p in plan.pauses] == sorted(p.until for p in plan.pauses)
+
+
+def fleet(n, cordoned=(), admin=(), states=None, ready=None, current=OLD):
+    states, ready = states or {}, ready if ready is not None else {}
+    return [RolloutNode("n%d" % i, ready=ready.get("n%d" % i, True), cordoned="n%d" % i in cordoned,
+                        admin_cordoned="n%d" % i in admin, state=states.get("n%d" % i),
+                        current_version=current, target_version=NEW) for i in range(n)]
+
+
+def test_real_cr_defaults_canary_then_the_rest():
+    """The 0.9.2 CR: maxParallel 100%, maxUnavailable 0% (at least 1), steps 1 then 100% with 30 s between."""
+    policy = Policy(max_parallel="100%", max_unavailable="0%", steps=(Step(1, 30.0), Step("100%", 0.0)),
+                    max_failures=5)
+    nodes = fleet(4)
+    d = decide(nodes, policy, now=1000.0)
+    assert d.start == ("n0",) and d.max_unavailable == 1 and d.step == 0
+    assert {w.reason for w in d.waiting} == {WAIT_STEP}
+    # n0 in flight: nothing else (step 1 holds one node)
+    d = decide(fleet(4, cordoned={"n0"}, states={"n0": "paused"}), policy, now=1010.0)
+    assert d.start == () and d.in_flight == ("n0",)
+    # n0 done and uncordoned: the canary step is over, its pause starts now
+    done = [finished_node(nodes[0])] + nodes[1:]
+    d = decide(done, policy, now=1020.0)
+    assert d.start == () and d.pause_until == 1050.0 and d.reasons(WAIT_STEP_PAUSE) == ("n1", "n2", "n3")
+    record = d.step_pause
+    assert decide(done, policy, now=1049.0, step_pause=record).start == ()
+    d = decide(done, policy, now=1050.0, step_pause=record)
+    assert d.start == ("n1",) and d.step == 1 and d.reasons(WAIT_BUDGET) == ("n2", "n3")
+
+
+def test_failures_pause_at_the_threshold_and_failed_nodes_never_restart():
+    states = {"n0": "failed", "n1": "rolled-back"}
+    nodes = fleet(5, cordoned={"n0", "n1"}, states=states)
+    d = decide(nodes, Policy(max_parallel=5, max_unavailable=5, max_failures=3))
+    assert d.failed == ("n0", "n1") and d.start == ("n2", "n3", "n4") and not d.paused
+    d = decide(nodes, Policy(max_parallel=5, max_unavailable=5, max_failures=2))
+    assert d.start == () and d.paused and "maxFailureThreshold 2" in d.pause_reason
+    assert d.reasons(WAIT_PAUSED) == ("n2", "n3", "n4")
+    # the playbook's re-run restarts them (its own leftovers), cordoned by us: no budget spent
+    d = decide(nodes, Policy(max_parallel=5, max_unavailable=2, restart_unfinished=True))
+    assert d.start == ("n0", "n1") and d.budget == 0
+
+
+def test_admin_cordon_costs_nothing_and_survives_the_upgrade():
+    nodes = fleet(4, cordoned={"n2"}, admin={"n2"})
+    plan = plan_batches(nodes, Policy(max_parallel=2, max_unavailable=2))
+    assert plan.batches == (("n0", "n2"), ("n1",), ("n3",))
+    assert finished_node(nodes[2]).cordoned and not finished_node(nodes[0]).cordoned
+
+
+def test_budget_skips_ahead_to_a_cordoned_node_and_reports_why_the_rest_wait():
+    nodes = fleet(4, cordoned={"n3"}, admin={"n3"}, ready={"n1": False})
+    d = decide(nodes, Policy(max_parallel=3, max_unavailable=3))
+    assert d.start == ("n0", "n3") and d.reasons(WAIT_NOT_READY) == ("n1",) and d.reasons(WAIT_BUDGET) == ("n2",)
+    d = decide(nodes, Policy(max_parallel=1, max_unavailable=3))
+    assert d.start == ("n0",) and d.reasons(WAIT_PARALLEL) == ("n2", "n3")
+
+
+def test_done_nodes_count_toward_steps_and_wait_for_their_labels():
+    nodes = fleet(3, cordoned={"n0"}, states={"n0": N.DRIVER_UPGRADE_DONE})
+    # done, but the labels still say the old version: the node is validating (in flight)
+    assert decide(nodes, Policy(max_parallel=1)).in_flight == ("n0",)
+    nodes[0] = RolloutNode("n0", cordoned=True, state=N.DRIVER_UPGRADE_DONE, current_version="2.40.1",
+                           target_version="2.40.1.7")
+    d = decide(nodes, Policy(max_parallel=1, max_unavailable=2))
+    assert d.done == ("n0",) and d.start == ("n1",)
+
+
+def test_rollout_switches():
+    nodes = fleet(2)
+    assert decide(nodes, Policy(enabled=False)).reasons(WAIT_DISABLED) == ("n0", "n1")
+    d = decide(nodes, Policy(paused=True))
+    assert d.paused and d.start == () and d.reasons(WAIT_PAUSED) == ("n0", "n1")
+    skip = [RolloutNode("a", skip=True, current_version=OLD, target_version=NEW)]
+    assert decide(skip, Policy()).reasons(WAIT_SKIP) == ("a",)
+    assert decide([], Policy()).finished
+
+
+@pytest.mark.parametrize("value,total,up,expected", [
+    (2, 10, False, 2), ("3", 10, False, 3), ("25%", 10, False, 2), ("25%", 10, True, 3), ("0%", 10, False, 1),
+    ("100%", 7, False, 7), ("1%", 3, True, 1)])
+def test_count_or_percent(value, total, up, expected):
+    assert count_of(value, total, "x", round_up=up) == expected
+
+
+@pytest.mark.parametrize("value", [0, "0", "-1", "x", "5%%", True])
+def test_count_or_percent_refused(value):
+    with pytest.raises(PolicyError):
+        count_of(value, 10, "maxParallel")
+
+
+def test_policy_errors():
+    with pytest.raises(PolicyError, match="fallback"):
+        decide(fleet(1), Policy(fallback="retry"))
+    with pytest.raises(PolicyError, match="pauseDuration"):
+        decide(fleet(1), Policy(steps=(Step(1, -1),)))
+
+
+def test_same_version_compares_what_both_say():
+    assert same_version("2.29.0", "2.29.0.13") and not same_version("2.29.1", "2.29.0.13")
+    assert not same_version(None, "2.29.0") and not same_version("2.29.0", "")
