@@ -48,11 +48,10 @@ from ..cdi.mode import MODE_AUTO, MODE_CDI, MODE_DEVICES, MODES, Decision, conta
     docker_cdi_setting, parse_runtime
 from ..cdi.writer import MACA_ROOT
 from ..host import HostRoot, HostRootError
-from ..kube.client import core_v1
 from ..names import CDI_SPEC_DIR
 from ..names import RESOURCE_NAME
-from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, non_negative_int,
-                     positive_float, run_main, setup_logging, stop_event, tcp_port)
+from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, node_runtime_version,
+                     non_negative_int, positive_float, run_main, setup_logging, stop_event, tcp_port)
 
 COMPONENT = "gpu-device"
 LOG = logging.getLogger(COMPONENT)
@@ -112,20 +111,6 @@ def runtime_cdi_setting(host: HostRoot, runtime_version: Optional[str]) -> Optio
             return docker_cdi_setting(host.read_text(DOCKER_DAEMON_JSON))
     except (HostRootError, OSError) as exc:
         LOG.warning("cannot read the runtime's configuration: %s", exc)
-    return None
-
-
-def node_runtime_version(api_client, node_name: str, attempts: int = 5, delay: float = 2.0) -> Optional[str]:
-    """The Node's ``status.nodeInfo.containerRuntimeVersion`` (None when the apiserver does not answer)."""
-    core = core_v1(api_client)
-    for attempt in range(attempts):
-        try:
-            node = core.read_node(node_name, _request_timeout=10)
-            info = node.status.node_info if node.status is not None else None
-            return info.container_runtime_version if info is not None else None
-        except Exception as exc:  # pylint: disable=broad-except  # the client raises many kinds
-            LOG.warning("cannot read node %s (attempt %d of %d): %s", node_name, attempt + 1, attempts, exc)
-            time.sleep(delay)
     return None
 
 
