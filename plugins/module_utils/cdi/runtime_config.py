@@ -185,6 +185,20 @@ def docker_plan(runtime: Runtime, daemon_json: Optional[str]) -> Plan:
                 restart="docker", restart_safe=data.get("live-restore") is True)
 
 
+def runtime_version_of(name: str, version_output: str) -> Optional[str]:
+    """``containerd://1.7.24`` from ``containerd --version`` or ``docker://26.1.3`` from
+    ``docker version --format '{{.Server.Version}}'`` output (None: not understood)."""
+    words = version_output.split()
+    if name == "containerd" and len(words) >= 3 and words[0] == "containerd":
+        version = words[2]
+    elif name == "docker" and len(words) == 1:
+        version = words[0]
+    else:
+        return None
+    text = "%s://%s" % (name, version.lstrip("v"))
+    return text if parse_runtime(text) is not None else None
+
+
 def plan(runtime_version: str, files: Dict[str, Optional[str]]) -> Plan:
     """The plan for the runtime ``runtime_version`` names, given its config files' texts (None: absent)."""
     runtime = parse_runtime(runtime_version)

@@ -175,3 +175,15 @@ def test_revert_without_anything_applied_changes_nothing(tmp_path):
     before = snapshot(host.path)
     assert rs.revert(host).changed == [] and snapshot(host.path) == before
     shutil.rmtree(host.path)
+
+
+@pytest.mark.parametrize("name, output, expected", [
+    ("containerd", "containerd github.com/containerd/containerd/v2 v2.4.2 5b6ba6b\n", "containerd://2.4.2"),
+    ("containerd", "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+b1\n",
+     "containerd://1.6.20~ds1"),
+    ("docker", "20.10.24+dfsg1\n", "docker://20.10.24+dfsg1"),
+    ("docker", "Cannot connect to the Docker daemon\n", None),
+    ("containerd", "", None),
+])
+def test_runtime_version_from_the_tools_output(name, output, expected):
+    assert rc.runtime_version_of(name, output) == expected
