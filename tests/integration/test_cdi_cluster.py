@@ -55,6 +55,7 @@ def cdi_agent(cluster, agent_images):  # noqa: F811
         agents.recreate_sim("8xC500")
     generator.reinstall_mx_smi(agents.sim())
     had_maca = agents.sim().exists(MACA_LINK)
+    had_opt = agents.sim().exists("opt")
     if not had_maca:
         install_maca(agents.sim(), MACA_VERSION)
     volumes = {
@@ -77,6 +78,8 @@ def cdi_agent(cluster, agent_images):  # noqa: F811
         if not had_maca:
             os.unlink(agents.sim().join(MACA_LINK))
             shutil.rmtree(agents.sim().join(maca_dir(MACA_VERSION)))
+            if not had_opt:
+                os.rmdir(agents.sim().join("opt"))
         state = generator.load_state(agents.sim())
         if any(g["failed"] for g in state["gpus"]) or not state["driver_loaded"]:
             agents.recreate_sim("8xC500")
