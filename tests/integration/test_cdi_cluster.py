@@ -12,7 +12,10 @@ GPUs then gets exactly the allocator's pair, the host's MXMACA read-only on
 a new pod still starts on the remaining ones, and the GPU comes back into
 the spec on recovery.
 
-The simulated root gets a MACA for the module and loses it afterwards.
+It runs on the second node (4xN100) when the cluster has one: the first
+node's directories are also the machine's standard paths (the local
+cluster's host binds), which other sessions' tools may share. The simulated
+root gets a MACA for the module and loses it afterwards.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from test_gpu_device_cluster import (ANNOTATIONS, DEVICE_ARGS, GPU, NS, SIM_MOUN
 from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import allocate  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.names import CDI_SPEC_DIR, CDI_SPEC_FILE  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
@@ -48,11 +53,33 @@ SCRIPT = ("ls /dev/dri | sort | tr '\\n' ' '; echo; ls /dev/mxcd; head -1 /opt/m
           "env | grep -E '^(METAX_|MACA_PATH=|LD_LIBRARY_PATH=)' | sort; sleep 3600")
 
 
+class NodeAgents(Agents):
+    """Agents on one chosen node: its name, and its simulated root as the machine sees it."""
+
+    def __init__(self, cluster, images, node):
+        super().__init__(cluster, images)
+        self.node = node["name"]
+        self.preset = node["preset"]
+        self.host_sim = node["sim_root"]     # on the machine; in the node it is at self.sim_root
+
+    def sim(self):
+        return HostRoot(self.host_sim)
+
+    def recreate_sim(self, preset_name, vfs=0):
+        assert not vfs
+        return generator.create(self.host_sim, preset(preset_name), force=True)
+
+    def gpus(self):
+        return len(generator.load_state(self.sim())["gpus"])
+
+
 @pytest.fixture(scope="module")
 def cdi_agent(cluster, agent_images):  # noqa: F811
-    agents = Agents(cluster, agent_images)
-    if len(generator.load_state(agents.sim())["gpus"]) != 8 or not agents.sim().exists("sys/module/metax"):
-        agents.recreate_sim("8xC500")
+    node = cluster.nodes[1] if len(cluster.nodes) > 1 else cluster.nodes[0]
+    agents = NodeAgents(cluster, agent_images, node)
+    state = generator.load_state(agents.sim())
+    if not agents.sim().exists("sys/module/metax") or any(g["failed"] for g in state["gpus"]):
+        agents.recreate_sim(agents.preset)
     generator.reinstall_mx_smi(agents.sim())
     had_maca = agents.sim().exists(MACA_LINK)
     had_opt = agents.sim().exists("opt")
@@ -82,7 +109,7 @@ def cdi_agent(cluster, agent_images):  # noqa: F811
                 os.rmdir(agents.sim().join("opt"))
         state = generator.load_state(agents.sim())
         if any(g["failed"] for g in state["gpus"]) or not state["driver_loaded"]:
-            agents.recreate_sim("8xC500")
+            agents.recreate_sim(agents.preset)
 
 
 def node_spec(agents):
@@ -130,7 +157,7 @@ def test_gpu_device_chooses_cdi_on_containerd_2_and_writes_the_spec(cdi_agent):
     log = agents.logs("gpu-device")
     assert "Allocate mode cdi" in log and "containerd://2." in log, log[-2000:]
     spec = wait_for(lambda: node_spec(agents), 30, "the node's CDI spec")
-    assert index_names(spec) == [str(i) for i in range(8)]
+    assert index_names(spec) == [str(i) for i in range(agents.gpus())]
     mounts = spec["containerEdits"]["mounts"]
     assert [(m["hostPath"], m["containerPath"]) for m in mounts] == [
         (agents.sim_root + "/" + maca_dir(MACA_VERSION), "/opt/maca")]
@@ -138,7 +165,8 @@ def test_gpu_device_chooses_cdi_on_containerd_2_and_writes_the_spec(cdi_agent):
 
 def test_a_pod_gets_exactly_its_devices_and_maca_through_cdi(cdi_agent):
     agents = cdi_agent
-    wait_for(lambda: agents.gpu_resources() == (8, 8), 60, "allocatable 8")
+    count = agents.gpus()
+    wait_for(lambda: agents.gpu_resources() == (count, count), 60, "allocatable %d" % count)
     inv = discover(agents.sim())
     busy = {d["id"] for d in devices_annotation(agents) if d["allocated"]}
     free = [d.index for d in inv.devices if d.healthy and d.id not in busy]
@@ -164,19 +192,23 @@ def test_a_pod_gets_exactly_its_devices_and_maca_through_cdi(cdi_agent):
 
 def test_a_failed_gpu_leaves_the_spec_and_a_new_pod_still_starts(cdi_agent):
     agents = cdi_agent
-    wait_for(lambda: agents.gpu_resources() == (8, 8), 60, "allocatable 8")
+    count = agents.gpus()
+    last = count - 1
+    wait_for(lambda: agents.gpu_resources() == (count, count), 60, "allocatable %d" % count)
     try:
         t0 = time.monotonic()
-        generator.fail_gpu(agents.sim(), 7, "smi")
-        wait_for(lambda: index_names(node_spec(agents)) == [str(i) for i in range(7)], 30, "GPU 7 out of the spec")
+        generator.fail_gpu(agents.sim(), last, "smi")
+        wait_for(lambda: index_names(node_spec(agents)) == [str(i) for i in range(last)], 30,
+                 "GPU %d out of the spec" % last)
         print("GPU failure -> spec rewritten in the node: %.1f s" % (time.monotonic() - t0))
-        wait_for(lambda: agents.gpu_resources()[1] == 7, 60, "allocatable 7")
-        name = gpu_pod(agents, 7)
+        wait_for(lambda: agents.gpu_resources()[1] == last, 60, "allocatable %d" % last)
+        name = gpu_pod(agents, last)
         try:
             dri, _other, _env = pod_report(agents, name)
-            assert "card7" not in dri and len(dri) == 14
+            assert "card%d" % last not in dri and len(dri) == 2 * last
         finally:
             agents.api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
     finally:
-        generator.recover_gpu(agents.sim(), 7)
-    wait_for(lambda: index_names(node_spec(agents)) == [str(i) for i in range(8)], 30, "GPU 7 back in the spec")
+        generator.recover_gpu(agents.sim(), last)
+    wait_for(lambda: index_names(node_spec(agents)) == [str(i) for i in range(count)], 30,
+             "GPU %d back in the spec" % last)
