@@ -127,12 +127,12 @@ def _merge(stage: str, dest: str) -> None:
 def _layer_order(small: Dict[str, bytes]) -> List[str]:
     """The layer member names in order: docker-save's manifest.json, or an OCI layout's index and manifest."""
     if "manifest.json" in small:
-        manifests = json.loads(small["manifest.json"].decode("utf-8"))
+        manifests = json.loads(small["manifest.json"])
         return list(manifests[0]["Layers"])
     if "index.json" in small:
-        index = json.loads(small["index.json"].decode("utf-8"))
+        index = json.loads(small["index.json"])
         digest = index["manifests"][0]["digest"]
-        manifest = json.loads(small["blobs/" + digest.replace(":", "/")].decode("utf-8"))
+        manifest = json.loads(small["blobs/" + digest.replace(":", "/")])
         return ["blobs/" + layer["digest"].replace(":", "/") for layer in manifest["layers"]]
     raise MacaLayoutError("the payload has neither manifest.json nor index.json: not an image archive")
 
