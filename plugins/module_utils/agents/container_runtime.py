@@ -15,9 +15,9 @@ At start it reads the node's runtime (the Node's containerRuntimeVersion, or
 for containerd 1.7, ``features.cdi`` for Docker 25+), applies it with the
 originals recorded (:mod:`cdi.runtime_state`) and restarts the runtime only
 when a file changed and the restart is safe (``--restart never``: never).
-Then it is ready (the file ``--ready-file``, which the pod's readiness
-probe checks, and from which the operator sets ``runtime.ready``). It never
-sets a default runtime.
+Then, once the running runtime reads CDI (no restart still due), it is ready
+(the file ``--ready-file``, which the pod's readiness probe checks, and from
+which the operator sets ``runtime.ready``). It never sets a default runtime.
 
 With ``--write-spec`` it also keeps the node's CDI spec current
 (:func:`cdi.writer.refresh` every ``--interval`` seconds): for nodes where
@@ -37,7 +37,7 @@ import logging
 import os
 import subprocess
 import sys
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 from ..cdi.mode import parse_runtime
 from ..cdi.runtime_config import CONTAINERD_CONFIG, DOCKER_DAEMON_JSON, Plan, plan
@@ -100,20 +100,27 @@ def restart_runtime(service: str, runner=subprocess.run) -> bool:
 
 
 def enable(host: HostRoot, runtime_version: str, state_file: str, may_restart: bool,
-           runner=subprocess.run) -> Plan:
-    """Apply the plan for the node's runtime; restart it when that is needed and safe. Returns the plan."""
+           runner=subprocess.run) -> Tuple[Plan, bool]:
+    """Apply the plan for the node's runtime; restart it when that is needed and safe.
+
+    Returns the plan and whether the running runtime now reads CDI: not while
+    a restart it needs is still due (unsafe, ``--restart never`` or failed),
+    so the pod stays unready and gpu-device, which waits for
+    ``runtime.ready``, does not hand out CDI names the runtime would not resolve.
+    """
     the_plan = plan(runtime_version, config_texts(host))
     outcome = apply(host, the_plan, state_file)
     LOG.info("%s", the_plan.reason, extra={"fields": {"changed": outcome.changed, "runtime": runtime_version}})
-    if outcome.changed and the_plan.restart:
-        if not the_plan.restart_safe:
-            LOG.warning("%s needs a restart to read CDI, which would stop its containers (no live-restore): "
-                        "restart it in a maintenance window", the_plan.restart)
-        elif may_restart:
-            restart_runtime(the_plan.restart, runner)
-        else:
-            LOG.warning("%s needs a restart to read CDI (--restart never)", the_plan.restart)
-    return the_plan
+    if not (outcome.changed and the_plan.restart):
+        return the_plan, True
+    if not the_plan.restart_safe:
+        LOG.warning("%s needs a restart to read CDI, which would stop its containers (no live-restore): "
+                    "restart it in a maintenance window", the_plan.restart)
+        return the_plan, False
+    if not may_restart:
+        LOG.warning("%s needs a restart to read CDI (--restart never)", the_plan.restart)
+        return the_plan, False
+    return the_plan, restart_runtime(the_plan.restart, runner)
 
 
 def disable(host: HostRoot, the_plan: Plan, state_file: str, may_restart: bool, runner=subprocess.run) -> None:
@@ -138,9 +145,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UsageError("cannot tell the node's container runtime from %r" % runtime_version)
     stop = stop_event()
     may_restart = args.restart == "auto"
-    the_plan = enable(host, runtime_version, args.state_file, may_restart)
-    with open(args.ready_file, "w") as handle:
-        handle.write(the_plan.reason + "\n")
+    the_plan, reads_cdi = enable(host, runtime_version, args.state_file, may_restart)
+    if reads_cdi:
+        with open(args.ready_file, "w") as handle:
+            handle.write(the_plan.reason + "\n")
+    else:
+        LOG.warning("not ready: the runtime reads CDI only after the restart above")
     try:
         while True:
             if args.write_spec:
@@ -150,7 +160,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if stop.wait(args.interval):
                 break
     finally:
-        os.unlink(args.ready_file)
+        if os.path.exists(args.ready_file):
+            os.unlink(args.ready_file)
         if args.revert_on_exit:
             disable(host, the_plan, args.state_file, may_restart)
     return 0

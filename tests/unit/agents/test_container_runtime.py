@@ -53,14 +53,25 @@ def wait_ready(proc, ready):
     assert os.path.exists(ready), proc.communicate(timeout=5)
 
 
+def wait_for_file(proc, path):
+    for _ in range(200):
+        if os.path.exists(path) or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    return os.path.exists(path)
+
+
 def test_containerd_1_7_enabled_while_running_and_reverted_byte_identical_on_sigterm(tmp_path):
     root = node(tmp_path)
     before = files(root)
     ready = tmp_path / "ready"
     proc = start(root, ready, "--runtime-version", "containerd://1.7.24")
+    dropin = root / "etc" / "containerd" / "conf.d" / "99-metax-gpu-cdi.toml"
     try:
-        wait_ready(proc, ready)
-        assert "drop-in" in ready.read_text()
+        assert wait_for_file(proc, dropin)
+        # the restart it needs is not done (--restart never): not ready, so gpu-device does not start on it
+        time.sleep(1)
+        assert not ready.exists()
         during = files(root)
         assert b"enable_cdi = true" in during["etc/containerd/conf.d/99-metax-gpu-cdi.toml"]
         assert rc.CONTAINERD_DROPIN.encode() in during["etc/containerd/config.toml"]
@@ -69,7 +80,7 @@ def test_containerd_1_7_enabled_while_running_and_reverted_byte_identical_on_sig
         _out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     # --restart never: the restart it would need is reported, not done
-    assert "needs a restart to read CDI (--restart never)" in err
+    assert "needs a restart to read CDI (--restart never)" in err and "not ready" in err
     assert files(root) == before and not os.path.exists(root / "etc" / "containerd" / "conf.d")
     assert not ready.exists()
 
