@@ -16,7 +16,7 @@ description:
     C(/etc/containerd/conf.d/99-metax-gpu-cdi.toml), a copy of the main config's CRI tables with
     C(enable_cdi) and C(cdi_spec_dirs) added (containerd 1.x replaces a plugin's section with an imported one),
     and an C(imports) entry naming it in C(/etc/containerd/config.toml) unless an import covers it already.
-    Docker 25 and later gets C("features": {"cdi": true}) in C(/etc/docker/daemon.json). Older runtimes cannot
+    Docker 25 and later gets C(features.cdi=true) in C(/etc/docker/daemon.json). Older runtimes cannot
     read CDI - nothing changes, and gpu-device or metax-docker hand over device nodes instead.
   - It never sets or changes a default runtime.
   - Before a file is first changed its original bytes (or its absence) and mode are kept in O(state_file);

@@ -46,7 +46,7 @@ def start(root, ready, *extra):
 
 
 def wait_ready(proc, ready):
-    for _ in range(200):
+    for _attempt in range(200):
         if os.path.exists(ready) or proc.poll() is not None:
             break
         time.sleep(0.05)
@@ -54,7 +54,7 @@ def wait_ready(proc, ready):
 
 
 def wait_for_file(proc, path):
-    for _ in range(200):
+    for _attempt in range(200):
         if os.path.exists(path) or proc.poll() is not None:
             break
         time.sleep(0.05)
@@ -97,7 +97,7 @@ def test_containerd_2_needs_nothing_and_writes_the_spec_when_asked(make_node, tm
     try:
         wait_ready(proc, ready)
         assert "reads CDI by default" in ready.read_text()
-        for _ in range(100):
+        for _attempt in range(100):
             if os.path.exists(spec_dir / "metax-tech.com-gpu.json"):
                 break
             time.sleep(0.05)

@@ -51,8 +51,8 @@ def test_an_unknown_mode_is_refused():
 
 
 def test_runtime_versions_parse_with_suffixes():
-    assert m.parse_runtime("containerd://1.7.24-0ubuntu1") == m.Runtime("containerd", (1, 7, 24),
-                                                                         "containerd://1.7.24-0ubuntu1")
+    raw = "containerd://1.7.24-0ubuntu1"
+    assert m.parse_runtime(raw) == m.Runtime("containerd", (1, 7, 24), raw)
     assert m.parse_runtime("cri-o://v1.30").version == (1, 30, 0)
     assert m.parse_runtime("containerd://") is None
 
