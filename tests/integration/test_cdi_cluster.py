@@ -48,8 +48,8 @@ from ansible_collections.metax.gpu.plugins.module_utils.sim.maca import MACA_LIN
 MACA_VERSION = "3.0.0.8"
 SPEC = CDI_SPEC_DIR + "/" + CDI_SPEC_FILE
 # what a GPU container reports: its DRM nodes, /dev/mxcd, MACA's version and mount options, the environment
-SCRIPT = ("ls /dev/dri | sort | tr '\\n' ' '; echo; ls /dev/mxcd; head -1 /opt/maca/Version.txt; "
-          "awk '$2 == \"/opt/maca\" {print $4}' /proc/mounts; "
+SCRIPT = ("echo dri: $(ls /dev/dri | sort); echo mxcd: $(ls /dev/mxcd); echo maca: $(head -1 /opt/maca/Version.txt); "
+          "echo mount: $(awk '$2 == \"/opt/maca\" {print $4}' /proc/mounts); "
           "env | grep -E '^(METAX_|MACA_PATH=|LD_LIBRARY_PATH=)' | sort; sleep 3600")
 
 
@@ -136,7 +136,7 @@ def gpu_pod(agents, count):
 
 
 def pod_report(agents, name):
-    """(DRM nodes, the pod's other lines, env) once the pod runs and printed its report."""
+    """({"dri": [...], "mxcd": ..., "maca": ..., "mount": ...}, env) once the pod runs and printed its report."""
     def running():
         pod = agents.api.read_namespaced_pod(name, NS)
         waiting = [s.state.waiting for s in pod.status.container_statuses or [] if s.state.waiting]
@@ -144,11 +144,17 @@ def pod_report(agents, name):
         assert not [w for w in waiting if w.reason in ("CreateContainerError", "RunContainerError")], waiting
         return pod.status.phase == "Running"
     wait_for(running, 180, "the GPU pod %s running" % name)
-    log = wait_for(lambda: "=" in agents.api.read_namespaced_pod_log(name, NS), 30, "the pod's report") and \
-        agents.api.read_namespaced_pod_log(name, NS)
-    lines = log.splitlines()
-    env = dict(line.split("=", 1) for line in lines if "=" in line)
-    return lines[0].split(), [line for line in lines[1:] if "=" not in line], env
+    log = wait_for(lambda: "METAX_VISIBLE_DEVICES=" in agents.api.read_namespaced_pod_log(name, NS), 30,
+                   "the pod's report") and agents.api.read_namespaced_pod_log(name, NS)
+    report, env = {}, {}
+    for line in log.splitlines():
+        key, sep, value = line.partition(": ")
+        if sep and key in ("dri", "mxcd", "maca", "mount"):
+            report[key] = value.split() if key == "dri" else value.strip()
+        elif "=" in line:
+            k, _sep, v = line.partition("=")
+            env[k] = v
+    return report, env
 
 
 def test_gpu_device_chooses_cdi_on_containerd_2_and_writes_the_spec(cdi_agent):
@@ -173,10 +179,10 @@ def test_a_pod_gets_exactly_its_devices_and_maca_through_cdi(cdi_agent):
     pair = [inv.devices[i] for i in allocate(inv.topology, free, 2).devices]
     name = gpu_pod(agents, 2)
     try:
-        dri, other, env = pod_report(agents, name)
-        assert dri == sorted([d.drm_card for d in pair] + [d.drm_render for d in pair])
-        assert other[:2] == ["/dev/mxcd", "Version:" + MACA_VERSION], other
-        assert other[2].split(",")[0] == "ro", other          # the host's MACA, read-only
+        report, env = pod_report(agents, name)
+        assert report["dri"] == sorted([d.drm_card for d in pair] + [d.drm_render for d in pair]), report
+        assert report["mxcd"] == "/dev/mxcd" and report["maca"] == "Version:" + MACA_VERSION, report
+        assert report["mount"].split(",")[0] == "ro", report          # the host's MACA, read-only
         assert env["MACA_PATH"] == "/opt/maca"
         assert env["LD_LIBRARY_PATH"].startswith("/opt/maca/lib:/opt/maca/mxgpu_llvm/lib")
         assert env["METAX_VISIBLE_DEVICES"] == ",".join(d.id for d in pair)
@@ -204,8 +210,8 @@ def test_a_failed_gpu_leaves_the_spec_and_a_new_pod_still_starts(cdi_agent):
         wait_for(lambda: agents.gpu_resources()[1] == last, 60, "allocatable %d" % last)
         name = gpu_pod(agents, last)
         try:
-            dri, _other, _env = pod_report(agents, name)
-            assert "card%d" % last not in dri and len(dri) == 2 * last
+            report, _env = pod_report(agents, name)
+            assert "card%d" % last not in report["dri"] and len(report["dri"]) == 2 * last, report
         finally:
             agents.api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
     finally:
