@@ -257,8 +257,11 @@ def node_status_update_seconds(cluster):
     return 10.0
 
 
+# --cdi-mode devices: these DaemonSets mount no /var/run/cdi, and the pods check device nodes handed over
+# by Allocate itself (the fallback for runtimes without CDI); test_cdi_cluster.py runs the CDI mode.
 DEVICE_ARGS = ["--host-root", SIM_MOUNT + "/root", "--healthy-interval", str(HEALTHY_INTERVAL),
-               "--pod-resources-interval", "1", "--log-format", "json", "--metrics-port", "9400"]
+               "--pod-resources-interval", "1", "--log-format", "json", "--metrics-port", "9400",
+               "--cdi-mode", "devices"]
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the metax.gpu agent images gpu-device, gpu-label, gpu-aware, gpu-exporter and
-# operator-controller (one
+# Build the metax.gpu agent images gpu-device, gpu-label, gpu-aware, gpu-exporter,
+# container-runtime and operator-controller (one
 # Containerfile stage each over shared layers) and push them to the local registry, tagged with a hash of its content (the
 # Containerfile, the entrypoint, requirements/agents.txt, the collection files
 # it copies and the base image ID). Nothing is built or pushed when the
@@ -16,7 +16,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/cluster/lib.sh
 source "${HERE}/../../../scripts/cluster/lib.sh"
 
-NAMES=(gpu-device gpu-label gpu-aware gpu-exporter operator-controller)
+NAMES=(gpu-device gpu-label gpu-aware gpu-exporter operator-controller container-runtime)
 # What the operator-controller image carries besides the collection: the chart
 # it renders, its CRD and the helm binary that renders (files in the hash below).
 OPERATOR_FILES=(files/charts/metax-gpu-extensions files/charts/metax-operator/crds/clusteroperator.yaml)

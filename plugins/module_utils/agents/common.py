@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from ..errors import MetaxGpuError
 from ..host import HostRoot
-from ..kube.client import KubeClientError, api_client
+from ..kube.client import KubeClientError, api_client, core_v1
 
 
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
@@ -160,6 +160,21 @@ def kube_api_client(kubeconfig: Optional[str]) -> Any:
         return api_client(kubeconfig)
     except KubeClientError as exc:
         raise UsageError(str(exc).replace("kubeconfig ", "--kubeconfig ", 1) if kubeconfig else str(exc))
+
+
+def node_runtime_version(client: Any, node_name: str, attempts: int = 5, delay: float = 2.0) -> Optional[str]:
+    """The Node's ``status.nodeInfo.containerRuntimeVersion`` (None when the apiserver does not answer)."""
+    core = core_v1(client)
+    for attempt in range(attempts):
+        try:
+            node = core.read_node(node_name, _request_timeout=10)
+            info = node.status.node_info if node.status is not None else None
+            return info.container_runtime_version if info is not None else None
+        except Exception as exc:  # pylint: disable=broad-except  # the client raises many kinds
+            logging.getLogger("agents").warning("cannot read node %s (attempt %d of %d): %s",
+                                                node_name, attempt + 1, attempts, exc)
+            time.sleep(delay)
+    return None
 
 
 def stop_event() -> threading.Event:

@@ -6,7 +6,8 @@
 Run as::
 
     python -m ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device \\
-        --host-root /host [--host-prefix /] [--healthy-interval 5] [--node-name NODE]
+        --host-root /host [--host-prefix /] [--healthy-interval 5] [--node-name NODE] \\
+        [--cdi-mode auto|cdi|devices] [--cdi-spec-dir /var/run/cdi] [--maca-root /opt/maca]
 
 It serves the DevicePlugin API on ``<device-plugin-dir>/metax-gpu-<random>.sock``,
 registers with the kubelet and re-registers within a second or two when the
@@ -15,6 +16,13 @@ every ``--healthy-interval`` seconds; learns allocations from the kubelet's
 pod-resources API and publishes the node annotations (retried in the
 background while the apiserver is away); serves ``/metrics`` and
 ``/healthz``. docs/agents.md lists every flag and metric.
+
+``--cdi-mode`` (docs/runtime.md): ``cdi`` answers ``Allocate`` with CDI names
+and keeps the node's spec in ``--cdi-spec-dir`` current; ``devices`` answers
+with device nodes, the MACA mount and its environment; ``auto`` (the default)
+picks ``cdi`` when the node's runtime reads CDI (``cdi.mode``), judged from
+the Node's ``status.nodeInfo.containerRuntimeVersion`` and the runtime's
+configuration under the host root.
 """
 
 from __future__ import annotations
@@ -34,11 +42,16 @@ from ..deviceplugin.metrics import DevicePluginMetrics, MetricsServer
 from ..deviceplugin.podresources import PodResourcesClient, PodResourcesError
 from ..deviceplugin.registration import RegistrationError, register, socket_identity
 from ..deviceplugin.server import HAS_GRPC, DevicePluginService, PluginServer
+from ..deviceplugin.cdi import SpecSync
 from ..backoff import Backoff
-from ..host import HostRoot
+from ..cdi.mode import MODE_AUTO, MODE_CDI, MODE_DEVICES, MODES, Decision, containerd_cdi_setting, decide, \
+    docker_cdi_setting, parse_runtime
+from ..cdi.writer import MACA_ROOT
+from ..host import HostRoot, HostRootError
+from ..names import CDI_SPEC_DIR
 from ..names import RESOURCE_NAME
-from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, non_negative_int,
-                     positive_float, run_main, setup_logging, stop_event, tcp_port)
+from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, node_runtime_version,
+                     non_negative_int, positive_float, run_main, setup_logging, stop_event, tcp_port)
 
 COMPONENT = "gpu-device"
 LOG = logging.getLogger(COMPONENT)
@@ -66,8 +79,45 @@ def build_parser() -> argparse.ArgumentParser:
                         help="address of the /metrics and /healthz endpoint (default %(default)s)")
     parser.add_argument("--metrics-port", type=tcp_port, default=DEFAULT_METRICS_PORT,
                         help="port of /metrics and /healthz; 0 disables it (default %(default)s)")
+    parser.add_argument("--cdi-mode", default=MODE_AUTO, choices=MODES,
+                        help="Allocate answers with CDI names (cdi), with device nodes and mounts (devices), "
+                             "or whichever the node's runtime reads (auto, the default)")
+    parser.add_argument("--cdi-spec-dir", default=CDI_SPEC_DIR,
+                        help="where the node's CDI spec is written in CDI mode (default %(default)s)")
+    parser.add_argument("--maca-root", default=MACA_ROOT,
+                        help="the host's MXMACA, under the host root ('' = devices only; default %(default)s)")
     parser.add_argument("--resource-name", default=RESOURCE_NAME, help=argparse.SUPPRESS)
     return parser
+
+
+# The runtime's configuration files, under the host root, in the order the
+# runtime reads them (containerd: config.toml, then its conf.d imports).
+CONTAINERD_CONFIG = "etc/containerd/config.toml"
+CONTAINERD_DROPINS = "etc/containerd/conf.d"
+DOCKER_DAEMON_JSON = "etc/docker/daemon.json"
+
+
+def runtime_cdi_setting(host: HostRoot, runtime_version: Optional[str]) -> Optional[bool]:
+    """The runtime's own CDI switch as its configuration under the host root sets it (None: unset/unknown)."""
+    runtime = parse_runtime(runtime_version or "")
+    try:
+        if runtime is not None and runtime.name == "containerd":
+            texts = [host.read_text(CONTAINERD_CONFIG)] if host.exists(CONTAINERD_CONFIG) else []
+            if host.isdir(CONTAINERD_DROPINS):
+                texts += [host.read_text("%s/%s" % (CONTAINERD_DROPINS, name))
+                          for name in sorted(host.listdir(CONTAINERD_DROPINS)) if name.endswith(".toml")]
+            return containerd_cdi_setting(texts)
+        if runtime is not None and runtime.name == "docker" and host.exists(DOCKER_DAEMON_JSON):
+            return docker_cdi_setting(host.read_text(DOCKER_DAEMON_JSON))
+    except (HostRootError, OSError) as exc:
+        LOG.warning("cannot read the runtime's configuration: %s", exc)
+    return None
+
+
+def choose_mode(override: str, host: HostRoot, runtime_version: Optional[str]) -> Decision:
+    """The I/O edge of :func:`cdi.mode.decide`: the runtime's configuration read only when it matters."""
+    enabled = runtime_cdi_setting(host, runtime_version) if override == MODE_AUTO else None
+    return decide(override, runtime_version, enabled)
 
 
 class GpuDeviceAgent:
@@ -76,7 +126,8 @@ class GpuDeviceAgent:
     def __init__(self, host: HostRoot, device_plugin_dir: str, healthy_interval: int = 5,
                  pod_resources_socket: Optional[str] = C.POD_RESOURCES_SOCKET,
                  pod_resources_interval: float = 2.0, patch=None, stop: Optional[threading.Event] = None,
-                 resource_name: str = RESOURCE_NAME, metrics: Optional[DevicePluginMetrics] = None) -> None:
+                 resource_name: str = RESOURCE_NAME, metrics: Optional[DevicePluginMetrics] = None,
+                 mode: str = MODE_DEVICES, spec_sync: Optional[SpecSync] = None) -> None:
         self.host = host
         self.dir = device_plugin_dir
         self.kubelet_socket = os.path.join(device_plugin_dir, C.KUBELET_SOCKET_NAME)
@@ -87,7 +138,10 @@ class GpuDeviceAgent:
         self.stop = stop or threading.Event()
         self.metrics = metrics or DevicePluginMetrics()
         self.state = DeviceState(host, check_health=healthy_interval > 0)
-        self.service = DevicePluginService(self.state, host, self.metrics)
+        self.mode = mode
+        # devices mode still needs the host's MACA (its mount); only CDI mode writes the spec
+        self.spec_sync = spec_sync or SpecSync(host, maca_root=None)
+        self.service = DevicePluginService(self.state, host, self.metrics, mode, self.spec_sync)
         self.server = PluginServer(self.service, device_plugin_dir)
         self.allocated: FrozenSet[str] = frozenset()
         self._lock = threading.Lock()
@@ -122,6 +176,19 @@ class GpuDeviceAgent:
         if self.publisher:
             self.publisher.trigger()
 
+    def sync_spec(self) -> None:
+        """CDI mode: the node's spec follows the advertised devices and the host's MACA."""
+        if self.mode != MODE_CDI:
+            return
+        try:
+            result = self.spec_sync.sync(self.state.snapshot())
+        except OSError as exc:
+            LOG.warning("cannot write the CDI spec %s: %s", self.spec_sync.path, exc)
+            return
+        if result.changed:
+            LOG.info("CDI spec %s rewritten: %d name(s)", self.spec_sync.path, len(result.names),
+                     extra={"fields": {"cdi_names": result.names}})
+
     def _report_warnings(self) -> None:
         """Log each discovery warning when it first appears (not on every scan); export the counts."""
         current = self.state.warnings
@@ -141,6 +208,8 @@ class GpuDeviceAgent:
             self._report_warnings()
             if changed:
                 self._devices_changed(before)
+            # every scan, not only on a change of the list: a MACA switch changes no device
+            self.sync_spec()
 
     def pod_resources_loop(self) -> None:
         socket_path = self.pod_resources_socket
@@ -231,6 +300,7 @@ class GpuDeviceAgent:
                  extra={"fields": {"devices": [d.id for d in snap.devices]}})
         self._report_warnings()
         self._devices_changed(None)
+        self.sync_spec()
         if self.healthy_interval > 0:
             self._start_thread(self.health_loop, "health")
         else:
@@ -272,12 +342,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UsageError("--device-plugin-dir %s is not a directory" % args.device_plugin_dir)
     stop = stop_event()
     patch = None
+    runtime_version = None
     if args.node_name:
-        patch = kube_node_patcher(kube_api_client(args.kubeconfig), args.node_name)
+        client = kube_api_client(args.kubeconfig)
+        patch = kube_node_patcher(client, args.node_name)
+        if args.cdi_mode == MODE_AUTO:
+            runtime_version = node_runtime_version(client, args.node_name)
     else:
         LOG.warning("no --node-name (or NODE_NAME): the node annotations are not published")
+    decision = choose_mode(args.cdi_mode, host, runtime_version)
+    LOG.info("Allocate mode %s: %s", decision.mode, decision.reason,
+             extra={"fields": {"cdi_mode": decision.mode, "runtime": runtime_version}})
+    spec_sync = SpecSync(host, args.cdi_spec_dir, args.maca_root or None)
     agent = GpuDeviceAgent(host, args.device_plugin_dir, args.healthy_interval, args.pod_resources_socket,
-                           args.pod_resources_interval, patch=patch, stop=stop, resource_name=args.resource_name)
+                           args.pod_resources_interval, patch=patch, stop=stop, resource_name=args.resource_name,
+                           mode=decision.mode, spec_sync=spec_sync)
     metrics_server = None
     if args.metrics_port:
         try:

@@ -8,9 +8,10 @@ container-runtime on GPU nodes; driver and MACA after ``runtime.ready``;
 gpu-device after ``maca.ready`` and ``runtime.ready``; gpu-label everywhere.
 gpu-exporter (the CR's ``dataExporter``, MetaX's mx-exporter) after
 ``driver.ready``: it reads mx-smi, which needs the loaded driver.
-driver, maca and runtime are not built yet (issues of driver-manager and
-container-runtime): their readiness labels are named here, in gpu-device's
-``requires``, and the chain skips them while no deployed component owns them.
+container-runtime (the CR's ``runtime``, off unless deployed) owns ``runtime.ready``.
+driver and maca are not built yet (the driver-manager issue): their readiness
+labels are named here, in gpu-device's ``requires``, and the chain skips them
+while no deployed component owns them.
 A new component is one more :class:`Component` in :data:`REGISTRY`.
 """
 
@@ -28,6 +29,14 @@ GPU_LABEL = Component(
     image="gpu-label", minimal=True,
     # Table 2.7: gpu.* and driver.ready (gpu-label reports the loaded driver)
     cleanup_labels=(names.LABEL_PREFIX + "gpu.", names.LABEL_DRIVER_READY),
+)
+
+CONTAINER_RUNTIME = Component(
+    name="container-runtime", spec_key="runtime", values_key="runtime", chart=EXTENSIONS_CHART,
+    image="container-runtime", gpu_nodes_only=True, default_deploy=False,
+    # makes the node's runtime read CDI; gpu-device (which requires it) then answers with CDI names
+    ready_label=names.LABEL_RUNTIME_READY,
+    enable_values={"containerRuntime": {"enabled": True}},
 )
 
 GPU_DEVICE = Component(
@@ -51,7 +60,7 @@ GPU_EXPORTER = Component(
 )
 
 # Chain order: a component comes after every component owning a label it requires.
-REGISTRY: Tuple[Component, ...] = (GPU_LABEL, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER)
+REGISTRY: Tuple[Component, ...] = (GPU_LABEL, CONTAINER_RUNTIME, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER)
 
 BY_NAME: Dict[str, Component] = {c.name: c for c in REGISTRY}
 BY_SPEC_KEY: Dict[str, Component] = {c.spec_key: c for c in REGISTRY}

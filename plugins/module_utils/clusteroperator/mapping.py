@@ -45,7 +45,7 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
     {"spec": "labelgen", "values": "gpuLabel", "image": "gpu-label", "deployValue": None,
      "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
     {"spec": "devicePlugin", "values": "gpuDevice", "image": "gpu-device", "deployValue": None,
-     "fields": ["deploy", "healthyInterval", "resources", "podTemplateSpec"], "registryDefaults": []},
+     "fields": ["deploy", "healthyInterval", "cdiMode", "resources", "podTemplateSpec"], "registryDefaults": []},
     {"spec": "gpuAware", "values": "gpuAware", "image": "gpu-aware", "deployValue": "deployExtenderGPUAware",
      "fields": ["scoreWeight", "lossWeight", "resources", "podTemplateSpec"], "registryDefaults": []},
     # extra (the real product's CR has it, the manual not): gpu-exporter, default off
@@ -135,7 +135,8 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
         "registry": "operator.invalid/rendered",  # replaced per component by the CR's image
         "pullPolicy": _image(device, "gpu-device")["pullPolicy"],
         "log": dict(DEFAULT_LOG),
-        "gpuDevice": {"healthyInterval": device.get("healthyInterval", 5), "log": merged_log(None, device.get("log"))},
+        "gpuDevice": {"healthyInterval": device.get("healthyInterval", 5), "cdiMode": device.get("cdiMode", "auto"),
+                      "log": merged_log(None, device.get("log"))},
         "gpuLabel": {"log": merged_log(None, label.get("log"))},
         "gpuAware": {"scoreWeight": str(aware.get("scoreWeight", "1")), "lossWeight": str(aware.get("lossWeight", "1")),
                      "log": merged_log(None, aware.get("log"))},

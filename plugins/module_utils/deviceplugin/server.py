@@ -6,10 +6,14 @@
 ``GetDevicePluginOptions``  GetPreferredAllocation available, no PreStartContainer needed
 ``ListAndWatch``            the advertised list (:mod:`.devices`), resent on every change
 ``GetPreferredAllocation``  the topology-aware allocator (``gpu.allocator``)
-``Allocate``                ``/dev/mxcd`` + each device's ``/dev/dri/cardN`` and
+``Allocate``                in CDI mode the devices' CDI names (``cdi_devices``,
+                            resolved by the runtime through the node's spec,
+                            written first: :mod:`.cdi`); in devices mode
+                            ``/dev/mxcd`` + each device's ``/dev/dri/cardN`` and
                             ``renderDN`` (host paths through ``HostRoot.host_path``),
-                            environment naming the devices; unknown or
-                            unhealthy IDs are INVALID_ARGUMENT
+                            the host's MXMACA read-only on ``/opt/maca`` and its
+                            environment; either way environment naming the
+                            devices. Unknown or unhealthy IDs are INVALID_ARGUMENT
 ``PreStartContainer``       accepted (nothing to prepare)
 
 :class:`PluginServer` serves it on a unix socket in the device-plugin
@@ -25,7 +29,7 @@ import socket
 import stat
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from concurrent import futures
 
@@ -38,11 +42,15 @@ except ImportError:
     grpc = pb = pb_grpc = None
     HAS_GRPC = False
 
+from ..cdi.mode import MODE_CDI, MODE_DEVICES
+from ..cdi.spec import Maca, maca_env
 from ..errors import MetaxGpuError
 from ..gpu.allocator import AllocationError, allocate
 from ..host import HostRoot
 from . import constants as C
 from ..gpu.model import Device
+from ..names import MACA_CONTAINER_PATH
+from .cdi import SpecSync, qualified
 from .devices import Advertised, DeviceState, Snapshot
 from .metrics import DevicePluginMetrics
 
@@ -104,10 +112,16 @@ def preferred_ids(snapshot: Snapshot, available: Iterable[str], must_include: It
     return [id_of[i] for i in alloc.devices]
 
 
-def container_allocation(host: HostRoot, snapshot: Snapshot, device_ids: Iterable[str]) -> Dict[str, object]:
-    """What one container gets: device specs and environment.
+def container_allocation(host: HostRoot, snapshot: Snapshot, device_ids: Iterable[str],
+                         mode: str = MODE_DEVICES, maca: Optional[Maca] = None) -> Dict[str, Any]:
+    """What one container gets.
 
-    Returns ``{"devices": [(container_path, host_path, permissions)], "envs": {...}}``.
+    Returns ``{"devices": [(container_path, host_path, permissions)],
+    "mounts": [(container_path, host_path, read_only)], "envs": {...},
+    "cdi_devices": [name]}``: in ``cdi`` mode only names and the environment
+    naming the devices (the spec carries nodes, MACA and its environment); in
+    ``devices`` mode the nodes, ``maca`` (when the host has it) mounted
+    read-only with its environment, and the same device environment.
     Raises :class:`RequestError` for empty, duplicate, unknown or unhealthy IDs
     and for device nodes missing on the node.
     """
@@ -148,7 +162,16 @@ def container_allocation(host: HostRoot, snapshot: Snapshot, device_ids: Iterabl
     uuids = [dev.uuid for _a, dev in chosen if dev.uuid]
     if len(uuids) == len(chosen):
         envs[C.ENV_DEVICE_UUIDS] = ",".join(uuids)
-    return {"devices": specs, "envs": envs}
+    if mode == MODE_CDI:
+        return {"devices": [], "mounts": [], "envs": envs,
+                "cdi_devices": [qualified(dev.index) for _a, dev in chosen]}
+    mounts = []
+    if maca is not None:
+        mounts.append((MACA_CONTAINER_PATH, maca.host_path, True))
+        for item in maca_env(maca):
+            key, _sep, value = item.partition("=")
+            envs[key] = value
+    return {"devices": specs, "mounts": mounts, "envs": envs, "cdi_devices": []}
 
 
 def device_messages(snapshot: Snapshot) -> list:
@@ -167,10 +190,15 @@ def device_messages(snapshot: Snapshot) -> list:
 class DevicePluginService:
     """Implements the DevicePlugin service (method names are the RPC names)."""
 
-    def __init__(self, state: DeviceState, host: HostRoot, metrics: Optional[DevicePluginMetrics] = None) -> None:
+    def __init__(self, state: DeviceState, host: HostRoot, metrics: Optional[DevicePluginMetrics] = None,
+                 mode: str = MODE_DEVICES, spec_sync: Optional[SpecSync] = None) -> None:
         require_grpc()
+        if mode == MODE_CDI and spec_sync is None:
+            raise ValueError("CDI mode needs a SpecSync: the names it hands out must be in the node's spec")
         self.state = state
         self.host = host
+        self.mode = mode
+        self.spec_sync = spec_sync
         self.metrics = metrics or DevicePluginMetrics()
         self._stopping = threading.Event()
         self.streams = 0
@@ -234,18 +262,28 @@ class DevicePluginService:
     def Allocate(self, request, context):
         start = time.monotonic()
         response = pb.AllocateResponse()
-        snap = self.state.snapshot()
         try:
             if not request.container_requests:
                 raise RequestError("no container_requests")
+            snap, defined = self._snapshot_and_spec()
+            maca = self.spec_sync.maca() if self.spec_sync is not None and self.mode != MODE_CDI else None
             for creq in request.container_requests:
-                result = container_allocation(self.host, snap, creq.devices_ids)
+                result = container_allocation(self.host, snap, creq.devices_ids, self.mode, maca)
+                missing = [n for n in result["cdi_devices"] if n not in defined]
+                if missing:
+                    raise RequestError("%s not in the node's CDI spec %s" % (", ".join(missing),
+                                                                             self.spec_sync.path if self.spec_sync else ""))
                 cresp = response.container_responses.add()
                 for container_path, host_path, perms in result["devices"]:
                     cresp.devices.add(container_path=container_path, host_path=host_path, permissions=perms)
+                for container_path, host_path, read_only in result["mounts"]:
+                    cresp.mounts.add(container_path=container_path, host_path=host_path, read_only=read_only)
+                for name in result["cdi_devices"]:
+                    cresp.cdi_devices.add(name=name)
                 cresp.envs.update(result["envs"])
                 LOG.info("Allocate: %s", ",".join(creq.devices_ids),
-                         extra={"fields": {"devices": list(creq.devices_ids)}})
+                         extra={"fields": {"devices": list(creq.devices_ids), "mode": self.mode,
+                                           "cdi_devices": result["cdi_devices"]}})
         except RequestError as exc:
             return self._refuse(context, "Allocate", exc, pb.AllocateResponse)
         finally:
@@ -253,6 +291,25 @@ class DevicePluginService:
         with self._lock:
             self.allocations += 1
         return response
+
+    def _snapshot_and_spec(self) -> Tuple[Snapshot, FrozenSet[str]]:
+        """The snapshot to answer from and, in CDI mode, the names the node's spec defines for it.
+
+        The spec is written from that very snapshot first, so no name is handed
+        out before the spec that resolves it is on disk (HAMi#1903).
+        """
+        snap = self.state.snapshot()
+        if self.mode != MODE_CDI or self.spec_sync is None:
+            return snap, frozenset()
+        try:
+            for _attempt in range(5):
+                result = self.spec_sync.sync(snap)
+                if not result.stale:
+                    return snap, frozenset(result.names)
+                snap = self.state.snapshot()   # the health loop wrote a newer one meanwhile
+        except OSError as exc:
+            raise RequestError("cannot write the node's CDI spec %s: %s" % (self.spec_sync.path, exc))
+        raise RequestError("the devices keep changing: try again")
 
     def PreStartContainer(self, request, context):
         return pb.PreStartContainerResponse()

@@ -143,7 +143,9 @@ def test_gpu_device_runs_only_on_labelled_nodes_privileged_with_few_host_paths()
     assert all(k.startswith(names.LABEL_PREFIX) for k in ds["nodeSelector"])
     assert ds["containers"][0]["securityContext"] == {"privileged": True}
     host_paths = sorted(v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v)
-    assert host_paths == ["/", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/var/log/metax"]
+    # /var/run/cdi: gpu-device writes the node's CDI spec there in CDI mode (docs/runtime.md)
+    assert host_paths == ["/", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/var/log/metax",
+                          "/var/run/cdi"]
     # the node root read-only and whole: discovery runs the node's mx-smi with its libraries
     root_mounts = [m for m in ds["containers"][0]["volumeMounts"] if m["name"] == "host-root"]
     assert root_mounts == [{"name": "host-root", "mountPath": "/host", "readOnly": True}]
@@ -152,6 +154,20 @@ def test_gpu_device_runs_only_on_labelled_nodes_privileged_with_few_host_paths()
         ctx = spec["containers"][0]["securityContext"]
         assert not ctx.get("privileged") and ctx["capabilities"] == {"drop": ["ALL"]}
         assert ctx["allowPrivilegeEscalation"] is False
+
+
+@pytest.mark.parametrize("values, mode", [({}, "auto"), ({"gpuDevice": {"cdiMode": "devices"}}, "devices"),
+                                          ({"gpuDevice": {"cdiMode": "cdi"}}, "cdi")])
+def test_gpu_device_cdi_mode_is_a_chart_value(values, mode):
+    rc, objects, err = render(HELM, values)
+    assert rc == 0, err
+    args = by_kind_name(objects)[("DaemonSet", "gpu-device")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--cdi-mode=%s" % mode in args and "--cdi-spec-dir=/var/run/cdi" in args
+
+
+def test_an_unknown_cdi_mode_is_refused_by_the_schema():
+    rc, _objects, err = render(HELM, {"gpuDevice": {"cdiMode": "yes"}})
+    assert rc != 0 and "cdiMode" in err
 
 
 def test_simulated_nodes_use_their_own_root_and_prefix():
@@ -179,7 +195,8 @@ def test_rbac_is_least_privilege_per_agent():
     objs = by_kind_name(objects)
     # gpu-exporter reads only the node: no role at all (tests/unit/charts/test_gpu_exporter_chart.py)
     rules = {name: objs[("ClusterRole", "metax-gpu-" + name)]["rules"] for name in PARSERS if name != "gpu-exporter"}
-    assert rules["gpu-device"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+    # get: its node's runtime version (gpuDevice.cdiMode auto)
+    assert rules["gpu-device"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert rules["gpu-label"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert rules["gpu-aware"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
     assert objs[("Role", "gpu-aware")]["rules"] == [

@@ -70,7 +70,7 @@ def test_the_operator_options_are_its_own():
         assert key in op_values and op_schema["properties"][key] == own["properties"][key]
     # members the operator adds to a shared component section
     assert set(op_schema["properties"]["gpuDevice"]["properties"]) == {
-        "healthyInterval", "log", "podTemplateSpec", "resources", "deploy"}
+        "healthyInterval", "cdiMode", "log", "podTemplateSpec", "resources", "deploy"}
     assert "GENERATED" in op_schema["$comment"] and "GENERATED" in (OPERATOR_CHART / "values.yaml").read_text()
 
 

@@ -15,15 +15,16 @@ from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.contract
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-# The components of the later issues, as they will be registered: the contract must fit them.
-RUNTIME = Component(name="container-runtime", spec_key="runtime", values_key="runtime", chart="x",
-                    image="container-runtime", ready_label=names.LABEL_RUNTIME_READY, gpu_nodes_only=True)
+# container-runtime is registered (issue 26); the driver issue's two, as they will be: the contract must fit them.
+RUNTIME = components.CONTAINER_RUNTIME
 DRIVER = Component(name="driver", spec_key="driver", values_key="driver", chart="x", image="driver-manager",
                    ready_label=names.LABEL_DRIVER_READY, requires=(names.LABEL_RUNTIME_READY,),
                    gpu_nodes_only=True)
 MACA = Component(name="maca", spec_key="maca", values_key="maca", chart="x", image="driver-manager",
                  ready_label=names.LABEL_MACA_READY, requires=(names.LABEL_RUNTIME_READY,), gpu_nodes_only=True)
-FULL = (RUNTIME, DRIVER, MACA) + components.REGISTRY
+FULL = (DRIVER, MACA) + components.REGISTRY
+# container-runtime is deployed only when asked (spec.runtime.deploy), as the operator chart's values ask
+RUNTIME_ON = {"runtime": {"deploy": True}}
 
 
 def real_selectors():
@@ -41,7 +42,7 @@ def real_selectors():
 def test_full_chain_reproduces_the_real_operators_selectors():
     real = real_selectors()
     for component in (RUNTIME, DRIVER, MACA, components.GPU_DEVICE, components.GPU_LABEL):
-        assert gate_selector(component, FULL, {}) == real[component.name], component.name
+        assert gate_selector(component, FULL, RUNTIME_ON) == real[component.name], component.name
 
 
 def test_todays_chain_skips_labels_nobody_sets():
@@ -53,13 +54,14 @@ def test_todays_chain_skips_labels_nobody_sets():
 def test_minimal_mode_and_deploy_false_drop_the_label_from_the_chain():
     minimal = {"minimal": True}
     assert gate_selector(components.GPU_DEVICE, FULL, minimal) == {names.LABEL_GPU_INSTALLED: "true"}
-    no_maca = {"maca": {"deploy": False}}
+    no_maca = dict(RUNTIME_ON, maca={"deploy": False})
     assert gate_selector(components.GPU_DEVICE, FULL, no_maca) == {
         names.LABEL_GPU_INSTALLED: "true", names.LABEL_RUNTIME_READY: "true"}
 
 
 def test_deployed():
     assert deployed(components.GPU_DEVICE, {})
+    assert not deployed(RUNTIME, {}) and deployed(RUNTIME, RUNTIME_ON)
     assert not deployed(components.GPU_AWARE, {})
     assert deployed(components.GPU_AWARE, {"gpuAware": {"deploy": True}})
     assert not deployed(components.GPU_AWARE, {"gpuAware": {"deploy": True}, "minimal": True})

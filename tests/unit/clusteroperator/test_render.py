@@ -151,3 +151,23 @@ def test_data_exporter_deploys_gpu_exporter_from_the_extensions_chart():
     # the other components are untouched by it
     assert objs["gpu-device"] == objects(SPEC)["gpu-device"]
     assert objects(dict(spec, minimal=True))["gpu-exporter"] == []
+
+
+def test_runtime_deploys_container_runtime_and_gates_gpu_device_on_runtime_ready():
+    from ansible_collections.metax.gpu.plugins.module_utils.agents import container_runtime
+    assert objects(SPEC)["container-runtime"] == []            # off unless the CR asks (the chart's default)
+    spec = dict(SPEC, runtime={"deploy": True, "image": dict(IMAGE, name="container-runtime")})
+    objs = objects(spec)
+    assert sorted(o["kind"] for o in objs["container-runtime"]) == [
+        "ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    role = next(o for o in objs["container-runtime"] if o["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    pod = workload(objs, "container-runtime")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "127.0.0.1:5000/metax-gpu/container-runtime:abc"
+    args = container_runtime.build_parser().parse_args(container["args"])
+    assert args.host_root == "/host" and args.restart == "auto" and args.revert_on_exit and not args.write_spec
+    assert pod["hostPID"] is True and container["readinessProbe"]["exec"]["command"][-1] == container_runtime.READY_FILE
+    assert pod["nodeSelector"] == {names.LABEL_GPU_INSTALLED: "true"}
+    # gpu-device now waits for the runtime to read CDI
+    assert workload(objs, "gpu-device")["spec"]["template"]["spec"]["nodeSelector"][names.LABEL_RUNTIME_READY] == "true"

@@ -1,0 +1,220 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""gpu-device in CDI mode on the local cluster: the real kubelet, containerd 2.4 and its CDI resolution.
+
+gpu-device runs with ``--cdi-mode auto`` and the node's ``/var/run/cdi``
+mounted, as the chart deploys it; the node's containerd 2.4 reads CDI by
+default, so gpu-device must choose CDI mode by itself. A pod asking for two
+GPUs then gets exactly the allocator's pair, the host's MXMACA read-only on
+/opt/maca and its environment, all from the spec, through ``cdi_devices``
+(gpu-device's answer carries no device node). A failed GPU leaves the spec,
+a new pod still starts on the remaining ones, and the GPU comes back into
+the spec on recovery.
+
+It runs on the second node (4xN100) when the cluster has one: the first
+node's directories are also the machine's standard paths (the local
+cluster's host binds), which other sessions' tools may share. The simulated
+root gets a MACA for the module and loses it afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from test_gpu_device_cluster import (ANNOTATIONS, DEVICE_ARGS, GPU, NS, SIM_MOUNT, Agents,  # noqa: E402
+                                     devices_annotation, wait_for, wait_registered)
+from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
+
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import allocate  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.names import CDI_SPEC_DIR, CDI_SPEC_FILE  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.sim.maca import MACA_LINK, install_maca, maca_dir  # noqa: E402
+
+MACA_VERSION = "3.0.0.8"
+SPEC = CDI_SPEC_DIR + "/" + CDI_SPEC_FILE
+# what a GPU container reports: its DRM nodes, /dev/mxcd, MACA's version and mount options, the environment
+SCRIPT = ("echo dri: $(ls /dev/dri | sort); echo mxcd: $(ls /dev/mxcd); echo maca: $(head -1 /opt/maca/Version.txt); "
+          "echo mount: $(awk '$2 == \"/opt/maca\" {print $4}' /proc/mounts); "
+          "env | grep -E '^(METAX_|MACA_PATH=|LD_LIBRARY_PATH=)' | sort; sleep 3600")
+
+
+class NodeAgents(Agents):
+    """Agents on one chosen node: its name, and its simulated root as the machine sees it."""
+
+    def __init__(self, cluster, images, node):
+        super().__init__(cluster, images)
+        self.node = node["name"]
+        self.preset = node["preset"]
+        self.host_sim = node["sim_root"]     # on the machine; in the node it is at self.sim_root
+
+    def sim(self):
+        return HostRoot(self.host_sim)
+
+    def recreate_sim(self, preset_name, vfs=0):
+        assert not vfs
+        return generator.create(self.host_sim, preset(preset_name), force=True)
+
+    def gpus(self):
+        return len(generator.load_state(self.sim())["gpus"])
+
+
+@pytest.fixture(scope="module")
+def cdi_agent(cluster, agent_images):  # noqa: F811
+    node = cluster.nodes[1] if len(cluster.nodes) > 1 else cluster.nodes[0]
+    agents = NodeAgents(cluster, agent_images, node)
+    state = generator.load_state(agents.sim())
+    if not agents.sim().exists("sys/module/metax") or any(g["failed"] for g in state["gpus"]):
+        agents.recreate_sim(agents.preset)
+    generator.reinstall_mx_smi(agents.sim())
+    had_maca = agents.sim().exists(MACA_LINK)
+    had_opt = agents.sim().exists("opt")
+    if not had_maca:
+        install_maca(agents.sim(), MACA_VERSION)
+    volumes = {
+        "device-plugins": ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins"),
+        "pod-resources": ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources"),
+        "sim": (agents.sim_parent, SIM_MOUNT),
+        # the node's own /run/cdi (each simulated node binds its own directory there)
+        "cdi": (CDI_SPEC_DIR, CDI_SPEC_DIR),
+    }
+    args = DEVICE_ARGS + ["--host-prefix", agents.sim_root, "--cdi-mode", "auto", "--cdi-spec-dir", CDI_SPEC_DIR]
+    try:
+        agents.start("gpu-device", args, volumes)
+        yield agents
+    finally:
+        pod = agents.pod_of("gpu-device")
+        if pod is not None:     # the spec stays when gpu-device stops (restarting containers need it): remove it
+            agents.cluster.kubectl("-n", NS, "exec", pod.metadata.name, "--", "rm", "-f", SPEC)
+        agents.delete("gpu-device")
+        agents.remove_annotations(ANNOTATIONS)
+        if not had_maca:
+            os.unlink(agents.sim().join(MACA_LINK))
+            shutil.rmtree(agents.sim().join(maca_dir(MACA_VERSION)))
+            if not had_opt:
+                os.rmdir(agents.sim().join("opt"))
+        state = generator.load_state(agents.sim())
+        if any(g["failed"] for g in state["gpus"]) or not state["driver_loaded"]:
+            agents.recreate_sim(agents.preset)
+
+
+def node_spec(agents):
+    """The node's CDI spec as its containerd reads it (through gpu-device's mount of the node's /var/run/cdi)."""
+    pod = agents.pod_of("gpu-device")
+    res = agents.cluster.kubectl("-n", NS, "exec", pod.metadata.name, "--", "cat", SPEC)
+    return json.loads(res.stdout) if res.returncode == 0 else None
+
+
+def index_names(spec):
+    return sorted((d["name"] for d in (spec or {}).get("devices", []) if d["name"].isdigit()), key=int)
+
+
+def gpu_pod(agents, count):
+    name = "cdi-gpu-%s" % uuid.uuid4().hex[:6]
+    agents.apply({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                 "nodeSelector": {"kubernetes.io/hostname": agents.node},
+                 "tolerations": [{"operator": "Exists"}],
+                 "containers": [{"name": "main", "image": agents.images["gpu-device"], "command": ["sh", "-c", SCRIPT],
+                                 "resources": {"limits": {GPU: str(count)}}}]}})
+    return name
+
+
+def pod_report(agents, name):
+    """({"dri": [...], "mxcd": ..., "maca": ..., "mount": ...}, env) once the pod runs and printed its report."""
+    def running():
+        pod = agents.api.read_namespaced_pod(name, NS)
+        waiting = [s.state.waiting for s in pod.status.container_statuses or [] if s.state.waiting]
+        # a runtime that cannot resolve a CDI name leaves the container waiting with the reason
+        assert not [w for w in waiting if w.reason in ("CreateContainerError", "RunContainerError")], waiting
+        return pod.status.phase == "Running"
+    wait_for(running, 180, "the GPU pod %s running" % name)
+    log = wait_for(lambda: "METAX_VISIBLE_DEVICES=" in agents.api.read_namespaced_pod_log(name, NS), 30,
+                   "the pod's report") and agents.api.read_namespaced_pod_log(name, NS)
+    report, env = {}, {}
+    for line in log.splitlines():
+        key, sep, value = line.partition(": ")
+        if sep and key in ("dri", "mxcd", "maca", "mount"):
+            report[key] = value.split() if key == "dri" else value.strip()
+        elif "=" in line:
+            k, _sep, v = line.partition("=")
+            env[k] = v
+    return report, env
+
+
+def test_gpu_device_chooses_cdi_on_containerd_2_and_writes_the_spec(cdi_agent):
+    agents = cdi_agent
+    wait_registered(agents)
+    log = agents.logs("gpu-device")
+    assert "Allocate mode cdi" in log and "containerd://2." in log, log[-2000:]
+    spec = wait_for(lambda: node_spec(agents), 30, "the node's CDI spec")
+    assert index_names(spec) == [str(i) for i in range(agents.gpus())]
+    mounts = spec["containerEdits"]["mounts"]
+    assert [(m["hostPath"], m["containerPath"]) for m in mounts] == [
+        (agents.sim_root + "/" + maca_dir(MACA_VERSION), "/opt/maca")]
+
+
+def test_a_pod_gets_exactly_its_devices_and_maca_through_cdi(cdi_agent):
+    agents = cdi_agent
+    count = agents.gpus()
+    wait_for(lambda: agents.gpu_resources() == (count, count), 60, "allocatable %d" % count)
+    inv = discover(agents.sim())
+    busy = {d["id"] for d in devices_annotation(agents) if d["allocated"]}
+    free = [d.index for d in inv.devices if d.healthy and d.id not in busy]
+    pair = [inv.devices[i] for i in allocate(inv.topology, free, 2).devices]
+    name = gpu_pod(agents, 2)
+    try:
+        report, env = pod_report(agents, name)
+        assert report["dri"] == sorted([d.drm_card for d in pair] + [d.drm_render for d in pair]), report
+        assert report["mxcd"] == "/dev/mxcd" and report["maca"] == "Version:" + MACA_VERSION, report
+        assert report["mount"].split(",")[0] == "ro", report          # the host's MACA, read-only
+        assert env["MACA_PATH"] == "/opt/maca"
+        assert env["LD_LIBRARY_PATH"].startswith("/opt/maca/lib:/opt/maca/mxgpu_llvm/lib")
+        assert env["METAX_VISIBLE_DEVICES"] == ",".join(d.id for d in pair)
+        # through cdi_devices: gpu-device's answer named the pair and carried no device node
+        answers = [json.loads(line) for line in agents.logs("gpu-device").splitlines()
+                   if line.startswith("{") and '"Allocate: ' in line]
+        assert answers and answers[-1]["cdi_devices"] == sorted(
+            "%s=%d" % (GPU, d.index) for d in pair), answers[-1:]
+        assert answers[-1]["mode"] == "cdi"
+    finally:
+        agents.api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+def test_a_failed_gpu_leaves_the_spec_and_a_new_pod_still_starts(cdi_agent):
+    agents = cdi_agent
+    count = agents.gpus()
+    last = count - 1
+    wait_for(lambda: agents.gpu_resources() == (count, count), 60, "allocatable %d" % count)
+    try:
+        t0 = time.monotonic()
+        generator.fail_gpu(agents.sim(), last, "smi")
+        wait_for(lambda: index_names(node_spec(agents)) == [str(i) for i in range(last)], 30,
+                 "GPU %d out of the spec" % last)
+        print("GPU failure -> spec rewritten in the node: %.1f s" % (time.monotonic() - t0))
+        wait_for(lambda: agents.gpu_resources()[1] == last, 60, "allocatable %d" % last)
+        name = gpu_pod(agents, last)
+        try:
+            report, _env = pod_report(agents, name)
+            assert "card%d" % last not in report["dri"] and len(report["dri"]) == 2 * last, report
+        finally:
+            agents.api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+    finally:
+        generator.recover_gpu(agents.sim(), last)
+    wait_for(lambda: index_names(node_spec(agents)) == [str(i) for i in range(count)], 30,
+             "GPU %d back in the spec" % last)
