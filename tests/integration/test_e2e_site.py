@@ -4,7 +4,8 @@
 """End to end on the local three-node cluster, the administrator's way (issue 15).
 
 ansible-playbook metax.gpu.site with docs/examples/local-cluster-inventory.yml
-(images built and pushed, chart installed, gpu-aware enabled, verify), then:
+(images built and pushed, chart installed, gpu-aware enabled, verify), run as
+the Molecule scenario ``default`` action by action (molecule_scenario.py), then:
 every node shows its preset's capacity, allocatable and labels; a 2-GPU pod is
 placed through the extender and sees its devices; a simulated GPU fault drops
 allocatable by one; metax.gpu.uninstall leaves the nodes as they were. The
@@ -21,6 +22,7 @@ import sys
 import time
 
 import pytest
+from molecule_scenario import molecule
 from playbook_output import recap
 from polling import wait_until
 
@@ -60,9 +62,12 @@ def _ours(node):
 @pytest.fixture(scope="module")
 def site(cluster):
     before = {name: _ours(node) for name, node in _nodes(cluster).items()}
-    out, secs = _playbook(cluster, "site")
-    yield {"before": before, "stdout": out, "seconds": secs}
-    # uninstall is a test of its own below; this only makes sure nothing stays on failure
+    out, secs = molecule(cluster, "default", "converge")       # metax.gpu.site
+    state = {"before": before, "stdout": out, "seconds": secs, "uninstalled": False}
+    yield state
+    if state["uninstalled"]:
+        return
+    # uninstall is a test of its own below; this only makes sure nothing stays when it did not run or failed
     subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", INVENTORY,
                     "-e", "metax_gpu_kubeconfig=" + cluster.kubeconfig, "metax.gpu.uninstall"],
                    capture_output=True, env=cluster.env, timeout=900, check=False)
@@ -98,10 +103,9 @@ def test_the_agents_work_under_the_node_agent_policy(cluster, site):
         assert "ValidatingAdmissionPolicy" not in logs, logs[-3000:]
 
 
-def test_second_site_run_changes_nothing(cluster, site):
-    out, _secs = _playbook(cluster, "site")
-    counts = recap(out)
-    assert counts and all(c["changed"] == 0 for c in counts.values()), counts
+def test_second_site_run_changes_nothing_and_verify_passes(cluster, site):
+    molecule(cluster, "default", "idempotence")   # molecule fails it on any changed task
+    molecule(cluster, "default", "verify")                     # metax.gpu.verify
 
 
 def _release_state(cluster):
@@ -180,7 +184,8 @@ def test_gpu_fault_drops_allocatable_by_one(cluster, site):
 
 
 def test_uninstall_leaves_the_nodes_as_before(cluster, site):
-    _playbook(cluster, "uninstall")
+    molecule(cluster, "default", "cleanup")                    # metax.gpu.uninstall + nothing of ours left
+    site["uninstalled"] = True
     after = {name: _ours(node) for name, node in _nodes(cluster).items()}
     assert after == site["before"]
     assert cluster.kubectl("get", "namespace", N.NAMESPACE).returncode != 0

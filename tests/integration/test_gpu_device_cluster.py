@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import node_policy  # noqa: E402
+from polling import wait_until  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.registration import socket_identity  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import allocate  # noqa: E402
@@ -63,21 +64,7 @@ DIAGNOSE = []      # callables adding context to a timeout (the agents under tes
 
 
 def wait_for(predicate, timeout, what, interval=0.25):
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            context = []
-            for diagnose in DIAGNOSE:
-                try:
-                    context.append(diagnose())
-                except Exception as exc:  # pylint: disable=broad-except
-                    context.append("(diagnostics failed: %s)" % exc)
-            raise AssertionError("timed out after %ss waiting for %s\n%s" % (timeout, what, "\n".join(context)))
-        time.sleep(interval)
+    return wait_until(predicate, timeout, what, interval=interval, diagnose=DIAGNOSE)
 
 
 @pytest.fixture(scope="session")

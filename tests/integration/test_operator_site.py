@@ -7,7 +7,8 @@ ansible-playbook metax.gpu.site -e metax_gpu_scheme=operator with
 docs/examples/local-cluster-inventory.yml: the images (operator-controller
 included) and both charts go into the offline bundle and are pushed to the
 local registry, the chart is installed from oci:// as the manual's 3.2.1 does,
-the ClusterOperator becomes Ready and metax.gpu.verify passes. Then: a second
+the ClusterOperator becomes Ready and metax.gpu.verify passes (the Molecule
+scenario ``operator`` run action by action: molecule_scenario.py). Then: a second
 site run changes nothing, check mode with diff changes nothing, the GPU
 Extensions scheme is refused while the operator is installed (and the other
 way round) with nothing changed, metax.gpu.uninstall leaves nothing of ours,
@@ -28,6 +29,7 @@ import time
 import urllib.request
 
 import pytest
+from molecule_scenario import molecule
 from playbook_output import recap
 from polling import wait_until
 from test_operator_cluster import UNINSTALL_SCRIPT
@@ -150,12 +152,13 @@ def site(cluster, releases_aside):
     dry_before = (helm_releases(cluster), cluster.kubectl("get", "namespace", NS).returncode)
     dry, _secs = playbook(cluster, "install", "--check", "--diff")
     dry_after = (helm_releases(cluster), cluster.kubectl("get", "namespace", NS).returncode)
-    proc, secs = playbook(cluster, "site")
-    print("\nmetax.gpu.site (operator scheme, images cached): %.1fs" % secs)
-    yield {"stdout": ok(proc), "seconds": secs, "dry_run": dry, "dry_before": dry_before,
-           "dry_after": dry_after}
-    # the uninstall is a test below; this only makes sure nothing stays on a failure
-    playbook(cluster, "uninstall")
+    out, secs = molecule(cluster, "operator", "converge")     # metax.gpu.site -e metax_gpu_scheme=operator
+    state = {"stdout": out, "seconds": secs, "dry_run": dry, "dry_before": dry_before, "dry_after": dry_after,
+             "clean": False}
+    yield state
+    # the uninstall is a test below; this only makes sure nothing stays when a test failed
+    if not state["clean"]:
+        playbook(cluster, "uninstall")
 
 
 def test_site_installs_the_operator_from_the_registry_and_verifies(cluster, site):
@@ -190,11 +193,9 @@ def test_check_mode_before_the_first_install_changes_nothing(cluster, site):
     assert site["dry_after"] == site["dry_before"]
 
 
-def test_second_site_run_changes_nothing(cluster, site):
-    proc, secs = playbook(cluster, "site")
-    counts = recap(ok(proc))
-    print("\nsecond metax.gpu.site: %.1fs, %s" % (secs, counts))
-    assert counts and all(c["changed"] == 0 for c in counts.values()), counts
+def test_second_site_run_changes_nothing_and_verify_passes(cluster, site):
+    molecule(cluster, "operator", "idempotence")   # molecule fails it on any changed task
+    molecule(cluster, "operator", "verify")        # metax.gpu.verify + the CR Ready, gpu-device the controller's
 
 
 def test_check_and_diff_change_nothing(cluster, site):
@@ -224,9 +225,7 @@ def test_extensions_refused_where_the_operator_is(cluster, site):
 
 
 def test_uninstall_leaves_nothing_of_ours(cluster, site):
-    proc, secs = playbook(cluster, "uninstall")
-    ok(proc)
-    print("\nmetax.gpu.uninstall (operator): %.1fs" % secs)
+    molecule(cluster, "operator", "cleanup")       # metax.gpu.uninstall + its own nothing-left checks
     assert_nothing_of_ours(cluster)
     # and a second uninstall has nothing to do
     proc, _secs = playbook(cluster, "uninstall")
@@ -287,3 +286,4 @@ def test_operator_refused_where_extensions_is(cluster, site):
         proc, _secs = playbook(cluster, "uninstall", scheme="extensions")
     ok(proc)
     assert_nothing_of_ours(cluster)
+    site["clean"] = True          # the module's last test: nothing for the fixture to take away

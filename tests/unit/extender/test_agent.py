@@ -15,6 +15,7 @@ import time
 import pytest
 
 from extender_support import FakeApiServer, extender_args, gpu_pod, make_node
+import polling
 from ports import free_port
 
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_aware"
@@ -94,12 +95,7 @@ def agents():
 
 
 def wait_until(predicate, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    raise AssertionError("timed out")
+    return polling.wait_until(predicate, timeout, interval=0.1)
 
 
 def test_agent_with_a_fake_api_server(agents, tmp_path):

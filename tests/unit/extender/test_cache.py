@@ -18,18 +18,14 @@ from ansible_collections.metax.gpu.plugins.module_utils.extender.cache import (
 from ansible_collections.metax.gpu.plugins.module_utils.extender.metrics import ExtenderMetrics
 from ansible_collections.metax.gpu.plugins.module_utils.extender.nodeinfo import StateCache
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import Weights
+import polling
 from extender_support import FakeApiServer, make_node
 
 LOG = logging.getLogger("test")
 
 
 def wait_for(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting for " + what)
+    polling.wait_until(predicate, timeout, what, interval=0.02)
 
 
 def _cm(data, name="gpu-aware-plugin", namespace="ns"):
