@@ -605,8 +605,8 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
         generation = cr(cluster)["metadata"]["generation"]
         start = time.monotonic()
         cluster.kubectl("apply", "--server-side", "-f", MONITORING_CRDS, check=True)
-        wait_until(lambda: len(monitoring_objects(cluster)) == 2, 60,
-                   "ServiceMonitor and PrometheusRule created:\n" + controller_logs(cluster, "optional APIs"))
+        wait_until(lambda: len(monitoring_objects(cluster)) == 2, 60, "ServiceMonitor and PrometheusRule created",
+                   interval=0.2, diagnose=[lambda: controller_logs(cluster, "")])
         created = time.monotonic() - start
         objs = monitoring_objects(cluster)
         uid = cr(cluster)["metadata"]["uid"]
@@ -623,7 +623,8 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
         start = time.monotonic()
         cluster.kubectl("delete", "servicemonitor", "gpu-exporter", "-n", NS, "--wait=false", check=True)
         wait_until(lambda: (monitoring_objects(cluster).get("ServiceMonitor") or {"metadata": {"uid": old}})[
-            "metadata"]["uid"] != old, 15, "the deleted ServiceMonitor recreated", interval=0.1)
+            "metadata"]["uid"] != old, 15, "the deleted ServiceMonitor recreated", interval=0.1,
+            diagnose=[lambda: controller_logs(cluster, "")])
         recreated = time.monotonic() - start
         print("monitoring CRDs applied -> ServiceMonitor and PrometheusRule in %.1fs; "
               "deleted ServiceMonitor recreated in %.2fs" % (created, recreated))
@@ -640,7 +641,7 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
                           "-p", '{"spec":{"dataExporter":{"interval":10}}}')
     assert res.returncode == 0, res.stderr
     wait_until(lambda: handled_spec(cluster).get("dataExporter", {}).get("interval") == 10 and not reconciling(cluster),
-               60, "the CR change reconciled without the CRDs:\n" + controller_logs(cluster, ""))
+               60, "the CR change reconciled without the CRDs", diagnose=[lambda: controller_logs(cluster, "")])
     wait_until(lambda: cr_ready(cluster), 60, "Ready without the CRDs")
     assert controller_restarts(cluster) == restarts
 
