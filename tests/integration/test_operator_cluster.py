@@ -237,7 +237,9 @@ def gpu_nodes_allocatable(cluster):
 def test_install_brings_every_gpu_node_to_its_devices(cluster, installed):
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
     wait_until(lambda: gpu_nodes_allocatable(cluster) and all(
-        a == want > 0 for a, want in gpu_nodes_allocatable(cluster).values()), 120, "allocatable = devices")
+        a == want > 0 for a, want in gpu_nodes_allocatable(cluster).values()), 120, "allocatable = devices",
+        diagnose=[lambda: "(allocatable, devices) per GPU node: %s" % gpu_nodes_allocatable(cluster),
+                  lambda: cluster.kubectl("get", "pods", "-A", "-o", "wide").stdout])
     alloc = gpu_nodes_allocatable(cluster)
     assert len(alloc) == len(cluster.nodes) >= 3, alloc
     total = time.monotonic() - installed["watch"].start_time
