@@ -49,7 +49,7 @@ from ansible_collections.metax.gpu.plugins.module_utils import names as N
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CHART = os.path.join(ROOT, "files", "charts", "metax-operator")
 EXTENSIONS = os.path.join(ROOT, "files", "charts", "metax-gpu-extensions")
-MONITORING_CRDS = os.path.join(ROOT, "tests", "integration", "fixtures", "prometheus-operator-crds.yaml")
+MONITORING_CRDS = os.path.join(ROOT, "tests", "integration", "fixtures", "prometheus-operator-crds")
 NS = N.OPERATOR_NAMESPACE
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller"
 CHART_KINDS = ("ServiceAccount", "KopfPeering", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
