@@ -54,6 +54,13 @@ def owned_kinds(all_kinds: Iterable[Kind], served: Iterable[Kind]) -> Tuple[Kind
     return tuple(k for k in all_kinds if k not in OPTIONAL_KINDS or k in served_set)
 
 
+def delete_policy(kind: Kind) -> str:
+    """How the operator deletes an object it prunes. Foreground: a workload goes with its pods.
+    Not the optional kinds: they own nothing, and the garbage collector, which clears a
+    foreground deletion, notices a kind whose CRD is new only at its next resync (30 s)."""
+    return "Background" if kind in OPTIONAL_KINDS else "Foreground"
+
+
 class ServedKinds:
     """The optional kinds the cluster serves, asked at most once per ``ttl`` unless refreshed.
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequ
 from .. import names
 from ..errors import MetaxGpuError
 from ..kube.client import HAS_KUBERNETES, ApiException, KubeClientError
-from .apis import OPTIONAL_KINDS, Kind, ServedKinds, group_versions, owned_kinds, served_of
+from .apis import OPTIONAL_KINDS, Kind, ServedKinds, delete_policy, group_versions, owned_kinds, served_of
 from .contract import Component, matches
 
 try:
@@ -126,7 +126,7 @@ class Cluster:
                 continue
             try:
                 resource.delete(name=meta["name"], namespace=meta.get("namespace"),
-                                body={"propagationPolicy": "Foreground"})
+                                body={"propagationPolicy": delete_policy((resource.group_version, resource.kind))})
                 deleted += 1
             except ApiException as exc:
                 if exc.status != 404:

@@ -61,6 +61,13 @@ def test_owned_kinds_leave_out_what_is_not_served_and_keep_the_order():
     assert scoped == sorted(scoped)
 
 
+def test_pruned_workloads_wait_for_their_pods_the_optional_kinds_do_not_wait_for_the_gc():
+    assert apis.delete_policy(("apps/v1", "DaemonSet")) == "Foreground"
+    assert apis.delete_policy(("v1", "ConfigMap")) == "Foreground"
+    # a foreground deletion of a kind whose CRD the garbage collector has not synced yet would hang
+    assert {apis.delete_policy(k) for k in apis.OPTIONAL_KINDS} == {"Background"}
+
+
 class Clock:
     def __init__(self):
         self.now = 100.0
