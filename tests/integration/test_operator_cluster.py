@@ -25,7 +25,11 @@ from the checkout, not yet from oci://) shared by the module's tests, in order:
   leaves no CR, no DaemonSet and no metax-tech.com/ label or annotation on any
   node (with the controller up: test_operator_controller_apiserver.py);
 - dataExporter.deploy: true puts a gpu-exporter pod on every GPU node serving
-  each of its GPUs, false removes it.
+  each of its GPUs, false removes it; with no Prometheus operator CRDs nothing
+  fails, and once they are installed (tests/integration/fixtures/) the
+  controller creates gpu-exporter's ServiceMonitor and PrometheusRule without a
+  CR change, puts a deleted one back, and removes both with deploy: false; the
+  CRDs removed again, it carries on without a restart.
 
 A GPU Extensions release found on the cluster is uninstalled first (two device
 plugins must never register the same resource) and installed again afterwards
@@ -54,6 +58,7 @@ BUILD = os.path.join(ROOT, "files", "images", "agent", "build.sh")
 CHART = os.path.join(ROOT, "files", "charts", "metax-operator")
 EXTENSIONS_CHART = os.path.join(ROOT, "files", "charts", "metax-gpu-extensions")
 OUTPUT = os.path.join(ROOT, "tests", "output")
+MONITORING_CRDS = os.path.join(ROOT, "tests", "integration", "fixtures", "prometheus-operator-crds")
 NS = N.OPERATOR_NAMESPACE
 _SPEC = importlib.util.spec_from_file_location("gen_operator_rbac", os.path.join(ROOT, "scripts", "gen_operator_rbac.py"))
 gen_operator_rbac = importlib.util.module_from_spec(_SPEC)
@@ -232,7 +237,9 @@ def gpu_nodes_allocatable(cluster):
 def test_install_brings_every_gpu_node_to_its_devices(cluster, installed):
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
     wait_until(lambda: gpu_nodes_allocatable(cluster) and all(
-        a == want > 0 for a, want in gpu_nodes_allocatable(cluster).values()), 120, "allocatable = devices")
+        a == want > 0 for a, want in gpu_nodes_allocatable(cluster).values()), 120, "allocatable = devices",
+        diagnose=[lambda: "(allocatable, devices) per GPU node: %s" % gpu_nodes_allocatable(cluster),
+                  lambda: cluster.kubectl("get", "pods", "-A", "-o", "wide").stdout])
     alloc = gpu_nodes_allocatable(cluster)
     assert len(alloc) == len(cluster.nodes) >= 3, alloc
     total = time.monotonic() - installed["watch"].start_time
@@ -541,8 +548,33 @@ def exporter_gpus(pod):
     return out
 
 
+def monitoring_objects(cluster):
+    """kind -> object of gpu-exporter's ServiceMonitor and PrometheusRule in the namespace (absent: not there)."""
+    out = {}
+    for kind in ("servicemonitor", "prometheusrule"):
+        obj = get_json(cluster, kind, "gpu-exporter", "-n", NS)
+        if obj and not obj["metadata"].get("deletionTimestamp"):
+            out[obj["kind"]] = obj
+    return out
+
+
+def handled_spec(cluster):
+    """The spec kopf's handlers last finished with (its diff-base annotation, written after a success)."""
+    annotations = cr(cluster)["metadata"].get("annotations") or {}
+    return (json.loads(annotations.get(N.OPERATOR_GROUP + "/last-handled-configuration", "{}")) or {}).get("spec") or {}
+
+
+def controller_restarts(cluster):
+    return {name: sum(c.get("restartCount", 0) for c in (p.get("status") or {}).get("containerStatuses") or [])
+            for name, p in controller_pods(cluster).items()}
+
+
 def test_data_exporter_serves_every_gpu_node(cluster, installed):
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
+    crds = ["crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com"]
+    # the local cluster has no Prometheus operator: the first half runs without its CRDs
+    assert cluster.kubectl("get", *crds).returncode != 0, "Prometheus operator CRDs already on the cluster"
+    restarts = controller_restarts(cluster)
     res = cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
                           "-p", '{"spec":{"dataExporter":{"deploy":true}}}')
     assert res.returncode == 0, res.stderr
@@ -568,11 +600,52 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
         wait_until(lambda: cr_ready(cluster), 120, "Ready with gpu-exporter")
         entry = next(c for c in cr(cluster)["status"]["components"] if c["name"] == "gpu-exporter")
         assert entry["deployed"] is True and entry["ready"] == len(counts)
+        assert not reconciling(cluster), "a reconcile is retried without the CRDs:\n" + controller_logs(cluster, "")
         print("\ndataExporter: gpu-exporter serves %s GPUs on %s" % (sum(counts.values()), sorted(counts)))
+
+        # The Prometheus operator's CRDs arrive: no CR change, the controller renders again.
+        generation = cr(cluster)["metadata"]["generation"]
+        start = time.monotonic()
+        cluster.kubectl("apply", "--server-side", "-f", MONITORING_CRDS, check=True)
+        wait_until(lambda: len(monitoring_objects(cluster)) == 2, 60, "ServiceMonitor and PrometheusRule created",
+                   interval=0.2, diagnose=[lambda: controller_logs(cluster, "")])
+        created = time.monotonic() - start
+        objs = monitoring_objects(cluster)
+        uid = cr(cluster)["metadata"]["uid"]
+        for obj in objs.values():
+            assert obj["metadata"]["labels"][N.LABEL_OPERATOR_OWNER] == uid
+            assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
+        service = get_json(cluster, "service", "gpu-exporter", "-n", NS)
+        selector = objs["ServiceMonitor"]["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= service["metadata"]["labels"].items()
+        assert "MetaxGpuUnhealthy" in json.dumps(objs["PrometheusRule"]["spec"])
+        assert cr(cluster)["metadata"]["generation"] == generation
+        # their drift watch started with the CRDs
+        old = objs["ServiceMonitor"]["metadata"]["uid"]
+        start = time.monotonic()
+        cluster.kubectl("delete", "servicemonitor", "gpu-exporter", "-n", NS, "--wait=false", check=True)
+        wait_until(lambda: (monitoring_objects(cluster).get("ServiceMonitor") or {"metadata": {"uid": old}})[
+            "metadata"]["uid"] != old, 15, "the deleted ServiceMonitor recreated", interval=0.1,
+            diagnose=[lambda: controller_logs(cluster, "")])
+        recreated = time.monotonic() - start
+        print("monitoring CRDs applied -> ServiceMonitor and PrometheusRule in %.1fs; "
+              "deleted ServiceMonitor recreated in %.2fs" % (created, recreated))
     finally:
         cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
                         "-p", '{"spec":{"dataExporter":{"deploy":false}}}')
-    wait_until(lambda: not get_json(cluster, "daemonset", "gpu-exporter", "-n", NS), 60, "gpu-exporter removed")
+        try:
+            wait_until(lambda: not get_json(cluster, "daemonset", "gpu-exporter", "-n", NS)
+                       and not monitoring_objects(cluster), 60, "gpu-exporter and its monitoring objects removed")
+        finally:
+            cluster.kubectl("delete", "--ignore-not-found", "--wait=true", "--timeout=60s", "-f", MONITORING_CRDS)
+    # Without the CRDs again the controller carries on: a CR change is reconciled, nothing restarted.
+    res = cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
+                          "-p", '{"spec":{"dataExporter":{"interval":10}}}')
+    assert res.returncode == 0, res.stderr
+    wait_until(lambda: handled_spec(cluster).get("dataExporter", {}).get("interval") == 10 and not reconciling(cluster),
+               60, "the CR change reconciled without the CRDs", diagnose=[lambda: controller_logs(cluster, "")])
+    wait_until(lambda: cr_ready(cluster), 60, "Ready without the CRDs")
+    assert controller_restarts(cluster) == restarts
 
 
 def test_zz_uninstall_with_the_controller_scaled_to_zero_leaves_nothing(cluster, installed):

@@ -18,7 +18,11 @@ replicas run as processes with the chart service account's token. Then:
 - drift: an edited or deleted owned DaemonSet or ServiceAccount is put back
   without a CR change (times printed);
 - dataExporter.deploy: true adds gpu-exporter's DaemonSet, Service and
-  dashboard ConfigMap (owned by the CR), deploy: false removes them;
+  dashboard ConfigMap (owned by the CR); the Prometheus operator's CRDs
+  (tests/integration/fixtures/) applied later add its ServiceMonitor and
+  PrometheusRule without a CR change, a deleted one is put back;
+  deploy: false removes them all; the CRDs deleted, a CR change is still
+  reconciled and no controller died;
 - idle: no status or object writes (peering heartbeats counted and printed);
 - deleting the CR leaves no object and no metax-tech.com/ node label or
   annotation; with every controller down, the chart's --cleanup hook does it.
@@ -45,6 +49,7 @@ from ansible_collections.metax.gpu.plugins.module_utils import names as N
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CHART = os.path.join(ROOT, "files", "charts", "metax-operator")
 EXTENSIONS = os.path.join(ROOT, "files", "charts", "metax-gpu-extensions")
+MONITORING_CRDS = os.path.join(ROOT, "tests", "integration", "fixtures", "prometheus-operator-crds")
 NS = N.OPERATOR_NAMESPACE
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller"
 CHART_KINDS = ("ServiceAccount", "KopfPeering", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
@@ -311,10 +316,37 @@ def test_data_exporter_deploys_gpu_exporter_and_removes_it(env):
     dashboard = wait(lambda: env.get("configmap", "gpu-exporter-dashboard", "-n", NS), 15, "its dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["metax-gpu.json"])["panels"]
+    # no Prometheus operator: no ServiceMonitor or PrometheusRule, and the reconcile succeeded
+    assert env.cp.kubectl("get", "crd", "servicemonitors.monitoring.coreos.com").returncode != 0
+    generation = env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["generation"]
+    start = time.monotonic()
+    env.ok("apply", "--server-side", "-f", MONITORING_CRDS)
+    monitor = wait(lambda: env.get("servicemonitor", "gpu-exporter", "-n", NS), 30, "the ServiceMonitor")
+    rule = wait(lambda: env.get("prometheusrule", "gpu-exporter", "-n", NS), 15, "the PrometheusRule")
+    created = time.monotonic() - start
+    for obj in (monitor, rule):
+        assert obj["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["generation"] == generation
+    uid = monitor["metadata"]["uid"]
+    start = time.monotonic()
+    env.ok("-n", NS, "delete", "servicemonitor", "gpu-exporter", "--wait=false")
+    wait(lambda: (env.get("servicemonitor", "gpu-exporter", "-n", NS) or {"metadata": {"uid": uid}})["metadata"][
+        "uid"] != uid, 15, "the deleted ServiceMonitor recreated")
+    print("\nmonitoring CRDs applied -> ServiceMonitor and PrometheusRule in %.2fs (no CR change); "
+          "deleted ServiceMonitor recreated in %.2fs" % (created, time.monotonic() - start))
     assert env.patch({"dataExporter": {"deploy": False}}).returncode == 0
     wait(lambda: "gpu-exporter" not in env.daemonsets(), 15, "gpu-exporter removed")
     wait(lambda: not env.get("service", "gpu-exporter", "-n", NS), 15, "its Service removed")
     wait(lambda: not env.get("configmap", "gpu-exporter-dashboard", "-n", NS), 15, "its dashboard removed")
+    wait(lambda: not env.get("servicemonitor", "gpu-exporter", "-n", NS), 15, "its ServiceMonitor removed")
+    wait(lambda: not env.get("prometheusrule", "gpu-exporter", "-n", NS), 15, "its PrometheusRule removed")
+    # the CRDs go again (their watches stop): the controllers carry on
+    env.ok("delete", "--wait=true", "-f", MONITORING_CRDS)
+    reconciled = sum(env.reconciles(n) for n in env.controllers)
+    assert env.patch({"dataExporter": {"interval": 10}}).returncode == 0
+    wait(lambda: sum(env.reconciles(n) for n in env.controllers) > reconciled, 15, "a reconcile without the CRDs")
+    assert all(proc.poll() is None for proc in env.controllers.values()), env.logs()
 
 
 def test_delete_leaves_nothing(env):

@@ -26,10 +26,11 @@ import os
 import random
 import socket
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from .. import names
 from ..clusteroperator import render
+from ..clusteroperator.apis import OPTIONAL_CRDS, Kind, helm_api_versions
 from ..clusteroperator.cluster import Cluster
 from ..kube.client import ApiException
 from ..clusteroperator.components import REGISTRY
@@ -57,8 +58,11 @@ PEERING_LIFETIME = 12  # seconds: the standby takes over within this after the a
 # filtered by the owner label; the chart grants `watch` on them). RBAC objects
 # are left to the next reconcile: the agents' roles are not edited in practice,
 # and a watch on them would need `watch` on every Role in the namespace.
+# The Prometheus operator's kinds are watched while their CRDs exist (kopf's
+# resource scanning starts and stops those watches as the CRDs come and go).
 DRIFT_WATCHED = (("apps", "v1", "daemonsets"), ("apps", "v1", "deployments"), ("", "v1", "configmaps"),
-                 ("", "v1", "services"), ("", "v1", "serviceaccounts"))
+                 ("", "v1", "services"), ("", "v1", "serviceaccounts"),
+                 ("monitoring.coreos.com", "v1", "servicemonitors"), ("monitoring.coreos.com", "v1", "prometheusrules"))
 LOG = logging.getLogger(COMPONENT)
 
 
@@ -79,13 +83,15 @@ class Operator:
         self._desired: Dict[str, Dict[str, Any]] = {}
         self._desired_version: Optional[Tuple[str, int]] = None
         self._reconciled_version: Optional[Tuple[str, int]] = None
+        # the optional kinds (ServiceMonitor, PrometheusRule) the last reconcile rendered with
+        self._reconciled_served: Optional[FrozenSet[Kind]] = None
         self._unrepairable: Dict[str, str] = {}
         self._lock = threading.RLock()
 
-    def _render(self, body: Mapping[str, Any]) -> Dict[str, List[Dict[str, Any]]]:
+    def _render(self, body: Mapping[str, Any], served: FrozenSet[Kind]) -> Dict[str, List[Dict[str, Any]]]:
         spec = body.get("spec") or {}
         rendered = render.helm_template(self.helm, self.chart_dir, render.chart_values(spec, self.registry),
-                                        body["metadata"]["namespace"])
+                                        body["metadata"]["namespace"], api_versions=helm_api_versions(served))
         return render.desired_objects(rendered, spec, body, self.registry)
 
     def _remember(self, body: Mapping[str, Any], desired: Mapping[str, List[Dict[str, Any]]]) -> None:
@@ -95,13 +101,30 @@ class Operator:
         self._unrepairable = {}
 
     def reconcile(self, body: Dict[str, Any]) -> Dict[str, int]:
-        """Apply every deployed component's objects in chain order; remove what is off."""
-        desired = self._render(body)
+        """Apply every deployed component's objects in chain order; remove what is off.
+
+        Discovery is asked afresh each time, so a Prometheus operator installed
+        (or removed) since the last reconcile is seen by this one.
+        """
+        served = self.cluster.served.get(refresh=True)
+        desired = self._render(body, served)
         with self._lock:
             self._remember(body, desired)
             counts = self._apply_all(body, desired)
             self._reconciled_version = self._desired_version
+            self._reconciled_served = served
             return counts
+
+    def apis_changed(self, owner: Optional[Mapping[str, Any]], handled: bool = True) -> Optional[Dict[str, int]]:
+        """An optional kind's CRD changed: reconcile when what the cluster serves is not what the
+        last reconcile rendered with (None: nothing to do). A CR change not yet handled reconciles anyway."""
+        if not owner or (owner.get("metadata") or {}).get("deletionTimestamp") or not handled:
+            return None
+        served = self.cluster.served.get(refresh=True)
+        with self._lock:
+            if served == self._reconciled_served:
+                return None
+        return self.reconcile(dict(owner))
 
     def _apply_all(self, body: Dict[str, Any], desired: Mapping[str, List[Dict[str, Any]]]) -> Dict[str, int]:
         spec = body.get("spec") or {}
@@ -143,7 +166,7 @@ class Operator:
             if not handled and self._reconciled_version != version:
                 return None
             if self._desired_version != version:
-                self._remember(owner, self._render(owner))
+                self._remember(owner, self._render(owner, self.cluster.served.get()))
             desired = self._desired.get(key)
             if desired is None:
                 return None  # not (or no longer) ours to keep: pruned, component off, CR going
@@ -284,7 +307,11 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
         # is forgotten after ``lifetime`` seconds (a clean exit: at once).
         settings.peering.priority = random.SystemRandom().randint(1, 2 ** 31 - 1)
         settings.peering.lifetime = PEERING_LIFETIME
-        settings.scanning.disabled = True
+        # Scanning on: kopf watches the CRDs, so the drift watches of the
+        # Prometheus operator's kinds start when their CRDs appear and stop
+        # (instead of failing) when they go; the namespace list tells it
+        # that metax-operator exists. Both read-only (templates/rbac.yaml).
+        settings.scanning.disabled = False
         settings.posting.level = logging.WARNING
         if args.crd:
             apply_crd(operator.cluster, args.crd)
@@ -325,6 +352,20 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
     for group, version, plural in DRIFT_WATCHED:
         kopf.on.event(group, version, plural, id="drift-" + plural,
                       labels={names.LABEL_OPERATOR_OWNER: kopf.PRESENT})(repair_drift)
+
+    @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", id="optional-apis",
+                   when=lambda name, **_: name in OPTIONAL_CRDS)
+    def optional_apis(event: Any, logger: Any, **kwargs: Any) -> None:
+        """A ServiceMonitor or PrometheusRule CRD came, went or became established: render again
+        with what the cluster now serves, without waiting for a CR change."""
+        if event.get("type") is None:
+            return  # the initial listing: the resume handler reconciles with a fresh discovery anyway
+        current = next(iter(kwargs["owners"].get("cluster-operator", ())), None)
+        counts = operator.apis_changed(current, current is not None and handled(current))
+        if counts is not None:
+            logger.info("optional APIs changed (%s): %d objects applied, %d deleted",
+                        ", ".join(helm_api_versions(operator.cluster.served.get())) or "none",
+                        counts["applied"], counts["deleted"])
 
     @kopf.timer(*resource, id="status", interval=STATUS_INTERVAL, initial_delay=1.0, backoff=RETRY_BACKOFF)
     def refresh_status(body: Any, patch: Any, **_: Any) -> None:

@@ -10,24 +10,29 @@ see kube/client.py); decisions are made by the pure functions of
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import names
 from ..errors import MetaxGpuError
 from ..kube.client import HAS_KUBERNETES, ApiException, KubeClientError
+from .apis import OPTIONAL_KINDS, Kind, ServedKinds, delete_policy, group_versions, owned_kinds, served_of
 from .contract import Component, matches
 from .driver_rollout import RolloutPlan, driver_rollout
 
 try:
     from kubernetes import client as k8s_client
     from kubernetes.dynamic import DynamicClient
+    from kubernetes.dynamic.exceptions import ResourceNotFoundError
 except ImportError:
     k8s_client = DynamicClient = None  # type: ignore[assignment,misc]
+    ResourceNotFoundError = LookupError  # type: ignore[assignment,misc]
 
 # What a component may own: (apiVersion, kind), cluster-scoped last so that
-# nothing namespaced is left pointing at a deleted role.
-OWNED_KINDS: Tuple[Tuple[str, str], ...] = (
+# nothing namespaced is left pointing at a deleted role. The OPTIONAL_KINDS
+# (the Prometheus operator's) only where the cluster serves them.
+OWNED_KINDS: Tuple[Kind, ...] = (
     ("apps/v1", "DaemonSet"), ("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"),
+) + OPTIONAL_KINDS + (
     ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
@@ -50,6 +55,25 @@ class Cluster:
         self.dynamic = DynamicClient(api_client)
         self.core = k8s_client.CoreV1Api(api_client)
         self.apps = k8s_client.AppsV1Api(api_client)
+        self.served = ServedKinds(self.served_kinds)
+
+    def served_kinds(self) -> FrozenSet[Kind]:
+        """The OPTIONAL_KINDS the API server serves now: one discovery request per group/version
+        (404: the group is not served; the dynamic client's own discovery would re-read every group)."""
+        served: FrozenSet[Kind] = frozenset()
+        for api_version in group_versions(OPTIONAL_KINDS):
+            try:
+                found = self.dynamic.request("GET", "/apis/" + api_version).to_dict()
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            kinds = [r.get("kind") for r in found.get("resources") or [] if "/" not in r.get("name", "")]
+            served |= served_of(api_version, kinds)
+        return served
+
+    def owned_kinds(self, refresh: bool = False) -> Tuple[Kind, ...]:
+        return owned_kinds(OWNED_KINDS, self.served.get(refresh))
 
     def _resource(self, api_version: str, kind: str) -> Any:
         return self.dynamic.resources.get(api_version=api_version, kind=kind)
@@ -78,10 +102,17 @@ class Cluster:
         if component is not None:
             selector += ",app.kubernetes.io/name=%s" % component.name
         found = []
-        for api_version, kind in OWNED_KINDS:
-            resource = self._resource(api_version, kind)
+        for api_version, kind in self.owned_kinds():
             namespace = None if kind in CLUSTER_KINDS else self.namespace
-            for item in resource.get(namespace=namespace, label_selector=selector).items:
+            try:
+                resource = self._resource(api_version, kind)
+                items = resource.get(namespace=namespace, label_selector=selector).items
+            except (ApiException, ResourceNotFoundError) as exc:
+                # an optional kind's CRD deleted since discovery last answered: nothing of it is left
+                if (api_version, kind) in OPTIONAL_KINDS and getattr(exc, "status", 404) == 404:
+                    continue
+                raise
+            for item in items:
                 found.append((resource, item.to_dict()))
         return found
 
@@ -96,7 +127,7 @@ class Cluster:
                 continue
             try:
                 resource.delete(name=meta["name"], namespace=meta.get("namespace"),
-                                body={"propagationPolicy": "Foreground"})
+                                body={"propagationPolicy": delete_policy((resource.group_version, resource.kind))})
                 deleted += 1
             except ApiException as exc:
                 if exc.status != 404:

@@ -37,14 +37,22 @@ class RenderError(MetaxGpuError):
 
 
 def helm_template(helm: str, chart_dir: str, values: Mapping[str, Any], namespace: str,
-                  release: str = RELEASE, timeout: float = 60.0) -> List[Dict[str, Any]]:
-    """The objects ``helm template`` renders (JSON values on stdin; YAML is JSON's superset)."""
+                  release: str = RELEASE, timeout: float = 60.0,
+                  api_versions: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """The objects ``helm template`` renders (JSON values on stdin; YAML is JSON's superset).
+
+    ``api_versions``: what the chart's ``.Capabilities.APIVersions.Has`` may
+    find beyond helm's built-in list (``apis.helm_api_versions``: the optional
+    kinds discovery found); ``helm template`` does not ask the cluster.
+    """
     try:
         import yaml
     except ImportError as exc:  # the controller image has PyYAML (requirements/agents.txt)
         raise RenderError("PyYAML is required to read helm's output: %s" % exc)
-    proc = subprocess.run([helm, "template", release, chart_dir, "--namespace", namespace, "--values", "-"],
-                          input=json.dumps(dict(values)), capture_output=True, text=True,
+    command = [helm, "template", release, chart_dir, "--namespace", namespace, "--values", "-"]
+    for api_version in api_versions:
+        command += ["--api-versions", api_version]
+    proc = subprocess.run(command, input=json.dumps(dict(values)), capture_output=True, text=True,
                           timeout=timeout, check=False)
     if proc.returncode != 0:
         raise RenderError("helm template %s failed: %s" % (chart_dir, proc.stderr.strip()))
