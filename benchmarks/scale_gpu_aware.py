@@ -74,16 +74,18 @@ def run(sizes, pods: int) -> list:
                 if extender is None:
                     extender = scheduling.GpuAware(settings)
                 cache_s = extender.wait_cache(size + real_node_count(client))
-                plain = scheduling.schedule_pods(client, settings, bin_dir, pods, None)
+                # Never more pods than the fleet takes (2 per node: ~1.6 GPUs per pod, ~4.7 GPUs per node).
+                count = min(pods, 2 * size)
+                plain = scheduling.schedule_pods(client, settings, bin_dir, count, None)
                 scheduling.delete_pods(client)
                 before = extender.metrics()
-                with_ext = scheduling.schedule_pods(client, settings, bin_dir, pods, extender.port)
+                with_ext = scheduling.schedule_pods(client, settings, bin_dir, count, extender.port)
                 text = scheduling.diff_text(extender.metrics(), before)
                 scheduling.delete_pods(client)
                 filt = scheduling.histogram(text, "gpu_aware_request_duration_seconds", "filter")
                 prio = scheduling.histogram(text, "gpu_aware_request_duration_seconds", "prioritize")
                 mem = scheduling.rss_kib(extender.pid)
-                row = {"nodes": size, "pods": pods, "cache_sync_s": round(cache_s, 2),
+                row = {"nodes": size, "pods": count, "cache_sync_s": round(cache_s, 2),
                        "filter": filt.__dict__, "prioritize": prio.__dict__,
                        "rss_mib": round(mem["VmRSS"] / 1024, 1), "hwm_mib": round(mem["VmHWM"] / 1024, 1),
                        "plain": plain.__dict__, "extender": with_ext.__dict__,

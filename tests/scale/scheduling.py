@@ -288,9 +288,15 @@ class BindWatch:
             finally:
                 conn.close()
 
-    def wait(self, count: int, timeout: float) -> bool:
-        start = time.monotonic()
+    def wait(self, count: int, timeout: float, stall: float = 20.0) -> bool:
+        """Until ``count`` pods are bound, ``timeout`` passed, or no binding came for ``stall`` seconds."""
+        start = last_change = time.monotonic()
+        seen = 0
         while len(self.bound) < count and time.monotonic() - start < timeout:
+            if len(self.bound) != seen:
+                seen, last_change = len(self.bound), time.monotonic()
+            elif time.monotonic() - last_change > stall:
+                break
             time.sleep(0.1)
         return len(self.bound) >= count
 
