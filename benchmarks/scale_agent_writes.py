@@ -51,7 +51,7 @@ for path in (os.path.join(REPO, ".build", "collections"), os.path.join(REPO, "te
 from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_label  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.agents.common import kube_api_client  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.annotations import (  # noqa: E402
-    AnnotationPublisher, kube_node_patcher, node_annotations)
+    AnnotationPublisher, kube_node_annotations, kube_node_patcher, node_annotations)
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.devices import DeviceState  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  # noqa: E402
@@ -159,7 +159,7 @@ class Agents:
             state = states[name]
             publisher = AnnotationPublisher(lambda s=state: node_annotations(s.snapshot(), frozenset()),
                                             kube_node_patcher(self.api, node.name), self.stop,
-                                            resync=RESYNC / speedup)
+                                            resync=RESYNC / speedup, read=kube_node_annotations(self.api, node.name))
             self.publishers.setdefault(name, []).append(publisher)
             publisher.start()
         for name, state in states.items():
@@ -178,7 +178,8 @@ class Agents:
 
     def writes(self) -> Dict[str, int]:
         return {"gpu-label": sum(lab.writes for lab in self.labellers),
-                "gpu-device": sum(p.writes for group in self.publishers.values() for p in group)}
+                "gpu-device": sum(p.writes for group in self.publishers.values() for p in group),
+                "gpu-device resync reads": sum(p.resync_reads for group in self.publishers.values() for p in group)}
 
     def close(self) -> None:
         self.stop.set()
@@ -214,14 +215,16 @@ def main() -> int:
     agent_hours = args.window * args.speedup / 3600.0
     print("%d fake nodes %s, window %.0f s wall = %.1f min of agent time (speedup x%g), warm-up %.0f s" % (
         args.nodes, fakenodes.counts_by_preset(prof.nodes), args.window, agent_hours * 60, args.speedup, warmup))
-    print("%-34s %10s %16s %22s" % ("writer", "writes", "per node per h", "at %d nodes per h" % PROJECT_TO))
+    print("%-40s %10s %16s %22s" % ("writer", "writes", "per node per h", "at %d nodes per h" % PROJECT_TO))
     rows = [("gpu-label (agent counter)", after_agents["gpu-label"] - before_agents["gpu-label"]),
             ("gpu-device (agent counter)", after_agents["gpu-device"] - before_agents["gpu-device"]),
+            ("gpu-device resync GETs (agent counter)",
+             after_agents["gpu-device resync reads"] - before_agents["gpu-device resync reads"]),
             ("apiserver PATCH nodes (cluster)", after_api - before_api),
             ("metax-tech.com/ changes (watch)", watch.changes)]
     for what, count in rows:
         per_node_hour = count / args.nodes / agent_hours
-        print("%-34s %10.0f %16.2f %22.0f" % (what, count, per_node_hour, per_node_hour * PROJECT_TO))
+        print("%-40s %10.0f %16.2f %22.0f" % (what, count, per_node_hour, per_node_hour * PROJECT_TO))
     steady_zero = rows[0][1] == 0 and rows[1][1] == 0
     print("steady state writes 0: %s" % ("yes" if steady_zero else "NO"))
     return 0 if steady_zero else 1

@@ -28,7 +28,7 @@ import time
 from typing import FrozenSet, List, Optional, Sequence
 
 from ..deviceplugin import constants as C
-from ..deviceplugin.annotations import AnnotationPublisher, kube_node_patcher, node_annotations
+from ..deviceplugin.annotations import AnnotationPublisher, kube_node_annotations, kube_node_patcher, node_annotations
 from ..deviceplugin.devices import DeviceState, Snapshot, health_transitions
 from ..deviceplugin.metrics import DevicePluginMetrics, MetricsServer
 from ..deviceplugin.podresources import PodResourcesClient, PodResourcesError
@@ -76,7 +76,8 @@ class GpuDeviceAgent:
     def __init__(self, host: HostRoot, device_plugin_dir: str, healthy_interval: int = 5,
                  pod_resources_socket: Optional[str] = C.POD_RESOURCES_SOCKET,
                  pod_resources_interval: float = 2.0, patch=None, stop: Optional[threading.Event] = None,
-                 resource_name: str = RESOURCE_NAME, metrics: Optional[DevicePluginMetrics] = None) -> None:
+                 resource_name: str = RESOURCE_NAME, metrics: Optional[DevicePluginMetrics] = None,
+                 read=None) -> None:
         self.host = host
         self.dir = device_plugin_dir
         self.kubelet_socket = os.path.join(device_plugin_dir, C.KUBELET_SOCKET_NAME)
@@ -97,7 +98,7 @@ class GpuDeviceAgent:
         self.publisher: Optional[AnnotationPublisher] = None
         if patch is not None:
             self.publisher = AnnotationPublisher(self.annotations, patch, self.stop,
-                                                 on_result=self._patch_result)
+                                                 on_result=self._patch_result, read=read)
         self._threads: List[threading.Thread] = []
         self._logged_warnings: FrozenSet[str] = frozenset()
 
@@ -271,13 +272,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if os.path.exists(args.device_plugin_dir) and not os.path.isdir(args.device_plugin_dir):
         raise UsageError("--device-plugin-dir %s is not a directory" % args.device_plugin_dir)
     stop = stop_event()
-    patch = None
+    patch = read = None
     if args.node_name:
-        patch = kube_node_patcher(kube_api_client(args.kubeconfig), args.node_name)
+        api = kube_api_client(args.kubeconfig)
+        patch = kube_node_patcher(api, args.node_name)
+        read = kube_node_annotations(api, args.node_name)
     else:
         LOG.warning("no --node-name (or NODE_NAME): the node annotations are not published")
     agent = GpuDeviceAgent(host, args.device_plugin_dir, args.healthy_interval, args.pod_resources_socket,
-                           args.pod_resources_interval, patch=patch, stop=stop, resource_name=args.resource_name)
+                           args.pod_resources_interval, patch=patch, stop=stop, resource_name=args.resource_name,
+                           read=read)
     metrics_server = None
     if args.metrics_port:
         try:

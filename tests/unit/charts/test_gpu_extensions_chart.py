@@ -179,7 +179,7 @@ def test_rbac_is_least_privilege_per_agent():
     objs = by_kind_name(objects)
     # gpu-exporter reads only the node: no role at all (tests/unit/charts/test_gpu_exporter_chart.py)
     rules = {name: objs[("ClusterRole", "metax-gpu-" + name)]["rules"] for name in PARSERS if name != "gpu-exporter"}
-    assert rules["gpu-device"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+    assert rules["gpu-device"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert rules["gpu-label"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert rules["gpu-aware"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
     assert objs[("Role", "gpu-aware")]["rules"] == [
