@@ -110,7 +110,7 @@ def report(results: list) -> bool:
                   r["nodes"], r["pods"], f["mean_ms"], f["p50_ms"], f["p99_ms"], 100 * f["within_1ms"],
                   100 * f["within_5ms"], p["mean_ms"], p["p50_ms"], p["p99_ms"], 100 * p["within_1ms"],
                   100 * p["within_5ms"], r["rss_mib"], r["hwm_mib"], r["plain"]["pods_per_s"],
-            r["extender"]["pods_per_s"], 100 * r["throughput_ratio"]))
+                  r["extender"]["pods_per_s"], 100 * r["throughput_ratio"]))
     first, last = results[0], results[-1]
     if len(results) > 1:
         grow = last["nodes"] / first["nodes"]

@@ -183,12 +183,12 @@ def diff_text(after: str, before: str) -> str:
     old = {}
     for line in before.splitlines():
         if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
+            key, value = line.rsplit(" ", 1)
             old[key] = float(value)
     out = []
     for line in after.splitlines():
         if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
+            key, value = line.rsplit(" ", 1)
             out.append("%s %s" % (key, float(value) - old.get(key, 0.0)))
     return "\n".join(out)
 

@@ -249,7 +249,7 @@ def test_publisher_resync_reads_and_writes_only_when_the_node_changed():
     """Steady state costs no write (docs/scale.md): the resync reads, and writes only after an outside edit."""
     stop = threading.Event()
     node = {"k": "1", "other": "x"}
-    pub = AnnotationPublisher(lambda: {"k": "1"}, lambda ann: node.update(ann), stop, resync=0.02,
+    pub = AnnotationPublisher(lambda: {"k": "1"}, node.update, stop, resync=0.02,
                               read=lambda: dict(node))
     pub.start()
     try:
