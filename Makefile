@@ -11,7 +11,8 @@ export PYTHONPATH := $(CURDIR)/$(COLLECTIONS)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/$(COLLECTIONS)
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help deps venv test unit sanity lint demo clean-room cluster-up cluster-status cluster-down clean
+.PHONY: help deps venv test unit sanity lint demo clean-room cluster-up cluster-status cluster-down clean \
+	bench-scale scale-up scale-down
 
 help:
 	@echo "make test            deps + venv + every test, sanity check and lint (what CI runs)"
@@ -22,6 +23,8 @@ help:
 	@echo "make sanity | lint   ansible-test sanity | ansible-lint + yamllint"
 	@echo "make cluster-up | cluster-status | cluster-down   local Kubernetes cluster"
 	@echo "make cluster-up NODES=\"8xC500 4xN100 2xC550-sriov\"   ... with several GPU nodes"
+	@echo "make bench-scale     the scale benchmarks (kwok fake GPU nodes, SCALE_SIZES=500,1000,2000) on the running cluster"
+	@echo "make scale-up SCALE_NODES=N | scale-down   the scale profile alone (docs/scale.md)"
 
 $(BIN)/.installed: requirements/agents.txt requirements/controller.txt requirements/node.txt requirements/test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +68,21 @@ cluster-status: venv
 
 cluster-down:
 	scripts/cluster/cluster.sh down
+
+# The scale profile (docs/scale.md): kwok + fake GPU nodes on the running
+# cluster. Every run holds the cluster lock: 2,000 nodes load the apiserver.
+SCALE_SIZES ?= 500,1000,2000
+SCALE_NODES ?= 200
+SCALE_ENV := flock -o /tmp/metax-cluster.lock env PYTHONPATH=$(CURDIR)/$(COLLECTIONS):$(CURDIR)/tests
+bench-scale: deps venv
+	$(SCALE_ENV) $(BIN)/python benchmarks/scale_gpu_aware.py --sizes $(SCALE_SIZES)
+	$(SCALE_ENV) $(BIN)/python benchmarks/scale_agent_writes.py
+
+scale-up: deps venv
+	$(SCALE_ENV) $(BIN)/python -m scale.profile up $(SCALE_NODES)
+
+scale-down: venv
+	$(SCALE_ENV) $(BIN)/python -m scale.profile down
 
 demo: deps venv
 	scripts/demo.sh

@@ -40,6 +40,7 @@ go_present() {   # NAME: its cached binaries are complete (no Go needed to tell)
     k8s) [[ -f $(dirname "$(k8s_bin_dir)")/.complete ]] ;;
     containerd) [[ -f $(dirname "$(containerd_bin_dir)")/.complete ]] ;;
     cdi-validate) [[ -f $(dirname "$(cdi_validate_bin_dir)")/.complete ]] ;;
+    kwok) [[ -f $(dirname "$(kwok_bin_dir)")/.complete ]] ;;
     *) die "deps: unknown go entry '$1' in ${LIST}" ;;
   esac
 }

@@ -168,7 +168,10 @@ port_in_use() { [[ -n $(ss -Hltn "( sport = :$1 )" 2>/dev/null) ]]; }
 : "${CONTAINERD_VERSION:=v2.4.2}"
 # The CDI library the spec tests validate with (build-cdi-validate.sh).
 : "${CDI_VERSION:=v1.1.1}"
-export HELM_VERSION HELM_DIFF_VERSION CONTAINERD_VERSION CDI_VERSION
+# kwok: the scale profile's fake-node controller (v0.8.0 is the newest the
+# module proxy serves).
+: "${KWOK_VERSION:=v0.8.0}"
+export HELM_VERSION HELM_DIFF_VERSION CONTAINERD_VERSION CDI_VERSION KWOK_VERSION
 
 # Cache layout (contract: docs/local-cluster.md; other tools look for helm at
 # helm_bin_dir/helm).
@@ -177,6 +180,7 @@ helm_bin_dir() { echo "${METAX_CACHE_DIR}/helm/${HELM_VERSION}/bin"; }
 helm_plugins_dir() { echo "${METAX_CACHE_DIR}/helm-diff/${HELM_DIFF_VERSION}/plugins"; }
 containerd_bin_dir() { echo "${METAX_CACHE_DIR}/containerd/${CONTAINERD_VERSION}/bin"; }
 cdi_validate_bin_dir() { echo "${METAX_CACHE_DIR}/cdi-validate/${CDI_VERSION}/bin"; }
+kwok_bin_dir() { echo "${METAX_CACHE_DIR}/kwok/${KWOK_VERSION}/bin"; }
 
 # ensure_go: GO is a usable Go, fetching the pinned toolchain when GO is its
 # (not yet present) cache path. A GO the caller chose is never replaced.

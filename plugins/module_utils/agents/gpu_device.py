@@ -36,7 +36,7 @@ import time
 from typing import FrozenSet, List, Optional, Sequence
 
 from ..deviceplugin import constants as C
-from ..deviceplugin.annotations import AnnotationPublisher, kube_node_patcher, node_annotations
+from ..deviceplugin.annotations import AnnotationPublisher, kube_node_annotations, kube_node_patcher, node_annotations
 from ..deviceplugin.devices import DeviceState, Snapshot, health_transitions
 from ..deviceplugin.metrics import DevicePluginMetrics, MetricsServer
 from ..deviceplugin.podresources import PodResourcesClient, PodResourcesError
@@ -127,7 +127,7 @@ class GpuDeviceAgent:
                  pod_resources_socket: Optional[str] = C.POD_RESOURCES_SOCKET,
                  pod_resources_interval: float = 2.0, patch=None, stop: Optional[threading.Event] = None,
                  resource_name: str = RESOURCE_NAME, metrics: Optional[DevicePluginMetrics] = None,
-                 mode: str = MODE_DEVICES, spec_sync: Optional[SpecSync] = None) -> None:
+                 mode: str = MODE_DEVICES, spec_sync: Optional[SpecSync] = None, read=None) -> None:
         self.host = host
         self.dir = device_plugin_dir
         self.kubelet_socket = os.path.join(device_plugin_dir, C.KUBELET_SOCKET_NAME)
@@ -151,7 +151,7 @@ class GpuDeviceAgent:
         self.publisher: Optional[AnnotationPublisher] = None
         if patch is not None:
             self.publisher = AnnotationPublisher(self.annotations, patch, self.stop,
-                                                 on_result=self._patch_result)
+                                                 on_result=self._patch_result, read=read)
         self._threads: List[threading.Thread] = []
         self._logged_warnings: FrozenSet[str] = frozenset()
 
@@ -341,11 +341,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if os.path.exists(args.device_plugin_dir) and not os.path.isdir(args.device_plugin_dir):
         raise UsageError("--device-plugin-dir %s is not a directory" % args.device_plugin_dir)
     stop = stop_event()
-    patch = None
+    patch = read = None
     runtime_version = None
     if args.node_name:
         client = kube_api_client(args.kubeconfig)
         patch = kube_node_patcher(client, args.node_name)
+        read = kube_node_annotations(client, args.node_name)
         if args.cdi_mode == MODE_AUTO:
             runtime_version = node_runtime_version(client, args.node_name)
     else:
@@ -356,7 +357,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     spec_sync = SpecSync(host, args.cdi_spec_dir, args.maca_root or None)
     agent = GpuDeviceAgent(host, args.device_plugin_dir, args.healthy_interval, args.pod_resources_socket,
                            args.pod_resources_interval, patch=patch, stop=stop, resource_name=args.resource_name,
-                           mode=decision.mode, spec_sync=spec_sync)
+                           mode=decision.mode, spec_sync=spec_sync, read=read)
     metrics_server = None
     if args.metrics_port:
         try:

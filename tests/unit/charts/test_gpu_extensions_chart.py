@@ -195,7 +195,7 @@ def test_rbac_is_least_privilege_per_agent():
     objs = by_kind_name(objects)
     # gpu-exporter reads only the node: no role at all (tests/unit/charts/test_gpu_exporter_chart.py)
     rules = {name: objs[("ClusterRole", "metax-gpu-" + name)]["rules"] for name in PARSERS if name != "gpu-exporter"}
-    # get: its node's runtime version (gpuDevice.cdiMode auto)
+    # get: its node's runtime version (gpuDevice.cdiMode auto) and its annotations on resync
     assert rules["gpu-device"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert rules["gpu-label"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert rules["gpu-aware"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]

@@ -236,3 +236,46 @@ def test_garbage_mx_smi_keeps_devices_served_from_pci(make_node, kubelet, run_ag
               or "cannot parse" in r.getMessage()]
     assert len(logged) == 1, logged              # once, not on every health round
     assert "mx-smi" in logged[0] and "(line 1: 'Segmentation fault')" in logged[0]
+
+
+def _published(pub, count, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while pub.writes < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pub.writes
+
+
+def test_publisher_resync_reads_and_writes_only_when_the_node_changed():
+    """Steady state costs no write (docs/scale.md): the resync reads, and writes only after an outside edit."""
+    stop = threading.Event()
+    node = {"k": "1", "other": "x"}
+    pub = AnnotationPublisher(lambda: {"k": "1"}, node.update, stop, resync=0.02,
+                              read=lambda: dict(node))
+    pub.start()
+    try:
+        assert _published(pub, 1) == 1
+        deadline = time.monotonic() + 5
+        while pub.resync_reads < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pub.resync_reads >= 5 and pub.writes == 1      # five resyncs, no write
+        node["k"] = "edited by hand"
+        assert _published(pub, 2) == 2 and node["k"] == "1"   # repaired
+    finally:
+        stop.set()
+        pub.join()
+
+
+def test_publisher_resync_writes_when_it_cannot_read():
+    """An older ClusterRole without get: the resync writes, as before."""
+    stop = threading.Event()
+
+    def forbidden():
+        raise PermissionError("403")
+
+    pub = AnnotationPublisher(lambda: {"k": "1"}, lambda ann: None, stop, resync=0.02, read=forbidden)
+    pub.start()
+    try:
+        assert _published(pub, 3) >= 3
+    finally:
+        stop.set()
+        pub.join()

@@ -1,0 +1,336 @@
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The real kube-scheduler choosing among the fake GPU nodes, with and without gpu-aware.
+
+A second kube-scheduler runs on the host beside the cluster's own, under its
+own scheduler name (so the cluster's scheduler never takes these pods), with
+the admin kubeconfig and no leader election. gpu-aware runs as a host process
+in cache mode (``nodeCacheCapable: true``: its node cache is filled by
+list+watch from the same apiserver). The GPU pods tolerate kwok's taint and
+select the fake nodes; a watch records when each is bound.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from localcluster import fakenodes
+from localcluster.settings import Settings
+
+SCHEDULER_NAME = "metax-scale-scheduler"
+NAMESPACE = "metax-scale-bench"
+AGENT = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_aware"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_kib(pid: int) -> Dict[str, int]:
+    out = {}
+    with open("/proc/%d/status" % pid, encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                out[line.split(":")[0]] = int(line.split()[1])
+    return out
+
+
+def scheduler_config(kubeconfig: str, extender_port: Optional[int]) -> str:
+    doc: Dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": kubeconfig, "qps": 200, "burst": 400},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": SCHEDULER_NAME}],
+    }
+    if extender_port is not None:
+        # As metax.gpu.scheduler_extender configures it: cache mode, GPU pods only.
+        doc["extenders"] = [{
+            "urlPrefix": "http://127.0.0.1:%d" % extender_port, "filterVerb": "filter",
+            "prioritizeVerb": "prioritize", "weight": 1, "nodeCacheCapable": True, "enableHTTPS": False,
+            "managedResources": [{"name": fakenodes.RESOURCE, "ignoredByScheduler": False}],
+            "ignorable": False, "httpTimeout": "5s"}]
+    return json.dumps(doc)
+
+
+class Process:
+    def __init__(self, argv: List[str], log_name: str, env: Optional[Dict[str, str]] = None) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix=log_name + "-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+    def tail(self) -> str:
+        with open(self.log.name, encoding="utf-8", errors="replace") as fh:
+            return fh.read()[-3000:]
+
+
+class GpuAware(Process):
+    """The real agent in cache mode against the local apiserver."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.port = free_port()
+        collections = os.path.join(REPO, ".build", "collections")
+        env = dict(os.environ, PYTHONPATH=collections)
+        for key in ("KUBERNETES_SERVICE_HOST", "POD_NAMESPACE"):
+            env.pop(key, None)
+        super().__init__([sys.executable, "-m", AGENT, "--address", "127.0.0.1", "--port", str(self.port),
+                          "--kubeconfig", settings.admin_conf, "--namespace", NAMESPACE, "--node-cache",
+                          "--log-level", "warning"], "gpu-aware-scale", env)
+
+    def metrics(self) -> str:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            return conn.getresponse().read().decode()
+        finally:
+            conn.close()
+
+    def wait_cache(self, nodes: int, timeout: float = 300.0) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError("gpu-aware exited: " + self.tail())
+            try:
+                text = self.metrics()
+                cached = metric_value(text, "gpu_aware_node_cache_nodes")
+                synced = metric_value(text, "gpu_aware_node_cache_synced")
+                if synced == 1 and cached is not None and cached >= nodes:
+                    return time.monotonic() - start
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("gpu-aware's node cache did not reach %d nodes: %s" % (nodes, self.tail()))
+
+
+def metric_value(text: str, name: str, labels: str = "") -> Optional[float]:
+    pattern = re.compile(r"^%s%s\s+(\S+)$" % (re.escape(name), re.escape(labels) if labels else r"(?:\{\})?"),
+                         re.M)
+    match = pattern.search(text)
+    return float(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class Latency:
+    count: int
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    within_5ms: float      # fraction of calls answered in <= 5 ms (a bucket bound: exact)
+    within_1ms: float      # the same for 1 ms (the smallest bucket: p50/p99 below it are interpolations)
+
+
+def histogram(text: str, name: str, verb: str) -> Latency:
+    """p50/p99 interpolated inside the histogram's buckets (as Prometheus' histogram_quantile)."""
+    buckets = []
+    for match in re.finditer(r'^%s_bucket\{verb="%s",le="([^"]+)"\}\s+(\S+)$' % (re.escape(name), verb), text,
+                             re.M):
+        bound = float("inf") if match.group(1) == "+Inf" else float(match.group(1))
+        buckets.append((bound, float(match.group(2))))
+    count = metric_value(text, name + "_count", '{verb="%s"}' % verb) or 0.0
+    total = metric_value(text, name + "_sum", '{verb="%s"}' % verb) or 0.0
+    if not buckets or not count:
+        return Latency(0, float("nan"), float("nan"), float("nan"), float("nan"), float("nan"))
+    buckets.sort()
+
+    def quantile(q: float) -> float:
+        rank = q * count
+        lower, seen = 0.0, 0.0
+        for bound, cumulative in buckets:
+            if cumulative >= rank:
+                if bound == float("inf"):
+                    return lower * 1000
+                share = (rank - seen) / (cumulative - seen) if cumulative > seen else 1.0
+                return (lower + (bound - lower) * share) * 1000
+            lower, seen = bound, cumulative
+        return lower * 1000
+
+    def within(bound: float) -> float:
+        return next((c for b, c in buckets if b == bound), 0.0) / count
+
+    return Latency(int(count), total / count * 1000, quantile(0.5), quantile(0.99), within(0.005), within(0.001))
+
+
+def diff_text(after: str, before: str) -> str:
+    """The metrics text with ``before``'s counts subtracted (histogram series only; one run's calls)."""
+    old = {}
+    for line in before.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            old[key] = float(value)
+    out = []
+    for line in after.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out.append("%s %s" % (key, float(value) - old.get(key, 0.0)))
+    return "\n".join(out)
+
+
+class Scheduler(Process):
+    def __init__(self, settings: Settings, bin_dir: str, extender_port: Optional[int]) -> None:
+        self.config = tempfile.NamedTemporaryFile("w", prefix="scale-scheduler-", suffix=".yaml", delete=False)
+        self.config.write(scheduler_config(settings.admin_conf, extender_port))
+        self.config.close()
+        super().__init__([os.path.join(bin_dir, "kube-scheduler"), "--config", self.config.name,
+                          "--secure-port", "0", "--v", "1"], "kube-scheduler-scale")
+
+    def stop(self) -> None:
+        super().stop()
+        os.unlink(self.config.name)
+
+
+def gpu_pod(index: int, gpus: int) -> Dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "gpu-%05d" % index, "namespace": NAMESPACE, "labels": {"app": "scale-bench"}},
+        "spec": {
+            "schedulerName": SCHEDULER_NAME,
+            "tolerations": [dict(fakenodes.TOLERATION)],
+            "nodeSelector": {fakenodes.FAKE_LABEL[0]: fakenodes.FAKE_LABEL[1]},
+            "containers": [{"name": "train", "image": "registry.invalid/train:1",
+                            "resources": {"limits": {fakenodes.RESOURCE: str(gpus)},
+                                          "requests": {"cpu": "100m", fakenodes.RESOURCE: str(gpus)}}}],
+        },
+    }
+
+
+def ensure_namespace(client: fakenodes.ApiClient) -> None:
+    try:
+        client.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                      "metadata": {"name": NAMESPACE}})
+    except fakenodes.ApiError as exc:
+        if exc.status != 409:
+            raise
+
+
+def delete_pods(client: fakenodes.ApiClient, timeout: float = 300.0) -> None:
+    """Delete the benchmark's pods and wait until they are gone (kwok's pod-delete stage removes them)."""
+    path = "/api/v1/namespaces/%s/pods" % NAMESPACE
+    client.request("DELETE", path + "?gracePeriodSeconds=0")
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if not client.request("GET", path + "?limit=1").get("items"):
+            return
+        time.sleep(1.0)
+    raise TimeoutError("benchmark pods still there after %.0f s" % timeout)
+
+
+def delete_namespace(client: fakenodes.ApiClient) -> None:
+    try:
+        client.request("DELETE", "/api/v1/namespaces/" + NAMESPACE)
+    except fakenodes.ApiError as exc:
+        if exc.status != 404:
+            raise
+
+
+class BindWatch:
+    """Records when each benchmark pod gets a node (one pod watch on the namespace)."""
+
+    def __init__(self, client: fakenodes.ApiClient, resource_version: str) -> None:
+        self.client = client
+        self.bound: Dict[str, float] = {}
+        self.nodes: Dict[str, str] = {}
+        self._rv = resource_version
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True, name="bind-watch")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            conn = http.client.HTTPSConnection(self.client.host, self.client.port, context=self.client.context,
+                                               timeout=5)
+            try:
+                conn.request("GET", "/api/v1/namespaces/%s/pods?%s" % (NAMESPACE, urllib.parse.urlencode(
+                    {"watch": "1", "resourceVersion": self._rv, "allowWatchBookmarks": "true",
+                     "timeoutSeconds": "120"})))
+                resp = conn.getresponse()
+                while not self._stop:
+                    line = resp.readline()
+                    if not line:
+                        break
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    self._rv = (obj.get("metadata") or {}).get("resourceVersion") or self._rv
+                    node = (obj.get("spec") or {}).get("nodeName")
+                    name = (obj.get("metadata") or {}).get("name")
+                    if node and name and name not in self.bound:
+                        self.bound[name] = time.monotonic()
+                        self.nodes[name] = node
+            except (OSError, http.client.HTTPException, ValueError):
+                time.sleep(0.2)
+            finally:
+                conn.close()
+
+    def wait(self, count: int, timeout: float, stall: float = 20.0) -> bool:
+        """Until ``count`` pods are bound, ``timeout`` passed, or no binding came for ``stall`` seconds."""
+        start = last_change = time.monotonic()
+        seen = 0
+        while len(self.bound) < count and time.monotonic() - start < timeout:
+            if len(self.bound) != seen:
+                seen, last_change = len(self.bound), time.monotonic()
+            elif time.monotonic() - last_change > stall:
+                break
+            time.sleep(0.1)
+        return len(self.bound) >= count
+
+    def stop(self) -> None:
+        self._stop = True
+        self._thread.join(timeout=10)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    pods: int
+    bound: int
+    seconds: float          # from the scheduler's first binding to its last
+    pods_per_s: float
+
+
+def schedule_pods(client: fakenodes.ApiClient, settings: Settings, bin_dir: str, pods: int,
+                  extender_port: Optional[int], timeout: float = 600.0) -> Throughput:
+    """Create ``pods`` GPU pods (Pending: no scheduler has their name yet), start the scheduler, time the bindings."""
+    ensure_namespace(client)
+    path = "/api/v1/namespaces/%s/pods" % NAMESPACE
+    sizes = (1, 1, 1, 2, 1, 4, 1, 2)   # mostly single-GPU, some 2 and 4
+    fakenodes._parallel(lambda i: client.request("POST", path, gpu_pod(i, sizes[i % len(sizes)])),
+                        list(range(pods)), 8)
+    rv = client.request("GET", path + "?limit=1")["metadata"]["resourceVersion"]
+    watch = BindWatch(client, rv)
+    scheduler = Scheduler(settings, bin_dir, extender_port)
+    try:
+        watch.wait(pods, timeout)
+        if scheduler.proc.poll() is not None:
+            raise RuntimeError("kube-scheduler exited: " + scheduler.tail())
+    finally:
+        scheduler.stop()
+        watch.stop()
+    times = sorted(watch.bound.values())
+    seconds = (times[-1] - times[0]) if len(times) > 1 else float("nan")
+    return Throughput(pods, len(times), seconds, (len(times) - 1) / seconds if seconds and seconds > 0 else 0.0)
