@@ -46,14 +46,6 @@ P99_TARGET_MS = 5.0
 THROUGHPUT_TARGET = 0.5
 
 
-def k8s_bin_dir(settings) -> str:
-    base = os.path.join(settings.cache_dir, "k8s")
-    for name in sorted(os.listdir(base), reverse=True):
-        if name.startswith(settings.kube_version + "-") and os.path.isfile(os.path.join(base, name, ".complete")):
-            return os.path.join(base, name, "bin")
-    raise SystemExit("no complete Kubernetes %s build under %s" % (settings.kube_version, base))
-
-
 def real_node_count(client: fakenodes.ApiClient) -> int:
     return sum(1 for n in client.list_pages("/api/v1/nodes")
                if (n["metadata"].get("labels") or {}).get(fakenodes.FAKE_LABEL[0]) != fakenodes.FAKE_LABEL[1])
@@ -61,7 +53,7 @@ def real_node_count(client: fakenodes.ApiClient) -> int:
 
 def run(sizes, pods: int) -> list:
     settings = from_env(os.environ)
-    bin_dir = k8s_bin_dir(settings)
+    bin_dir = scheduling.k8s_bin_dir(settings)
     results = []
     with ScaleProfile(settings) as prof:
         client = prof.client

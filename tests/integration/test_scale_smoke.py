@@ -36,14 +36,6 @@ N = 200
 PODS = 100
 
 
-def _k8s_bin_dir(settings) -> str:
-    base = os.path.join(settings.cache_dir, "k8s")
-    for name in sorted(os.listdir(base), reverse=True):
-        if name.startswith(settings.kube_version + "-") and os.path.isfile(os.path.join(base, name, ".complete")):
-            return os.path.join(base, name, "bin")
-    raise AssertionError("no Kubernetes build under %s" % base)
-
-
 @pytest.fixture(scope="module")
 def profile(cluster):
     settings = from_env(os.environ)
@@ -83,7 +75,7 @@ def test_scheduler_with_gpu_aware_binds_gpu_pods_to_fake_nodes(profile):
     try:
         extender.wait_cache(N, timeout=60)
         before = extender.metrics()
-        result = scheduling.schedule_pods(profile.client, settings, _k8s_bin_dir(settings), PODS, extender.port,
+        result = scheduling.schedule_pods(profile.client, settings, scheduling.k8s_bin_dir(settings), PODS, extender.port,
                                           timeout=60)
         text = scheduling.diff_text(extender.metrics(), before)
     finally:

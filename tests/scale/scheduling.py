@@ -16,7 +16,6 @@ import http.client
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from localcluster import fakenodes
+from ports import free_port
 from localcluster.settings import Settings
 
 SCHEDULER_NAME = "metax-scale-scheduler"
@@ -35,10 +35,13 @@ AGENT = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_aware"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def k8s_bin_dir(settings: Settings) -> str:
+    """The newest complete Kubernetes build of the pinned version in the cache (whatever Go built it)."""
+    base = os.path.join(settings.cache_dir, "k8s")
+    for name in sorted(os.listdir(base), reverse=True):
+        if name.startswith(settings.kube_version + "-") and os.path.isfile(os.path.join(base, name, ".complete")):
+            return os.path.join(base, name, "bin")
+    raise FileNotFoundError("no complete Kubernetes %s build under %s" % (settings.kube_version, base))
 
 
 def rss_kib(pid: int) -> Dict[str, int]:
