@@ -59,6 +59,8 @@ NOT_SHARED: Dict[str, str] = {
     "gpuNodeSelector": "the operator-controller gates gpu-device on the readiness labels (component contract)",
     # the operator's own dataExporter block (values-src) is the CR's spec.dataExporter, the real product's shape
     "gpuExporter": "the operator deploys gpu-exporter from its dataExporter option (spec.dataExporter)",
+    # the operator's own driver block (values-src) is the CR's spec.driver; the controller fills this one from it
+    "driverManager": "the operator deploys driver-manager from its driver option (spec.driver)",
 }
 
 KEY_LINE = re.compile(r"^([A-Za-z][\w.-]*):(\s|$)")

@@ -110,6 +110,8 @@ class Operator:
         for component in self.registry:
             objects = desired[component.name]
             for obj in objects:
+                if render.create_only(obj) and self.cluster.get(obj) is not None:
+                    continue  # the administrator's now (driver-config)
                 self.cluster.apply(obj)
             counts["applied"] += len(objects)
             keep = ["%s/%s/%s" % (o["kind"], o["metadata"].get("namespace") or "", o["metadata"]["name"])
@@ -147,7 +149,8 @@ class Operator:
             desired = self._desired.get(key)
             if desired is None:
                 return None  # not (or no longer) ours to keep: pruned, component off, CR going
-            if event_type != "DELETED" and (meta.get("deletionTimestamp") or not render.drifted(live, desired)):
+            if event_type != "DELETED" and (meta.get("deletionTimestamp") or not render.drifted(live, desired)
+                                            or render.create_only(desired)):
                 return None
             # An event may be older than our last apply (a status update queued
             # before it): only the object as it is now says whether it drifted,
@@ -160,6 +163,8 @@ class Operator:
             current = self.cluster.get(desired)
             if current is None:
                 action = "recreated"
+            elif render.create_only(desired):
+                return None
             elif not render.drifted(current, desired):
                 return None
             elif self._unrepairable.get(key) == _version(current.get("metadata") or {}):

@@ -8,7 +8,7 @@ container-runtime on GPU nodes; driver and MACA after ``runtime.ready``;
 gpu-device after ``maca.ready`` and ``runtime.ready``; gpu-label everywhere.
 gpu-exporter (the CR's ``dataExporter``, MetaX's mx-exporter) after
 ``driver.ready``: it reads mx-smi, which needs the loaded driver.
-driver, maca and runtime are not built yet (issues of driver-manager and
+maca and runtime are not built yet (issues of driver-manager and
 container-runtime): their readiness labels are named here, in gpu-device's
 ``requires``, and the chain skips them while no deployed component owns them.
 A new component is one more :class:`Component` in :data:`REGISTRY`.
@@ -50,8 +50,20 @@ GPU_EXPORTER = Component(
     requires=(names.LABEL_DRIVER_READY,),
 )
 
+# The driver component (issue 25): driver-manager installs the kernel driver from
+# the payload image and applies driver-config; it runs after runtime.ready, as
+# the real metax-driver (skipped while no component owns runtime.ready), and
+# owns driver.ready (the controller sets it: one writer, docs/design-decisions.md).
+DRIVER = Component(
+    name="metax-driver", spec_key="driver", values_key="driver", chart=EXTENSIONS_CHART,
+    image="driver-manager", ready_label=names.LABEL_DRIVER_READY, requires=(names.LABEL_RUNTIME_READY,),
+    gpu_nodes_only=True, default_deploy=False,
+    cleanup_labels=(names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE),
+    cleanup_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE),
+)
+
 # Chain order: a component comes after every component owning a label it requires.
-REGISTRY: Tuple[Component, ...] = (GPU_LABEL, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER)
+REGISTRY: Tuple[Component, ...] = (GPU_LABEL, DRIVER, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER)
 
 BY_NAME: Dict[str, Component] = {c.name: c for c in REGISTRY}
 BY_SPEC_KEY: Dict[str, Component] = {c.spec_key: c for c in REGISTRY}
