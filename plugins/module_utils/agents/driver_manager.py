@@ -228,10 +228,16 @@ class Manager:
             src = self.stage_payload(decision.target)
             request = backend.Request(state="present", version=decision.target, src=src,
                                       deploy_policy="IfNotPresent", load_command=load)
-            out["result"] = backend.run(self.host, request, False, runner=self.cmds.runner)
+            result = backend.run(self.host, request, False, runner=self.cmds.runner)
+            out["result"] = result
+            os.makedirs(os.path.dirname(self.host.join(policy.OWNER_RECORD)), exist_ok=True)
             self.host.write_file_atomic(policy.OWNER_RECORD, (json.dumps(
                 {"version": decision.target, "installedBy": COMPONENT}, sort_keys=True) + "\n").encode())
             LOG.info("driver %s installed from the payload (%s)", decision.target, decision.reason)
+            if result.get("changed"):
+                # the GPUs are bound anew: gpu-device registers the devices it finds at its start
+                self.kube.restart_gpu_device()
+                self.kube.event("DriverInstalled", decision.reason, warning=False)
         elif decision.action == "keep":
             request = backend.Request(state="present", deploy_policy="IfNotPresent", load_command=load)
             out["result"] = backend.run(self.host, request, False, runner=self.cmds.runner)

@@ -34,8 +34,10 @@ from ..clusteroperator.cluster import Cluster
 from ..kube.client import ApiException
 from ..clusteroperator.components import REGISTRY
 from ..clusteroperator.contract import Component, deployed
+from ..vfnum import config as vfnum_config
+from ..vfnum.plan import VfnumError
 from ..clusteroperator.status import (
-    component_status, overall, readiness_labels, same_status, waiting_nodes, with_transition_times)
+    component_status, node_messages, overall, readiness_labels, same_status, waiting_nodes, with_transition_times)
 from .common import UsageError, add_common_flags, kube_api_client, run_main, setup_logging, tcp_port
 
 try:
@@ -210,7 +212,10 @@ class Operator:
             workload = self.cluster.workload(component) if on else None
             pods = self.cluster.pods(uid, component) if on else []
             waiting = waiting_nodes(component, self.registry, spec, nodes) if on else {}
-            entry = component_status(component, spec, workload, pods, waiting)
+            problems = node_messages(component, nodes) if on else {}
+            if on and component.spec_key == "driver":
+                problems.update(self.driver_config_problems(body["metadata"]["namespace"], nodes))
+            entry = component_status(component, spec, workload, pods, waiting, problems)
             entry["conditions"] = with_transition_times(
                 entry["conditions"], (old_components.get(component.name) or {}).get("conditions"), now)
             entries.append(entry)
@@ -226,6 +231,17 @@ class Operator:
             "nodes": {"total": len(nodes), "gpu": len(gpu_nodes), "ready": device["ready"] if device else 0},
             "components": entries,
         }
+
+    def driver_config_problems(self, namespace: str, nodes: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
+        """driver-config entries for nodes that do not exist: no driver-manager runs there to refuse them."""
+        live = self.cluster.get({"apiVersion": "v1", "kind": "ConfigMap",
+                                 "metadata": {"name": names.DRIVER_CONFIGMAP, "namespace": namespace}})
+        text = ((live or {}).get("data") or {}).get(vfnum_config.NODE_VFNUMS_KEY) or ""
+        try:
+            unknown = vfnum_config.unknown_nodes(yaml.safe_load(text), [n["metadata"]["name"] for n in nodes])
+        except (yaml.YAMLError, VfnumError) as exc:
+            return {names.DRIVER_CONFIGMAP: "%s is invalid: %s" % (vfnum_config.NODE_VFNUMS_KEY, exc)}
+        return {node: "%s names a node that does not exist" % vfnum_config.NODE_VFNUMS_KEY for node in unknown}
 
 
 def _version(meta: Mapping[str, Any]) -> str:

@@ -60,6 +60,7 @@ DRIVER = Component(
     gpu_nodes_only=True, default_deploy=False,
     cleanup_labels=(names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE),
     cleanup_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE),
+    message_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE),
 )
 
 # Chain order: a component comes after every component owning a label it requires.
