@@ -129,6 +129,33 @@ def installed(cluster, images, payload, fleet):
     cluster.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=120s")
 
 
+def diagnose(cluster):
+    """What the cluster shows when a wait fails: pods, driver-manager's logs, our node keys, the CR status."""
+    out = [cluster.kubectl("get", "pods", "-n", NS, "-o", "wide").stdout]
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=metax-driver",
+                                      "-o", "json").stdout or '{"items": []}')["items"]
+    for pod in pods:
+        out.append("--- %s on %s: %s" % (pod["metadata"]["name"], pod["spec"].get("nodeName"),
+                                         json.dumps((pod.get("status") or {}).get("containerStatuses"))[:1500]))
+        out.append(cluster.kubectl("logs", "-n", NS, pod["metadata"]["name"], "-c", "metax-driver",
+                                   "--tail=30").stdout[-4000:])
+    for name, node in nodes(cluster).items():
+        meta = node["metadata"]
+        out.append("%s: %s alloc=%s" % (name, {k: v for part in ("labels", "annotations")
+                                               for k, v in (meta.get(part) or {}).items() if k.startswith(N.PREFIX)},
+                                        node["status"].get("allocatable", {}).get(N.RESOURCE_NAME)))
+    out.append(json.dumps((cr(cluster) or {}).get("status"))[:3000])
+    return "\n".join(out)
+
+
+def wait(cluster, predicate, timeout, what, interval=1.0):
+    try:
+        wait_until(predicate, timeout, what, interval)
+    except BaseException:
+        print(diagnose(cluster))
+        raise
+
+
 def labels(cluster):
     return {name: node["metadata"].get("labels") or {} for name, node in nodes(cluster).items()}
 
@@ -171,7 +198,7 @@ def test_if_not_present_installs_the_payload_where_no_driver_is_and_leaves_the_a
     def done():
         lab, alloc = labels(cluster), allocatable(cluster)
         return all(lab[n].get(N.LABEL_DRIVER_READY) == "true" and alloc[n] == devices(n) > 0 for n in FLEET)
-    wait_until(done, 300, "driver.ready and allocatable = devices on every node")
+    wait(cluster, done, 150, "driver.ready and allocatable = devices on every node")
     seconds = time.monotonic() - installed["start"]
     lab = labels(cluster)
     assert {n: lab[n].get(N.LABEL_DRIVER_MODE) for n in FLEET} == {"vm": "native", "vm-2": "cloud", "vm-3": "cloud"}
@@ -195,25 +222,28 @@ def test_deploy_policy_never_touches_no_driver(cluster, installed, fleet):
     before = {n: loaded(n) for n in FLEET}
     generation = get_json(cluster, "daemonset", "metax-driver", "-n", NS)["metadata"]["generation"]
     assert patch_cr(cluster, {"driver": {"deployPolicy": "Never"}}).returncode == 0
-    wait_until(lambda: get_json(cluster, "daemonset", "metax-driver", "-n", NS)["metadata"]["generation"] > generation
+    wait(cluster, lambda: get_json(cluster, "daemonset", "metax-driver", "-n", NS)["metadata"]["generation"] > generation
                and driver_rolled_out(cluster), 120, "metax-driver rolled out with Never")
     args = get_json(cluster, "daemonset", "metax-driver", "-n", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--deploy-policy=Never" in args
     assert {n: loaded(n) for n in FLEET} == before
     lab = labels(cluster)
     assert {n: lab[n].get(N.LABEL_DRIVER_MODE) for n in FLEET} == {"vm": "native", "vm-2": "cloud", "vm-3": "cloud"}
-    assert all(lab[n].get(N.LABEL_DRIVER_READY) == "true" for n in FLEET)
+    # the controller puts driver.ready back on its next status round (5 s) once the new pods are Ready
+    wait(cluster, lambda: all(labels(cluster)[n].get(N.LABEL_DRIVER_READY) == "true" for n in FLEET), 30,
+         "driver.ready on every node after the roll")
+    assert {n: loaded(n) for n in FLEET} == before
 
 
 def test_driver_config_vfnum_0_to_4_reaches_capacity_8_recreating_only_that_nodes_gpu_device(cluster, installed):
-    wait_until(lambda: len(gpu_device_pods(cluster)) == 3 and allocatable(cluster)[SRIOV_NODE] == 2, 60,
+    wait(cluster, lambda: len(gpu_device_pods(cluster)) == 3 and allocatable(cluster)[SRIOV_NODE] == 2, 60,
                "gpu-device on every node, %s at 2 GPUs" % SRIOV_NODE)
     pods_before = gpu_device_pods(cluster)
     generations = {ds["metadata"]["name"]: ds["metadata"]["generation"] for ds in json.loads(
         cluster.kubectl("get", "daemonsets", "-n", NS, "-o", "json", check=True).stdout)["items"]}
     start = time.monotonic()
     set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 4\n" % SRIOV_NODE)
-    wait_until(lambda: allocatable(cluster)[SRIOV_NODE] == 8, 60, "%s allocatable 8" % SRIOV_NODE, interval=0.2)
+    wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 8, 60, "%s allocatable 8" % SRIOV_NODE, interval=0.2)
     seconds = time.monotonic() - start
     print("\nvfnum 0 -> 4 on %s: capacity 8 after %.1f s (target 15 s)" % (SRIOV_NODE, seconds))
     assert labels(cluster)[SRIOV_NODE].get(N.LABEL_VFNUM_STATE) == "success"
@@ -240,7 +270,7 @@ def test_an_invalid_entry_gives_an_event_and_a_degraded_condition_and_changes_no
         cond = condition(body, "metax-driver", "Degraded") if body.get("status") else {}
         return cond.get("status") == "True" and SRIOV_NODE in cond.get("message", "") \
             and "ghost-node" in cond.get("message", "") and cond
-    wait_until(degraded, 30, "the Degraded condition naming %s and ghost-node" % SRIOV_NODE)
+    wait(cluster, degraded, 30, "the Degraded condition naming %s and ghost-node" % SRIOV_NODE)
     message = degraded()["message"]
     assert "vfnum 3" in message and "does not exist" in message
     events = json.loads(cluster.kubectl("get", "events", "-n", NS, "-o", "json", check=True).stdout)["items"]
@@ -250,6 +280,6 @@ def test_an_invalid_entry_gives_an_event_and_a_degraded_condition_and_changes_no
     assert [g["numvfs"] for g in generator.load_state(host(SRIOV_NODE))["gpus"]] == [4, 4]
     # back to 0 through driver-config: the condition clears
     set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 0\n" % SRIOV_NODE)
-    wait_until(lambda: allocatable(cluster)[SRIOV_NODE] == 2, 60, "%s back at 2" % SRIOV_NODE)
-    wait_until(lambda: condition(cr(cluster), "metax-driver", "Degraded")["status"] == "False", 30,
+    wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 2, 60, "%s back at 2" % SRIOV_NODE)
+    wait(cluster, lambda: condition(cr(cluster), "metax-driver", "Degraded")["status"] == "False", 30,
                "Degraded cleared")

@@ -61,6 +61,10 @@ try:
 except ImportError:  # the agent image has PyYAML (requirements/agents.txt)
     yaml = None
     HAS_YAML = False
+try:
+    from kubernetes import watch as k8s_watch
+except ImportError:  # with the kubernetes client (requirements/agents.txt); kube_api_client says so first
+    k8s_watch = None  # type: ignore[assignment]
 
 COMPONENT = "driver-manager"
 LOG = logging.getLogger(COMPONENT)
@@ -117,8 +121,10 @@ class Kube:
 
     def wait_config_change(self, timeout: float, stop: threading.Event) -> None:
         """Block until the ConfigMap changes, or ``timeout`` s (the watch is the fast path)."""
-        from kubernetes import watch  # present with the kubernetes client
-        stream = watch.Watch()
+        if k8s_watch is None:
+            stop.wait(timeout)
+            return
+        stream = k8s_watch.Watch()
         try:
             first = True
             for _event in stream.stream(self.core.list_namespaced_config_map, self.namespace,
@@ -280,8 +286,8 @@ class Manager:
         except VfnumError as exc:
             self.kube.patch_node({names.LABEL_VFNUM_STATE: "failed"}, {names.ANNOTATION_VFNUM_MESSAGE: str(exc)})
             raise
-        self.kube.patch_node({names.LABEL_VFNUM_STATE: "success", names.LABEL_GPU_VFNUM: str(wanted)},
-                             {names.ANNOTATION_VFNUM_MESSAGE: None})
+        # gpu.vfnum is gpu-label's (it reads sysfs): only the state is ours
+        self.kube.patch_node({names.LABEL_VFNUM_STATE: "success"}, {names.ANNOTATION_VFNUM_MESSAGE: None})
         deleted = self.kube.restart_gpu_device()
         LOG.info("vfnum %d applied; gpu-device pod(s) %s recreated", wanted, ", ".join(deleted) or "(none)")
         self.kube.event("VfnumApplied", "vfnum %d applied" % wanted, warning=False)

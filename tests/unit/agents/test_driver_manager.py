@@ -32,6 +32,9 @@ class Recorder:
         return self.data
 
     def patch_node(self, labels, annotations):
+        # what the node-agent admission policy lets driver-manager's service account write
+        allowed = N.NODE_AGENT_KEYS["driver-manager"]
+        assert set(labels) <= set(allowed["labels"]) and set(annotations) <= set(allowed["annotations"])
         self.patches.append({"labels": dict(labels), "annotations": dict(annotations)})
 
     def restart_gpu_device(self):
