@@ -32,7 +32,7 @@ import time
 
 import pytest
 from polling import wait_until
-from test_operator_cluster import (  # noqa: F401  # fixtures shared with the operator's module
+from test_operator_cluster import (  # noqa: F401  # pylint: disable=unused-import  # fixtures shared with the operator's module
     CHART, NS, UNINSTALL_SCRIPT, cr, get_json, helm, images, no_extensions, nodes, patch_cr, strip_ours)
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
@@ -222,8 +222,8 @@ def test_deploy_policy_never_touches_no_driver(cluster, installed, fleet):
     before = {n: loaded(n) for n in FLEET}
     generation = get_json(cluster, "daemonset", "metax-driver", "-n", NS)["metadata"]["generation"]
     assert patch_cr(cluster, {"driver": {"deployPolicy": "Never"}}).returncode == 0
-    wait(cluster, lambda: get_json(cluster, "daemonset", "metax-driver", "-n", NS)["metadata"]["generation"] > generation
-               and driver_rolled_out(cluster), 120, "metax-driver rolled out with Never")
+    wait(cluster, lambda: get_json(cluster, "daemonset", "metax-driver", "-n", NS)["metadata"]["generation"] >
+         generation and driver_rolled_out(cluster), 120, "metax-driver rolled out with Never")
     args = get_json(cluster, "daemonset", "metax-driver", "-n", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--deploy-policy=Never" in args
     assert {n: loaded(n) for n in FLEET} == before
@@ -237,7 +237,7 @@ def test_deploy_policy_never_touches_no_driver(cluster, installed, fleet):
 
 def test_driver_config_vfnum_0_to_4_reaches_capacity_8_recreating_only_that_nodes_gpu_device(cluster, installed):
     wait(cluster, lambda: len(gpu_device_pods(cluster)) == 3 and allocatable(cluster)[SRIOV_NODE] == 2, 60,
-               "gpu-device on every node, %s at 2 GPUs" % SRIOV_NODE)
+         "gpu-device on every node, %s at 2 GPUs" % SRIOV_NODE)
     pods_before = gpu_device_pods(cluster)
     generations = {ds["metadata"]["name"]: ds["metadata"]["generation"] for ds in json.loads(
         cluster.kubectl("get", "daemonsets", "-n", NS, "-o", "json", check=True).stdout)["items"]}
@@ -282,4 +282,4 @@ def test_an_invalid_entry_gives_an_event_and_a_degraded_condition_and_changes_no
     set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 0\n" % SRIOV_NODE)
     wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 2, 60, "%s back at 2" % SRIOV_NODE)
     wait(cluster, lambda: condition(cr(cluster), "metax-driver", "Degraded")["status"] == "False", 30,
-               "Degraded cleared")
+         "Degraded cleared")

@@ -230,7 +230,8 @@ class Manager:
         out: Dict[str, object] = {"decision": decision.action, "reason": decision.reason, "mode": decision.mode}
         load = policy.load_command(params)
         if decision.changes_driver:
-            assert decision.target is not None
+            if decision.target is None:
+                raise policy.PolicyError("internal: a converge decision without a target version")
             src = self.stage_payload(decision.target)
             request = backend.Request(state="present", version=decision.target, src=src,
                                       deploy_policy="IfNotPresent", load_command=load)

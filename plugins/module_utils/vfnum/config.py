@@ -52,4 +52,3 @@ def unknown_nodes(doc: Any, node_names: Iterable[str]) -> List[str]:
     """Entries naming no node of the cluster, sorted."""
     known = set(node_names)
     return sorted(str(name) for name in nodes_of(doc) if name not in known)
-

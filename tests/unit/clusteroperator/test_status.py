@@ -94,8 +94,8 @@ def test_readiness_label_follows_the_pod():
 
 
 def test_driver_manager_reports_on_a_node_make_the_driver_component_degraded_naming_it():
-    nodes = [{"metadata": {"name": "vm-3", "annotations": {
-                 names.ANNOTATION_VFNUM_MESSAGE: "vfnum 3 is not one of 0, 1, 2, 4, 8"}}},
+    message = {names.ANNOTATION_VFNUM_MESSAGE: "vfnum 3 is not one of 0, 1, 2, 4, 8"}
+    nodes = [{"metadata": {"name": "vm-3", "annotations": message}},
              {"metadata": {"name": "vm", "annotations": {"other": "x"}}}]
     problems = node_messages(components.DRIVER, nodes)
     assert problems == {"vm-3": "vfnum 3 is not one of 0, 1, 2, 4, 8"}
