@@ -56,12 +56,14 @@ def load_names(root: str = ROOT) -> ModuleType:
     return module
 
 
-def key_data(prefix: str, table: Mapping[str, Mapping[str, Sequence[str]]]) -> Dict[str, object]:
+def key_data(prefix: str, table: Mapping[str, Mapping[str, Sequence[str]]],
+             shared: Sequence[str] = ()) -> Dict[str, object]:
     """The policy's data: {"prefix": ..., "agents": {agent: {"labels": [...], "annotations": [...]}}}.
 
     Sorted, so the output changes only when the table does. Raises TableError
     for a key outside ``prefix``, an unknown field, or a key two agents own
-    (the policy could not tell whose write it is).
+    unless it is one of ``shared`` (names.SHARED_NODE_KEYS: the deployment
+    gives it one writer at run time).
     """
     agents: Dict[str, Dict[str, List[str]]] = {}
     owner: Dict[Tuple[str, str], str] = {}
@@ -76,7 +78,7 @@ def key_data(prefix: str, table: Mapping[str, Mapping[str, Sequence[str]]]) -> D
             for key in keys:
                 if not key.startswith(prefix) or key == prefix:
                     raise TableError("NODE_AGENT_KEYS[%r] %s: %r is not under %s" % (agent, field, key, prefix))
-                if (field, key) in owner:
+                if (field, key) in owner and key not in shared:
                     raise TableError("NODE_AGENT_KEYS: %s %r is owned by both %s and %s"
                                      % (field[:-1], key, owner[(field, key)], agent))
                 owner[(field, key)] = agent
@@ -121,7 +123,7 @@ def _library_files(root: str) -> Dict[str, bytes]:
 def expected_files(root: str = ROOT) -> Tuple[Dict[str, bytes], List[str]]:
     """(path -> content every generated file must have, vendored directories), paths relative to root."""
     names = load_names(root)
-    generated = keys_template(key_data(names.PREFIX, names.NODE_AGENT_KEYS)).encode("utf-8")
+    generated = keys_template(key_data(names.PREFIX, names.NODE_AGENT_KEYS, getattr(names, "SHARED_NODE_KEYS", ()))).encode("utf-8")
     library = _library_files(root)
     library[KEYS_TPL] = generated
     want = {os.path.join(CHARTS, LIBRARY, KEYS_TPL): generated}

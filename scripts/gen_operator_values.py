@@ -61,6 +61,8 @@ NOT_SHARED: Dict[str, str] = {
     "gpuExporter": "the operator deploys gpu-exporter from its dataExporter option (spec.dataExporter)",
     # the operator's own runtime block (values-src, Table 3.4) is the CR's spec.runtime
     "containerRuntime": "the operator deploys container-runtime from its runtime option (spec.runtime)",
+    # the operator's own driver block (values-src) is the CR's spec.driver; the controller fills this one from it
+    "driverManager": "the operator deploys driver-manager from its driver option (spec.driver)",
 }
 
 KEY_LINE = re.compile(r"^([A-Za-z][\w.-]*):(\s|$)")

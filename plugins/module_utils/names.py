@@ -73,6 +73,11 @@ ANNOTATION_DRIVER_UPGRADE_MESSAGE = PREFIX + "driver.upgrade.message"   # why a 
 LABEL_VFNUM_STATE = PREFIX + "gpu.vfnum.state"
 ANNOTATION_VFNUM_MESSAGE = PREFIX + "gpu.vfnum.message"
 VFNUM_STATES = ("pending", "success", "failed")
+# The GPU Operator's driver component (issue 25): driver-manager's failure
+# on its node (the controller's Degraded condition names node and reason from
+# it), and the ConfigMap of module parameters and per-node vfnums (manual 3.2.3).
+ANNOTATION_DRIVER_MESSAGE = PREFIX + "driver.message"
+DRIVER_CONFIGMAP = "driver-config"
 # the driver upgrade strips metax-tech.com/ labels except these
 DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_AGENTS_PAUSED, LABEL_VFNUM_STATE)
 
@@ -89,7 +94,20 @@ DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_A
 NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
     "gpu-device": {"labels": (), "annotations": ANNOTATION_KEYS},
     "gpu-label": {"labels": GPU_LABEL_KEYS, "annotations": ()},
+    # driver-manager (GPU Operator driver component): whose driver it is, and
+    # the vfnum state of driver-config's entry (set_vfnum.yml's vocabulary).
+    # gpu.driver.mode is shared with gpu-label (SHARED_NODE_KEYS).
+    "driver-manager": {"labels": (LABEL_DRIVER_MODE, LABEL_VFNUM_STATE),
+                       "annotations": (ANNOTATION_DRIVER_MESSAGE, ANNOTATION_VFNUM_MESSAGE)},
 }
+
+# Keys two node agents may write, each with its one writer at run time: the
+# policy allows both service accounts, the deployment picks one. With the
+# driver component deployed the controller renders gpu-label with
+# --driver-labels=false, so driver-manager alone writes gpu.driver.mode (and the
+# controller alone driver.ready); in the GPU Extensions scheme gpu-label writes
+# it (Table 2.7). docs/design-decisions.md.
+SHARED_NODE_KEYS: Tuple[str, ...] = (LABEL_DRIVER_MODE,)
 
 # The GPU Operator scheme (issue 24). The API group, kind, object and
 # namespace are those of MetaX's own operator 0.9.2 (samples/kubernetes), so

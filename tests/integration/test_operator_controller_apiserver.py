@@ -178,7 +178,8 @@ def test_reconciled_into_owned_gated_objects(env):
     cr = wait(lambda: (env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS) or {}).get("status") and
               env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS), 30, "status")
     assert cr["status"]["nodes"]["gpu"] == 2 and cr["status"]["nodes"]["total"] == 3
-    assert [c["name"] for c in cr["status"]["components"]] == ["gpu-label", "gpu-device", "gpu-aware", "gpu-exporter"]
+    assert [c["name"] for c in cr["status"]["components"]] == ["gpu-label", "metax-driver", "gpu-device", "gpu-aware",
+                                                                "gpu-exporter"]
     printed = env.ok("get", "clusteroperator", "-n", NS).stdout
     assert re.search(r"cluster-operator\s+(True|False)\s+\S+\s+2\s+", printed), printed
 

@@ -16,7 +16,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/cluster/lib.sh
 source "${HERE}/../../../scripts/cluster/lib.sh"
 
-NAMES=(gpu-device gpu-label gpu-aware gpu-exporter operator-controller container-runtime)
+NAMES=(gpu-device gpu-label gpu-aware gpu-exporter driver-manager operator-controller container-runtime)
 # What the operator-controller image carries besides the collection: the chart
 # it renders, its CRD and the helm binary that renders (files in the hash below).
 OPERATOR_FILES=(files/charts/metax-gpu-extensions files/charts/metax-operator/crds/clusteroperator.yaml)

@@ -30,6 +30,7 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 from ..errors import MetaxGpuError
 from ..gpu.discovery import DiscoveryError, discover
 from ..gpu.labels import DRIVER_MODES, OWNED_LABEL_KEYS, label_changes, node_labels
+from ..names import LABEL_DRIVER_MODE, LABEL_DRIVER_READY
 from ..backoff import Backoff
 from ..host import HostRoot, HostRootError
 from ..kube.client import ApiException, core_v1
@@ -39,6 +40,9 @@ from .common import (UsageError, add_common_flags, checked_host_root, kube_api_c
 COMPONENT = "gpu-label"
 LOG = logging.getLogger(COMPONENT)
 DEFAULT_INTERVAL = 60.0      # seconds, as NFD and GFD use
+# With the GPU Operator's driver component: driver.ready is the controller's
+# (component readiness), gpu.driver.mode driver-manager's.
+DRIVER_OWNED_KEYS = (LABEL_DRIVER_READY, LABEL_DRIVER_MODE)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--driver-mode", choices=DRIVER_MODES, default="native",
                         help="gpu.driver.mode: native (driver maintained on the host) or cloud "
                              "(installed by the GPU Operator) (default %(default)s)")
+    parser.add_argument("--driver-labels", choices=("true", "false"), default="true",
+                        help="write driver.ready and gpu.driver.mode (false: the GPU Operator's driver "
+                             "component owns them, docs/design-decisions.md) (default %(default)s)")
     parser.add_argument("--once", action="store_true", help="one refresh, then exit (0 when it succeeded)")
     return parser
 
@@ -63,8 +70,10 @@ class Labeller:
     """One node's labels. ``read_labels()`` and ``patch_labels(patch)`` talk to the apiserver."""
 
     def __init__(self, host: HostRoot, driver_mode: str, read_labels: Callable[[], Mapping[str, str]],
-                 patch_labels: Callable[[Dict[str, Optional[str]]], None]) -> None:
+                 patch_labels: Callable[[Dict[str, Optional[str]]], None], driver_labels: bool = True) -> None:
         self.host = host
+        # keys another writer owns in this deployment: neither set nor removed here
+        self.foreign: Tuple[str, ...] = () if driver_labels else DRIVER_OWNED_KEYS
         self.driver_mode = driver_mode
         self.read_labels = read_labels
         self.patch_labels = patch_labels
@@ -79,7 +88,7 @@ class Labeller:
             if warning not in self.warnings:
                 LOG.warning("%s", warning, extra={"fields": {"mx_smi_unparsed": warning in inventory.unparsed}})
         self.warnings = inventory.warnings
-        return node_labels(inventory, self.driver_mode)
+        return {k: v for k, v in node_labels(inventory, self.driver_mode).items() if k not in self.foreign}
 
     def sync(self) -> Dict[str, Optional[str]]:
         """One refresh; returns the patch written ({} when nothing changed).
@@ -92,7 +101,7 @@ class Labeller:
             LOG.info("computed %d labels", len(desired), extra={"fields": {"labels": desired}})
         self.last_desired = desired
         current = dict(self.read_labels())
-        patch = label_changes(current, desired)
+        patch = {k: v for k, v in label_changes(current, desired).items() if k not in self.foreign}
         if patch:
             self.patch_labels(patch)
             self.writes += 1
@@ -165,7 +174,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UsageError("--node-name is required (or NODE_NAME from the downward API)")
     host = checked_host_root(args, "sys")
     read_labels, patch_labels = kube_label_access(kube_api_client(args.kubeconfig), args.node_name)
-    labeller = Labeller(host, args.driver_mode, read_labels, patch_labels)
+    labeller = Labeller(host, args.driver_mode, read_labels, patch_labels, driver_labels=args.driver_labels == "true")
     LOG.info("gpu-label starting", extra={"fields": {
         "node": args.node_name, "host_root": host.path, "interval": args.interval,
         "driver_mode": args.driver_mode, "owned_keys": list(OWNED_LABEL_KEYS)}})

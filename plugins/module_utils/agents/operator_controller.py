@@ -35,8 +35,10 @@ from ..clusteroperator.cluster import Cluster
 from ..kube.client import ApiException
 from ..clusteroperator.components import REGISTRY
 from ..clusteroperator.contract import Component, deployed
+from ..vfnum import config as vfnum_config
+from ..vfnum.plan import VfnumError
 from ..clusteroperator.status import (
-    component_status, overall, readiness_labels, same_status, waiting_nodes, with_transition_times)
+    component_status, node_messages, overall, readiness_labels, same_status, waiting_nodes, with_transition_times)
 from .common import UsageError, add_common_flags, kube_api_client, run_main, setup_logging, tcp_port
 
 try:
@@ -133,6 +135,8 @@ class Operator:
         for component in self.registry:
             objects = desired[component.name]
             for obj in objects:
+                if render.create_only(obj) and self.cluster.get(obj) is not None:
+                    continue  # the administrator's now (driver-config)
                 self.cluster.apply(obj)
             counts["applied"] += len(objects)
             keep = ["%s/%s/%s" % (o["kind"], o["metadata"].get("namespace") or "", o["metadata"]["name"])
@@ -170,7 +174,8 @@ class Operator:
             desired = self._desired.get(key)
             if desired is None:
                 return None  # not (or no longer) ours to keep: pruned, component off, CR going
-            if event_type != "DELETED" and (meta.get("deletionTimestamp") or not render.drifted(live, desired)):
+            if event_type != "DELETED" and (meta.get("deletionTimestamp") or not render.drifted(live, desired)
+                                            or render.create_only(desired)):
                 return None
             # An event may be older than our last apply (a status update queued
             # before it): only the object as it is now says whether it drifted,
@@ -183,6 +188,8 @@ class Operator:
             current = self.cluster.get(desired)
             if current is None:
                 action = "recreated"
+            elif render.create_only(desired):
+                return None
             elif not render.drifted(current, desired):
                 return None
             elif self._unrepairable.get(key) == _version(current.get("metadata") or {}):
@@ -228,7 +235,10 @@ class Operator:
             workload = self.cluster.workload(component) if on else None
             pods = self.cluster.pods(uid, component) if on else []
             waiting = waiting_nodes(component, self.registry, spec, nodes) if on else {}
-            entry = component_status(component, spec, workload, pods, waiting)
+            problems = node_messages(component, nodes) if on else {}
+            if on and component.spec_key == "driver":
+                problems.update(self.driver_config_problems(body["metadata"]["namespace"], nodes))
+            entry = component_status(component, spec, workload, pods, waiting, problems)
             entry["conditions"] = with_transition_times(
                 entry["conditions"], (old_components.get(component.name) or {}).get("conditions"), now)
             entries.append(entry)
@@ -244,6 +254,17 @@ class Operator:
             "nodes": {"total": len(nodes), "gpu": len(gpu_nodes), "ready": device["ready"] if device else 0},
             "components": entries,
         }
+
+    def driver_config_problems(self, namespace: str, nodes: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
+        """driver-config entries for nodes that do not exist: no driver-manager runs there to refuse them."""
+        live = self.cluster.get({"apiVersion": "v1", "kind": "ConfigMap",
+                                 "metadata": {"name": names.DRIVER_CONFIGMAP, "namespace": namespace}})
+        text = ((live or {}).get("data") or {}).get(vfnum_config.NODE_VFNUMS_KEY) or ""
+        try:
+            unknown = vfnum_config.unknown_nodes(yaml.safe_load(text), [n["metadata"]["name"] for n in nodes])
+        except (yaml.YAMLError, VfnumError) as exc:
+            return {names.DRIVER_CONFIGMAP: "%s is invalid: %s" % (vfnum_config.NODE_VFNUMS_KEY, exc)}
+        return {node: "%s names a node that does not exist" % vfnum_config.NODE_VFNUMS_KEY for node in unknown}
 
 
 def _version(meta: Mapping[str, Any]) -> str:

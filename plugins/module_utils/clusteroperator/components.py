@@ -8,10 +8,11 @@ container-runtime on GPU nodes; driver and MACA after ``runtime.ready``;
 gpu-device after ``maca.ready`` and ``runtime.ready``; gpu-label everywhere.
 gpu-exporter (the CR's ``dataExporter``, MetaX's mx-exporter) after
 ``driver.ready``: it reads mx-smi, which needs the loaded driver.
-container-runtime (the CR's ``runtime``, off unless deployed) owns ``runtime.ready``.
-driver and maca are not built yet (the driver-manager issue): their readiness
-labels are named here, in gpu-device's ``requires``, and the chain skips them
-while no deployed component owns them.
+container-runtime (the CR's ``runtime``, off unless deployed) owns ``runtime.ready``;
+the driver component (the CR's ``driver``, driver-manager) owns ``driver.ready``.
+maca is not built yet (the driver-manager issue): its readiness label is named
+here, in gpu-device's ``requires``, and the chain skips it while no deployed
+component owns it.
 A new component is one more :class:`Component` in :data:`REGISTRY`.
 """
 
@@ -59,8 +60,21 @@ GPU_EXPORTER = Component(
     requires=(names.LABEL_DRIVER_READY,),
 )
 
+# The driver component (issue 25): driver-manager installs the kernel driver from
+# the payload image and applies driver-config; it runs after runtime.ready, as
+# the real metax-driver (skipped while no component owns runtime.ready), and
+# owns driver.ready (the controller sets it: one writer, docs/design-decisions.md).
+DRIVER = Component(
+    name="metax-driver", spec_key="driver", values_key="driver", chart=EXTENSIONS_CHART,
+    image="driver-manager", ready_label=names.LABEL_DRIVER_READY, requires=(names.LABEL_RUNTIME_READY,),
+    gpu_nodes_only=True, default_deploy=False,
+    cleanup_labels=(names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE),
+    cleanup_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE),
+    message_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE),
+)
+
 # Chain order: a component comes after every component owning a label it requires.
-REGISTRY: Tuple[Component, ...] = (GPU_LABEL, CONTAINER_RUNTIME, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER)
+REGISTRY: Tuple[Component, ...] = (GPU_LABEL, CONTAINER_RUNTIME, DRIVER, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER)
 
 BY_NAME: Dict[str, Component] = {c.name: c for c in REGISTRY}
 BY_SPEC_KEY: Dict[str, Component] = {c.spec_key: c for c in REGISTRY}

@@ -49,6 +49,10 @@ class Component:
     # chart values the component is switched on with, besides rendering its
     # objects (gpu-aware is optional in the Extensions chart)
     enable_values: Mapping[str, object] = field(default_factory=dict)
+    # node annotations where its agent reports why it cannot do its work on that
+    # node (driver-manager: driver in use, invalid driver-config entry): the
+    # component's Degraded condition names each node with its message
+    message_annotations: Tuple[str, ...] = ()
 
     def owned_labels(self) -> Tuple[str, ...]:
         """Every node label key or prefix the component's cleanup removes."""

@@ -18,6 +18,7 @@ import copy
 import json
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from .components import DRIVER as DRIVER_COMPONENT
 from .components import REGISTRY
 from .contract import Component, deployed
 
@@ -52,7 +53,8 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
     {"spec": "dataExporter", "values": "dataExporter", "image": "gpu-exporter", "deployValue": None,
      "fields": ["deploy", "interval", "service", "resources", "podTemplateSpec"], "registryDefaults": []},
     {"spec": "driver", "values": "driver", "image": "driver-manager", "deployValue": None,
-     "fields": ["deploy", "deployPolicy", "payload", "upgradePolicy", "resources", "podTemplateSpec"],
+     "fields": ["deploy", "deployPolicy", "payload", "upgradePolicy", "vfnumsConfig", "moduleParams",
+                "nodeModuleParams", "resources", "podTemplateSpec"],
      "registryDefaults": ["payload"]},
     {"spec": "maca", "values": "maca", "image": "driver-manager", "deployValue": None,
      "fields": ["deploy", "payload", "resources", "podTemplateSpec"], "registryDefaults": ["payload"]},
@@ -131,13 +133,18 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
     label = spec.get("labelgen") or {}
     aware = spec.get("gpuAware") or {}
     exporter = spec.get("dataExporter") or {}
+    driver = spec.get("driver") or {}
+    payload = driver.get("payload") or {}
     values: Dict[str, Any] = {
         "registry": "operator.invalid/rendered",  # replaced per component by the CR's image
         "pullPolicy": _image(device, "gpu-device")["pullPolicy"],
         "log": dict(DEFAULT_LOG),
         "gpuDevice": {"healthyInterval": device.get("healthyInterval", 5), "cdiMode": device.get("cdiMode", "auto"),
                       "log": merged_log(None, device.get("log"))},
-        "gpuLabel": {"log": merged_log(None, label.get("log"))},
+        # with the driver component, driver.ready is the controller's and gpu.driver.mode
+        # driver-manager's: gpu-label writes neither (one writer per key)
+        "gpuLabel": {"log": merged_log(None, label.get("log")),
+                     "driverLabels": not deployed(DRIVER_COMPONENT, spec)},
         "gpuAware": {"scoreWeight": str(aware.get("scoreWeight", "1")), "lossWeight": str(aware.get("lossWeight", "1")),
                      "log": merged_log(None, aware.get("log"))},
         # always rendered: desired_objects keeps its objects only when dataExporter deploys it
@@ -146,6 +153,16 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
                         "serviceType": (exporter.get("service") or {}).get("type", "ClusterIP"),
                         "interval": exporter.get("interval", EXPORTER_INTERVAL),
                         "log": merged_log(None, exporter.get("log"))},
+        # always rendered too: desired_objects keeps them only when driver.deploy is true
+        "driverManager": {"enabled": True, "deployPolicy": driver.get("deployPolicy", "IfNotPresent"),
+                          "payload": {"registry": payload.get("registry") or "operator.invalid/rendered",
+                                      "name": payload.get("name", "driver-image"),
+                                      "version": str(payload.get("version", "")),
+                                      "pullPolicy": payload.get("pullPolicy", "")},
+                          "moduleParams": driver.get("moduleParams", ""),
+                          "nodeModuleParams": copy.deepcopy(driver.get("nodeModuleParams") or {}),
+                          "vfnumsConfig": copy.deepcopy(driver.get("vfnumsConfig") or {}),
+                          "log": merged_log(None, driver.get("log"))},
         "gpuNodeSelector": dict(gpu_node_selector),
         "deployExtenderGPUAware": False,
     }

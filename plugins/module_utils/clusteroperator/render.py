@@ -125,6 +125,15 @@ def desired_objects(rendered: Iterable[Mapping[str, Any]], spec: Mapping[str, An
     return result
 
 
+# An object the chart creates for the administrator to edit (driver-config, manual
+# 3.2.3): applied when absent, never applied again nor put back by the drift watch.
+ANNOTATION_APPLY = names.OPERATOR_GROUP + "/apply"
+
+
+def create_only(obj: Mapping[str, Any]) -> bool:
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_APPLY) == "create-only"
+
+
 def object_key(obj: Mapping[str, Any]) -> str:
     meta = obj["metadata"]
     return "%s/%s/%s/%s" % (obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])

@@ -63,9 +63,21 @@ def waiting_nodes(component: Component, registry: Sequence[Component], spec: Map
     return out
 
 
+def node_messages(component: Component, nodes: Iterable[Mapping[str, Any]]) -> Dict[str, str]:
+    """Node -> what the component's agent reported there (its ``message_annotations``, joined)."""
+    out: Dict[str, str] = {}
+    for node in nodes:
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        found = [annotations[k] for k in component.message_annotations if annotations.get(k)]
+        if found:
+            out[node["metadata"]["name"]] = "; ".join(found)
+    return out
+
+
 def component_status(component: Component, spec: Mapping[str, Any], workload: Optional[Mapping[str, Any]],
-                     pods: Sequence[Mapping[str, Any]], waiting: Mapping[str, List[str]]) -> Dict[str, Any]:
-    """One entry of ``status.components``."""
+                     pods: Sequence[Mapping[str, Any]], waiting: Mapping[str, List[str]],
+                     problems: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """One entry of ``status.components``; ``problems``: node -> what its agent reported (Degraded)."""
     name = component.name
     if not deployed(component, spec):
         reason = "MinimalMode" if spec.get("minimal") and not component.minimal else "NotDeployed"
@@ -108,6 +120,9 @@ def component_status(component: Component, spec: Mapping[str, Any], workload: Op
     if broken:
         conditions.append(condition("Degraded", True, sorted(set(broken.values()))[0],
                                     "pods failing on %s" % _nodes(broken)))
+    elif problems:
+        conditions.append(condition("Degraded", True, "NodeReported", "; ".join(
+            "%s: %s" % (node, problems[node]) for node in sorted(problems))))
     else:
         conditions.append(condition("Degraded", False, "NoFailingPods", ""))
     return {"name": name, "deployed": True, "desired": desired, "ready": ready, "conditions": conditions}

@@ -221,7 +221,8 @@ def _query(host: HostRoot, name: str, fmt: str, kind: str) -> int:
 
 def _modprobe(host: HostRoot, args: List[str]) -> int:
     remove = "-r" in args or "--remove" in args
-    names = [a for a in args if not a.startswith("-")]
+    params = [a for a in args if "=" in a and not a.startswith("-")]
+    names = [a for a in args if not a.startswith("-") and a not in params]
     if names != ["metax"]:
         sys.stderr.write("modprobe: simulated node knows only the metax module\n")
         return 1
@@ -243,6 +244,10 @@ def _modprobe(host: HostRoot, args: List[str]) -> int:
     state["driver_version"] = disk["version"]
     generator.save_state(host, state)
     generator.load_driver(host)
+    for param in params:            # the kernel shows module parameters there
+        key, value = param.split("=", 1)
+        os.makedirs(host.join("sys/module/metax/parameters"), exist_ok=True)
+        host.write_file_atomic("sys/module/metax/parameters/" + key, (value + "\n").encode())
     if disk.get("broken"):
         # loads, but probes nothing: no control device, no GPU bound
         state = generator.load_state(host)

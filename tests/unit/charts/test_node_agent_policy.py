@@ -80,7 +80,7 @@ def test_both_charts_use_the_library_chart():
 
 
 def test_key_data_is_the_table():
-    data = gen.key_data(names.PREFIX, names.NODE_AGENT_KEYS)
+    data = gen.key_data(names.PREFIX, names.NODE_AGENT_KEYS, names.SHARED_NODE_KEYS)
     assert data["prefix"] == "metax-tech.com/"
     assert set(data["agents"]) == set(names.NODE_AGENT_KEYS)
     for agent, fields in names.NODE_AGENT_KEYS.items():
@@ -91,6 +91,18 @@ def test_key_data_is_the_table():
     from ansible_collections.metax.gpu.plugins.module_utils.gpu.labels import OWNED_LABEL_KEYS
     assert data["agents"]["gpu-label"] == {"labels": sorted(OWNED_LABEL_KEYS), "annotations": []}
     assert data["agents"]["gpu-device"] == {"labels": [], "annotations": sorted(constants.ANNOTATION_KEYS)}
+    # driver-manager: whose driver it is (shared with gpu-label, one writer per deployment) and the vfnum state
+    assert data["agents"]["driver-manager"]["labels"] == sorted([names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE])
+    assert names.SHARED_NODE_KEYS == (names.LABEL_DRIVER_MODE,)
+
+
+def test_a_shared_key_has_every_owner_and_nothing_else_is_shared():
+    table = {"a": {"labels": ("metax-tech.com/x", "metax-tech.com/y")}, "b": {"labels": ("metax-tech.com/x",)}}
+    data = gen.key_data("metax-tech.com/", table, shared=("metax-tech.com/x",))
+    assert data["agents"]["a"]["labels"] == ["metax-tech.com/x", "metax-tech.com/y"]
+    assert data["agents"]["b"]["labels"] == ["metax-tech.com/x"]
+    with pytest.raises(gen.TableError, match="owned by both a and b"):
+        gen.key_data("metax-tech.com/", dict(table, b={"labels": ("metax-tech.com/y",)}), shared=("metax-tech.com/x",))
 
 
 @pytest.mark.parametrize("table, words", [
@@ -165,8 +177,10 @@ def test_rendered_key_sets_are_names_py(chart):
     policy, _binding = policy_objects(objects)
     assert policy is not None
     got = variables(policy)
-    label_owners = {k: a for a, f in names.NODE_AGENT_KEYS.items() for k in f["labels"]}
-    annotation_owners = {k: a for a, f in names.NODE_AGENT_KEYS.items() for k in f["annotations"]}
+    label_owners = {k: sorted(a for a, f in names.NODE_AGENT_KEYS.items() if k in f["labels"])
+                    for f in names.NODE_AGENT_KEYS.values() for k in f["labels"]}
+    annotation_owners = {k: sorted(a for a, f in names.NODE_AGENT_KEYS.items() if k in f["annotations"])
+                         for f in names.NODE_AGENT_KEYS.values() for k in f["annotations"]}
     assert json.loads(got["labelOwners"]) == label_owners
     assert json.loads(got["annotationOwners"]) == annotation_owners
     assert label_owners and annotation_owners
@@ -210,8 +224,9 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
     """
     from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render as operator_render
 
-    rc, objects, err = render(HELM, {"deployExtenderGPUAware": True}, namespace=namespace, extra=SUPPORTED,
-                              chart=OPERATOR_CHART)
+    rc, objects, err = render(HELM, {"deployExtenderGPUAware": True,
+                                     "driver": {"deploy": True, "payload": {"version": "2.14.3"}}},
+                              namespace=namespace, extra=SUPPORTED, chart=OPERATOR_CHART)
     assert rc == 0, err
     policy, binding = policy_objects(objects)
     cr = next(o for o in objects if o["kind"] == names.OPERATOR_KIND)
@@ -220,11 +235,11 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
     rendered = operator_render.helm_template(HELM, str(CHART), operator_render.chart_values(cr["spec"]), namespace)
     deployed = [o for objs in operator_render.desired_objects(rendered, cr["spec"], owner).values() for o in objs]
     assert {c for c, objs in operator_render.desired_objects(rendered, cr["spec"], owner).items() if objs} == {
-        "gpu-device", "gpu-label", "gpu-aware"}
+        "gpu-device", "gpu-label", "gpu-aware", "metax-driver"}
     writers = node_writers(deployed)
     agent_of = agent_map(policy)
     assert set(agent_of) == writers
-    assert set(agent_of.values()) == EXTENSIONS_AGENTS
+    assert set(agent_of.values()) == EXTENSIONS_AGENTS | {"driver-manager"}
     # the DaemonSets the controller applies run as those service accounts, in the release namespace
     daemonsets = {(o["metadata"]["namespace"], o["spec"]["template"]["spec"]["serviceAccountName"])
                   for o in deployed if o["kind"] == "DaemonSet"}
@@ -309,4 +324,4 @@ def test_an_agent_missing_from_names_py_is_refused(tmp_path, chart):
                                                            '"gpu-mystery" "gpu-mystery"'), encoding="utf-8")
     rc, objects, err = render(HELM, {}, extra=SUPPORTED, chart=chart)
     assert rc != 0 and not objects
-    assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: gpu-device, gpu-label)" in err
+    assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: driver-manager, gpu-device, gpu-label)" in err

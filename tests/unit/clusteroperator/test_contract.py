@@ -15,16 +15,15 @@ from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.contract
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-# container-runtime is registered (issue 26); the driver issue's two, as they will be: the contract must fit them.
+# container-runtime (issue 26) and the driver component (issue 25) are registered; maca as it will be:
+# the contract must fit it.
 RUNTIME = components.CONTAINER_RUNTIME
-DRIVER = Component(name="driver", spec_key="driver", values_key="driver", chart="x", image="driver-manager",
-                   ready_label=names.LABEL_DRIVER_READY, requires=(names.LABEL_RUNTIME_READY,),
-                   gpu_nodes_only=True)
+DRIVER = components.DRIVER        # its DaemonSet is the real metax-driver
 MACA = Component(name="maca", spec_key="maca", values_key="maca", chart="x", image="driver-manager",
                  ready_label=names.LABEL_MACA_READY, requires=(names.LABEL_RUNTIME_READY,), gpu_nodes_only=True)
-FULL = (DRIVER, MACA) + components.REGISTRY
-# container-runtime is deployed only when asked (spec.runtime.deploy), as the operator chart's values ask
-RUNTIME_ON = {"runtime": {"deploy": True}}
+FULL = (MACA,) + components.REGISTRY
+# container-runtime and the driver are deployed only when asked (spec.<key>.deploy), as the operator chart's values ask
+RUNTIME_ON = {"runtime": {"deploy": True}, "driver": {"deploy": True}}
 
 
 def real_selectors():
@@ -42,7 +41,8 @@ def real_selectors():
 def test_full_chain_reproduces_the_real_operators_selectors():
     real = real_selectors()
     for component in (RUNTIME, DRIVER, MACA, components.GPU_DEVICE, components.GPU_LABEL):
-        assert gate_selector(component, FULL, RUNTIME_ON) == real[component.name], component.name
+        assert gate_selector(component, FULL, RUNTIME_ON) == real[component.name.replace("metax-", "", 1)], \
+            component.name
 
 
 def test_todays_chain_skips_labels_nobody_sets():

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ansible_collections.metax.gpu.plugins.module_utils import names
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import components
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.status import (
-    component_status, overall, readiness_labels, same_status, waiting_nodes, with_transition_times)
+    component_status, node_messages, overall, readiness_labels, same_status, waiting_nodes, with_transition_times)
 
 from .test_contract import FULL, MACA
 
@@ -91,3 +91,20 @@ def test_readiness_label_follows_the_pod():
     assert readiness_labels(MACA, pods, nodes) == {"vm-2": {names.LABEL_MACA_READY: "true"},
                                                    "vm-3": {names.LABEL_MACA_READY: None}}
     assert readiness_labels(components.GPU_DEVICE, pods, nodes) == {}
+
+
+def test_driver_manager_reports_on_a_node_make_the_driver_component_degraded_naming_it():
+    message = {names.ANNOTATION_VFNUM_MESSAGE: "vfnum 3 is not one of 0, 1, 2, 4, 8"}
+    nodes = [{"metadata": {"name": "vm-3", "annotations": message}},
+             {"metadata": {"name": "vm", "annotations": {"other": "x"}}}]
+    problems = node_messages(components.DRIVER, nodes)
+    assert problems == {"vm-3": "vfnum 3 is not one of 0, 1, 2, 4, 8"}
+    spec = {"driver": {"deploy": True}}
+    entry = component_status(components.DRIVER, spec, ds(3, 3), [pod(n, True) for n in ("vm", "vm-2", "vm-3")], {},
+                             dict(problems, ghost="node-vfnums names a node that does not exist"))
+    degraded = cond(entry, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "NodeReported"
+    assert degraded["message"] == ("ghost: node-vfnums names a node that does not exist; "
+                                   "vm-3: vfnum 3 is not one of 0, 1, 2, 4, 8")
+    assert cond(entry, "Ready")["status"] == "True"       # the driver itself is fine
+    assert node_messages(components.GPU_DEVICE, nodes) == {}

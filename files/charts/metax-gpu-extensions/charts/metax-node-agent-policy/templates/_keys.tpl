@@ -2,6 +2,16 @@
 {{- define "metax-node-agent-policy.keys" -}}
 {
   "agents": {
+    "driver-manager": {
+      "annotations": [
+        "metax-tech.com/driver.message",
+        "metax-tech.com/gpu.vfnum.message"
+      ],
+      "labels": [
+        "metax-tech.com/gpu.driver.mode",
+        "metax-tech.com/gpu.vfnum.state"
+      ]
+    },
     "gpu-device": {
       "annotations": [
         "metax-tech.com/gpu.devices",

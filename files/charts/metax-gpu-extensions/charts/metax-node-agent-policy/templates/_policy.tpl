@@ -60,12 +60,13 @@ server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy and is
 {{- $users = append $users $user -}}
 {{- $_ := set $agentOf $user $agent -}}
 {{- end -}}
-{{- /* key -> owning agent, over every agent of the table, so a denial names the owner */ -}}
+{{- /* key -> owning agents, over every agent of the table, so a denial names the owner
+(a names.py SHARED_NODE_KEYS key has two: the deployment gives it one writer) */ -}}
 {{- $labelOwners := dict -}}
 {{- $annotationOwners := dict -}}
 {{- range $agent, $keys := $data.agents -}}
-{{- range $keys.labels }}{{ $_ := set $labelOwners . $agent }}{{ end -}}
-{{- range $keys.annotations }}{{ $_ := set $annotationOwners . $agent }}{{ end -}}
+{{- range $keys.labels }}{{ $_ := set $labelOwners . (append (get $labelOwners . | default list) $agent) }}{{ end -}}
+{{- range $keys.annotations }}{{ $_ := set $annotationOwners . (append (get $annotationOwners . | default list) $agent) }}{{ end -}}
 {{- end -}}
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
@@ -156,11 +157,11 @@ spec:
       messageExpression: |-
         variables.agent + " may change only {{ $prefix }} labels, not " + variables.changedLabels.filter(k, !k.startsWith("{{ $prefix }}")).join(", ")
     - expression: |-
-        variables.changedLabels.all(k, k in variables.labelOwners && variables.labelOwners[k] == variables.agent)
+        variables.changedLabels.all(k, k in variables.labelOwners && variables.agent in variables.labelOwners[k])
       reason: Forbidden
       message: a node agent may change only the labels it owns
       messageExpression: |-
-        variables.agent + " may change only the labels it owns: " + variables.changedLabels.filter(k, !(k in variables.labelOwners && variables.labelOwners[k] == variables.agent)).map(k, k + (k in variables.labelOwners ? " is owned by " + variables.labelOwners[k] : " is owned by no node agent")).join(", ")
+        variables.agent + " may change only the labels it owns: " + variables.changedLabels.filter(k, !(k in variables.labelOwners && variables.agent in variables.labelOwners[k])).map(k, k + (k in variables.labelOwners ? " is owned by " + variables.labelOwners[k].join(" and ") : " is owned by no node agent")).join(", ")
     - expression: |-
         variables.changedAnnotations.all(k, k.startsWith("{{ $prefix }}"))
       reason: Forbidden
@@ -168,11 +169,11 @@ spec:
       messageExpression: |-
         variables.agent + " may change only {{ $prefix }} annotations, not " + variables.changedAnnotations.filter(k, !k.startsWith("{{ $prefix }}")).join(", ")
     - expression: |-
-        variables.changedAnnotations.all(k, k in variables.annotationOwners && variables.annotationOwners[k] == variables.agent)
+        variables.changedAnnotations.all(k, k in variables.annotationOwners && variables.agent in variables.annotationOwners[k])
       reason: Forbidden
       message: a node agent may change only the annotations it owns
       messageExpression: |-
-        variables.agent + " may change only the annotations it owns: " + variables.changedAnnotations.filter(k, !(k in variables.annotationOwners && variables.annotationOwners[k] == variables.agent)).map(k, k + (k in variables.annotationOwners ? " is owned by " + variables.annotationOwners[k] : " is owned by no node agent")).join(", ")
+        variables.agent + " may change only the annotations it owns: " + variables.changedAnnotations.filter(k, !(k in variables.annotationOwners && variables.agent in variables.annotationOwners[k])).map(k, k + (k in variables.annotationOwners ? " is owned by " + variables.annotationOwners[k].join(" and ") : " is owned by no node agent")).join(", ")
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicyBinding

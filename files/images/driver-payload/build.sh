@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Build the driver payload image driver-image:<version> from the project's own
+# files (no download): the simulated driver packages of that version, as the
+# driver module's tests and the driver_packages Molecule scenario make them
+# (sim.pkgtool.make_package: metax-driver_<v>_amd64.deb, metax-driver-<v>-1.x86_64.rpm,
+# metax-driver-<v>-x86_64.run), and push it to the local registry.
+#
+# Usage: files/images/driver-payload/build.sh VERSION [--no-push]
+# Prints: driver-image=REGISTRY/metax-gpu/driver-image:VERSION (stdout).
+# Environment: METAX_REGISTRY, METAX_AGENT_REPO_PREFIX, METAX_BASE_IMAGE (scripts/cluster/lib.sh).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/cluster/lib.sh
+source "${HERE}/../../../scripts/cluster/lib.sh"
+
+VERSION=${1:-}
+[[ ${VERSION} =~ ^[0-9]+(\.[0-9]+)+$ ]] || die "usage: $0 VERSION [--no-push]  (VERSION like 2.14.3)"
+push=1
+[[ ${2:-} == --no-push ]] && push=0
+PREFIX=${METAX_AGENT_REPO_PREFIX:-${METAX_REGISTRY}/metax-gpu}
+LOCAL=localhost/metax-gpu/driver-image:${VERSION}
+REF=${PREFIX}/driver-image:${VERSION}
+
+if ! podman image exists "${METAX_BASE_IMAGE}"; then
+  "${REPO_ROOT}/files/images/base/build.sh" >&2
+fi
+ctx=$(mktemp -d)
+trap 'rm -rf "${ctx}"' EXIT
+cp "${HERE}/Containerfile" "${ctx}/Containerfile"
+# the packages, one directory per kind, written by the collection's own code
+PYTHONPATH="${REPO_ROOT}/.build/collections" python3 - "${ctx}/payload" "${VERSION}" <<'PY'
+import os
+import sys
+
+from ansible_collections.metax.gpu.plugins.module_utils.sim import pkgtool
+
+root, version = sys.argv[1], sys.argv[2]
+for kind in ("deb", "rpm", "run"):
+    pkgtool.make_package(os.path.join(root, kind), kind, version)
+PY
+nice podman build --quiet --layers --build-arg "BASE=${METAX_BASE_IMAGE}" --build-arg "VERSION=${VERSION}" \
+  -t "${LOCAL}" "${ctx}" >/dev/null || die "podman build of ${LOCAL} failed"
+if ((push)); then
+  podman push --quiet --tls-verify=false "${LOCAL}" "docker://${REF}" || die "cannot push ${REF}"
+fi
+echo "driver-image=${REF}"

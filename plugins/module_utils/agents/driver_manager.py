@@ -1,0 +1,385 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""driver-manager: the GPU Operator's driver component on one node (manual section 3.1, 3.2.3).
+
+    python -m ansible_collections.metax.gpu.plugins.module_utils.agents.driver_manager \\
+        --host-root /host --node-name NODE --deploy-policy IfNotPresent \\
+        --payload-dir /payload --payload-version 2.14.3 [--config-map driver-config]
+
+Thin: every decision is in ``driver/policy.py`` and ``vfnum/config.py``, every
+node change in ``driver/backend.py`` and ``vfnum/backend.py`` (the code of
+``metax.gpu.driver`` and ``metax.gpu.vfnum``). Each round it
+
+1. reads ``driver-config`` (``module-params``, ``node-module-params``, its
+   node's ``node-vfnums`` entry);
+2. observes the driver, decides by deployPolicy, and installs or converges
+   from the payload (copied from ``--payload-dir`` into the node's root, the
+   package kind chosen by the node's ``/etc/os-release`` and package tool);
+3. verifies version, ``/dev/mxcd`` and ``mx-smi``, then writes ``--ready-file``
+   (the pod's readiness probe; the controller then sets ``driver.ready``) and
+   ``gpu.driver.mode``;
+4. applies its node's vfnum entry: state label ``gpu.vfnum.state``
+   pending -> success | failed, then deletes only its node's gpu-device pod
+   so that it registers the new devices.
+
+A failure (driver in use, invalid entry) is an Event on the ClusterOperator
+and the node annotation ``driver.message`` / ``gpu.vfnum.message``, from which
+the controller's status makes the ``Degraded`` condition; the same failure is
+retried with backoff, never in a tight loop. Between rounds it watches the
+ConfigMap, so an edit is applied within a second or two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from .. import names
+from ..backoff import Backoff
+from ..driver import backend, policy
+from ..errors import MetaxGpuError
+from ..host import HostRoot, HostRootError
+from ..kube.client import ApiException, core_v1
+from ..vfnum import backend as vfnum_backend
+from ..vfnum import config as vfnum_config
+from ..vfnum.plan import VfnumError
+from ..vfnum.plan import plan as vfnum_plan
+from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, positive_float,
+                     run_main, setup_logging, stop_event)
+
+try:
+    import yaml
+    HAS_YAML = True
+except ImportError:  # the agent image has PyYAML (requirements/agents.txt)
+    yaml = None
+    HAS_YAML = False
+try:
+    from kubernetes import watch as k8s_watch
+except ImportError:  # with the kubernetes client (requirements/agents.txt); kube_api_client says so first
+    k8s_watch = None  # type: ignore[assignment]
+
+COMPONENT = "driver-manager"
+LOG = logging.getLogger(COMPONENT)
+DEFAULT_READY_FILE = "/run/driver-manager/ready"
+GPU_DEVICE_SELECTOR = "app.kubernetes.io/name=gpu-device"
+
+
+@dataclass
+class Config:
+    """driver-config as this node needs it."""
+
+    params: List[str] = field(default_factory=list)
+    vfnum: Optional[int] = None
+    error: Optional[str] = None          # the config (or this node's part of it) is invalid
+
+
+def parse_config(data: Mapping[str, str], node: str) -> Config:
+    """driver-config's data -> this node's Config (pure; YAML through PyYAML)."""
+    out = Config()
+    try:
+        doc: Dict[str, Any] = {}
+        for key in ("module-params",):
+            if data.get(key):
+                doc[key] = str(data[key]).strip()
+        if data.get("node-module-params"):
+            doc["node-module-params"] = yaml.safe_load(data["node-module-params"]) if HAS_YAML else {}
+        out.params = policy.module_params(doc, node)
+        vfnums = yaml.safe_load(data.get(vfnum_config.NODE_VFNUMS_KEY) or "") if HAS_YAML else None
+        out.vfnum = vfnum_config.node_entry(vfnums, node)
+    except (policy.PolicyError, VfnumError) as exc:
+        out.error = str(exc)
+    except Exception as exc:  # pylint: disable=broad-except  # yaml.YAMLError without importing yaml's types
+        out.error = "driver-config is not valid YAML: %s" % exc
+    return out
+
+
+class Kube:
+    """The API calls driver-manager makes (RBAC: nodes get/patch, configmaps get/watch,
+    pods list/delete and events create in its namespace)."""
+
+    def __init__(self, api: Any, node: str, namespace: str, config_map: str) -> None:
+        self.core = core_v1(api)
+        self.node = node
+        self.namespace = namespace
+        self.config_map = config_map
+
+    def config(self) -> Mapping[str, str]:
+        try:
+            return self.core.read_namespaced_config_map(self.config_map, self.namespace).data or {}
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+
+    def wait_config_change(self, timeout: float, stop: threading.Event) -> None:
+        """Block until the ConfigMap changes, or ``timeout`` s (the watch is the fast path)."""
+        if k8s_watch is None:
+            stop.wait(timeout)
+            return
+        stream = k8s_watch.Watch()
+        try:
+            first = True
+            for _event in stream.stream(self.core.list_namespaced_config_map, self.namespace,
+                                        field_selector="metadata.name=" + self.config_map,
+                                        timeout_seconds=max(1, int(timeout))):
+                # the first event replays the current object: not a change
+                if first:
+                    first = False
+                    continue
+                break
+        except Exception as exc:  # pylint: disable=broad-except  # a broken watch: fall back to the timer
+            LOG.debug("config watch ended: %s", exc)
+            stop.wait(min(timeout, 5.0))
+        finally:
+            stream.stop()
+
+    def labels(self) -> Mapping[str, str]:
+        return self.core.read_node(self.node).metadata.labels or {}
+
+    def patch_node(self, labels: Mapping[str, Optional[str]], annotations: Mapping[str, Optional[str]]) -> None:
+        meta: Dict[str, Any] = {}
+        if labels:
+            meta["labels"] = dict(labels)
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        if meta:
+            self.core.patch_node(self.node, {"metadata": meta}, _content_type="application/merge-patch+json")
+
+    def restart_gpu_device(self) -> List[str]:
+        """Delete this node's gpu-device pod (its DaemonSet recreates it); the names deleted."""
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=GPU_DEVICE_SELECTOR,
+                                             field_selector="spec.nodeName=" + self.node).items
+        for pod in pods:
+            self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=1)
+        return [p.metadata.name for p in pods]
+
+    def event(self, reason: str, message: str, warning: bool = True) -> None:
+        """An Event on the ClusterOperator (what `kubectl describe clusteroperator` shows)."""
+        import datetime
+        now = datetime.datetime.now(datetime.timezone.utc)
+        body = {
+            "metadata": {"generateName": "driver-manager-%s." % self.node, "namespace": self.namespace},
+            "involvedObject": {"apiVersion": "%s/%s" % (names.OPERATOR_GROUP, names.OPERATOR_VERSION),
+                               "kind": names.OPERATOR_KIND, "name": names.OPERATOR_CR_NAME,
+                               "namespace": self.namespace},
+            "reason": reason, "message": "%s: %s" % (self.node, message)[:1000],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": COMPONENT, "host": self.node},
+            "firstTimestamp": now.isoformat(), "lastTimestamp": now.isoformat(), "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(self.namespace, body)
+        except ApiException as exc:
+            LOG.warning("cannot record event %s: %s", reason, exc.reason)
+
+
+class Manager:
+    """One node's driver and vfnum, reconciled round after round."""
+
+    def __init__(self, host: HostRoot, kube: Kube, deploy_policy: str, payload_dir: str,
+                 payload_version: Optional[str], ready_file: str,
+                 runner: Optional[Callable[[List[str]], Any]] = None) -> None:
+        self.host = host
+        self.kube = kube
+        self.policy = deploy_policy
+        self.payload_dir = payload_dir
+        self.payload_version = payload_version
+        self.ready_file = ready_file
+        self.cmds = backend.NodeCommands(host, runner)
+        self.last_failure: Dict[str, str] = {}    # what -> message, so each failure is reported once
+
+    # -- driver ---------------------------------------------------------------
+    def observe(self) -> policy.NodeDriver:
+        seen = backend.observe(self.host, self.cmds, backend.Request())
+        return policy.NodeDriver(seen.loaded_version, seen.package_version,
+                                 ours=self.host.exists(policy.OWNER_RECORD), in_use=bool(seen.in_use))
+
+    def stage_payload(self, version: str) -> str:
+        """Copy the payload's packages for this node's OS into its root; the node path of that directory."""
+        release = {}
+        if self.host.exists("etc/os-release"):
+            release = policy.parse_os_release(self.host.read_text("etc/os-release"))
+        kinds = policy.payload_kinds(policy.os_family(release, backend.node_kind(self.cmds)))
+        target = "%s/%s" % (policy.NODE_CACHE, version)
+        local = self.host.join(target)
+        shutil.rmtree(local, ignore_errors=True)
+        os.makedirs(local)
+        copied = []
+        for kind in kinds:
+            src = os.path.join(self.payload_dir, kind)
+            for name in sorted(os.listdir(src)) if os.path.isdir(src) else ():
+                shutil.copy2(os.path.join(src, name), os.path.join(local, name))
+                copied.append(name)
+        if not copied:
+            raise backend.DriverError("the driver payload %s has no package for this node (%s) under %s"
+                                      % (version, "/".join(kinds), self.payload_dir))
+        return "/" + target
+
+    def reconcile_driver(self, params: Sequence[str]) -> Dict[str, object]:
+        node = self.observe()
+        decision = policy.decide(self.policy, node, self.payload_version)
+        LOG.debug("driver decision: %s", decision.reason)
+        out: Dict[str, object] = {"decision": decision.action, "reason": decision.reason, "mode": decision.mode}
+        load = policy.load_command(params)
+        if decision.changes_driver:
+            if decision.target is None:
+                raise policy.PolicyError("internal: a converge decision without a target version")
+            src = self.stage_payload(decision.target)
+            request = backend.Request(state="present", version=decision.target, src=src,
+                                      deploy_policy="IfNotPresent", load_command=load)
+            result = backend.run(self.host, request, False, runner=self.cmds.runner)
+            out["result"] = result
+            os.makedirs(os.path.dirname(self.host.join(policy.OWNER_RECORD)), exist_ok=True)
+            self.host.write_file_atomic(policy.OWNER_RECORD, (json.dumps(
+                {"version": decision.target, "installedBy": COMPONENT}, sort_keys=True) + "\n").encode())
+            LOG.info("driver %s installed from the payload (%s)", decision.target, decision.reason)
+            if result.get("changed"):
+                # the GPUs are bound anew: gpu-device registers the devices it finds at its start
+                self.kube.restart_gpu_device()
+                self.kube.event("DriverInstalled", decision.reason, warning=False)
+        elif decision.action == "keep":
+            request = backend.Request(state="present", deploy_policy="IfNotPresent", load_command=load)
+            out["result"] = backend.run(self.host, request, False, runner=self.cmds.runner)
+        verified = self.verified(decision.target if decision.action != "none" else None)
+        self.kube.patch_node({names.LABEL_DRIVER_MODE: decision.mode}, {})
+        out["verified"] = verified
+        return out
+
+    def verified(self, version: Optional[str]) -> bool:
+        """Version, /dev/mxcd, mx-smi; the ready file follows the answer (the readiness probe reads it)."""
+        try:
+            backend.verify(self.host, self.cmds, version)
+            ok = True
+        except backend.DriverVerifyError as exc:
+            LOG.info("driver not ready: %s", exc)
+            ok = False
+        if ok:
+            os.makedirs(os.path.dirname(self.ready_file), exist_ok=True)
+            with open(self.ready_file, "w") as handle:
+                handle.write("ok\n")
+        elif os.path.exists(self.ready_file):
+            os.unlink(self.ready_file)
+        return ok
+
+    # -- vfnum ----------------------------------------------------------------
+    def reconcile_vfnum(self, wanted: Optional[int]) -> Optional[str]:
+        """Bring the node's VFs to ``wanted`` (None: no entry); the state label written, if any."""
+        if wanted is None:
+            return None
+        pfs = vfnum_backend.read_pfs(self.host)
+        plan = vfnum_plan(pfs, wanted)           # allowed values, sriov_totalvfs, gpu.sriov=forbidden
+        if not plan.changed:
+            return None
+        reasons = vfnum_backend.in_use(self.host, pfs, plan)
+        if reasons:
+            raise VfnumError("vfnum %d refused: the GPUs are in use (%s)" % (wanted, "; ".join(reasons)))
+        self.kube.patch_node({names.LABEL_VFNUM_STATE: "pending"}, {names.ANNOTATION_VFNUM_MESSAGE: None})
+        try:
+            vfnum_backend.apply(self.host, plan)
+        except VfnumError as exc:
+            self.kube.patch_node({names.LABEL_VFNUM_STATE: "failed"}, {names.ANNOTATION_VFNUM_MESSAGE: str(exc)})
+            raise
+        # gpu.vfnum is gpu-label's (it reads sysfs): only the state is ours
+        self.kube.patch_node({names.LABEL_VFNUM_STATE: "success"}, {names.ANNOTATION_VFNUM_MESSAGE: None})
+        deleted = self.kube.restart_gpu_device()
+        LOG.info("vfnum %d applied; gpu-device pod(s) %s recreated", wanted, ", ".join(deleted) or "(none)")
+        self.kube.event("VfnumApplied", "vfnum %d applied" % wanted, warning=False)
+        return "success"
+
+    # -- one round ------------------------------------------------------------------
+    def report(self, what: str, annotation: str, error: Optional[str]) -> None:
+        """A failure once as an Event and a node annotation (the controller's Degraded reads it); cleared after."""
+        if error == self.last_failure.get(what):
+            return
+        if error:
+            LOG.error("%s: %s", what, error)
+            self.kube.event(what, error)
+            self.kube.patch_node({}, {annotation: error})
+        else:
+            self.kube.patch_node({}, {annotation: None})
+        self.last_failure[what] = error or ""
+
+    def round(self) -> bool:
+        """One reconcile; True when nothing failed."""
+        config = parse_config(self.kube.config(), self.kube.node)
+        ok = True
+        try:
+            self.reconcile_driver(config.params if config.error is None else [])
+            self.report("DriverFailed", names.ANNOTATION_DRIVER_MESSAGE, None)
+        except (backend.DriverError, policy.PolicyError, HostRootError) as exc:
+            self.verified(None)
+            self.report("DriverFailed", names.ANNOTATION_DRIVER_MESSAGE, str(exc))
+            ok = False
+        error = config.error
+        if error is None:
+            try:
+                self.reconcile_vfnum(config.vfnum)
+            except VfnumError as exc:
+                error = str(exc)
+        if error is not None:
+            # nothing changed: the state label stays (success/absent) unless the apply itself failed
+            self.report("VfnumRejected", names.ANNOTATION_VFNUM_MESSAGE, error)
+            ok = False
+        elif self.last_failure.get("VfnumRejected"):
+            self.report("VfnumRejected", names.ANNOTATION_VFNUM_MESSAGE, None)
+        return ok
+
+
+def run_loop(manager: Manager, interval: float, stop: threading.Event) -> int:
+    backoff = Backoff(initial=5.0, cap=300.0)
+    while not stop.is_set():
+        try:
+            ok = manager.round()
+        except (ApiException, MetaxGpuError, OSError) as exc:
+            LOG.warning("round failed: %s", exc)
+            ok = False
+        # a failure is retried with growing pauses (never a tight loop); a config edit still wakes us
+        wait = interval if ok else backoff.next_delay()
+        if ok:
+            backoff.reset()
+        manager.kube.wait_config_change(wait, stop)
+    LOG.info("stopping")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=COMPONENT, description=__doc__.split("\n\n", maxsplit=1)[0])
+    add_common_flags(parser)
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
+    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", names.OPERATOR_NAMESPACE))
+    parser.add_argument("--deploy-policy", choices=policy.DEPLOY_POLICIES, default="IfNotPresent")
+    parser.add_argument("--payload-dir", default="/payload", help="the payload image's packages (deb/, rpm/, run/)")
+    parser.add_argument("--payload-version", default="", help="the driver version the payload carries")
+    parser.add_argument("--config-map", default=names.DRIVER_CONFIGMAP)
+    parser.add_argument("--ready-file", default=DEFAULT_READY_FILE)
+    parser.add_argument("--interval", type=positive_float, default=30.0, help="seconds between rounds")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(COMPONENT, args)
+    if not args.node_name:
+        raise UsageError("--node-name is required (or NODE_NAME from the downward API)")
+    if not HAS_YAML:
+        raise UsageError("PyYAML is required to read driver-config")
+    host = checked_host_root(args, "sys")
+    kube = Kube(kube_api_client(args.kubeconfig), args.node_name, args.namespace, args.config_map)
+    manager = Manager(host, kube, args.deploy_policy, args.payload_dir, args.payload_version or None,
+                      args.ready_file)
+    LOG.info("driver-manager starting", extra={"fields": {
+        "node": args.node_name, "host_root": host.path, "deploy_policy": args.deploy_policy,
+        "payload_version": args.payload_version}})
+    return run_loop(manager, args.interval, stop_event())
+
+
+if __name__ == "__main__":
+    run_main(COMPONENT, lambda: main(sys.argv[1:]))

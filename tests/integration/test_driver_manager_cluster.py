@@ -1,0 +1,285 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The GPU Operator's driver component on the local three-node cluster (issue 25, manual 3.1, 3.2.3).
+
+One helm install of files/charts/metax-operator with ``driver.deploy: true``
+and the driver payload image built by files/images/driver-payload/build.sh,
+shared by the module's tests, in order. The nodes are a mixed fleet: vm keeps
+the administrator's driver (deb tools, Debian), vm-2 (deb tools, Ubuntu) and
+vm-3 (rpm tools, openEuler) start without any driver:
+
+- IfNotPresent installs the payload on vm-2 and vm-3 with each node's own
+  package tool from the one payload (gpu.driver.mode=cloud, driver.ready set by
+  the controller, allocatable = devices) and leaves vm's driver alone (native);
+- deployPolicy Never rolls driver-manager and touches no driver;
+- a driver-config edit takes vm-3 (2xC550-sriov) from vfnum 0 to 4: capacity
+  8, only vm-3's gpu-device pod recreated, timed;
+- an invalid entry (vfnum 3) and an entry for a node that does not exist give
+  an Event and a Degraded condition naming them, and change nothing.
+
+The nodes' roots are put back as found (driver, tools, VFs), the operator
+uninstalled, and a GPU Extensions release found at the start installed again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+from polling import wait_until
+from test_operator_cluster import (  # noqa: F401  # pylint: disable=unused-import  # fixtures shared with the operator's module
+    CHART, NS, UNINSTALL_SCRIPT, cr, get_json, helm, images, no_extensions, nodes, patch_cr, strip_ours)
+
+from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.driver import policy
+from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
+from ansible_collections.metax.gpu.plugins.module_utils.sim import generator, pkgtool
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PAYLOAD_BUILD = os.path.join(ROOT, "files", "images", "driver-payload", "build.sh")
+OUTPUT = os.path.join(ROOT, "tests", "output")
+SIM_PARENT = "/var/lib/metax-sim"
+PAYLOAD_VERSION = "2.15.0"
+# node -> (package tool, /etc/os-release, starts without a driver)
+FLEET = {"vm": ("deb", "ID=debian\nVERSION_ID=\"12\"\n", False),
+         "vm-2": ("deb", "ID=ubuntu\nID_LIKE=debian\nVERSION_ID=\"22.04\"\n", True),
+         "vm-3": ("rpm", "NAME=\"openEuler\"\nID=\"openEuler\"\nVERSION_ID=\"22.03\"\n", True)}
+SRIOV_NODE = "vm-3"
+pytestmark = pytest.mark.cluster
+
+
+def host(name):
+    return HostRoot(os.path.join(SIM_PARENT, name))
+
+
+def loaded(name):
+    return host(name).read_attribute("sys/module/metax/version", default="") or None
+
+
+@pytest.fixture(scope="module")
+def payload(cluster):
+    res = subprocess.run([PAYLOAD_BUILD, PAYLOAD_VERSION], env=cluster.env, capture_output=True, text=True,
+                         timeout=900, stdin=subprocess.DEVNULL, check=False)
+    assert res.returncode == 0, "payload build failed:\n%s%s" % (res.stdout, res.stderr[-3000:])
+    ref = res.stdout.strip().splitlines()[-1].split("=", 1)[1]
+    registry_project, rest = ref.rsplit("/", 1)
+    return {"registry": registry_project, "name": rest.split(":")[0], "version": PAYLOAD_VERSION}
+
+
+@pytest.fixture(scope="module")
+def fleet(cluster, no_extensions):
+    """Package tools, os-release and (on vm-2, vm-3) no driver; everything put back afterwards."""
+    names = sorted(n["name"] for n in cluster.nodes)
+    if names != sorted(FLEET):
+        pytest.fail("needs the three-node cluster %s (have %s)" % (sorted(FLEET), names))
+    original = {}
+    for name, (kind, release, bare) in FLEET.items():
+        root = host(name)
+        original[name] = generator.load_state(root)["driver_version"]
+        pkgtool.install_tools(root.path, kind)
+        os.makedirs(root.join("etc"), exist_ok=True)
+        with open(root.join("etc/os-release"), "w") as handle:
+            handle.write(release)
+        if bare:
+            generator.unload_driver(root)
+            tool, args = ("dpkg", ["--purge"]) if kind == "deb" else ("rpm", ["-e"])
+            assert pkgtool.main(tool, args + ["metax-driver"], root.path) == 0
+    yield original
+    for name in FLEET:
+        root = host(name)
+        for gpu in generator.load_state(root)["gpus"]:
+            if gpu.get("numvfs"):
+                generator.set_numvfs(root, gpu["sysfs"], 0)
+        if loaded(name) != original[name]:
+            generator.unload_driver(root)
+            generator.set_driver_version(root, original[name])
+            generator.load_driver(root)
+        pkgtool.remove_tools(root.path)
+        for rel in ("etc/os-release", policy.OWNER_RECORD, "var/lib/metax-gpu/driver-run.json"):
+            if os.path.lexists(root.join(rel)):
+                os.unlink(root.join(rel))
+        shutil.rmtree(root.join("var/cache/metax-driver"), ignore_errors=True)
+        shutil.rmtree(root.join("sys/module/metax/parameters"), ignore_errors=True)
+        for parent in ("etc", "var/lib/metax-gpu", "var/lib", "var/cache", "var"):
+            if os.path.isdir(root.join(parent)) and not os.listdir(root.join(parent)):
+                os.rmdir(root.join(parent))
+
+
+@pytest.fixture(scope="module")
+def installed(cluster, images, payload, fleet):
+    strip_ours(cluster)
+    start = time.monotonic()
+    res = helm(cluster, "install", CHART, "--create-namespace", "-n", NS, "--generate-name", "--wait",
+               "--set", "registry=" + images["registry"], "--set-string", "imageTag=" + images["tag"],
+               "--set", "hostRoot.path=" + SIM_PARENT, "--set", "hostRoot.subPathExpr=$(NODE_NAME)",
+               "--set", "log.dir=", "--set", "gpuDevice.healthyInterval=2", "--set", "nodeAgentPolicy.enabled=true",
+               "--set", "driver.deploy=true", "--set", "driver.deployPolicy=IfNotPresent",
+               "--set", "driver.payload.registry=" + payload["registry"],
+               "--set", "driver.payload.name=" + payload["name"],
+               "--set-string", "driver.payload.version=" + payload["version"])
+    assert res.returncode == 0, "helm install failed:\n%s\n%s" % (res.stdout, res.stderr)
+    yield {"start": start}
+    subprocess.run(["bash", "-c", UNINSTALL_SCRIPT], env=cluster.env, capture_output=True, timeout=600,
+                   check=False)
+    cluster.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=120s")
+
+
+def diagnose(cluster):
+    """What the cluster shows when a wait fails: pods, driver-manager's logs, our node keys, the CR status."""
+    out = [cluster.kubectl("get", "pods", "-n", NS, "-o", "wide").stdout]
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=metax-driver",
+                                      "-o", "json").stdout or '{"items": []}')["items"]
+    for pod in pods:
+        out.append("--- %s on %s: %s" % (pod["metadata"]["name"], pod["spec"].get("nodeName"),
+                                         json.dumps((pod.get("status") or {}).get("containerStatuses"))[:1500]))
+        out.append(cluster.kubectl("logs", "-n", NS, pod["metadata"]["name"], "-c", "metax-driver",
+                                   "--tail=30").stdout[-4000:])
+    for name, node in nodes(cluster).items():
+        meta = node["metadata"]
+        out.append("%s: %s alloc=%s" % (name, {k: v for part in ("labels", "annotations")
+                                               for k, v in (meta.get(part) or {}).items() if k.startswith(N.PREFIX)},
+                                        node["status"].get("allocatable", {}).get(N.RESOURCE_NAME)))
+    out.append(json.dumps((cr(cluster) or {}).get("status"))[:3000])
+    return "\n".join(out)
+
+
+def wait(cluster, predicate, timeout, what, interval=1.0):
+    try:
+        wait_until(predicate, timeout, what, interval)
+    except BaseException:
+        print(diagnose(cluster))
+        raise
+
+
+def labels(cluster):
+    return {name: node["metadata"].get("labels") or {} for name, node in nodes(cluster).items()}
+
+
+def allocatable(cluster):
+    return {name: int(node["status"].get("allocatable", {}).get(N.RESOURCE_NAME, "0"))
+            for name, node in nodes(cluster).items()}
+
+
+def devices(name):
+    state = generator.load_state(host(name))
+    return sum(max(1, g.get("numvfs") or 0) for g in state["gpus"])
+
+
+def gpu_device_pods(cluster):
+    out = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpu-device",
+                                     "-o", "json", check=True).stdout)["items"]
+    return {p["spec"]["nodeName"]: p["metadata"]["uid"] for p in out if not p["metadata"].get("deletionTimestamp")}
+
+
+def condition(body, component, kind):
+    entry = next(c for c in body["status"]["components"] if c["name"] == component)
+    return next(c for c in entry["conditions"] if c["type"] == kind)
+
+
+def set_node_vfnums(cluster, text):
+    patch = {"data": {"node-vfnums": text}}
+    cluster.kubectl("patch", "configmap", N.DRIVER_CONFIGMAP, "-n", NS, "--type=merge", "-p", json.dumps(patch),
+                    check=True)
+
+
+def driver_rolled_out(cluster):
+    ds = get_json(cluster, "daemonset", "metax-driver", "-n", NS) or {}
+    st = ds.get("status") or {}
+    return (st.get("observedGeneration") == ds.get("metadata", {}).get("generation")
+            and st.get("updatedNumberScheduled") == st.get("numberReady") == st.get("desiredNumberScheduled") == 3)
+
+
+def test_if_not_present_installs_the_payload_where_no_driver_is_and_leaves_the_admins(cluster, installed, fleet):
+    def done():
+        lab, alloc = labels(cluster), allocatable(cluster)
+        return all(lab[n].get(N.LABEL_DRIVER_READY) == "true" and alloc[n] == devices(n) > 0 for n in FLEET)
+    wait(cluster, done, 150, "driver.ready and allocatable = devices on every node")
+    seconds = time.monotonic() - installed["start"]
+    lab = labels(cluster)
+    assert {n: lab[n].get(N.LABEL_DRIVER_MODE) for n in FLEET} == {"vm": "native", "vm-2": "cloud", "vm-3": "cloud"}
+    assert loaded("vm") == fleet["vm"]                      # the administrator's driver, untouched
+    assert loaded("vm-2") == loaded("vm-3") == PAYLOAD_VERSION
+    # one payload, each node's own package tool: a mixed fleet
+    kinds = {n: json.load(open(host(n).join(pkgtool.PKGDB_FILE)))["metax-driver"]["kind"] for n in ("vm-2", "vm-3")}
+    assert kinds == {"vm-2": "deb", "vm-3": "rpm"}
+    # driver.ready has one writer: the controller; gpu-label is rendered without it
+    args = get_json(cluster, "daemonset", "gpu-label", "-n", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--driver-labels=false" in args
+    body = cr(cluster)
+    assert condition(body, "metax-driver", "Ready")["status"] == "True"
+    print("\nIfNotPresent install: every node driver.ready and allocatable %.1f s after helm install started" % seconds)
+    os.makedirs(OUTPUT, exist_ok=True)
+    with open(os.path.join(OUTPUT, "driver-manager.json"), "w") as fh:
+        json.dump({"install_seconds": round(seconds, 1)}, fh)
+
+
+def test_deploy_policy_never_touches_no_driver(cluster, installed, fleet):
+    before = {n: loaded(n) for n in FLEET}
+    generation = get_json(cluster, "daemonset", "metax-driver", "-n", NS)["metadata"]["generation"]
+    assert patch_cr(cluster, {"driver": {"deployPolicy": "Never"}}).returncode == 0
+    wait(cluster, lambda: get_json(cluster, "daemonset", "metax-driver", "-n", NS)["metadata"]["generation"] >
+         generation and driver_rolled_out(cluster), 120, "metax-driver rolled out with Never")
+    args = get_json(cluster, "daemonset", "metax-driver", "-n", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--deploy-policy=Never" in args
+    assert {n: loaded(n) for n in FLEET} == before
+    lab = labels(cluster)
+    assert {n: lab[n].get(N.LABEL_DRIVER_MODE) for n in FLEET} == {"vm": "native", "vm-2": "cloud", "vm-3": "cloud"}
+    # the controller puts driver.ready back on its next status round (5 s) once the new pods are Ready
+    wait(cluster, lambda: all(labels(cluster)[n].get(N.LABEL_DRIVER_READY) == "true" for n in FLEET), 30,
+         "driver.ready on every node after the roll")
+    assert {n: loaded(n) for n in FLEET} == before
+
+
+def test_driver_config_vfnum_0_to_4_reaches_capacity_8_recreating_only_that_nodes_gpu_device(cluster, installed):
+    wait(cluster, lambda: len(gpu_device_pods(cluster)) == 3 and allocatable(cluster)[SRIOV_NODE] == 2, 60,
+         "gpu-device on every node, %s at 2 GPUs" % SRIOV_NODE)
+    pods_before = gpu_device_pods(cluster)
+    generations = {ds["metadata"]["name"]: ds["metadata"]["generation"] for ds in json.loads(
+        cluster.kubectl("get", "daemonsets", "-n", NS, "-o", "json", check=True).stdout)["items"]}
+    start = time.monotonic()
+    set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 4\n" % SRIOV_NODE)
+    wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 8, 60, "%s allocatable 8" % SRIOV_NODE, interval=0.2)
+    seconds = time.monotonic() - start
+    print("\nvfnum 0 -> 4 on %s: capacity 8 after %.1f s (target 15 s)" % (SRIOV_NODE, seconds))
+    assert labels(cluster)[SRIOV_NODE].get(N.LABEL_VFNUM_STATE) == "success"
+    pods_after = gpu_device_pods(cluster)
+    assert pods_after[SRIOV_NODE] != pods_before[SRIOV_NODE]
+    assert {n: u for n, u in pods_after.items() if n != SRIOV_NODE} == \
+        {n: u for n, u in pods_before.items() if n != SRIOV_NODE}
+    assert {ds["metadata"]["name"]: ds["metadata"]["generation"] for ds in json.loads(
+        cluster.kubectl("get", "daemonsets", "-n", NS, "-o", "json", check=True).stdout)["items"]} == generations
+    assert allocatable(cluster)["vm"] == devices("vm") and allocatable(cluster)["vm-2"] == devices("vm-2")
+    path = os.path.join(OUTPUT, "driver-manager.json")
+    record = json.load(open(path)) if os.path.exists(path) else {}
+    record["vfnum_0_to_4_seconds"] = round(seconds, 1)
+    with open(path, "w") as fh:
+        json.dump(record, fh)
+    assert seconds <= 15
+
+
+def test_an_invalid_entry_gives_an_event_and_a_degraded_condition_and_changes_nothing(cluster, installed):
+    set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 3\n  ghost-node:\n    vfnum: 2\n" % SRIOV_NODE)
+
+    def degraded():
+        body = cr(cluster) or {}
+        cond = condition(body, "metax-driver", "Degraded") if body.get("status") else {}
+        return cond.get("status") == "True" and SRIOV_NODE in cond.get("message", "") \
+            and "ghost-node" in cond.get("message", "") and cond
+    wait(cluster, degraded, 30, "the Degraded condition naming %s and ghost-node" % SRIOV_NODE)
+    message = degraded()["message"]
+    assert "vfnum 3" in message and "does not exist" in message
+    events = json.loads(cluster.kubectl("get", "events", "-n", NS, "-o", "json", check=True).stdout)["items"]
+    assert any(e["reason"] == "VfnumRejected" and SRIOV_NODE in e["message"]
+               and e["involvedObject"]["kind"] == N.OPERATOR_KIND for e in events)
+    assert allocatable(cluster)[SRIOV_NODE] == 8
+    assert [g["numvfs"] for g in generator.load_state(host(SRIOV_NODE))["gpus"]] == [4, 4]
+    # back to 0 through driver-config: the condition clears
+    set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 0\n" % SRIOV_NODE)
+    wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 2, 60, "%s back at 2" % SRIOV_NODE)
+    wait(cluster, lambda: condition(cr(cluster), "metax-driver", "Degraded")["status"] == "False", 30,
+         "Degraded cleared")
