@@ -107,16 +107,18 @@ def test_write_policies(host, tmp_path):
     assert host.write(FileSpec(path, "two\n", 0o600, Write.IF_CHANGED))
 
 
-# ---------------------------------------------------------------- cluster.sh's own functions
+# ---------------------------------------------------------------- the bash version's own functions
+# pid_of, running, start and stop as cluster.sh had them before the package took over (captured in
+# fixtures/bash/process-functions.sh): a cluster the bash version started is adopted and stopped by the package.
+FUNCTIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "bash", "process-functions.sh")
+
+
 def _bash_functions() -> str:
-    with open(os.path.join(REPO, "scripts", "cluster", "cluster.sh"), encoding="utf-8") as fh:
+    with open(FUNCTIONS, encoding="utf-8") as fh:
         text = fh.read()
-    out = []
     for name in ("pid_of", "running", "start", "stop"):
-        m = re.search(r"^%s\(\) \{.*?\n\}\n|^%s\(\) \{[^\n]*\}\n" % (name, name), text, re.M | re.S)
-        assert m, "cluster.sh has no function %s" % name
-        out.append(m.group(0))
-    return "log() { echo \"$*\" >&2; }\nwarn() { echo \"WARNING: $*\" >&2; }\n" + "".join(out)
+        assert re.search(r"^%s\(\) \{" % name, text, re.M), "the fixture has no function %s" % name
+    return "log() { echo \"$*\" >&2; }\nwarn() { echo \"WARNING: $*\" >&2; }\n" + text
 
 
 def _bash(host: LocalHost, tmp_path, command: str) -> subprocess.CompletedProcess:
