@@ -1,10 +1,11 @@
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""LocalHost against real short-lived processes, and hand in hand with cluster.sh's own start/stop.
+"""LocalHost against real short-lived processes, and hand in hand with the bash version's start/stop.
 
-The interoperability tests run cluster.sh's functions (cut out of cluster.sh
-itself) on the same PID dir: what one side starts, the other recognises,
-keeps and stops -- the switch-over of phase 2 needs no restart.
+The interoperability tests run the functions the bash cluster.sh had
+(captured in fixtures/bash/process-functions.sh) on the same PID dir: what
+one side starts, the other recognises, keeps and stops -- a cluster the bash
+version started is taken over without a restart.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import pytest
 from localcluster.component import FileSpec, ProcessSpec, Write
 from localcluster.host import LocalHost
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SLEEP = ProcessSpec("sleeper", ("/usr/bin/sleep", "300"))
 
 

@@ -13,7 +13,6 @@ import pytest
 from localcluster import apiserver, controller_manager, etcd, kube_proxy, node, registries
 from localcluster.component import ProcessSpec, start_hash
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _bash_start_hash(spec: ProcessSpec, tmp_path) -> str:
