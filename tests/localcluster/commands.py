@@ -135,4 +135,3 @@ def restart_kubelet_command(rt: Runtime, target: str = "") -> int:
              lambda: host.run([*rt.kubectl(), "get", "node", target, "-o", "jsonpath=" + ready]).strip() == "True")
     log("kubelet of %s restarted" % target)
     return 0
-

@@ -142,23 +142,22 @@ class NodeComponent:
                 kube_proxy.config_file(self.settings, self.node),
                 FileSpec(NodePaths(self.settings, self.node).dir + "/sim-preset", self.node.preset + "\n")]
 
-
     # ---------------------------------------------------------------- lifecycle
+
     def _tools(self) -> Tools:
         if self.tools is None:
             raise ValueError("NodeComponent(%s): the lifecycle needs tools" % self.node.name)
         return self.tools
 
-    def parts(self) -> tuple[SimRootComponent, "NodeNetworkComponent", containerd.ContainerdComponent,
-                             kubelet.KubeletComponent, kube_proxy.KubeProxyComponent]:
+    def parts(self) -> "NodeParts":
         t = self._tools()
-        return (SimRootComponent(self.settings, self.node, self.python),
-                NodeNetworkComponent(self.settings, self.node, self.nodes or (self.node,)),
-                containerd.ContainerdComponent(self.settings, self.node, self.inputs.runc,
-                                               self.inputs.registry_password, t.containerd_bin,
-                                               self.containerd_config_version),
-                kubelet.KubeletComponent(self.settings, self.node, t.kube_bin),
-                kube_proxy.KubeProxyComponent(self.settings, self.node, t.kube_bin))
+        return NodeParts(SimRootComponent(self.settings, self.node, self.python),
+                         NodeNetworkComponent(self.settings, self.node, self.nodes or (self.node,)),
+                         containerd.ContainerdComponent(self.settings, self.node, self.inputs.runc,
+                                                        self.inputs.registry_password, t.containerd_bin,
+                                                        self.containerd_config_version),
+                         kubelet.KubeletComponent(self.settings, self.node, t.kube_bin),
+                         kube_proxy.KubeProxyComponent(self.settings, self.node, t.kube_bin))
 
     def cgroups_up(self) -> None:
         """Each kubelet its own cgroupRoot (two kubelets on one root remove each other's pod cgroups)."""
@@ -186,9 +185,10 @@ class NodeComponent:
 
     def up(self, host: Host) -> None:
         """Everything of the node up to a healthy kubelet; kube-proxy started (ready() waits for both)."""
-        sim, net, ctrd, klet, proxy = self.parts()
-        sim.up(host)
-        net.up(host)
+        p = self.parts()
+        ctrd, klet = p.containerd, p.kubelet
+        p.sim.up(host)
+        p.network.up(host)
         self.cgroups_up()
         self.namespaces_up(host)
         ctrd.up(host)
@@ -201,22 +201,21 @@ class NodeComponent:
         klet.up(host)
         wait_for(host, "kubelet of %s /healthz" % self.node.name, 120 * self.wait, klet.name,
                  lambda: klet.ready(host))
-        proxy.up(host)
+        p.kube_proxy.up(host)
 
     def ready(self, host: Host) -> bool:
-        _, _, _, klet, proxy = self.parts()
-        return klet.ready(host) and proxy.ready(host)
+        p = self.parts()
+        return p.kubelet.ready(host) and p.kube_proxy.ready(host)
 
     def stop_kubernetes(self, host: Host) -> None:
         """kubelet and kube-proxy (the first step of `down`, while containerd still runs)."""
-        _, _, _, klet, proxy = self.parts()
-        klet.down(host)
-        proxy.down(host)
+        p = self.parts()
+        p.kubelet.down(host)
+        p.kube_proxy.down(host)
 
     def stop_runtime(self, host: Host) -> None:
         """containerd with whatever still runs in it, every leftover process of the node, the holder."""
-        _, _, ctrd, _, _ = self.parts()
-        ctrd.down(host)
+        self.parts().containerd.down(host)
         self.kill_leftovers(host)
         host.stop(holder_process(self.node).name)
 
@@ -228,7 +227,7 @@ class NodeComponent:
         except RuntimeError:
             pass
         for d in cgroup_dirs(self.settings, self.node, hierarchies()):
-            for dirpath, _, names in os.walk(d):
+            for dirpath, _dirs, names in os.walk(d):
                 if "cgroup.procs" in names:
                     pids.update((host.read(dirpath + "/cgroup.procs") or "").split())
         pids.discard(str(host.pid(holder_process(self.node).name)))
@@ -247,7 +246,18 @@ class NodeComponent:
         """This node alone (the cluster's `down` runs the steps node by node in its own order)."""
         self.stop_kubernetes(host)
         self.stop_runtime(host)
-        self.parts()[1].down(host)
+        self.parts().network.down(host)
+
+
+@dataclass(frozen=True)
+class NodeParts:
+    """A node's components, in the order `up` starts them."""
+
+    sim: SimRootComponent
+    network: "NodeNetworkComponent"
+    containerd: containerd.ContainerdComponent
+    kubelet: kubelet.KubeletComponent
+    kube_proxy: kube_proxy.KubeProxyComponent
 
 
 def same_file(a: str, b: str) -> bool:

@@ -61,5 +61,5 @@ class Phases:
             return ""
         lines = ["", "Phase timings (%s):" % title]
         lines += ["  %-38s %5ss" % (name, secs) for name, secs in self.done]
-        lines.append("  %-38s %5ss" % ("total", sum(s for _, s in self.done)))
+        lines.append("  %-38s %5ss" % ("total", sum(secs for _name, secs in self.done)))
         return "\n".join(lines) + "\n"

@@ -87,7 +87,7 @@ def delete_netns(name: str, kill: bool) -> None:
 
 def unmount(paths: tuple[str, ...], roots: tuple[str, ...]) -> None:
     """Unmount PATHS (deepest first); what stays mounted below ROOTS gets two more tries."""
-    for _ in range(3):
+    for _attempt in range(3):
         for m in paths:
             if not _quiet(["umount", m]) and not _quiet(["umount", "-l", m]):
                 warn("cannot unmount %s" % m)
@@ -98,7 +98,7 @@ def unmount(paths: tuple[str, ...], roots: tuple[str, ...]) -> None:
 
 
 def remove_cgroup(path: str) -> None:
-    for dirpath, _, _ in sorted(os.walk(path), key=lambda w: -w[0].count("/")):
+    for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda w: -w[0].count("/")):
         try:
             os.rmdir(dirpath)
         except OSError:
@@ -174,7 +174,7 @@ def drain(rt: Runtime, nodes: list[Node], comps: list[NodeComponent], b: baselin
     host.ok([*rt.kubectl(), "delete", "pods", "--all", "--all-namespaces", "--grace-period=0", "--force",
              "--wait=false"])
     deadline = time.monotonic() + 45
-    ctrds = [c.parts()[2] for c in comps]
+    ctrds = [c.parts().containerd for c in comps]
     while time.monotonic() < deadline and any(host.running(c.name) and c.containers(host) for c in ctrds):
         time.sleep(1)
     # the kubelet removes stopped sandboxes lazily; stopping them is enough
@@ -213,7 +213,7 @@ def down(rt: Runtime) -> None:
     host.stop("kubelet")  # a cluster of the single-node generation
     phases.start("stop containers + containerd")
     for c in comps:
-        ctrd: ContainerdComponent = c.parts()[2]
+        ctrd: ContainerdComponent = c.parts().containerd
         if host.running(ctrd.name):
             ctrd.kill_containers(host)
     for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
@@ -227,7 +227,7 @@ def down(rt: Runtime) -> None:
     execute(s, plan, sweep=False)
     # containerd 1.6 puts shim sockets under /run/containerd/s whatever its state dir
     if os.path.isdir("/run/containerd") and not (b and "/run/containerd" in b.existed):
-        for dirpath, _, _ in sorted(os.walk("/run/containerd"), key=lambda w: -w[0].count("/")):
+        for dirpath, _dirs, _files in sorted(os.walk("/run/containerd"), key=lambda w: -w[0].count("/")):
             try:
                 os.rmdir(dirpath)
             except OSError:

@@ -242,4 +242,3 @@ def node_component(rt: Runtime, n: Node, planned: list[Node], inputs: Inputs,
     want = (s.pause_image,) + ((s.scheduler_image,) if n.control_plane else ())
     return NodeComponent(s, n, inputs, tools=rt.tools, nodes=tuple(planned), python=rt.python, images=images,
                          want_images=want)
-

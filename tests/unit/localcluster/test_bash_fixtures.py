@@ -92,7 +92,7 @@ def test_every_captured_command_line(captured, default):
 
 
 def test_json_command_is_the_bash_output(captured, default):
-    settings, nodes, _ = default
+    settings, nodes = default[:2]
     with open(os.path.join(HERE, "cluster-json.out"), encoding="utf-8") as fh:
         want = fh.read()
     env_text = captured["files"][settings.state_dir + "/cluster.env"]

@@ -14,7 +14,6 @@ from localcluster import apiserver, controller_manager, etcd, kube_proxy, node, 
 from localcluster.component import ProcessSpec, start_hash
 
 
-
 def _bash_start_hash(spec: ProcessSpec, tmp_path) -> str:
     """The hash block of the bash version's `start` (fixtures/bash/process-functions.sh), run by bash."""
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "bash", "process-functions.sh"),
