@@ -116,6 +116,9 @@ class Host(Protocol):
     def recorded(self, name: str) -> bool:
         ...
 
+    def exited(self, name: str) -> bool:
+        ...
+
     def pid(self, name: str) -> int:
         ...
 

@@ -93,6 +93,12 @@ class LocalHost:
         """A PID file exists (running or stale)."""
         return os.path.exists(self._file(name, "pid"))
 
+    def exited(self, name: str) -> bool:
+        """The recorded process is gone (or a zombie). Not the same as not running(): until its wrapper
+        (nsenter) has exec'd the binary, a process that is starting does not run the recorded binary yet."""
+        pid = (_read(self._file(name, "pid")) or "").strip()
+        return pid.isdigit() and _zombie_or_gone(int(pid))
+
     def pid(self, name: str) -> int:
         st = self.state(name)
         return int(st.pid) if st.state is status.State.RUNNING else 0

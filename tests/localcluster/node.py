@@ -174,7 +174,10 @@ class NodeComponent:
         holder = holder_process(self.node)
         if not host.running(holder.name):
             host.start(holder)
-            time.sleep(0.2)
+            deadline = time.monotonic() + 5
+            # running once nsenter and unshare have exec'd `sleep`
+            while not host.running(holder.name) and not host.exited(holder.name) and time.monotonic() < deadline:
+                time.sleep(0.05)
             if not host.running(holder.name):
                 raise ClusterError("node %s: cannot start its namespace holder (log %s/%s.log)"
                                    % (self.node.name, s.logs, holder.name))

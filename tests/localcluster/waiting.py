@@ -21,7 +21,7 @@ class Processes(Protocol):
     def running(self, name: str) -> bool:
         ...
 
-    def recorded(self, name: str) -> bool:
+    def exited(self, name: str) -> bool:
         ...
 
 
@@ -49,7 +49,7 @@ def wait_for(host: Processes, desc: str, timeout: float, logname: str, check: Ca
                 warn("last lines of %s:\n%s" % (log_path, tail(log_path).rstrip("\n")))
             raise ClusterError("timed out after %ds waiting for %s.\n  Logs: %s/. Run 'make cluster-down' (always "
                                "safe) and then 'make cluster-up' again." % (timeout, desc, host.logs))
-        if logname and host.recorded(logname) and not host.running(logname):
+        if logname and host.exited(logname):
             warn("%s exited; last lines of %s:\n%s" % (logname, log_path, tail(log_path).rstrip("\n")))
             raise ClusterError("%s exited while waiting for %s. Run 'make cluster-down', fix the cause, then "
                                "'make cluster-up'." % (logname, desc))
