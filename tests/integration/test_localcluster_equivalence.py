@@ -1,8 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""tests/localcluster generates what scripts/cluster/cluster.sh wrote: checked against the running cluster.
+"""What runs is what tests/localcluster plans: checked against the running cluster.
 
+The package writes and starts the cluster (scripts/cluster/cluster.sh only
+delegates to it); what the bash version wrote and ran is compared in
+tests/unit/localcluster/test_bash_fixtures.py. This test checks the running
+cluster -- whichever checkout started it -- against the package's plan.
 Read-only: it regenerates every configuration file from the cluster's own
 inputs (its certificates, secrets, node table) and compares byte for byte,
 with modes; certificates structurally (subject, SANs, usages, issuer, key,

@@ -9,7 +9,9 @@ InternalIP with their serving certificates checked.
 
 from __future__ import annotations
 
-from .component import ProcessSpec
+from dataclasses import dataclass
+
+from .component import FileSpec, Host, ProcessSpec
 from .settings import HOST_IP, SERVICE_CIDR, Settings
 
 
@@ -36,3 +38,26 @@ def process(settings: Settings, binary: str) -> ProcessSpec:
 
 def readyz_url(settings: Settings) -> str:
     return settings.apiserver + "/readyz"
+
+
+@dataclass(frozen=True)
+class ApiserverComponent:
+    """kube-apiserver from the Kubernetes build in KUBE_BIN; ready when /readyz answers the admin certificate."""
+
+    settings: Settings
+    kube_bin: str
+    name: str = "kube-apiserver"
+
+    def files(self) -> list[FileSpec]:
+        return []  # all on its command line; its certificates are the PKI's
+
+    def up(self, host: Host) -> None:
+        host.start(process(self.settings, self.kube_bin + "/kube-apiserver"))
+
+    def ready(self, host: Host) -> bool:
+        pki = self.settings.pki
+        return host.http_status(readyz_url(self.settings), cafile=pki + "/ca.crt",
+                                cert=(pki + "/admin.crt", pki + "/admin.key")) == 200
+
+    def down(self, host: Host) -> None:
+        host.stop(self.name)

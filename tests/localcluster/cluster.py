@@ -4,25 +4,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
-from . import nodes as nodes_mod, scheduler
+from . import nodes as nodes_mod
 from .component import FileSpec, Files, Inputs
 from .node import NodeComponent
 from .pki import PkiComponent
 from .registries import RegistriesComponent
 from .nodes import Node
+from .scheduler import SchedulerComponent
 from .settings import Settings
 
-
-@dataclass(frozen=True)
-class SchedulerComponent:
-    settings: Settings
-    name: str = "kube-scheduler"
-
-    def files(self) -> list[FileSpec]:
-        return [scheduler.manifest_file(self.settings)]
+__all__ = ["SchedulerComponent", "components", "generated_files"]
 
 
 def components(settings: Settings, nodes: Sequence[Node], inputs: Inputs,

@@ -80,6 +80,8 @@ class Files(Protocol):
 class Host(Protocol):
     """The I/O edge (host.LocalHost): writes FileSpecs, starts/stops ProcessSpecs, runs commands, asks URLs."""
 
+    logs: str  # the processes' log dir (<logs>/NAME.log)
+
     def write(self, spec: FileSpec) -> bool:
         ...
 
@@ -107,7 +109,17 @@ class Host(Protocol):
     def ok(self, argv: Sequence[str]) -> bool:
         ...
 
-    def http_status(self, url: str, cafile: str = "", user: str = "", password: str = "") -> int:
+    def http_status(self, url: str, cafile: str = "", user: str = "", password: str = "",
+                    cert: tuple[str, str] = ("", ""), insecure: bool = False) -> int:
+        ...
+
+    def recorded(self, name: str) -> bool:
+        ...
+
+    def exited(self, name: str) -> bool:
+        ...
+
+    def pid(self, name: str) -> int:
         ...
 
 

@@ -12,10 +12,11 @@ on these machines. Version 3 turns CDI on (containerd >= 1.7 has it; Debian's
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .component import FileSpec, ProcessSpec
+from .component import FileSpec, Host, ProcessSpec
 from .nodes import Node, NodePaths
 from .settings import HOST_IP, Settings
 
@@ -190,3 +191,77 @@ def process(settings: Settings, node: Node, binary: str, holder_pid: int) -> Pro
     path = NodePaths(settings, node).dir + "/containerd/config.toml"
     return ProcessSpec("containerd-" + node.name, (binary, "--config", path),
                        wrap=("nsenter", "-t", str(holder_pid), "-m", "-n", "--"), config_files=(path,))
+
+
+def ctr(binary_dir: str, socket: str, *args: str) -> list[str]:
+    """ctr against a node's containerd, in the CRI's namespace."""
+    return [binary_dir + "/ctr", "--address", socket, "-n", "k8s.io", *args]
+
+
+@dataclass(frozen=True)
+class ContainerdComponent:
+    """One node's containerd (BIN_DIR: the cached build of the chosen version; VERSION: its config version),
+    inside the node's namespaces; ready when `ctr version` answers on its socket."""
+
+    settings: Settings
+    node: Node
+    runc: str
+    registry_password: str
+    bin_dir: str
+    version: int = 3
+
+    @property
+    def name(self) -> str:
+        return "containerd-" + self.node.name
+
+    def files(self) -> list[FileSpec]:
+        c = config_for(self.settings, self.node, self.runc, self.registry_password, self.version)
+        return [config_file(self.settings, self.node, c)]
+
+    def up(self, host: Host) -> None:
+        p = NodePaths(self.settings, self.node)
+        host.mkdir(p.dir + "/containerd")
+        host.mkdir(p.run)
+        for f in self.files():
+            host.write(f)
+        host.start(process(self.settings, self.node, self.bin_dir + "/containerd", host.pid("ns-" + self.node.name)))
+
+    def ready(self, host: Host) -> bool:
+        return host.ok([self.bin_dir + "/ctr", "--address", NodePaths(self.settings, self.node).socket, "version"])
+
+    def import_images(self, host: Host, archives: Sequence[str], want: Sequence[str]) -> list[str]:
+        """Import ARCHIVES (OCI tars); the references of WANT that are still missing afterwards."""
+        sock = NodePaths(self.settings, self.node).socket
+        for archive in archives:
+            host.run(ctr(self.bin_dir, sock, "images", "import", archive))
+        have = host.run(ctr(self.bin_dir, sock, "images", "ls", "-q")).split()
+        return [w for w in want if w not in have]
+
+    def containers(self, host: Host) -> list[str]:
+        """The task IDs still running in it (empty when it does not answer)."""
+        sock = NodePaths(self.settings, self.node).socket
+        try:
+            return host.run(ctr(self.bin_dir, sock, "tasks", "ls", "-q")).split()
+        except RuntimeError:
+            return []
+
+    def kill_containers(self, host: Host) -> None:
+        """Whatever still runs in it: kill the tasks, delete them and the containers (their shims exit)."""
+        sock = NodePaths(self.settings, self.node).socket
+        for task in self.containers(host):
+            host.ok(ctr(self.bin_dir, sock, "tasks", "kill", "-s", "SIGKILL", task))
+        if self.containers(host):
+            time.sleep(1)
+        for task in self.containers(host):
+            host.ok(ctr(self.bin_dir, sock, "tasks", "delete", "-f", task))
+        try:
+            ids = host.run(ctr(self.bin_dir, sock, "containers", "ls", "-q")).split()
+        except RuntimeError:
+            ids = []
+        for cid in ids:
+            host.ok(ctr(self.bin_dir, sock, "containers", "delete", cid))
+
+    def down(self, host: Host) -> None:
+        if host.running(self.name):
+            self.kill_containers(host)
+        host.stop(self.name)

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
-from .component import ProcessSpec
+from dataclasses import dataclass
+
+from .component import FileSpec, Host, ProcessSpec
 from .settings import KCM_PORT, Settings
 
 
@@ -23,3 +25,25 @@ def process(settings: Settings, binary: str) -> ProcessSpec:
 
 def healthz_url() -> str:
     return "https://127.0.0.1:%d/healthz" % KCM_PORT
+
+
+@dataclass(frozen=True)
+class ControllerManagerComponent:
+    """kube-controller-manager; ready when /healthz answers (its serving certificate is self-signed)."""
+
+    settings: Settings
+    kube_bin: str
+    name: str = "kube-controller-manager"
+
+    def files(self) -> list[FileSpec]:
+        return []
+
+    def up(self, host: Host) -> None:
+        host.mkdir(self.settings.state_dir + "/kcm-certs")
+        host.start(process(self.settings, self.kube_bin + "/kube-controller-manager"))
+
+    def ready(self, host: Host) -> bool:
+        return host.http_status(healthz_url(), insecure=True) == 200
+
+    def down(self, host: Host) -> None:
+        host.stop(self.name)

@@ -118,6 +118,16 @@ def _lines(argv: list[str]) -> list[str]:
     return proc.stdout.splitlines()
 
 
+def observe_mounts() -> list[str]:
+    """Every mount point of this mount namespace (/proc/self/mountinfo)."""
+    mounts = []
+    for line in (read_text("/proc/self/mountinfo") or "").splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            mounts.append(fields[4].replace("\\040", " "))
+    return mounts
+
+
 def observe(settings: Settings) -> baseline.Observed:
     """The machine as it is now (read-only): what recording and teardown decide on."""
     present = frozenset(p for p in settings.tracked_paths() if os.path.lexists(p))
@@ -133,11 +143,7 @@ def observe(settings: Settings) -> baseline.Observed:
                 if len(words) == 2 and words[0] == "-N":
                     chains.append(baseline.Chain(tool, table, words[1]))
     links = [ln.split(": ")[1].split("@")[0] for ln in _lines(["ip", "-o", "link", "show"]) if ln.count(": ") >= 1]
-    mounts = []
-    for line in (read_text("/proc/self/mountinfo") or "").splitlines():
-        fields = line.split()
-        if len(fields) > 4:
-            mounts.append(fields[4].replace("\\040", " "))
+    mounts = observe_mounts()
     return baseline.Observed(
         present=present,
         etc_files=_find(settings.kube_etc) if os.path.isdir(settings.kube_etc) else (),

@@ -63,10 +63,13 @@ class LocalHost:
                 os.chmod(spec.path, spec.mode)
             return False
         os.makedirs(os.path.dirname(spec.path), exist_ok=True)
-        fd = os.open(spec.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, spec.mode)
+        # a reader (the kubelet's static pod scan, kube-proxy) never sees half a file
+        tmp = spec.path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, spec.mode)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(spec.content)
-        os.chmod(spec.path, spec.mode)
+        os.chmod(tmp, spec.mode)
+        os.replace(tmp, spec.path)
         return True
 
     # ---------------------------------------------------------------- processes
@@ -85,6 +88,16 @@ class LocalHost:
 
     def running(self, name: str) -> bool:
         return self.state(name).state is status.State.RUNNING
+
+    def recorded(self, name: str) -> bool:
+        """A PID file exists (running or stale)."""
+        return os.path.exists(self._file(name, "pid"))
+
+    def exited(self, name: str) -> bool:
+        """The recorded process is gone (or a zombie). Not the same as not running(): until its wrapper
+        (nsenter) has exec'd the binary, a process that is starting does not run the recorded binary yet."""
+        pid = (_read(self._file(name, "pid")) or "").strip()
+        return pid.isdigit() and _zombie_or_gone(int(pid))
 
     def pid(self, name: str) -> int:
         st = self.state(name)
@@ -166,9 +179,16 @@ class LocalHost:
         """Whether ARGV succeeds (a check such as `iptables -C`); its output is dropped."""
         return subprocess.run(list(argv), capture_output=True, check=False).returncode == 0
 
-    def http_status(self, url: str, cafile: str = "", user: str = "", password: str = "") -> int:
-        """GET URL (never through a proxy: these are the machine's own addresses); 0 when unreachable."""
-        context = ssl.create_default_context(cafile=cafile) if cafile else None
+    def http_status(self, url: str, cafile: str = "", user: str = "", password: str = "",
+                    cert: tuple[str, str] = ("", ""), insecure: bool = False) -> int:
+        """GET URL (never through a proxy: these are the machine's own addresses); 0 when unreachable.
+        CERT: a client certificate and key; INSECURE: a self-signed serving certificate (curl -k)."""
+        context = ssl.create_default_context(cafile=cafile) if cafile or insecure or cert[0] else None
+        if context is not None and insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if context is not None and cert[0]:
+            context.load_cert_chain(cert[0], cert[1])
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
                                              urllib.request.HTTPSHandler(context=context))
         request = urllib.request.Request(url)

@@ -10,7 +10,9 @@ only when the content changes: kube-proxy exits when the file is written to.
 
 from __future__ import annotations
 
-from .component import FileSpec, ProcessSpec, Write
+from dataclasses import dataclass
+
+from .component import FileSpec, Host, ProcessSpec, Write
 from .nodes import Node, NodePaths
 from .settings import KUBE_PROXY_HEALTHZ_PORT, KUBE_PROXY_METRICS, POD_NET, Settings
 
@@ -52,3 +54,31 @@ def process(settings: Settings, node: Node, binary: str, holder_pid: int) -> Pro
 
 def healthz_url(node: Node) -> str:
     return "http://%s:%d/healthz" % (node.ip, KUBE_PROXY_HEALTHZ_PORT)
+
+
+@dataclass(frozen=True)
+class KubeProxyComponent:
+    """One node's kube-proxy, inside the node's namespaces."""
+
+    settings: Settings
+    node: Node
+    kube_bin: str
+
+    @property
+    def name(self) -> str:
+        return "kube-proxy-" + self.node.name
+
+    def files(self) -> list[FileSpec]:
+        return [config_file(self.settings, self.node)]
+
+    def up(self, host: Host) -> None:
+        for f in self.files():
+            host.write(f)
+        host.start(process(self.settings, self.node, self.kube_bin + "/kube-proxy",
+                           host.pid("ns-" + self.node.name)))
+
+    def ready(self, host: Host) -> bool:
+        return host.http_status(healthz_url(self.node)) == 200
+
+    def down(self, host: Host) -> None:
+        host.stop(self.name)

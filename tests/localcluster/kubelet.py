@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .component import FileSpec, ProcessSpec
+from .component import FileSpec, Host, ProcessSpec
 from .nodes import Node, NodePaths
-from .settings import KUBELET_HEALTHZ_PORT, Settings
+from .settings import KUBELET_HEALTHZ_PORT, MARKER_NAME, Settings
 
 
 @dataclass(frozen=True)
@@ -110,3 +110,33 @@ def process(settings: Settings, node: Node, binary: str, holder_pid: int) -> Pro
 
 def healthz_url(node: Node) -> str:
     return "http://%s:%d/healthz" % (node.ip, KUBELET_HEALTHZ_PORT)
+
+
+@dataclass(frozen=True)
+class KubeletComponent:
+    """One node's kubelet, inside the node's namespaces (entered through its holder, `ns-<node>`)."""
+
+    settings: Settings
+    node: Node
+    kube_bin: str
+
+    @property
+    def name(self) -> str:
+        return "kubelet-" + self.node.name
+
+    def files(self) -> list[FileSpec]:
+        d = NodePaths(self.settings, self.node).dir
+        # the marker: `down` without a state removes /var/lib/kubelet only when it is the cluster's
+        return [config_file(self.settings, self.node), FileSpec("%s/kubelet/%s" % (d, MARKER_NAME), "")]
+
+    def up(self, host: Host) -> None:
+        host.mkdir(NodePaths(self.settings, self.node).dir + "/pod-logs")
+        for f in self.files():
+            host.write(f)
+        host.start(process(self.settings, self.node, self.kube_bin + "/kubelet", host.pid("ns-" + self.node.name)))
+
+    def ready(self, host: Host) -> bool:
+        return host.http_status(healthz_url(self.node)) == 200
+
+    def down(self, host: Host) -> None:
+        host.stop(self.name)

@@ -8,7 +8,9 @@ patches this file later, and `up` must not undo that.
 
 from __future__ import annotations
 
-from .component import FileSpec, Write
+from dataclasses import dataclass
+
+from .component import FileSpec, Host, Write
 from .settings import SCHED_PORT, Settings
 
 
@@ -82,3 +84,30 @@ def render(image: str, port: int = SCHED_PORT) -> str:
 def manifest_file(settings: Settings) -> FileSpec:
     return FileSpec(settings.manifests + "/kube-scheduler.yaml", render(settings.scheduler_image),
                     write=Write.IF_ABSENT)
+
+
+@dataclass(frozen=True)
+class SchedulerComponent:
+    """The static pod manifest; ready when the first node's kubelet runs the pod Ready (KUBECTL: its argv
+    prefix with the admin kubeconfig). `down` moves the manifest away before the kubelets stop (drain)."""
+
+    settings: Settings
+    first_node: str = ""
+    kubectl: tuple[str, ...] = ()
+    name: str = "kube-scheduler"
+
+    def files(self) -> list[FileSpec]:
+        return [manifest_file(self.settings)]
+
+    def up(self, host: Host) -> None:
+        host.mkdir(self.settings.manifests)
+        for f in self.files():
+            host.write(f)
+
+    def ready(self, host: Host) -> bool:
+        jsonpath = '{.status.conditions[?(@.type=="Ready")].status}'
+        return host.run([*self.kubectl, "-n", "kube-system", "get", "pod", "kube-scheduler-" + self.first_node,
+                         "-o", "jsonpath=" + jsonpath]).strip() == "True"
+
+    def down(self, host: Host) -> None:
+        """Nothing: the drain moves the manifest away, the teardown plan removes the file."""

@@ -1,10 +1,11 @@
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""LocalHost against real short-lived processes, and hand in hand with cluster.sh's own start/stop.
+"""LocalHost against real short-lived processes, and hand in hand with the bash version's start/stop.
 
-The interoperability tests run cluster.sh's functions (cut out of cluster.sh
-itself) on the same PID dir: what one side starts, the other recognises,
-keeps and stops -- the switch-over of phase 2 needs no restart.
+The interoperability tests run the functions the bash cluster.sh had
+(captured in fixtures/bash/process-functions.sh) on the same PID dir: what
+one side starts, the other recognises, keeps and stops -- a cluster the bash
+version started is taken over without a restart.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import pytest
 from localcluster.component import FileSpec, ProcessSpec, Write
 from localcluster.host import LocalHost
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SLEEP = ProcessSpec("sleeper", ("/usr/bin/sleep", "300"))
 
 
@@ -107,16 +107,18 @@ def test_write_policies(host, tmp_path):
     assert host.write(FileSpec(path, "two\n", 0o600, Write.IF_CHANGED))
 
 
-# ---------------------------------------------------------------- cluster.sh's own functions
+# ---------------------------------------------------------------- the bash version's own functions
+# pid_of, running, start and stop as cluster.sh had them before the package took over (captured in
+# fixtures/bash/process-functions.sh): a cluster the bash version started is adopted and stopped by the package.
+FUNCTIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "bash", "process-functions.sh")
+
+
 def _bash_functions() -> str:
-    with open(os.path.join(REPO, "scripts", "cluster", "cluster.sh"), encoding="utf-8") as fh:
+    with open(FUNCTIONS, encoding="utf-8") as fh:
         text = fh.read()
-    out = []
     for name in ("pid_of", "running", "start", "stop"):
-        m = re.search(r"^%s\(\) \{.*?\n\}\n|^%s\(\) \{[^\n]*\}\n" % (name, name), text, re.M | re.S)
-        assert m, "cluster.sh has no function %s" % name
-        out.append(m.group(0))
-    return "log() { echo \"$*\" >&2; }\nwarn() { echo \"WARNING: $*\" >&2; }\n" + "".join(out)
+        assert re.search(r"^%s\(\) \{" % name, text, re.M), "the fixture has no function %s" % name
+    return "log() { echo \"$*\" >&2; }\nwarn() { echo \"WARNING: $*\" >&2; }\n" + text
 
 
 def _bash(host: LocalHost, tmp_path, command: str) -> subprocess.CompletedProcess:

@@ -13,12 +13,11 @@ import pytest
 from localcluster import apiserver, controller_manager, etcd, kube_proxy, node, registries
 from localcluster.component import ProcessSpec, start_hash
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
 
 def _bash_start_hash(spec: ProcessSpec, tmp_path) -> str:
-    """The hash block of cluster.sh's `start`, cut out of cluster.sh itself and run by bash."""
-    with open(os.path.join(REPO, "scripts", "cluster", "cluster.sh"), encoding="utf-8") as fh:
+    """The hash block of the bash version's `start` (fixtures/bash/process-functions.sh), run by bash."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "bash", "process-functions.sh"),
+              encoding="utf-8") as fh:
         block = re.search(r"^  hash=\$\(\{\n.*?\n  \} \| sha256sum \| cut -d' ' -f1\)\n", fh.read(), re.M | re.S)
     assert block, "cluster.sh's start no longer computes its hash this way"
     script = tmp_path / "hash.sh"
