@@ -45,6 +45,7 @@ import yaml
 from controlplane import ControlPlane, free_port, lib_dir
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import REGISTRY
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CHART = os.path.join(ROOT, "files", "charts", "metax-operator")
@@ -178,8 +179,8 @@ def test_reconciled_into_owned_gated_objects(env):
     cr = wait(lambda: (env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS) or {}).get("status") and
               env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS), 30, "status")
     assert cr["status"]["nodes"]["gpu"] == 2 and cr["status"]["nodes"]["total"] == 3
-    assert [c["name"] for c in cr["status"]["components"]] == ["gpu-label", "metax-driver", "gpu-device", "gpu-aware",
-                                                                "gpu-exporter"]
+    # every registered component, deployed or not, in chain order
+    assert [c["name"] for c in cr["status"]["components"]] == [c.name for c in REGISTRY]
     printed = env.ok("get", "clusteroperator", "-n", NS).stdout
     assert re.search(r"cluster-operator\s+(True|False)\s+\S+\s+2\s+", printed), printed
 
