@@ -32,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..errors import MetaxGpuError
+
 DEPLOY_POLICIES = ("IfNotPresent", "Always", "Never", "PreferCloud")
 MODE_NATIVE = "native"
 MODE_CLOUD = "cloud"
@@ -47,7 +49,7 @@ RPM_IDS = frozenset(("rhel", "centos", "fedora", "rocky", "almalinux", "openeule
                      "suse", "opensuse", "ol", "kylinsec", "euleros", "alinux", "tencentos"))
 
 
-class PolicyError(ValueError):
+class PolicyError(MetaxGpuError, ValueError):
     """A deployPolicy or driver-config value driver-manager cannot act on."""
 
 

@@ -43,6 +43,7 @@ from functools import lru_cache
 from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 from .. import names as N
+from ..errors import MetaxGpuError
 
 IntOrPercent = Union[int, str]
 
@@ -58,7 +59,7 @@ WAIT_BUDGET = "max-unavailable"           # cordoning it would exceed maxUnavail
 FALLBACKS = ("pause", "rollback")
 
 
-class PolicyError(ValueError):
+class PolicyError(MetaxGpuError, ValueError):
     """An upgrade policy value the planner cannot act on."""
 
 
