@@ -43,6 +43,7 @@ import urllib.request
 import pytest
 import yaml
 from controlplane import ControlPlane, free_port, lib_dir
+from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import REGISTRY
@@ -65,15 +66,7 @@ LOGS = []   # callables giving context when a wait times out (the controllers' l
 
 
 def wait(predicate, timeout, what, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %ss waiting for %s\n%s" % (
-                timeout, what, "\n".join(log() for log in LOGS)))
-        time.sleep(interval)
+    return wait_until(predicate, timeout, what, interval=interval, diagnose=LOGS)
 
 
 class Env:
