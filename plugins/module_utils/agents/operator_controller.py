@@ -108,11 +108,13 @@ class Operator:
         Discovery is asked afresh each time, so a Prometheus operator installed
         (or removed) since the last reconcile is seen by this one.
         """
-        served = self.cluster.served.get(refresh=True)
-        desired = self._render(body, served)
+        # One reconcile at a time, discovery and render included: a render made
+        # with an older answer must not apply or prune after a newer one.
         with self._lock:
+            served = self.cluster.served.get(refresh=True)
+            desired = self._render(body, served)
             self._remember(body, desired)
-            counts = self._apply_all(body, desired)
+            counts = self._apply_all(body, desired, served)
             self._reconciled_version = self._desired_version
             self._reconciled_served = served
             return counts
@@ -128,7 +130,8 @@ class Operator:
                 return None
         return self.reconcile(dict(owner))
 
-    def _apply_all(self, body: Dict[str, Any], desired: Mapping[str, List[Dict[str, Any]]]) -> Dict[str, int]:
+    def _apply_all(self, body: Dict[str, Any], desired: Mapping[str, List[Dict[str, Any]]],
+                   served: FrozenSet[Kind]) -> Dict[str, int]:
         spec = body.get("spec") or {}
         uid = body["metadata"]["uid"]
         counts = {"applied": 0, "deleted": 0}
@@ -141,7 +144,7 @@ class Operator:
             counts["applied"] += len(objects)
             keep = ["%s/%s/%s" % (o["kind"], o["metadata"].get("namespace") or "", o["metadata"]["name"])
                     for o in objects]
-            counts["deleted"] += self.cluster.prune(uid, component, keep)
+            counts["deleted"] += self.cluster.prune(uid, component, keep, served)
             if not deployed(component, spec):
                 self.cleanup_nodes([component], uid)
         return counts

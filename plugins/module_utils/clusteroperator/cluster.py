@@ -97,12 +97,14 @@ class Cluster:
                 return None
             raise
 
-    def _owned(self, owner_uid: str, component: Optional[Component]) -> List[Tuple[Any, Mapping[str, Any]]]:
+    def _owned(self, owner_uid: str, component: Optional[Component],
+               served: Optional[FrozenSet[Kind]] = None) -> List[Tuple[Any, Mapping[str, Any]]]:
         selector = "%s=%s" % (names.LABEL_OPERATOR_OWNER, owner_uid)
         if component is not None:
             selector += ",app.kubernetes.io/name=%s" % component.name
         found = []
-        for api_version, kind in self.owned_kinds():
+        kinds = self.owned_kinds() if served is None else owned_kinds(OWNED_KINDS, served)
+        for api_version, kind in kinds:
             namespace = None if kind in CLUSTER_KINDS else self.namespace
             try:
                 resource = self._resource(api_version, kind)
@@ -116,11 +118,17 @@ class Cluster:
                 found.append((resource, item.to_dict()))
         return found
 
-    def prune(self, owner_uid: str, component: Optional[Component], keep: Iterable[str] = ()) -> int:
-        """Delete the owner's objects (of one component, or all) except ``keep`` (kind/namespace/name keys)."""
+    def prune(self, owner_uid: str, component: Optional[Component], keep: Iterable[str] = (),
+              served: Optional[FrozenSet[Kind]] = None) -> int:
+        """Delete the owner's objects (of one component, or all) except ``keep`` (kind/namespace/name keys).
+
+        ``served``: the optional kinds ``keep`` was rendered with. Only those are
+        listed, so a render made before a CRD appeared never prunes the objects
+        of that kind a newer render has just created (None: what discovery says now).
+        """
         keep_set = set(keep)
         deleted = 0
-        for resource, item in self._owned(owner_uid, component):
+        for resource, item in self._owned(owner_uid, component, served):
             meta = item["metadata"]
             key = "%s/%s/%s" % (item["kind"], meta.get("namespace") or "", meta["name"])
             if key in keep_set:
