@@ -101,6 +101,15 @@ def parse_config(data: Mapping[str, str], node: str) -> Config:
     return out
 
 
+def event_changes_config(event: Mapping[str, Any], seen_version: Optional[str]) -> bool:
+    """Whether a watch event of the ConfigMap differs from the version last read."""
+    if event.get("type") == "DELETED":
+        return seen_version is not None
+    obj = event.get("object")
+    meta = getattr(obj, "metadata", None)
+    return getattr(meta, "resource_version", None) != seen_version
+
+
 class Kube:
     """The API calls driver-manager makes (RBAC: nodes get/patch, configmaps get/watch,
     pods list/delete and events create in its namespace)."""
@@ -110,14 +119,19 @@ class Kube:
         self.node = node
         self.namespace = namespace
         self.config_map = config_map
+        # the ConfigMap's resourceVersion the last config() read (None: it did not exist)
+        self.config_version: Optional[str] = None
 
     def config(self) -> Mapping[str, str]:
         try:
-            return self.core.read_namespaced_config_map(self.config_map, self.namespace).data or {}
+            found = self.core.read_namespaced_config_map(self.config_map, self.namespace)
         except ApiException as exc:
             if exc.status == 404:
+                self.config_version = None
                 return {}
             raise
+        self.config_version = found.metadata.resource_version
+        return found.data or {}
 
     def wait_config_change(self, timeout: float, stop: threading.Event) -> None:
         """Block until the ConfigMap changes, or ``timeout`` s (the watch is the fast path)."""
@@ -126,15 +140,14 @@ class Kube:
             return
         stream = k8s_watch.Watch()
         try:
-            first = True
-            for _event in stream.stream(self.core.list_namespaced_config_map, self.namespace,
-                                        field_selector="metadata.name=" + self.config_map,
-                                        timeout_seconds=max(1, int(timeout))):
-                # the first event replays the current object: not a change
-                if first:
-                    first = False
-                    continue
-                break
+            for event in stream.stream(self.core.list_namespaced_config_map, self.namespace,
+                                       field_selector="metadata.name=" + self.config_map,
+                                       timeout_seconds=max(1, int(timeout))):
+                # The watch opens with the object as it is now: that is a change
+                # when it is not the version the last round read (an edit made
+                # while the round ran would otherwise wait for the timeout).
+                if event_changes_config(event, self.config_version):
+                    break
         except Exception as exc:  # pylint: disable=broad-except  # a broken watch: fall back to the timer
             LOG.debug("config watch ended: %s", exc)
             stop.wait(min(timeout, 5.0))

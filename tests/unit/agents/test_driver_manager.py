@@ -167,3 +167,25 @@ def test_vfnum_on_a_node_without_sriov_is_refused(tmp_path):
     mgr, kube = manager(tmp_path, host, "Never", data={"node-vfnums": "nodes:\n  n1: {vfnum: 2}\n"})
     assert not mgr.round()
     assert "gpu.sriov=forbidden" in kube.annotation(N.ANNOTATION_VFNUM_MESSAGE)
+
+
+class _Meta:
+    def __init__(self, version):
+        self.resource_version = version
+
+
+class _ConfigMap:
+    def __init__(self, version):
+        self.metadata = _Meta(version)
+
+
+@pytest.mark.parametrize("event, seen, changed", [
+    ({"type": "ADDED", "object": _ConfigMap("7")}, "7", False),    # the watch's replay of what the round read
+    ({"type": "ADDED", "object": _ConfigMap("8")}, "7", True),     # edited while the round ran
+    ({"type": "MODIFIED", "object": _ConfigMap("9")}, "8", True),
+    ({"type": "ADDED", "object": _ConfigMap("3")}, None, True),    # created after a round found none
+    ({"type": "DELETED", "object": _ConfigMap("9")}, "9", True),
+    ({"type": "DELETED", "object": _ConfigMap("9")}, None, False),
+])
+def test_a_watch_event_is_a_change_when_it_is_not_the_version_the_round_read(event, seen, changed):
+    assert dm.event_changes_config(event, seen) is changed
