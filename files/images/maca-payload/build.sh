@@ -5,8 +5,10 @@
 # library, plus the product it is for), one image per product, and push them
 # to the local registry.
 #
-# Usage: files/images/maca-payload/build.sh VERSION [PRODUCT...] [--no-push]
-#        (PRODUCT like c500, n100; default: c500 n100)
+# Usage: files/images/maca-payload/build.sh VERSION [PRODUCT...] [--no-push] [--save DIR]
+#        (PRODUCT like c500, n100; default: c500 n100). --save DIR also writes each
+#        image as the docker-archive DIR/maca-<product>-VERSION.tar, for the offline
+#        bundle (the agent_images role's agent_images_payloads).
 # Prints one line per image: maca-<product>=REGISTRY/metax-gpu/maca-<product>:VERSION (stdout).
 # Environment: METAX_REGISTRY, METAX_AGENT_REPO_PREFIX (scripts/cluster/lib.sh).
 set -euo pipefail
@@ -18,13 +20,16 @@ VERSION=${1:-}
 [[ ${VERSION} =~ ^[0-9]+(\.[0-9]+){1,3}$ ]] || die "usage: $0 VERSION [PRODUCT...] [--no-push]  (VERSION like 2.18.0.3)"
 shift
 push=1
+save=""
 products=()
-for arg in "$@"; do
-  case ${arg} in
+while (($#)); do
+  case $1 in
     --no-push) push=0 ;;
-    [a-z][0-9][0-9][0-9]) products+=("${arg}") ;;
-    *) die "usage: $0 VERSION [PRODUCT...] [--no-push]  (PRODUCT like c500)" ;;
+    --save) save=${2:-} && shift && [[ -d ${save} ]] || die "--save needs an existing directory" ;;
+    [a-z][0-9][0-9][0-9]) products+=("$1") ;;
+    *) die "usage: $0 VERSION [PRODUCT...] [--no-push] [--save DIR]  (PRODUCT like c500)" ;;
   esac
+  shift
 done
 ((${#products[@]})) || products=(c500 n100)
 PREFIX=${METAX_AGENT_REPO_PREFIX:-${METAX_REGISTRY}/metax-gpu}
@@ -48,6 +53,11 @@ PY
     -t "${local_ref}" "${ctx}" >/dev/null || die "podman build of ${local_ref} failed"
   if ((push)); then
     podman push --quiet --tls-verify=false "${local_ref}" "docker://${ref}" || die "cannot push ${ref}"
+  fi
+  if [[ -n ${save} ]]; then
+    rm -f "${save}/maca-${product}-${VERSION}.tar"
+    podman save --quiet --format docker-archive -o "${save}/maca-${product}-${VERSION}.tar" "${local_ref}" \
+      || die "cannot save ${local_ref}"
   fi
   echo "maca-${product}=${ref}"
 done
