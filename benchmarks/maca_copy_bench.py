@@ -129,8 +129,8 @@ def main() -> int:
                               "files_per_s": round(files / seconds), "cp_a_s": round(cp_seconds, 2),
                               "cp_a_MBps": round(size / MB / cp_seconds), "again_s": round(again, 4)}
             print("%s source cache: install(tree=) %.1f s = %d MB/s, %d files/s; cp -a %.1f s = %d MB/s; "
-                  "the same version again %.3f s" % (cache, seconds, size / MB / seconds, files / seconds,
-                                                      cp_seconds, size / MB / cp_seconds, again))
+                  "the same version again %.4f s"
+                  % (cache, seconds, size / MB / seconds, files / seconds, cp_seconds, size / MB / cp_seconds, again))
             shutil.rmtree(node.path)
             shutil.rmtree(cp_dest)
         results["bytes"], results["files"] = size, files
