@@ -63,6 +63,8 @@ NOT_SHARED: Dict[str, str] = {
     "containerRuntime": "the operator deploys container-runtime from its runtime option (spec.runtime)",
     # the operator's own driver block (values-src) is the CR's spec.driver; the controller fills this one from it
     "driverManager": "the operator deploys driver-manager from its driver option (spec.driver)",
+    # and its maca block (values-src, Table 3.3) is the CR's spec.maca; the controller fills this one from it
+    "macaManager": "the operator deploys maca-manager from its maca option (spec.maca)",
 }
 
 KEY_LINE = re.compile(r"^([A-Za-z][\w.-]*):(\s|$)")

@@ -5,7 +5,9 @@
 # (sim.pkgtool.make_package: metax-driver_<v>_amd64.deb, metax-driver-<v>-1.x86_64.rpm,
 # metax-driver-<v>-x86_64.run), and push it to the local registry.
 #
-# Usage: files/images/driver-payload/build.sh VERSION [--no-push]
+# Usage: files/images/driver-payload/build.sh VERSION [--no-push] [--save DIR]
+#        --save DIR also writes the image as the docker-archive DIR/driver-image-VERSION.tar,
+#        for the offline bundle (the agent_images role's agent_images_payloads).
 # Prints: driver-image=REGISTRY/metax-gpu/driver-image:VERSION (stdout).
 # Environment: METAX_REGISTRY, METAX_AGENT_REPO_PREFIX, METAX_BASE_IMAGE (scripts/cluster/lib.sh).
 set -euo pipefail
@@ -14,9 +16,18 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "${HERE}/../../../scripts/cluster/lib.sh"
 
 VERSION=${1:-}
-[[ ${VERSION} =~ ^[0-9]+(\.[0-9]+)+$ ]] || die "usage: $0 VERSION [--no-push]  (VERSION like 2.14.3)"
+[[ ${VERSION} =~ ^[0-9]+(\.[0-9]+)+$ ]] || die "usage: $0 VERSION [--no-push] [--save DIR]  (VERSION like 2.14.3)"
+shift
 push=1
-[[ ${2:-} == --no-push ]] && push=0
+save=""
+while (($#)); do
+  case $1 in
+    --no-push) push=0 ;;
+    --save) save=${2:-} && shift && [[ -d ${save} ]] || die "--save needs an existing directory" ;;
+    *) die "usage: $0 VERSION [--no-push] [--save DIR]" ;;
+  esac
+  shift
+done
 PREFIX=${METAX_AGENT_REPO_PREFIX:-${METAX_REGISTRY}/metax-gpu}
 LOCAL=localhost/metax-gpu/driver-image:${VERSION}
 REF=${PREFIX}/driver-image:${VERSION}
@@ -42,5 +53,10 @@ nice podman build --quiet --layers --build-arg "BASE=${METAX_BASE_IMAGE}" --buil
   -t "${LOCAL}" "${ctx}" >/dev/null || die "podman build of ${LOCAL} failed"
 if ((push)); then
   podman push --quiet --tls-verify=false "${LOCAL}" "docker://${REF}" || die "cannot push ${REF}"
+fi
+if [[ -n ${save} ]]; then
+  rm -f "${save}/driver-image-${VERSION}.tar"
+  podman save --quiet --format docker-archive -o "${save}/driver-image-${VERSION}.tar" "${LOCAL}" \
+    || die "cannot save ${LOCAL}"
 fi
 echo "driver-image=${REF}"

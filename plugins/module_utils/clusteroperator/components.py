@@ -9,10 +9,9 @@ gpu-device after ``maca.ready`` and ``runtime.ready``; gpu-label everywhere.
 gpu-exporter (the CR's ``dataExporter``, MetaX's mx-exporter) after
 ``driver.ready``: it reads mx-smi, which needs the loaded driver.
 container-runtime (the CR's ``runtime``, off unless deployed) owns ``runtime.ready``;
-the driver component (the CR's ``driver``, driver-manager) owns ``driver.ready``.
-maca is not built yet (the driver-manager issue): its readiness label is named
-here, in gpu-device's ``requires``, and the chain skips it while no deployed
-component owns it.
+the driver component (the CR's ``driver``, driver-manager) owns ``driver.ready``;
+the MACA component (the CR's ``maca``, maca-manager) owns ``maca.ready``, which
+gpu-device requires (the chain skips it while the MACA component is off).
 A new component is one more :class:`Component` in :data:`REGISTRY`.
 """
 
@@ -73,8 +72,19 @@ DRIVER = Component(
     message_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE),
 )
 
+# The MACA component (issue 25): maca-manager (in the driver-manager image, as the
+# real metax-maca) copies MXMACA from the payload image of the node's product to
+# /opt/maca-<version> and switches /opt/maca (maca/install.py, the maca_host
+# role's code); after runtime.ready, as the real one. It writes nothing on the
+# Node: maca.ready is the controller's, from its pod's readiness.
+MACA = Component(
+    name="metax-maca", spec_key="maca", values_key="maca", chart=EXTENSIONS_CHART,
+    image="driver-manager", ready_label=names.LABEL_MACA_READY, requires=(names.LABEL_RUNTIME_READY,),
+    gpu_nodes_only=True, default_deploy=False,
+)
+
 # Chain order: a component comes after every component owning a label it requires.
-REGISTRY: Tuple[Component, ...] = (GPU_LABEL, CONTAINER_RUNTIME, DRIVER, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER)
+REGISTRY: Tuple[Component, ...] = (GPU_LABEL, CONTAINER_RUNTIME, DRIVER, MACA, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER)
 
 BY_NAME: Dict[str, Component] = {c.name: c for c in REGISTRY}
 BY_SPEC_KEY: Dict[str, Component] = {c.spec_key: c for c in REGISTRY}

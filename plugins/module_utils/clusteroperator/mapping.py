@@ -135,6 +135,8 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
     exporter = spec.get("dataExporter") or {}
     driver = spec.get("driver") or {}
     payload = driver.get("payload") or {}
+    maca = spec.get("maca") or {}
+    maca_payload = maca.get("payload") or {}
     values: Dict[str, Any] = {
         "registry": "operator.invalid/rendered",  # replaced per component by the CR's image
         "pullPolicy": _image(device, "gpu-device")["pullPolicy"],
@@ -163,6 +165,12 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
                           "nodeModuleParams": copy.deepcopy(driver.get("nodeModuleParams") or {}),
                           "vfnumsConfig": copy.deepcopy(driver.get("vfnumsConfig") or {}),
                           "log": merged_log(None, driver.get("log"))},
+        # the same for the MACA component (maca.deploy): one image volume per payload image
+        "macaManager": {"enabled": True,
+                        "payload": {"registry": maca_payload.get("registry") or "operator.invalid/rendered",
+                                    "images": [str(i) for i in maca_payload.get("images") or []],
+                                    "pullPolicy": maca_payload.get("pullPolicy", "")},
+                        "log": merged_log(None, maca.get("log"))},
         "gpuNodeSelector": dict(gpu_node_selector),
         "deployExtenderGPUAware": False,
     }

@@ -14,8 +14,12 @@ merged in the manifest's order, with the image whiteouts applied
 Everything happens in ``/opt/.maca-<version>.tmp``, renamed to
 ``/opt/maca-<version>`` when complete: a version directory is whole or
 absent. The switch is a new link renamed over ``/opt/maca``.
-Standard library only: this runs on nodes (the MACA component of the GPU
-Operator's driver-manager reuses it).
+The GPU Operator's MACA component (``agents/maca_manager``) installs the
+same way from a directory instead: the payload image mounted read-only by
+the kubelet (an image volume), whose ``/opt/maca`` is copied by
+:func:`copy_maca` into the same temporary directory, then renamed and
+switched like an extracted archive (one code path for both).
+Standard library only: this runs on nodes.
 """
 
 from __future__ import annotations
@@ -182,6 +186,26 @@ def extract_maca(archive: str, dest: str) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def copy_maca(tree: str, dest: str) -> None:
+    """The MXMACA tree ``tree`` (an image's ``/opt/maca``, read-only) into the new directory ``dest``.
+
+    Symbolic links are copied as links (an SDK links its libraries by
+    soname); file data goes through ``shutil.copy2``, which uses the
+    kernel's ``copy_file_range``/``sendfile`` where it can (no user-space
+    buffer for a multi-GB payload).
+    """
+    if not os.path.isdir(tree):
+        raise MacaLayoutError("the payload has no MXMACA tree at %s" % tree)
+    if not os.listdir(tree):
+        raise MacaLayoutError("the payload's MXMACA tree %s is empty" % tree)
+    try:
+        shutil.copytree(tree, dest, symlinks=True)
+    except (OSError, shutil.Error) as exc:
+        raise MacaLayoutError("cannot copy the MXMACA tree %s: %s" % (tree, exc))
+    # the image's modes are kept, but the directory must stay writable for the next switch's cleanup
+    os.chmod(dest, os.stat(dest).st_mode | 0o700)
+
+
 def current(host: HostRoot, link: str = MACA_LINK):
     """(link target or None, whether /opt/maca is a real directory, installed versions)."""
     local = host.join(link)
@@ -203,21 +227,25 @@ def switch(host: HostRoot, version: str, link: str = MACA_LINK) -> None:
 
 
 def install(host: HostRoot, archive: Optional[str], version: str, keep: int = 1, link: str = MACA_LINK,
-            check_mode: bool = False) -> MacaPlan:
-    """Install ``version`` from ``archive`` (when not installed), switch to it, drop versions beyond ``keep``."""
+            check_mode: bool = False, tree: Optional[str] = None) -> MacaPlan:
+    """Install ``version`` from ``archive`` or the directory ``tree`` (when not installed), switch to it,
+    drop versions beyond ``keep``."""
     target, is_dir, installed = current(host, link)
     the_plan = plan(target, is_dir, installed, version, keep)
     if check_mode:
         return the_plan
     parent = host.join(os.path.dirname(link))
     if the_plan.install:
-        if not archive:
+        if not archive and not tree:
             raise MacaLayoutError("MXMACA %s is not installed and no payload was given" % version)
         os.makedirs(parent, exist_ok=True)
         final = os.path.join(parent, dir_name(version))
         tmp = os.path.join(parent, ".%s.tmp" % dir_name(version))
         shutil.rmtree(tmp, ignore_errors=True)
-        extract_maca(archive, tmp)
+        if tree:
+            copy_maca(tree, tmp)
+        else:
+            extract_maca(str(archive), tmp)
         os.replace(tmp, final)
     if the_plan.switch:
         switch(host, version, link)

@@ -11,19 +11,18 @@ from pathlib import Path
 from ansible_collections.metax.gpu.plugins.module_utils import names
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import components
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.contract import (
-    Component, cleanup_patch, deployed, gate_selector)
+    cleanup_patch, deployed, gate_selector)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-# container-runtime (issue 26) and the driver component (issue 25) are registered; maca as it will be:
-# the contract must fit it.
+# container-runtime (issue 26), the driver and the MACA components (issue 25) are registered
 RUNTIME = components.CONTAINER_RUNTIME
 DRIVER = components.DRIVER        # its DaemonSet is the real metax-driver
-MACA = Component(name="maca", spec_key="maca", values_key="maca", chart="x", image="driver-manager",
-                 ready_label=names.LABEL_MACA_READY, requires=(names.LABEL_RUNTIME_READY,), gpu_nodes_only=True)
-FULL = (MACA,) + components.REGISTRY
-# container-runtime and the driver are deployed only when asked (spec.<key>.deploy), as the operator chart's values ask
-RUNTIME_ON = {"runtime": {"deploy": True}, "driver": {"deploy": True}}
+MACA = components.MACA            # and this one the real metax-maca
+FULL = components.REGISTRY
+# container-runtime, the driver and MACA are deployed only when asked (spec.<key>.deploy), as the operator
+# chart's values ask
+RUNTIME_ON = {"runtime": {"deploy": True}, "driver": {"deploy": True}, "maca": {"deploy": True}}
 
 
 def real_selectors():
@@ -77,7 +76,7 @@ def test_cleanup_patch_removes_owned_keys_only():
     annotations = {names.ANNOTATION_DEVICES: "[]", "node.alpha.kubernetes.io/ttl": "0"}
     patch = cleanup_patch(labels, annotations, components.REGISTRY)
     assert patch == {"labels": {"metax-tech.com/gpu.installed": None, "metax-tech.com/gpu.product": None,
-                                "metax-tech.com/driver.ready": None},
+                                "metax-tech.com/driver.ready": None, "metax-tech.com/maca.ready": None},
                      "annotations": {names.ANNOTATION_DEVICES: None}}
     assert set(cleanup_patch(labels, {}, FULL)["labels"]) == {
         k for k in labels if k.startswith("metax-tech.com/") and k != "metax-tech.com/agents.paused"}

@@ -171,3 +171,34 @@ def test_runtime_deploys_container_runtime_and_gates_gpu_device_on_runtime_ready
     assert pod["nodeSelector"] == {names.LABEL_GPU_INSTALLED: "true"}
     # gpu-device now waits for the runtime to read CDI
     assert workload(objs, "gpu-device")["spec"]["template"]["spec"]["nodeSelector"][names.LABEL_RUNTIME_READY] == "true"
+
+
+def test_maca_deploys_metax_maca_with_one_image_volume_per_payload_and_gates_gpu_device():
+    from ansible_collections.metax.gpu.plugins.module_utils.agents import maca_manager
+    assert objects(SPEC)["metax-maca"] == []                   # off unless the CR asks (the chart's default)
+    images = ["maca-c500:2.18.0.3-ubuntu18.04-amd64", "mxn100-maca:2.18.0.3"]
+    spec = dict(SPEC, runtime={"deploy": True}, maca={
+        "deploy": True, "image": dict(IMAGE, name="driver-manager"),
+        "payload": {"registry": "harbor.example.cn/mximages", "images": images, "pullPolicy": "Always"}})
+    objs = objects(spec)
+    assert [o["kind"] for o in objs["metax-maca"]] == ["DaemonSet"]   # no account: it writes nothing to the API
+    pod = workload(objs, "metax-maca")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    # the real metax-maca runs the driver-manager image
+    assert container["image"] == "127.0.0.1:5000/metax-gpu/driver-manager:abc"
+    args = maca_manager.build_parser().parse_args(container["args"])
+    refs = ["harbor.example.cn/mximages/" + i for i in images]
+    assert args.image == refs and args.payload_dir == "/payloads" and args.host_root == "/host"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    for index, ref in enumerate(refs):
+        assert volumes["payload-%d" % index]["image"] == {"reference": ref, "pullPolicy": "Always"}
+        assert mounts["payload-%d" % index] == {"name": "payload-%d" % index, "mountPath": "/payloads/%d" % index,
+                                                "readOnly": True}
+    assert mounts["host-root"]["subPathExpr"] == "$(NODE_NAME)"
+    assert container["readinessProbe"]["exec"]["command"][-1] == maca_manager.DEFAULT_READY_FILE
+    # after runtime.ready, as the real one; gpu-device then waits for maca.ready too
+    assert pod["nodeSelector"] == {names.LABEL_GPU_INSTALLED: "true", names.LABEL_RUNTIME_READY: "true",
+                                   "kubernetes.io/os": "linux"}
+    device = workload(objs, "gpu-device")["spec"]["template"]["spec"]["nodeSelector"]
+    assert device[names.LABEL_MACA_READY] == "true" and device[names.LABEL_RUNTIME_READY] == "true"

@@ -67,7 +67,9 @@ def test_waiting_nodes_name_the_missing_readiness_label():
     nodes = [node("vm", **{"gpu.installed": "true", "runtime.ready": "true"}),
              node("vm-2", **{"gpu.installed": "true", "runtime.ready": "true", "maca.ready": "true"}),
              node("cpu")]
-    assert waiting_nodes(components.GPU_DEVICE, FULL, {}, nodes) == {"vm": [names.LABEL_MACA_READY]}
+    assert waiting_nodes(components.GPU_DEVICE, FULL, {"maca": {"deploy": True}}, nodes) == {
+        "vm": [names.LABEL_MACA_READY]}
+    # the MACA component off (its default): nothing sets maca.ready, so nothing waits for it
     assert waiting_nodes(components.GPU_DEVICE, components.REGISTRY, {}, nodes) == {}
     entry = component_status(components.GPU_DEVICE, {}, ds(1, 1), [pod("vm-2", True)],
                              {"vm": [names.LABEL_MACA_READY]})

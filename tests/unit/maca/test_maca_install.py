@@ -170,3 +170,56 @@ def test_version_of_the_payload_image(ref, version):
 def test_a_tag_without_a_version_is_refused():
     with pytest.raises(layout.MacaLayoutError):
         layout.version_of_image("maca-c500:latest")
+
+
+def payload_tree(tmp_path, version, extra=b""):
+    """A payload image's /opt/maca as the kubelet mounts it (an image volume), with a soname link."""
+    from ansible_collections.metax.gpu.plugins.module_utils.sim.maca import write_tree
+    tree = tmp_path / ("image-" + version) / "opt" / "maca"
+    write_tree(str(tree), version, product="C500")
+    os.symlink("libmxc-runtime64.so", str(tree / "lib" / "libmxc-runtime64.so.2"))
+    (tree / "bin" / "mxcc").write_bytes(b"#!/bin/sh\n" + extra)
+    os.chmod(str(tree / "bin" / "mxcc"), 0o755)
+    return str(tree)
+
+
+def test_install_from_a_mounted_payload_tree_is_the_same_versioned_install(tmp_path):
+    host = HostRoot(str(tmp_path / "node"))
+    os.makedirs(host.join("/opt"))
+    first = mi.install(host, None, "2.18.0.3", tree=payload_tree(tmp_path, "2.18.0.3"))
+    assert first.install and first.switch
+    assert os.readlink(host.join("/opt/maca")) == "maca-2.18.0.3"
+    installed = host.join("/opt/maca-2.18.0.3")
+    assert open(os.path.join(installed, "Version.txt")).read() == "Version:2.18.0.3\n"
+    # links stay links, modes stay modes
+    assert os.readlink(os.path.join(installed, "lib/libmxc-runtime64.so.2")) == "libmxc-runtime64.so"
+    assert os.stat(os.path.join(installed, "bin/mxcc")).st_mode & 0o777 == 0o755
+    assert not [n for n in os.listdir(host.join("/opt")) if n.endswith(".tmp")]
+    # again: nothing to do (the payload is not read)
+    again = mi.install(host, None, "2.18.0.3", tree=str(tmp_path / "absent"))
+    assert not (again.install or again.switch or again.remove)
+
+
+def test_an_upgrade_from_a_tree_keeps_the_version_running_pods_mount(tmp_path):
+    host = HostRoot(str(tmp_path / "node"))
+    os.makedirs(host.join("/opt"))
+    mi.install(host, None, "2.18.0.3", tree=payload_tree(tmp_path, "2.18.0.3"))
+    # a running pod's CDI mount is the link's target at its start
+    mounted = host_maca(host).host_path
+    mi.install(host, None, "2.23.0.4", tree=payload_tree(tmp_path, "2.23.0.4"))
+    assert os.readlink(host.join("/opt/maca")) == "maca-2.23.0.4"
+    assert mounted.endswith("/opt/maca-2.18.0.3") and os.path.isfile(os.path.join(mounted, "Version.txt"))
+    third = mi.install(host, None, "2.29.0.7", tree=payload_tree(tmp_path, "2.29.0.7"))
+    assert third.remove == ("2.18.0.3",)
+    assert sorted(os.listdir(host.join("/opt"))) == ["maca", "maca-2.23.0.4", "maca-2.29.0.7"]
+
+
+def test_a_payload_without_a_tree_installs_nothing(tmp_path):
+    host = HostRoot(str(tmp_path / "node"))
+    os.makedirs(host.join("/opt"))
+    empty = tmp_path / "image" / "opt" / "maca"
+    empty.mkdir(parents=True)
+    for tree, message in ((str(tmp_path / "none"), "has no MXMACA tree"), (str(empty), "is empty")):
+        with pytest.raises(layout.MacaLayoutError, match=message):
+            mi.install(host, None, "2.18.0.3", tree=tree)
+        assert sorted(os.listdir(host.join("/opt"))) == []
