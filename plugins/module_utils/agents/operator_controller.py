@@ -298,6 +298,19 @@ class Operator:
         return {node: "%s names a node that does not exist" % vfnum_config.NODE_VFNUMS_KEY for node in unknown}
 
 
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Any]:
+    """The merge patch that makes the status ``new``: what ``status.driverUpgrade`` no longer says
+    (a step pause over, the driver component switched off) is removed explicitly, since a merge
+    patch keeps every key it does not name (and the status would then never equal ``new``)."""
+    out = dict(new)
+    before, after = old.get("driverUpgrade"), new.get("driverUpgrade")
+    if before and after is None:
+        out["driverUpgrade"] = None
+    elif isinstance(before, Mapping) and isinstance(after, Mapping):
+        out["driverUpgrade"] = dict(after, **{k: None for k in before if k not in after})
+    return out
+
+
 def _version(meta: Mapping[str, Any]) -> str:
     """What changes when an object's content does (generation where the kind has one: not on status)."""
     return str(meta.get("generation") or meta.get("resourceVersion") or "")
@@ -426,7 +439,7 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
         rollout = operator.roll_driver(dict(body), time.time())
         new = operator.status(dict(body), now_rfc3339(), rollout)
         if not same_status(body.get("status"), new):
-            for key, value in new.items():
+            for key, value in status_patch(body.get("status") or {}, new).items():
                 patch.status[key] = value
 
 

@@ -12,7 +12,7 @@ import copy
 from typing import Any, Dict, List
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
-from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import Operator
+from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import Operator, status_patch
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.cluster import Cluster
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import REGISTRY
 
@@ -181,3 +181,16 @@ def test_a_failed_node_stays_cordoned_pauses_the_rollout_and_is_degraded():
         N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]}]
     degraded = driver_condition(status, "Degraded")
     assert degraded["status"] == "True" and "a: driver verification failed" in degraded["message"]
+
+
+def test_the_status_patch_removes_what_the_rollout_no_longer_says():
+    old = {"driverUpgrade": {"targetVersion": NEW, "step": 1, "stepPause": {"step": 0, "until": "x"}, "paused": False}}
+    new = {"driverUpgrade": {"targetVersion": NEW, "paused": False}, "components": []}
+    patched: Dict[str, Any] = copy.deepcopy(old)
+    merge(patched, status_patch(old, new))
+    assert patched == new                                   # a merge patch of new alone would keep step
+    # the driver component switched off: the rollout's status goes
+    patched = copy.deepcopy(old)
+    merge(patched, status_patch(old, {"components": []}))
+    assert patched == {"components": []}
+    assert status_patch({}, new) == new
