@@ -103,6 +103,8 @@ def fleet(cluster, no_extensions):
             assert pkgtool.main(tool, args + ["metax-driver"], root.path) == 0
     yield original
     for name in FLEET:
+        # a rollout cut short leaves its cordons (the operator's uninstall strips labels, not cordons)
+        cluster.kubectl("uncordon", name)
         root = host(name)
         for gpu in generator.load_state(root)["gpus"]:
             if gpu.get("numvfs"):
@@ -438,8 +440,13 @@ def test_a_node_whose_new_driver_fails_validation_is_rolled_back_left_cordoned_f
         wait(cluster, lambda: allocatable(cluster)["vm"] == devices("vm") and
              labels(cluster)["vm"].get(N.LABEL_DRIVER_READY) == "true", 60, "vm back on its old driver")
     finally:
-        # the administrator: back to the good payload, then clears the node and uncordons it
+        # the administrator: back to the good payload, then (once the controller has seen it, so that it
+        # does not start vm again for the broken one) clears the node and uncordons it
         patch_cr(cluster, {"driver": {"payload": {"version": UPGRADE_VERSION}}})
-        cluster.kubectl("label", "node", "vm", N.LABEL_DRIVER_UPGRADE_STATE + "-")
-        cluster.kubectl("annotate", "node", "vm", *[key + "-" for key in UPGRADE_KEYS[1:]])
-        cluster.kubectl("uncordon", "vm")
+        try:
+            wait_until(lambda: driver_upgrade_status(cluster).get("targetVersion") == UPGRADE_VERSION, 30,
+                       "the controller to see the good payload")
+        finally:
+            cluster.kubectl("label", "node", "vm", N.LABEL_DRIVER_UPGRADE_STATE + "-")
+            cluster.kubectl("annotate", "node", "vm", *[key + "-" for key in UPGRADE_KEYS[1:]])
+            cluster.kubectl("uncordon", "vm")

@@ -194,10 +194,10 @@ class Kube:
     @staticmethod
     def _watch(wake: threading.Event, stop: threading.Event, lister: Callable[..., Any], args: Sequence[Any],
                field_selector: str, changed: Callable[[Mapping[str, Any]], bool]) -> None:
-        """One object's watch, reopened when the server ends it; a broken one retried after a pause.
-        Every event counts as a change to the caller's test; the watch's opening event (the object
-        as it is now) is a change when it is not what the last round saw (an edit made while the
-        round ran would otherwise wait for the interval)."""
+        """One object's watch, reopened when the server ends it, a broken one after a pause; an event
+        ``changed`` accepts wakes a round. The watch opens with the object as it is now: ``changed``
+        takes that for a change when it is not what was last seen (an edit made while a round ran
+        would otherwise wait for the interval)."""
         if k8s_watch is None:
             return
         while not stop.is_set():
