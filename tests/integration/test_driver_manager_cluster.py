@@ -356,6 +356,9 @@ def upgrade_events(cluster, reason):
 def test_a_payload_version_bump_rolls_every_node_within_max_unavailable_keeping_the_admins_cordon(
         cluster, installed, fleet):
     build_payload(cluster, UPGRADE_VERSION)
+    # every node on a verified driver whose version gpu-label published: a rollout, not an install
+    wait(cluster, lambda: all(lab.get(N.LABEL_DRIVER_READY) == "true" and lab.get(N.LABEL_DRIVER_MAJOR)
+                              for lab in (labels(cluster)[n] for n in FLEET)), 150, "driver.ready everywhere")
     wait(cluster, lambda: allocatable(cluster) == {n: devices(n) for n in FLEET}, 60, "allocatable = devices")
     cluster.kubectl("cordon", ADMIN_CORDONED, check=True)
     policy_ = {"maxParallel": 2, "maxUnavailable": 2, "maxFailureThreshold": 1, "fallback": "pause"}
