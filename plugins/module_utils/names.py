@@ -67,6 +67,10 @@ DRIVER_UPGRADE_FAILED_STATES = ("failed", "rolled-back")
 DRIVER_UPGRADE_IN_FLIGHT_STATES = tuple(s for s in DRIVER_UPGRADE_STATES
                                         if s != DRIVER_UPGRADE_DONE and s not in DRIVER_UPGRADE_FAILED_STATES)
 ANNOTATION_DRIVER_UPGRADE_MESSAGE = PREFIX + "driver.upgrade.message"   # why a node is failed
+# The version the operator's controller started the node's upgrade to: the
+# node's driver-manager acts only when its payload is that version (a pod of
+# the previous payload, not yet replaced by the DaemonSet's rollout, waits).
+ANNOTATION_DRIVER_UPGRADE_TARGET = PREFIX + "driver.upgrade.target"
 # set_vfnum.yml node state (issue 16), the MIG manager's vocabulary: pending
 # while the node is being changed, then success or failed (with the reason in
 # the message annotation). Ours, not gpu-label's.
@@ -94,11 +98,14 @@ DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_A
 NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
     "gpu-device": {"labels": (), "annotations": ANNOTATION_KEYS},
     "gpu-label": {"labels": GPU_LABEL_KEYS, "annotations": ()},
-    # driver-manager (GPU Operator driver component): whose driver it is, and
-    # the vfnum state of driver-config's entry (set_vfnum.yml's vocabulary).
+    # driver-manager (GPU Operator driver component): whose driver it is, the
+    # vfnum state of driver-config's entry (set_vfnum.yml's vocabulary), and
+    # its node's part of the rolling upgrade (driver_upgrade.yml's state label
+    # and failure message; the controller sets upgrade-required and the target).
     # gpu.driver.mode is shared with gpu-label (SHARED_NODE_KEYS).
-    "driver-manager": {"labels": (LABEL_DRIVER_MODE, LABEL_VFNUM_STATE),
-                       "annotations": (ANNOTATION_DRIVER_MESSAGE, ANNOTATION_VFNUM_MESSAGE)},
+    "driver-manager": {"labels": (LABEL_DRIVER_MODE, LABEL_VFNUM_STATE, LABEL_DRIVER_UPGRADE_STATE),
+                       "annotations": (ANNOTATION_DRIVER_MESSAGE, ANNOTATION_VFNUM_MESSAGE,
+                                       ANNOTATION_DRIVER_UPGRADE_MESSAGE)},
 }
 
 # Keys two node agents may write, each with its one writer at run time: the

@@ -16,7 +16,12 @@ vm-3 (rpm tools, openEuler) start without any driver:
 - a driver-config edit takes vm-3 (2xC550-sriov) from vfnum 0 to 4: capacity
   8, only vm-3's gpu-device pod recreated, timed;
 - an invalid entry (vfnum 3) and an entry for a node that does not exist give
-  an Event and a Degraded condition naming them, and change nothing.
+  an Event and a Degraded condition naming them, and change nothing;
+- the rolling upgrade (deployPolicy Always): a payload version bump rolls all
+  three nodes within maxUnavailable, vm-2's administrator's cordon kept, each
+  node timed from cordon to finish; then a payload whose deb driver never
+  comes up: vm fails validation, is rolled back, left cordoned in ``failed``,
+  and the rollout pauses (vm-2 and vm-3 untouched).
 
 The nodes' roots are put back as found (driver, tools, VFs), the operator
 uninstalled, and a GPU Extensions release found at the start installed again.
@@ -36,6 +41,7 @@ from test_operator_cluster import (  # noqa: F401  # pylint: disable=unused-impo
     CHART, NS, UNINSTALL_SCRIPT, cr, get_json, helm, images, no_extensions, nodes, patch_cr, strip_ours)
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.agents import driver_manager
 from ansible_collections.metax.gpu.plugins.module_utils.driver import policy
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator, pkgtool
@@ -61,14 +67,20 @@ def loaded(name):
     return host(name).read_attribute("sys/module/metax/version", default="") or None
 
 
-@pytest.fixture(scope="module")
-def payload(cluster):
-    res = subprocess.run([PAYLOAD_BUILD, PAYLOAD_VERSION], env=cluster.env, capture_output=True, text=True,
+def build_payload(cluster, version, broken=""):
+    """files/images/driver-payload/build.sh VERSION, pushed: the CR's driver.payload for it."""
+    env = dict(cluster.env, METAX_PAYLOAD_BROKEN=broken)
+    res = subprocess.run([PAYLOAD_BUILD, version], env=env, capture_output=True, text=True,
                          timeout=900, stdin=subprocess.DEVNULL, check=False)
     assert res.returncode == 0, "payload build failed:\n%s%s" % (res.stdout, res.stderr[-3000:])
     ref = res.stdout.strip().splitlines()[-1].split("=", 1)[1]
     registry_project, rest = ref.rsplit("/", 1)
-    return {"registry": registry_project, "name": rest.split(":")[0], "version": PAYLOAD_VERSION}
+    return {"registry": registry_project, "name": rest.split(":")[0], "version": version}
+
+
+@pytest.fixture(scope="module")
+def payload(cluster):
+    return build_payload(cluster, PAYLOAD_VERSION)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +103,8 @@ def fleet(cluster, no_extensions):
             assert pkgtool.main(tool, args + ["metax-driver"], root.path) == 0
     yield original
     for name in FLEET:
+        # a rollout cut short leaves its cordons (the operator's uninstall strips labels, not cordons)
+        cluster.kubectl("uncordon", name)
         root = host(name)
         for gpu in generator.load_state(root)["gpus"]:
             if gpu.get("numvfs"):
@@ -100,7 +114,8 @@ def fleet(cluster, no_extensions):
             generator.set_driver_version(root, original[name])
             generator.load_driver(root)
         pkgtool.remove_tools(root.path)
-        for rel in ("etc/os-release", policy.OWNER_RECORD, "var/lib/metax-gpu/driver-run.json"):
+        for rel in ("etc/os-release", policy.OWNER_RECORD, "var/lib/metax-gpu/driver-run.json",
+                    driver_manager.UPGRADE_RECORD):
             if os.path.lexists(root.join(rel)):
                 os.unlink(root.join(rel))
         shutil.rmtree(root.join("var/cache/metax-driver"), ignore_errors=True)
@@ -283,3 +298,158 @@ def test_an_invalid_entry_gives_an_event_and_a_degraded_condition_and_changes_no
     wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 2, 60, "%s back at 2" % SRIOV_NODE)
     wait(cluster, lambda: condition(cr(cluster), "metax-driver", "Degraded")["status"] == "False", 30,
          "Degraded cleared")
+
+
+UPGRADE_VERSION = "2.16.0"      # rolled to every node
+BROKEN_VERSION = "2.16.1"       # its deb driver loads but never comes up: vm (Debian, first by name) fails
+ADMIN_CORDONED = "vm-2"
+UPGRADE_KEYS = (N.LABEL_DRIVER_UPGRADE_STATE, N.ANNOTATION_DRIVER_UPGRADE_MESSAGE, N.ANNOTATION_PRE_CORDONED,
+                N.ANNOTATION_DRIVER_UPGRADE_TARGET)
+
+
+def upgrade_marks(node):
+    meta = node["metadata"]
+    return {k: v for part in ("labels", "annotations") for k, v in (meta.get(part) or {}).items() if k in UPGRADE_KEYS}
+
+
+def upgrade_state(node):
+    return (node["metadata"].get("labels") or {}).get(N.LABEL_DRIVER_UPGRADE_STATE)
+
+
+def cordoned(node):
+    return bool(node["spec"].get("unschedulable"))
+
+
+def driver_upgrade_status(cluster):
+    return ((cr(cluster) or {}).get("status") or {}).get("driverUpgrade") or {}
+
+
+def follow_rollout(cluster, done, timeout, what):
+    """Poll the nodes every 0.5 s until ``done(nodes)``: per node when its upgrade state appeared and
+    when it went, the most nodes cordoned and in the procedure at once."""
+    start = time.monotonic()
+    track = {"started": {}, "finished": {}, "max_cordoned": 0, "max_in_flight": 0}
+    while True:
+        now = time.monotonic() - start
+        current = {n: node for n, node in nodes(cluster).items() if n in FLEET}
+        track["max_cordoned"] = max(track["max_cordoned"], sum(cordoned(node) for node in current.values()))
+        track["max_in_flight"] = max(track["max_in_flight"], sum(
+            upgrade_state(node) in N.DRIVER_UPGRADE_IN_FLIGHT_STATES for node in current.values()))
+        for name, node in current.items():
+            if upgrade_state(node) and name not in track["started"]:
+                track["started"][name] = now
+            elif not upgrade_state(node) and name in track["started"] and name not in track["finished"]:
+                track["finished"][name] = now
+        if done(current):
+            return track
+        if now > timeout:
+            print(diagnose(cluster))
+            pytest.fail("timed out after %.0f s waiting for %s; %s" % (timeout, what, track))
+        time.sleep(0.5)
+
+
+def upgrade_events(cluster, reason):
+    items = json.loads(cluster.kubectl("get", "events", "-n", NS, "-o", "json", check=True).stdout)["items"]
+    return [e["message"] for e in items if e["reason"] == reason]
+
+
+def test_a_payload_version_bump_rolls_every_node_within_max_unavailable_keeping_the_admins_cordon(
+        cluster, installed, fleet):
+    build_payload(cluster, UPGRADE_VERSION)
+    # every node on a verified driver whose version gpu-label published: a rollout, not an install
+    wait(cluster, lambda: all(lab.get(N.LABEL_DRIVER_READY) == "true" and lab.get(N.LABEL_DRIVER_MAJOR)
+                              for lab in (labels(cluster)[n] for n in FLEET)), 150, "driver.ready everywhere")
+    wait(cluster, lambda: allocatable(cluster) == {n: devices(n) for n in FLEET}, 60, "allocatable = devices")
+    cluster.kubectl("cordon", ADMIN_CORDONED, check=True)
+    policy_ = {"maxParallel": 2, "maxUnavailable": 2, "maxFailureThreshold": 1, "fallback": "pause"}
+    try:
+        # Always: the administrator's driver on vm is rolled too (IfNotPresent would roll only vm-2, vm-3)
+        assert patch_cr(cluster, {"driver": {"deployPolicy": "Always", "payload": {"version": UPGRADE_VERSION},
+                                             "upgradePolicy": policy_}}).returncode == 0
+
+        def rolled(current):
+            return all(loaded(n) == UPGRADE_VERSION and not upgrade_marks(current[n]) for n in FLEET)
+        track = follow_rollout(cluster, rolled, 180, "every node at %s, nothing left behind" % UPGRADE_VERSION)
+        wait(cluster, lambda: driver_upgrade_status(cluster).get("message") == "every node is at the target",
+             15, "status.driverUpgrade: every node at the target")
+        current = nodes(cluster)
+        # maxUnavailable counts the administrator's cordon: vm-2 plus at most one node of ours at a time
+        assert track["max_cordoned"] <= 2 and track["max_in_flight"] <= 2, track
+        assert sorted(track["started"]) == sorted(FLEET) and sorted(track["finished"]) == sorted(FLEET), track
+        assert cordoned(current[ADMIN_CORDONED])                       # the administrator's cordon stays
+        assert not cordoned(current["vm"]) and not cordoned(current["vm-3"])
+        lab = labels(cluster)
+        for name in FLEET:
+            assert [lab[name][N.LABEL_DRIVER_MAJOR], lab[name][N.LABEL_DRIVER_MINOR],
+                    lab[name][N.LABEL_DRIVER_PATCH]] == UPGRADE_VERSION.split("."), name
+            assert lab[name].get(N.LABEL_DRIVER_MODE) == "cloud"
+        status = driver_upgrade_status(cluster)
+        assert status["targetVersion"] == UPGRADE_VERSION and status["upgraded"] == 3 and status["failed"] == []
+        wait(cluster, lambda: allocatable(cluster) == {n: devices(n) for n in FLEET}, 60,
+             "allocatable = devices after the upgrade")
+        # per node: cordon (the controller's start) to the finish, minus driver-manager's package install
+        installs = {}
+        for message in upgrade_events(cluster, "DriverUpgraded"):
+            node, _sep, rest = message.partition(": ")
+            if "-> %s," % UPGRADE_VERSION in rest:
+                installs[node] = float(rest.split("installed in ", 1)[1].split(" s", 1)[0])
+        assert sorted(installs) == sorted(FLEET), installs
+        per_node = {n: round(track["finished"][n] - track["started"][n], 1) for n in FLEET}
+        overhead = {n: round(per_node[n] - installs[n], 1) for n in FLEET}
+        whole = max(track["finished"].values()) - min(track["started"].values())
+        print("\nrolling upgrade to %s: %s per node from cordon to finish, package install %s, overhead %s; "
+              "all three in %.1f s" % (UPGRADE_VERSION, per_node, installs, overhead, whole))
+        path = os.path.join(OUTPUT, "driver-manager.json")
+        record = json.load(open(path)) if os.path.exists(path) else {}
+        record["rollout"] = {"node_seconds": per_node, "install_seconds": installs, "overhead_seconds": overhead,
+                             "all_seconds": round(whole, 1), "max_cordoned": track["max_cordoned"]}
+        os.makedirs(OUTPUT, exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(record, fh)
+    finally:
+        cluster.kubectl("uncordon", ADMIN_CORDONED)
+
+
+def test_a_node_whose_new_driver_fails_validation_is_rolled_back_left_cordoned_failed_and_the_rollout_pauses(
+        cluster, installed, fleet):
+    build_payload(cluster, BROKEN_VERSION, broken="deb")
+    before = {n: loaded(n) for n in FLEET}
+    assert before == {n: UPGRADE_VERSION for n in FLEET}, before
+    # budget for two, one at a time: only the pause keeps vm-2 from starting once vm has failed
+    policy_ = {"maxParallel": 1, "maxUnavailable": 2, "maxFailureThreshold": 1, "fallback": "pause"}
+    assert patch_cr(cluster, {"driver": {"payload": {"version": BROKEN_VERSION},
+                                         "upgradePolicy": policy_}}).returncode == 0
+    try:
+        follow_rollout(cluster, lambda current: upgrade_state(current["vm"]) == "failed", 150, "vm failed")
+        wait(cluster, lambda: driver_upgrade_status(cluster).get("paused") is True, 15, "the rollout paused")
+        # two more status rounds (5 s each): nothing else starts
+        hold_until = time.monotonic() + 11
+        track = follow_rollout(cluster, lambda current: time.monotonic() >= hold_until, 30, "the hold")
+        current = nodes(cluster)
+        assert loaded("vm") == UPGRADE_VERSION                           # rolled back
+        assert cordoned(current["vm"]) and upgrade_state(current["vm"]) == "failed"
+        message = current["vm"]["metadata"]["annotations"][N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]
+        assert "/dev/mxcd missing" in message and "rolled back to " + UPGRADE_VERSION in message
+        for name in ("vm-2", "vm-3"):
+            assert name not in track["started"] and not cordoned(current[name]), (name, track)
+            assert loaded(name) == UPGRADE_VERSION
+        status = driver_upgrade_status(cluster)
+        assert status["paused"] is True and status["failed"][0]["node"] == "vm"
+        assert "maxFailureThreshold 1" in status["message"]
+        degraded = condition(cr(cluster), "metax-driver", "Degraded")
+        assert degraded["status"] == "True" and "vm: " in degraded["message"] and "rolled back" in degraded["message"]
+        assert any(m.startswith("vm: ") for m in upgrade_events(cluster, "DriverUpgradeFailed"))
+        # the old driver validates again: devices registered, driver.ready back (the node stays cordoned)
+        wait(cluster, lambda: allocatable(cluster)["vm"] == devices("vm") and
+             labels(cluster)["vm"].get(N.LABEL_DRIVER_READY) == "true", 60, "vm back on its old driver")
+    finally:
+        # the administrator: back to the good payload, then (once the controller has seen it, so that it
+        # does not start vm again for the broken one) clears the node and uncordons it
+        patch_cr(cluster, {"driver": {"payload": {"version": UPGRADE_VERSION}}})
+        try:
+            wait_until(lambda: driver_upgrade_status(cluster).get("targetVersion") == UPGRADE_VERSION, 30,
+                       "the controller to see the good payload")
+        finally:
+            cluster.kubectl("label", "node", "vm", N.LABEL_DRIVER_UPGRADE_STATE + "-")
+            cluster.kubectl("annotate", "node", "vm", *[key + "-" for key in UPGRADE_KEYS[1:]])
+            cluster.kubectl("uncordon", "vm")

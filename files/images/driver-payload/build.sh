@@ -9,7 +9,9 @@
 #        --save DIR also writes the image as the docker-archive DIR/driver-image-VERSION.tar,
 #        for the offline bundle (the agent_images role's agent_images_payloads).
 # Prints: driver-image=REGISTRY/metax-gpu/driver-image:VERSION (stdout).
-# Environment: METAX_REGISTRY, METAX_AGENT_REPO_PREFIX, METAX_BASE_IMAGE (scripts/cluster/lib.sh).
+# Environment: METAX_REGISTRY, METAX_AGENT_REPO_PREFIX, METAX_BASE_IMAGE (scripts/cluster/lib.sh);
+# METAX_PAYLOAD_BROKEN: package kinds (e.g. "deb") whose driver loads but never
+# comes up (sim.pkgtool's broken package), for the rolling upgrade's rollback tests.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/cluster/lib.sh
@@ -39,15 +41,15 @@ ctx=$(mktemp -d)
 trap 'rm -rf "${ctx}"' EXIT
 cp "${HERE}/Containerfile" "${ctx}/Containerfile"
 # the packages, one directory per kind, written by the collection's own code
-PYTHONPATH="${REPO_ROOT}/.build/collections" python3 - "${ctx}/payload" "${VERSION}" <<'PY'
+PYTHONPATH="${REPO_ROOT}/.build/collections" python3 - "${ctx}/payload" "${VERSION}" "${METAX_PAYLOAD_BROKEN:-}" <<'PY'
 import os
 import sys
 
 from ansible_collections.metax.gpu.plugins.module_utils.sim import pkgtool
 
-root, version = sys.argv[1], sys.argv[2]
+root, version, broken = sys.argv[1], sys.argv[2], sys.argv[3].split()
 for kind in ("deb", "rpm", "run"):
-    pkgtool.make_package(os.path.join(root, kind), kind, version)
+    pkgtool.make_package(os.path.join(root, kind), kind, version, broken=kind in broken)
 PY
 nice podman build --quiet --layers --build-arg "BASE=${METAX_BASE_IMAGE}" --build-arg "VERSION=${VERSION}" \
   -t "${LOCAL}" "${ctx}" >/dev/null || die "podman build of ${LOCAL} failed"

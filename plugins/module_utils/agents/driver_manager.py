@@ -23,6 +23,18 @@ node change in ``driver/backend.py`` and ``vfnum/backend.py`` (the code of
    pending -> success | failed, then deletes only its node's gpu-device pod
    so that it registers the new devices.
 
+The rolling upgrade (docs/operator.md "driver upgradePolicy"): a loaded
+driver that a new payload version concerns (``policy.rolled``) is never
+replaced by a round on its own. The operator's controller cordons the node and
+sets ``driver.upgrade-state=upgrade-required`` with the target version in
+``driver.upgrade.target``; the node's driver-manager whose payload is that
+version installs it (state ``driver-installed``), verifies it, restarts its
+node's gpu-device and gpu-label pods (devices and version labels at once)
+and sets ``done``; the controller then uncordons and clears. A failed
+verification puts the previous driver back from the node's payload cache and
+sets ``failed`` with the reason in ``driver.upgrade.message``: the node stays
+cordoned for the administrator. A watch on its own Node wakes it at once.
+
 A failure (driver in use, invalid entry) is an Event on the ClusterOperator
 and the node annotation ``driver.message`` / ``gpu.vfnum.message``, from which
 the controller's status makes the ``Degraded`` condition; the same failure is
@@ -39,6 +51,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -70,6 +83,20 @@ COMPONENT = "driver-manager"
 LOG = logging.getLogger(COMPONENT)
 DEFAULT_READY_FILE = "/run/driver-manager/ready"
 GPU_DEVICE_SELECTOR = "app.kubernetes.io/name=gpu-device"
+# the node agents that read the driver: restarted after an upgrade so that the
+# devices are registered and the version labels published at once (gpu-label's
+# own round is a minute)
+DRIVER_READERS_SELECTOR = "app.kubernetes.io/name in (gpu-device, gpu-label)"
+# The version an upgrade started from (node path): a pod restarted half-way
+# through still knows what to roll back to.
+UPGRADE_RECORD = "var/lib/metax-gpu/driver-upgrade.json"
+# States in which this node's upgrade is driver-manager's to run (or to resume
+# after a restart of its pod); done and failed are the controller's and the
+# administrator's.
+UPGRADE_STATE_INSTALLED = "driver-installed"
+UPGRADE_RUNNING = (names.DRIVER_UPGRADE_REQUIRED, UPGRADE_STATE_INSTALLED)
+# A freshly loaded driver may need a moment to create /dev/mxcd: verified this often, a second apart.
+VERIFY_ATTEMPTS = 5
 
 
 @dataclass
@@ -110,8 +137,21 @@ def event_changes_config(event: Mapping[str, Any], seen_version: Optional[str]) 
     return getattr(meta, "resource_version", None) != seen_version
 
 
+@dataclass(frozen=True)
+class NodeUpgrade:
+    """This node's part of the rolling upgrade, as its Node says."""
+
+    state: Optional[str] = None          # metax-tech.com/driver.upgrade-state
+    target: Optional[str] = None         # metax-tech.com/driver.upgrade.target (the controller's)
+
+
+def node_upgrade(labels: Mapping[str, str], annotations: Mapping[str, str]) -> NodeUpgrade:
+    return NodeUpgrade(labels.get(names.LABEL_DRIVER_UPGRADE_STATE) or None,
+                       annotations.get(names.ANNOTATION_DRIVER_UPGRADE_TARGET) or None)
+
+
 class Kube:
-    """The API calls driver-manager makes (RBAC: nodes get/patch, configmaps get/watch,
+    """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch, configmaps get/watch,
     pods list/delete and events create in its namespace)."""
 
     def __init__(self, api: Any, node: str, namespace: str, config_map: str) -> None:
@@ -133,29 +173,53 @@ class Kube:
         self.config_version = found.metadata.resource_version
         return found.data or {}
 
-    def wait_config_change(self, timeout: float, stop: threading.Event) -> None:
-        """Block until the ConfigMap changes, or ``timeout`` s (the watch is the fast path)."""
+    def watch_config(self, wake: threading.Event, stop: threading.Event) -> None:
+        """Until ``stop``: set ``wake`` whenever the ConfigMap differs from what the last round read."""
+        self._watch(wake, stop, self.core.list_namespaced_config_map, (self.namespace,),
+                    "metadata.name=" + self.config_map, lambda event: event_changes_config(event, self.config_version))
+
+    def watch_node(self, wake: threading.Event, stop: threading.Event) -> None:
+        """Until ``stop``: set ``wake`` when the controller changes this node's upgrade state or target."""
+        seen: List[NodeUpgrade] = []
+
+        def changed(event: Mapping[str, Any]) -> bool:
+            meta = getattr(event.get("object"), "metadata", None)
+            now = node_upgrade(getattr(meta, "labels", None) or {}, getattr(meta, "annotations", None) or {})
+            if seen and seen[0] == now:
+                return False
+            seen[:] = [now]
+            return True
+        self._watch(wake, stop, self.core.list_node, (), "metadata.name=" + self.node, changed)
+
+    @staticmethod
+    def _watch(wake: threading.Event, stop: threading.Event, lister: Callable[..., Any], args: Sequence[Any],
+               field_selector: str, changed: Callable[[Mapping[str, Any]], bool]) -> None:
+        """One object's watch, reopened when the server ends it, a broken one after a pause; an event
+        ``changed`` accepts wakes a round. The watch opens with the object as it is now: ``changed``
+        takes that for a change when it is not what was last seen (an edit made while a round ran
+        would otherwise wait for the interval)."""
         if k8s_watch is None:
-            stop.wait(timeout)
             return
-        stream = k8s_watch.Watch()
-        try:
-            for event in stream.stream(self.core.list_namespaced_config_map, self.namespace,
-                                       field_selector="metadata.name=" + self.config_map,
-                                       timeout_seconds=max(1, int(timeout))):
-                # The watch opens with the object as it is now: that is a change
-                # when it is not the version the last round read (an edit made
-                # while the round ran would otherwise wait for the timeout).
-                if event_changes_config(event, self.config_version):
-                    break
-        except Exception as exc:  # pylint: disable=broad-except  # a broken watch: fall back to the timer
-            LOG.debug("config watch ended: %s", exc)
-            stop.wait(min(timeout, 5.0))
-        finally:
-            stream.stop()
+        while not stop.is_set():
+            stream = k8s_watch.Watch()
+            try:
+                for event in stream.stream(lister, *args, field_selector=field_selector, timeout_seconds=300):
+                    if changed(event):
+                        wake.set()
+                    if stop.is_set():
+                        break
+            except Exception as exc:  # pylint: disable=broad-except  # a broken watch: the interval still runs rounds
+                LOG.debug("watch (%s) ended: %s", field_selector, exc)
+                stop.wait(5.0)
+            finally:
+                stream.stop()
 
     def labels(self) -> Mapping[str, str]:
         return self.core.read_node(self.node).metadata.labels or {}
+
+    def upgrade(self) -> NodeUpgrade:
+        meta = self.core.read_node(self.node).metadata
+        return node_upgrade(meta.labels or {}, meta.annotations or {})
 
     def patch_node(self, labels: Mapping[str, Optional[str]], annotations: Mapping[str, Optional[str]]) -> None:
         meta: Dict[str, Any] = {}
@@ -166,9 +230,10 @@ class Kube:
         if meta:
             self.core.patch_node(self.node, {"metadata": meta}, _content_type="application/merge-patch+json")
 
-    def restart_gpu_device(self) -> List[str]:
-        """Delete this node's gpu-device pod (its DaemonSet recreates it); the names deleted."""
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=GPU_DEVICE_SELECTOR,
+    def restart_gpu_device(self, selector: str = GPU_DEVICE_SELECTOR) -> List[str]:
+        """Delete this node's gpu-device pod, or the pods ``selector`` picks (their DaemonSets
+        recreate them); the names deleted."""
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector,
                                              field_selector="spec.nodeName=" + self.node).items
         for pod in pods:
             self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=1)
@@ -208,6 +273,7 @@ class Manager:
         self.ready_file = ready_file
         self.cmds = backend.NodeCommands(host, runner)
         self.last_failure: Dict[str, str] = {}    # what -> message, so each failure is reported once
+        self.verify_pause = 1.0                   # seconds between verifications of a freshly loaded driver
 
     # -- driver ---------------------------------------------------------------
     def observe(self) -> policy.NodeDriver:
@@ -239,6 +305,11 @@ class Manager:
     def reconcile_driver(self, params: Sequence[str]) -> Dict[str, object]:
         node = self.observe()
         decision = policy.decide(self.policy, node, self.payload_version)
+        if decision.changes_driver and node.loaded_version is not None and policy.rolled(self.policy, node.ours):
+            # a new payload for a running driver: the rolling upgrade's (upgrade-required), never a round's
+            decision = policy.Decision("none", policy.MODE_CLOUD if node.ours else policy.MODE_NATIVE, None,
+                                       "driver %s loaded; the payload's %s waits for the rolling upgrade"
+                                       % (node.loaded_version, self.payload_version))
         LOG.debug("driver decision: %s", decision.reason)
         out: Dict[str, object] = {"decision": decision.action, "reason": decision.reason, "mode": decision.mode}
         load = policy.load_command(params)
@@ -250,9 +321,7 @@ class Manager:
                                       deploy_policy="IfNotPresent", load_command=load)
             result = backend.run(self.host, request, False, runner=self.cmds.runner)
             out["result"] = result
-            os.makedirs(os.path.dirname(self.host.join(policy.OWNER_RECORD)), exist_ok=True)
-            self.host.write_file_atomic(policy.OWNER_RECORD, (json.dumps(
-                {"version": decision.target, "installedBy": COMPONENT}, sort_keys=True) + "\n").encode())
+            self.own(decision.target)
             LOG.info("driver %s installed from the payload (%s)", decision.target, decision.reason)
             if result.get("changed"):
                 # the GPUs are bound anew: gpu-device registers the devices it finds at its start
@@ -265,6 +334,110 @@ class Manager:
         self.kube.patch_node({names.LABEL_DRIVER_MODE: decision.mode}, {})
         out["verified"] = verified
         return out
+
+    def own(self, version: str) -> None:
+        """Record the driver as driver-manager's (gpu.driver.mode=cloud from now on)."""
+        self.write_record(policy.OWNER_RECORD, {"version": version, "installedBy": COMPONENT})
+
+    def write_record(self, rel: str, record: Mapping[str, Any]) -> None:
+        os.makedirs(os.path.dirname(self.host.join(rel)), exist_ok=True)
+        self.host.write_file_atomic(rel, (json.dumps(dict(record), sort_keys=True) + "\n").encode())
+
+    # -- the rolling upgrade (the controller's upgrade-required) ----------------------
+    def acts_on(self, upgrade: NodeUpgrade) -> bool:
+        """Whether this pod runs its node's upgrade now: started (or resumed after a restart) to the
+        version of this pod's payload. A pod of the previous payload leaves it to its successor."""
+        return upgrade.state in UPGRADE_RUNNING and upgrade.target is not None \
+            and upgrade.target == self.payload_version
+
+    def upgrade_driver(self, target: str, params: Sequence[str]) -> str:
+        """Install ``target``, verify, and report ``done``; after a failed verification (or install)
+        the previous driver is put back and ``failed`` reported with the reason. The state written.
+
+        A driver in use is refused (DriverInUseError, the state stays ``upgrade-required``
+        and the round reports it): the node is cordoned, so its GPU pods end or are evicted.
+        """
+        node = self.observe()
+        record = self.read_record(UPGRADE_RECORD)
+        if record.get("to") != target:
+            record = {"from": node.installed_version or node.loaded_version, "to": target}
+            self.write_record(UPGRADE_RECORD, record)
+        load = policy.load_command(params)
+        started = time.monotonic()
+        try:
+            src = self.stage_payload(target)
+            backend.run(self.host, backend.Request(state="present", version=target, src=src,
+                                                   deploy_policy="IfNotPresent", load_command=load, verify=False),
+                        False, runner=self.cmds.runner)
+            installed = time.monotonic() - started
+            self.own(target)
+            self.kube.patch_node({names.LABEL_DRIVER_UPGRADE_STATE: UPGRADE_STATE_INSTALLED}, {})
+            self.verify_settled(target)
+        except backend.DriverInUseError:
+            raise
+        except (backend.DriverError, HostRootError) as exc:
+            return self.upgrade_failed(record, load, str(exc))
+        # the devices registered anew and the version labels published now, not in a minute
+        self.kube.restart_gpu_device(DRIVER_READERS_SELECTOR)
+        self.verified(target)
+        self.kube.patch_node({names.LABEL_DRIVER_UPGRADE_STATE: names.DRIVER_UPGRADE_DONE,
+                              names.LABEL_DRIVER_MODE: policy.MODE_CLOUD},
+                             {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: None})
+        self.remove_record(UPGRADE_RECORD)
+        message = "driver %s -> %s, installed in %.1f s, verified" % (record.get("from"), target, installed)
+        LOG.info("upgrade: %s", message)
+        self.kube.event("DriverUpgraded", message, warning=False)
+        return names.DRIVER_UPGRADE_DONE
+
+    def upgrade_failed(self, record: Mapping[str, Any], load: Sequence[str], reason: str) -> str:
+        """The previous driver back when its package is in the node's payload cache; ``failed`` and why."""
+        previous = record.get("from")
+        outcome = "not rolled back (no previous driver)"
+        if previous:
+            cache = "%s/%s" % (policy.NODE_CACHE, previous)
+            outcome = "not rolled back (no package of %s in /%s)" % (previous, cache)
+            if self.host.isdir(cache):
+                try:
+                    backend.run(self.host, backend.Request(
+                        state="present", version=previous, src="/" + cache, deploy_policy="IfNotPresent",
+                        force=True, load_command=tuple(load), verify=False), False, runner=self.cmds.runner)
+                    self.own(previous)
+                    self.verify_settled(previous)
+                    outcome = "rolled back to %s" % previous
+                except (backend.DriverError, HostRootError) as exc:
+                    outcome = "rollback to %s failed: %s" % (previous, exc)
+        message = ("%s; %s" % (reason, outcome))[:900]
+        LOG.error("upgrade to %s failed: %s", record.get("to"), message)
+        self.kube.restart_gpu_device(DRIVER_READERS_SELECTOR)
+        self.verified(None)
+        # cordoned it stays (the controller never finishes a failed node): the administrator's now
+        self.kube.patch_node({names.LABEL_DRIVER_UPGRADE_STATE: "failed"},
+                             {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: message})
+        self.remove_record(UPGRADE_RECORD)
+        self.kube.event("DriverUpgradeFailed", message)
+        return "failed"
+
+    def verify_settled(self, version: str) -> None:
+        """backend.verify, given a freshly loaded driver a few seconds to come up."""
+        for attempt in range(VERIFY_ATTEMPTS):
+            try:
+                backend.verify(self.host, self.cmds, version)
+                return
+            except backend.DriverVerifyError:
+                if attempt == VERIFY_ATTEMPTS - 1:
+                    raise
+                time.sleep(self.verify_pause)
+
+    def read_record(self, rel: str) -> Dict[str, Any]:
+        try:
+            found = json.loads(self.host.read_text(rel)) if self.host.exists(rel) else {}
+        except ValueError:
+            found = {}
+        return found if isinstance(found, dict) else {}
+
+    def remove_record(self, rel: str) -> None:
+        if os.path.lexists(self.host.join(rel)):
+            os.unlink(self.host.join(rel))
 
     def verified(self, version: Optional[str]) -> bool:
         """Version, /dev/mxcd, mx-smi; the ready file follows the answer (the readiness probe reads it)."""
@@ -323,9 +496,15 @@ class Manager:
     def round(self) -> bool:
         """One reconcile; True when nothing failed."""
         config = parse_config(self.kube.config(), self.kube.node)
+        params = config.params if config.error is None else []
         ok = True
         try:
-            self.reconcile_driver(config.params if config.error is None else [])
+            upgrade = self.kube.upgrade()
+            if self.acts_on(upgrade) and upgrade.target is not None:
+                # a failed upgrade is reported on the node (state failed), rolled back, and not retried
+                self.upgrade_driver(upgrade.target, params)
+            else:
+                self.reconcile_driver(params)
             self.report("DriverFailed", names.ANNOTATION_DRIVER_MESSAGE, None)
         except (backend.DriverError, policy.PolicyError, HostRootError) as exc:
             self.verified(None)
@@ -346,8 +525,19 @@ class Manager:
         return ok
 
 
-def run_loop(manager: Manager, interval: float, stop: threading.Event) -> int:
+def run_loop(manager: Manager, interval: float, stop: threading.Event, watch: bool = True) -> int:
     backoff = Backoff(initial=5.0, cap=300.0)
+    wake = threading.Event()
+
+    def stopped() -> None:
+        # SIGTERM ends the wait too (the DaemonSet's rollout of a new payload waits for this pod to go)
+        stop.wait()
+        wake.set()
+    threading.Thread(target=stopped, daemon=True).start()
+    if watch:
+        # driver-config edits and the controller's upgrade-required wake a round at once
+        for target in (manager.kube.watch_config, manager.kube.watch_node):
+            threading.Thread(target=target, args=(wake, stop), daemon=True).start()
     while not stop.is_set():
         try:
             ok = manager.round()
@@ -358,7 +548,8 @@ def run_loop(manager: Manager, interval: float, stop: threading.Event) -> int:
         wait = interval if ok else backoff.next_delay()
         if ok:
             backoff.reset()
-        manager.kube.wait_config_change(wait, stop)
+        wake.wait(wait)
+        wake.clear()
     LOG.info("stopping")
     return 0
 

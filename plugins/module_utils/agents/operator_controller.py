@@ -26,12 +26,14 @@ import os
 import random
 import socket
 import threading
+import time
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from .. import names
 from ..clusteroperator import render
 from ..clusteroperator.apis import OPTIONAL_CRDS, Kind, helm_api_versions
 from ..clusteroperator.cluster import Cluster
+from ..clusteroperator.driver_rollout import RolloutPlan
 from ..kube.client import ApiException
 from ..clusteroperator.components import REGISTRY
 from ..clusteroperator.contract import Component, deployed
@@ -225,8 +227,29 @@ class Operator:
             raise _retry("component pods are still terminating")
         return self.cluster.strip_nodes([names.PREFIX], [names.PREFIX])
 
-    def status(self, body: Dict[str, Any], now: str) -> Dict[str, Any]:
-        """The status the CR should carry now (facts read, nothing written)."""
+    def roll_driver(self, body: Mapping[str, Any], now: float) -> Optional[RolloutPlan]:
+        """One round of the rolling driver upgrade when the driver component is deployed (None: it is not).
+
+        The planner finishes validated nodes and starts the next ones
+        (clusteroperator/driver_rollout.py); the last ``status.driverUpgrade``
+        goes back in, so a running step pause survives a controller restart.
+        An upgradePolicy it cannot act on changes nothing (``plan.error``).
+        """
+        spec = body.get("spec") or {}
+        if not any(c.spec_key == "driver" and deployed(c, spec) for c in self.registry):
+            return None
+        previous = (body.get("status") or {}).get("driverUpgrade")
+        plan = self.cluster.roll_driver(spec, now, previous)
+        for patch in plan.patches:
+            LOG.info("driver upgrade: %s %s", patch.action, patch.node)
+        return plan
+
+    def status(self, body: Dict[str, Any], now: str, rollout: Optional[RolloutPlan] = None) -> Dict[str, Any]:
+        """The status the CR should carry now (facts read; nothing written but readiness labels).
+
+        ``rollout``: this round's driver upgrade (:meth:`roll_driver`), reported
+        in ``status.driverUpgrade``; its error makes the driver component Degraded.
+        """
         spec = body.get("spec") or {}
         uid = body["metadata"]["uid"]
         nodes = self.cluster.nodes()
@@ -241,6 +264,8 @@ class Operator:
             problems = node_messages(component, nodes) if on else {}
             if on and component.spec_key == "driver":
                 problems.update(self.driver_config_problems(body["metadata"]["namespace"], nodes))
+                if rollout is not None and rollout.error:
+                    problems["upgradePolicy"] = rollout.error
             entry = component_status(component, spec, workload, pods, waiting, problems)
             entry["conditions"] = with_transition_times(
                 entry["conditions"], (old_components.get(component.name) or {}).get("conditions"), now)
@@ -251,12 +276,15 @@ class Operator:
         gpu_nodes = [n for n in nodes
                      if (n["metadata"].get("labels") or {}).get(names.LABEL_GPU_INSTALLED) == "true"]
         device = next((e for e in entries if e["name"] == "gpu-device"), None)
-        return {
+        out = {
             "observedGeneration": body["metadata"].get("generation", 0),
             "conditions": with_transition_times(overall(entries), old.get("conditions"), now),
             "nodes": {"total": len(nodes), "gpu": len(gpu_nodes), "ready": device["ready"] if device else 0},
             "components": entries,
         }
+        if rollout is not None and rollout.status:
+            out["driverUpgrade"] = rollout.status
+        return out
 
     def driver_config_problems(self, namespace: str, nodes: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
         """driver-config entries for nodes that do not exist: no driver-manager runs there to refuse them."""
@@ -268,6 +296,19 @@ class Operator:
         except (yaml.YAMLError, VfnumError) as exc:
             return {names.DRIVER_CONFIGMAP: "%s is invalid: %s" % (vfnum_config.NODE_VFNUMS_KEY, exc)}
         return {node: "%s names a node that does not exist" % vfnum_config.NODE_VFNUMS_KEY for node in unknown}
+
+
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Any]:
+    """The merge patch that makes the status ``new``: what ``status.driverUpgrade`` no longer says
+    (a step pause over, the driver component switched off) is removed explicitly, since a merge
+    patch keeps every key it does not name (and the status would then never equal ``new``)."""
+    out = dict(new)
+    before, after = old.get("driverUpgrade"), new.get("driverUpgrade")
+    if before and after is None:
+        out["driverUpgrade"] = None
+    elif isinstance(before, Mapping) and isinstance(after, Mapping):
+        out["driverUpgrade"] = dict(after, **{k: None for k in before if k not in after})
+    return out
 
 
 def _version(meta: Mapping[str, Any]) -> str:
@@ -393,9 +434,12 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
 
     @kopf.timer(*resource, id="status", interval=STATUS_INTERVAL, initial_delay=1.0, backoff=RETRY_BACKOFF)
     def refresh_status(body: Any, patch: Any, **_: Any) -> None:
-        new = operator.status(dict(body), now_rfc3339())
+        # the rolling driver upgrade moves on at the status round: its patches first, so the
+        # status written below already shows them
+        rollout = operator.roll_driver(dict(body), time.time())
+        new = operator.status(dict(body), now_rfc3339(), rollout)
         if not same_status(body.get("status"), new):
-            for key, value in new.items():
+            for key, value in status_patch(body.get("status") or {}, new).items():
                 patch.status[key] = value
 
 
@@ -428,7 +472,6 @@ def run_cleanup(operator: Operator, namespace: str, attempts: int = 90, pause: f
     sees) and then runs the same cleanup itself when the CR is deleted; a dead
     one cannot, so the finalizer is removed here until the CR is gone.
     """
-    import time
     custom = operator.cluster.dynamic.resources.get(
         api_version="%s/%s" % (names.OPERATOR_GROUP, names.OPERATOR_VERSION), kind=names.OPERATOR_KIND)
     for item in custom.get(namespace=namespace).items:

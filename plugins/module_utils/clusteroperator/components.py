@@ -67,9 +67,14 @@ DRIVER = Component(
     name="metax-driver", spec_key="driver", values_key="driver", chart=EXTENSIONS_CHART,
     image="driver-manager", ready_label=names.LABEL_DRIVER_READY, requires=(names.LABEL_RUNTIME_READY,),
     gpu_nodes_only=True, default_deploy=False,
-    cleanup_labels=(names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE),
-    cleanup_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE),
-    message_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE),
+    # the rolling upgrade's marks (driver-manager's and the controller's) go with the component
+    cleanup_labels=(names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE, names.LABEL_DRIVER_UPGRADE_STATE),
+    cleanup_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE,
+                         names.ANNOTATION_DRIVER_UPGRADE_MESSAGE, names.ANNOTATION_DRIVER_UPGRADE_TARGET,
+                         names.ANNOTATION_PRE_CORDONED),
+    # a failed upgrade is Degraded too, naming the node and why, until the administrator clears it
+    message_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE,
+                         names.ANNOTATION_DRIVER_UPGRADE_MESSAGE),
 )
 
 # The MACA component (issue 25): maca-manager (in the driver-manager image, as the

@@ -33,12 +33,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import names as N
 from ..driver.rollout import Decision, Policy, PolicyError, RolloutNode, Step, StepPause, decide, finished_node
+from ..driver.policy import MODE_CLOUD, rolled
 from ..driver.rollout_node import label_version, labels_of, rollout_node
-
-# deployPolicy values under which a version bump upgrades only the drivers the
-# operator installed (gpu.driver.mode=cloud); Always takes every node, Never none
-OWN_DRIVERS_ONLY = ("IfNotPresent", "PreferCloud")
-MODE_CLOUD = "cloud"
 
 
 @dataclass(frozen=True)
@@ -78,10 +74,10 @@ def _in_scope(node: Mapping[str, Any], deploy_policy: str) -> bool:
     labels = labels_of(node)
     if labels.get(N.LABEL_DRIVER_UPGRADE_STATE):
         return True          # in the procedure: gpu-label's labels are gone for a while
-    if labels.get(N.LABEL_GPU_INSTALLED) != "true" or deploy_policy == "Never":
+    if labels.get(N.LABEL_GPU_INSTALLED) != "true":
         return False
-    if deploy_policy in OWN_DRIVERS_ONLY and labels.get(N.LABEL_DRIVER_MODE) != MODE_CLOUD:
-        return False         # the administrator's driver (native) is left alone
+    if not rolled(deploy_policy, labels.get(N.LABEL_DRIVER_MODE) == MODE_CLOUD):
+        return False         # Never; or the administrator's driver (native) under IfNotPresent/PreferCloud
     return label_version(node) is not None   # no driver yet: an install, not an upgrade
 
 
@@ -111,11 +107,14 @@ def _previous_pause(previous: Mapping[str, Any], target: str) -> Optional[StepPa
 
 
 def start_patch(node: RolloutNode) -> NodePatch:
-    metadata: Dict[str, Any] = {"labels": {N.LABEL_DRIVER_UPGRADE_STATE: N.DRIVER_UPGRADE_REQUIRED}}
+    # the target tells the node's driver-manager which payload to act with: a
+    # pod of the previous payload, not replaced yet by the DaemonSet, waits
+    metadata: Dict[str, Any] = {"labels": {N.LABEL_DRIVER_UPGRADE_STATE: N.DRIVER_UPGRADE_REQUIRED},
+                                "annotations": {N.ANNOTATION_DRIVER_UPGRADE_TARGET: node.target_version}}
     if node.cordoned:
         # the administrator's cordon: recorded in the same patch, so no reader
         # ever sees our state on a cordon it could take for ours
-        metadata["annotations"] = {N.ANNOTATION_PRE_CORDONED: "true"}
+        metadata["annotations"][N.ANNOTATION_PRE_CORDONED] = "true"
         return NodePatch(node.name, {"metadata": metadata}, "start")
     return NodePatch(node.name, {"spec": {"unschedulable": True}, "metadata": metadata}, "start")
 
@@ -123,7 +122,8 @@ def start_patch(node: RolloutNode) -> NodePatch:
 def finish_patch(node: RolloutNode) -> NodePatch:
     body: Dict[str, Any] = {"metadata": {
         "labels": {N.LABEL_DRIVER_UPGRADE_STATE: None},
-        "annotations": {N.ANNOTATION_PRE_CORDONED: None, N.ANNOTATION_DRIVER_UPGRADE_MESSAGE: None}}}
+        "annotations": {N.ANNOTATION_PRE_CORDONED: None, N.ANNOTATION_DRIVER_UPGRADE_MESSAGE: None,
+                        N.ANNOTATION_DRIVER_UPGRADE_TARGET: None}}}
     if not node.admin_cordoned:
         body["spec"] = {"unschedulable": False}
     return NodePatch(node.name, body, "finish")
@@ -149,7 +149,8 @@ def driver_rollout(spec: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], 
         return RolloutPlan((), {})
     views = rollout_nodes(nodes, target, str(driver.get("deployPolicy") or "IfNotPresent"))
     by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
-    # finish first, so the budget they free serves this decision already
+    # finish first, so the budget they free serves this decision already (a policy the
+    # planner refuses does not stop that: a validated node's finish owes nothing to it)
     finish = [v for v in views if validated(by_name[v.name], v)]
     finished = {v.name for v in finish}
     patches = [finish_patch(v) for v in finish]

@@ -111,6 +111,21 @@ def decide(policy: str, node: NodeDriver, payload_version: Optional[str]) -> Dec
         policy, node.loaded_version or node.installed_version, payload_version))
 
 
+def rolled(policy: str, ours: bool) -> bool:
+    """Whether a new payload version reaches a node with a loaded driver only through the rolling
+    upgrade (cordon, ``upgrade-required``, validate: docs/operator.md "driver upgradePolicy").
+
+    ``Always`` rolls every node's driver; ``IfNotPresent`` and ``PreferCloud`` the
+    ones the operator installed (``ours``); ``Never`` none. The controller's
+    scope (clusteroperator/driver_rollout.py) and driver-manager's gate both ask
+    this, so they cannot disagree about a node. ``PreferCloud`` taking over an
+    idle administrator's driver is an install (its own decision), not an upgrade.
+    """
+    if policy == "Always":
+        return True
+    return policy in ("IfNotPresent", "PreferCloud") and ours
+
+
 # -- the node's OS -----------------------------------------------------------------
 def parse_os_release(text: str) -> Dict[str, str]:
     """KEY=value lines of /etc/os-release (quotes removed, comments skipped)."""

@@ -27,18 +27,37 @@ class Recorder:
         self.patches: List[dict] = []
         self.events: List[tuple] = []
         self.restarts = 0
+        self.restarted: List[str] = []      # the label selectors of the pods deleted
+        # the Node's metadata as the API server would hold it after the patches
+        self.node_labels: Dict[str, str] = {}
+        self.node_annotations: Dict[str, str] = {}
 
     def config(self):
         return self.data
+
+    def upgrade(self):
+        return dm.node_upgrade(self.node_labels, self.node_annotations)
+
+    def start_upgrade(self, target):
+        """What the controller's start patch puts on the node (clusteroperator/driver_rollout.start_patch)."""
+        self.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] = N.DRIVER_UPGRADE_REQUIRED
+        self.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_TARGET] = target
 
     def patch_node(self, labels, annotations):
         # what the node-agent admission policy lets driver-manager's service account write
         allowed = N.NODE_AGENT_KEYS["driver-manager"]
         assert set(labels) <= set(allowed["labels"]) and set(annotations) <= set(allowed["annotations"])
         self.patches.append({"labels": dict(labels), "annotations": dict(annotations)})
+        for have, change in ((self.node_labels, labels), (self.node_annotations, annotations)):
+            for key, value in change.items():
+                if value is None:
+                    have.pop(key, None)
+                else:
+                    have[key] = value
 
-    def restart_gpu_device(self):
+    def restart_gpu_device(self, selector=dm.GPU_DEVICE_SELECTOR):
         self.restarts += 1
+        self.restarted.append(selector)
         return ["gpu-device-x"]
 
     def event(self, reason, message, warning=True):
@@ -59,10 +78,10 @@ class Recorder:
         return value
 
 
-def payload(tmp_path):
-    root = tmp_path / "payload"
+def payload(tmp_path, version=PAYLOAD, broken=()):
+    root = tmp_path / ("payload-" + version)
     for kind in ("deb", "rpm", "run"):
-        pkgtool.make_package(str(root / kind), kind, PAYLOAD)
+        pkgtool.make_package(str(root / kind), kind, version, broken=kind in broken)
     return str(root)
 
 
@@ -79,9 +98,11 @@ def node(tmp_path, preset_name="1xC500", kind="deb", driver=True, os_release="ID
     return host
 
 
-def manager(tmp_path, host, pol="IfNotPresent", data=None):
-    kube = Recorder("n1", data or {})
-    return dm.Manager(host, kube, pol, payload(tmp_path), PAYLOAD, str(tmp_path / "ready")), kube
+def manager(tmp_path, host, pol="IfNotPresent", data=None, version=PAYLOAD, broken=(), kube=None):
+    kube = kube or Recorder("n1", data or {})
+    mgr = dm.Manager(host, kube, pol, payload(tmp_path, version, broken), version, str(tmp_path / "ready"))
+    mgr.verify_pause = 0.0
+    return mgr, kube
 
 
 def loaded(host: HostRoot):
@@ -124,16 +145,128 @@ def test_always_refuses_a_driver_in_use_with_an_event_and_the_node_message_once(
     with open(host.join("sys/module/metax/refcnt"), "w") as handle:
         handle.write("1\n")
     mgr, kube = manager(tmp_path, host, "Always")
+    # a loaded driver is replaced only by the rolling upgrade: a round alone leaves it
+    assert mgr.round() and loaded(host) == before and kube.label(N.LABEL_DRIVER_MODE) == "native"
+    kube.start_upgrade(PAYLOAD)
     assert not mgr.round()
     assert loaded(host) == before
     assert "in use" in kube.annotation(N.ANNOTATION_DRIVER_MESSAGE)
     assert [e[0] for e in kube.events] == ["DriverFailed"]
     assert not mgr.round()
     assert len(kube.events) == 1                 # the same failure is reported once, not every round
+    assert kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_REQUIRED   # still to do
     with open(host.join("sys/module/metax/refcnt"), "w") as handle:
         handle.write("0\n")
     assert mgr.round()
     assert loaded(host) == PAYLOAD and kube.annotation(N.ANNOTATION_DRIVER_MESSAGE) is None
+    assert kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_DONE
+
+
+OLD = "2.98.0"
+
+
+def cloud_node(tmp_path, kube=None):
+    """A node whose driver OLD driver-manager installed from its payload (so OLD is in the node's cache)."""
+    host = node(tmp_path, driver=False)
+    first, kube = manager(tmp_path, host, version=OLD, kube=kube)
+    assert first.round() and loaded(host) == OLD and kube.label(N.LABEL_DRIVER_MODE) == "cloud"
+    kube.patches.clear()
+    kube.events.clear()
+    kube.restarted.clear()
+    return host, kube
+
+
+@pytest.mark.parametrize("pol", ["IfNotPresent", "Always", "PreferCloud"])
+def test_a_new_payload_waits_for_upgrade_required_then_installs_verifies_and_reports_done(tmp_path, pol):
+    host, kube = cloud_node(tmp_path)
+    mgr, kube = manager(tmp_path, host, pol, kube=kube)
+    assert mgr.round() and mgr.round()
+    assert loaded(host) == OLD and kube.label(N.LABEL_DRIVER_UPGRADE_STATE) is None
+    assert os.path.exists(str(tmp_path / "ready"))          # the old driver stays ready meanwhile
+    kube.start_upgrade(PAYLOAD)
+    assert mgr.round()
+    assert loaded(host) == PAYLOAD
+    states = [p["labels"][N.LABEL_DRIVER_UPGRADE_STATE] for p in kube.patches
+              if N.LABEL_DRIVER_UPGRADE_STATE in p["labels"]]
+    assert states == [dm.UPGRADE_STATE_INSTALLED, N.DRIVER_UPGRADE_DONE]
+    # the devices and the version labels come back at once: gpu-device and gpu-label recreated
+    assert kube.restarted == [dm.DRIVER_READERS_SELECTOR]
+    assert kube.events[-1][0] == "DriverUpgraded" and "%s -> %s" % (OLD, PAYLOAD) in kube.events[-1][1]
+    assert os.path.exists(str(tmp_path / "ready")) and not host.exists(dm.UPGRADE_RECORD)
+    assert kube.node_labels[N.LABEL_DRIVER_MODE] == "cloud"
+    # done is the controller's to finish: the next rounds change nothing
+    assert mgr.round() and kube.restarted == [dm.DRIVER_READERS_SELECTOR] and loaded(host) == PAYLOAD
+
+
+def test_a_pod_of_another_payload_leaves_the_upgrade_to_its_successor(tmp_path):
+    host, kube = cloud_node(tmp_path)
+    stale, kube = manager(tmp_path, host, "Always", version=OLD, kube=kube)
+    kube.start_upgrade(PAYLOAD)                # the controller wants PAYLOAD; this pod carries OLD
+    assert stale.round()
+    assert loaded(host) == OLD and kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_REQUIRED
+    assert kube.restarted == []
+    fresh, kube = manager(tmp_path, host, "Always", kube=kube)
+    assert fresh.round() and loaded(host) == PAYLOAD
+    assert kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_DONE
+
+
+def test_a_failed_validation_rolls_back_and_leaves_failed_with_the_reason(tmp_path):
+    host, kube = cloud_node(tmp_path)
+    mgr, kube = manager(tmp_path, host, "Always", broken=("deb",), kube=kube)
+    kube.start_upgrade(PAYLOAD)
+    mgr.round()
+    assert loaded(host) == OLD                                   # the previous driver is back
+    assert kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == "failed"
+    message = kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]
+    assert "/dev/mxcd missing" in message and "rolled back to " + OLD in message
+    assert kube.events[-1][0] == "DriverUpgradeFailed"
+    assert os.path.exists(str(tmp_path / "ready"))              # the old driver verifies again
+    assert not host.exists(dm.UPGRADE_RECORD)
+    # failed is the administrator's: no retry, no change, round after round
+    patches = len(kube.patches)
+    assert mgr.round() and mgr.round()
+    assert loaded(host) == OLD and len(kube.patches) - patches <= 2   # driver.mode refreshed only
+    assert kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == "failed"
+
+
+def test_an_administrators_driver_without_its_package_is_not_rolled_back_but_says_so(tmp_path):
+    host = node(tmp_path)                   # the administrator's driver: no package of it in the payload cache
+    before = loaded(host)
+    mgr, kube = manager(tmp_path, host, "Always", broken=("deb",))
+    kube.start_upgrade(PAYLOAD)
+    mgr.round()
+    assert kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == "failed"
+    assert "not rolled back (no package of %s" % before in kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]
+
+
+def test_a_restarted_pod_resumes_an_upgrade_half_way_and_knows_what_to_roll_back_to(tmp_path):
+    host, kube = cloud_node(tmp_path)
+    mgr, kube = manager(tmp_path, host, "IfNotPresent", broken=("deb",), kube=kube)
+    kube.start_upgrade(PAYLOAD)
+    # the first pod installed the broken driver and was killed before it verified
+    mgr.write_record(dm.UPGRADE_RECORD, {"from": OLD, "to": PAYLOAD})
+    src = mgr.stage_payload(PAYLOAD)
+    dm.backend.run(host, dm.backend.Request(version=PAYLOAD, src=src, verify=False, force=True), False)
+    kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] = dm.UPGRADE_STATE_INSTALLED
+    assert loaded(host) == PAYLOAD
+    successor, kube = manager(tmp_path, host, "IfNotPresent", broken=("deb",), kube=kube)
+    successor.round()
+    assert loaded(host) == OLD and kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == "failed"
+    assert "rolled back to " + OLD in kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]
+
+
+@pytest.mark.parametrize("labels, annotations, acts", [
+    ({N.LABEL_DRIVER_UPGRADE_STATE: "upgrade-required"}, {N.ANNOTATION_DRIVER_UPGRADE_TARGET: PAYLOAD}, True),
+    ({N.LABEL_DRIVER_UPGRADE_STATE: "driver-installed"}, {N.ANNOTATION_DRIVER_UPGRADE_TARGET: PAYLOAD}, True),
+    ({N.LABEL_DRIVER_UPGRADE_STATE: "upgrade-required"}, {N.ANNOTATION_DRIVER_UPGRADE_TARGET: OLD}, False),
+    ({N.LABEL_DRIVER_UPGRADE_STATE: "upgrade-required"}, {}, False),       # set by hand without a target
+    ({N.LABEL_DRIVER_UPGRADE_STATE: "done"}, {N.ANNOTATION_DRIVER_UPGRADE_TARGET: PAYLOAD}, False),
+    ({N.LABEL_DRIVER_UPGRADE_STATE: "failed"}, {N.ANNOTATION_DRIVER_UPGRADE_TARGET: PAYLOAD}, False),
+    ({}, {}, False),
+])
+def test_which_upgrade_states_are_driver_managers_to_run(tmp_path, labels, annotations, acts):
+    mgr, _kube = manager(tmp_path, node(tmp_path))
+    assert mgr.acts_on(dm.node_upgrade(labels, annotations)) is acts
 
 
 def test_vfnum_entry_applies_through_the_vfnum_code_and_restarts_gpu_device(tmp_path):

@@ -91,8 +91,12 @@ def test_key_data_is_the_table():
     from ansible_collections.metax.gpu.plugins.module_utils.gpu.labels import OWNED_LABEL_KEYS
     assert data["agents"]["gpu-label"] == {"labels": sorted(OWNED_LABEL_KEYS), "annotations": []}
     assert data["agents"]["gpu-device"] == {"labels": [], "annotations": sorted(constants.ANNOTATION_KEYS)}
-    # driver-manager: whose driver it is (shared with gpu-label, one writer per deployment) and the vfnum state
-    assert data["agents"]["driver-manager"]["labels"] == sorted([names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE])
+    # driver-manager: whose driver it is (shared with gpu-label, one writer per deployment), the vfnum
+    # state, and its node's part of the rolling upgrade (state and failure message; the target is the controller's)
+    assert data["agents"]["driver-manager"]["labels"] == sorted([names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE,
+                                                                 names.LABEL_DRIVER_UPGRADE_STATE])
+    assert names.ANNOTATION_DRIVER_UPGRADE_MESSAGE in data["agents"]["driver-manager"]["annotations"]
+    assert names.ANNOTATION_DRIVER_UPGRADE_TARGET not in data["agents"]["driver-manager"]["annotations"]
     assert names.SHARED_NODE_KEYS == (names.LABEL_DRIVER_MODE,)
 
 

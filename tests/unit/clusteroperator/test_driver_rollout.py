@@ -58,10 +58,13 @@ def test_start_cordons_and_records_the_administrators_cordon():
     nodes = [gpu_node("a"), gpu_node("b", cordoned=True), gpu_node("c"), gpu_node("d", version="2.40.1")]
     plan = driver_rollout(spec(policy={"maxParallel": 3, "maxUnavailable": 2}), nodes, T0)
     patches = {p.node: p.body for p in plan.patches}
+    # the target tells the node's driver-manager which payload's pod is to act
+    target = {N.ANNOTATION_DRIVER_UPGRADE_TARGET: "2.40.1"}
     assert patches["a"] == {"spec": {"unschedulable": True},
-                            "metadata": {"labels": {N.LABEL_DRIVER_UPGRADE_STATE: "upgrade-required"}}}
+                            "metadata": {"labels": {N.LABEL_DRIVER_UPGRADE_STATE: "upgrade-required"},
+                                         "annotations": target}}
     assert patches["b"] == {"metadata": {"labels": {N.LABEL_DRIVER_UPGRADE_STATE: "upgrade-required"},
-                                         "annotations": {N.ANNOTATION_PRE_CORDONED: "true"}}}
+                                         "annotations": dict(target, **{N.ANNOTATION_PRE_CORDONED: "true"})}}
     assert set(patches) == {"a", "b"}      # budget 2: b was unavailable already, a takes the last one
     assert plan.status["upgraded"] == 1 and plan.status["inProgress"] == ["a", "b"]
 
@@ -76,6 +79,7 @@ def test_finish_uncordons_only_our_cordon_and_frees_the_budget_at_once():
     assert patches["a"].body["spec"] == {"unschedulable": False}
     assert "spec" not in patches["b"].body                           # the administrator's cordon stays
     assert patches["b"].body["metadata"]["annotations"][N.ANNOTATION_PRE_CORDONED] is None
+    assert patches["a"].body["metadata"]["annotations"][N.ANNOTATION_DRIVER_UPGRADE_TARGET] is None  # nothing left
     assert "d" not in patches                                          # driver.ready not back yet
     # a, b, d were cordoned (budget 3 used up); a's uncordon frees a place: c starts in the same reconcile
     assert patches["c"].action == "start"

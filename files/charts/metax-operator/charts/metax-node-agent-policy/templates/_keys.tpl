@@ -5,9 +5,11 @@
     "driver-manager": {
       "annotations": [
         "metax-tech.com/driver.message",
+        "metax-tech.com/driver.upgrade.message",
         "metax-tech.com/gpu.vfnum.message"
       ],
       "labels": [
+        "metax-tech.com/driver.upgrade-state",
         "metax-tech.com/gpu.driver.mode",
         "metax-tech.com/gpu.vfnum.state"
       ]
