@@ -133,7 +133,8 @@ def task_times(timeline: str) -> Dict[str, float]:
 
 
 def play(inv: str, kubeconfig: str, work: str, *extra: str) -> Tuple[subprocess.CompletedProcess, float, Dict[str, float]]:
-    timeline = tempfile.mktemp(suffix=".jsonl", dir=work)
+    handle, timeline = tempfile.mkstemp(suffix=".jsonl", dir=work)
+    os.close(handle)
     cmd = [os.path.join(BIN, "ansible-playbook"), "-i", inv, "metax.gpu.driver_upgrade", "--check",
            "-e", "driver_upgrade_version=" + UPGRADE_TO, "-e", "metax_gpu_kubeconfig=" + kubeconfig,
            "-e", "driver_upgrade_serial=20", "-e", "driver_upgrade_max_unavailable=10%"] + list(extra)
@@ -169,7 +170,7 @@ def operator_node_reads(kubeconfig: str, rounds: int = 3) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for name, read in (("models", models), ("pages", cluster.nodes)):
         cpu = []
-        for _ in range(rounds):
+        for _round in range(rounds):
             start = time.process_time()
             items = read()
             cpu.append(time.process_time() - start)
@@ -246,8 +247,9 @@ def main() -> int:
     print("|---|---|---|---|")
     for row in rows:
         old, new = row["operator_node_read"]["models"], row["operator_node_read"]["pages"]
-        print("| %d | %.2f / %.1f | %.2f / %.1f | %.1fx |" % (row["nodes"], old["cpu_s"], old["peak_mib"], new["cpu_s"],
-                                                          new["peak_mib"], old["cpu_s"] / max(new["cpu_s"], 1e-6)))
+        print("| %d | %.2f / %.1f | %.2f / %.1f | %.1fx |" % (
+            row["nodes"], old["cpu_s"], old["peak_mib"], new["cpu_s"], new["peak_mib"],
+            old["cpu_s"] / max(new["cpu_s"], 1e-6)))
     if len(rows) > 1:
         first, last = rows[0], rows[-1]
         print("\ngrowth %d -> %d nodes (x%.1f): bastion side x%.2f" % (

@@ -42,7 +42,7 @@ def test_every_item_once_in_order(count, size, pages):
     got = list_all(store.fetch, size)
     assert [i["metadata"]["name"] for i in got.items] == ["n%d" % i for i in range(count)]
     assert got.pages == pages == len(store.calls) and got.restarts == 0 and got.resource_version == "7"
-    assert all(limit == size for limit, _ in store.calls)
+    assert [call[0] for call in store.calls] == [size] * pages
 
 
 def test_expired_token_starts_over_from_the_first_page():
