@@ -40,8 +40,24 @@ OWNED_KINDS: Tuple[Kind, ...] = (
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
 )
 CLUSTER_KINDS = frozenset(("ClusterRole", "ClusterRoleBinding"))
-# Nodes per list request (docs/scale.md): the status round reads every node every STATUS_INTERVAL.
-NODE_PAGE = 500
+# Objects per list request of the status round's node and pod lists (docs/scale.md).
+LIST_PAGE = 500
+
+
+def _raw_pages(call: Any, *args: Any, **params: Any) -> List[Dict[str, Any]]:
+    """Every item of a ``CoreV1Api.list_*`` call, LIST_PAGE per request, decoded from the raw JSON.
+
+    The status round reads every node and each DaemonSet's pods (one per GPU node) every
+    STATUS_INTERVAL; the client's models, built and then sanitized back to dicts, took 4x the CPU
+    and 3x the memory of the JSON itself at 2,000 nodes (docs/scale.md, "operator-controller").
+    """
+    def fetch(limit: int, token: Optional[str]) -> Dict[str, Any]:
+        resp: Any = call(*args, limit=limit, _continue=token, _preload_content=False, **params)
+        try:
+            return json.loads(resp.data)
+        finally:
+            resp.release_conn()
+    return list_all(fetch, LIST_PAGE).items
 
 
 class PodsRemain(MetaxGpuError):
@@ -150,20 +166,11 @@ class Cluster:
         selector = "%s=%s" % (names.LABEL_OPERATOR_OWNER, owner_uid)
         if component is not None:
             selector += ",app.kubernetes.io/name=%s" % component.name
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
-        return [self.api.sanitize_for_serialization(p) for p in pods]
+        # a DaemonSet's pods: one per GPU node
+        return _raw_pages(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
 
     def nodes(self) -> List[Dict[str, Any]]:
-        """Every node, NODE_PAGE per request, decoded from the raw JSON: the client's V1Node models,
-        built then sanitized back to dicts, cost about 2.5 ms of CPU per node, every status round
-        (docs/scale.md, "operator-controller")."""
-        def fetch(limit: int, token: Optional[str]) -> Dict[str, Any]:
-            resp: Any = self.core.list_node(limit=limit, _continue=token, _preload_content=False)
-            try:
-                return json.loads(resp.data)
-            finally:
-                resp.release_conn()
-        return list_all(fetch, NODE_PAGE).items
+        return _raw_pages(self.core.list_node)
 
     def workload(self, component: Component) -> Optional[Dict[str, Any]]:
         read = self.apps.read_namespaced_daemon_set if component.kind == "DaemonSet" \
