@@ -48,8 +48,8 @@ def _raw_pages(call: Any, *args: Any, **params: Any) -> List[Dict[str, Any]]:
     """Every item of a ``CoreV1Api.list_*`` call, LIST_PAGE per request, decoded from the raw JSON.
 
     The status round reads every node and each DaemonSet's pods (one per GPU node) every
-    STATUS_INTERVAL; the client's models, built and then sanitized back to dicts, took 5x the CPU
-    and 2.4x the heap of the JSON itself at 2,000 GPU nodes (docs/scale.md, "operator-controller").
+    STATUS_INTERVAL; the client's models, built and then sanitized back to dicts, took 3-5x the CPU
+    and 2.2-2.4x the heap of the JSON itself at 2,000 GPU nodes (docs/scale.md, "operator-controller").
     """
     def fetch(limit: int, token: Optional[str]) -> Dict[str, Any]:
         resp: Any = call(*args, limit=limit, _continue=token, _preload_content=False, **params)
