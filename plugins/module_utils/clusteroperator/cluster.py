@@ -10,11 +10,13 @@ see kube/client.py); decisions are made by the pure functions of
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import names
 from ..errors import MetaxGpuError
 from ..kube.client import HAS_KUBERNETES, ApiException, KubeClientError
+from ..kube.pages import list_all
 from .apis import OPTIONAL_KINDS, Kind, ServedKinds, delete_policy, group_versions, owned_kinds, served_of
 from .contract import Component, matches
 from .driver_rollout import RolloutPlan, driver_rollout
@@ -38,6 +40,24 @@ OWNED_KINDS: Tuple[Kind, ...] = (
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
 )
 CLUSTER_KINDS = frozenset(("ClusterRole", "ClusterRoleBinding"))
+# Objects per list request of the status round's node and pod lists (docs/scale.md).
+LIST_PAGE = 500
+
+
+def _raw_pages(call: Any, *args: Any, **params: Any) -> List[Dict[str, Any]]:
+    """Every item of a ``CoreV1Api.list_*`` call, LIST_PAGE per request, decoded from the raw JSON.
+
+    The status round reads every node and each DaemonSet's pods (one per GPU node) every
+    STATUS_INTERVAL; the client's models, built and then sanitized back to dicts, took 3-5x the CPU
+    and 2.2-2.4x the heap of the JSON itself at 2,000 GPU nodes (docs/scale.md, "operator-controller").
+    """
+    def fetch(limit: int, token: Optional[str]) -> Dict[str, Any]:
+        resp: Any = call(*args, limit=limit, _continue=token, _preload_content=False, **params)
+        try:
+            return json.loads(resp.data)
+        finally:
+            resp.release_conn()
+    return list_all(fetch, LIST_PAGE).items
 
 
 class PodsRemain(MetaxGpuError):
@@ -146,11 +166,11 @@ class Cluster:
         selector = "%s=%s" % (names.LABEL_OPERATOR_OWNER, owner_uid)
         if component is not None:
             selector += ",app.kubernetes.io/name=%s" % component.name
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
-        return [self.api.sanitize_for_serialization(p) for p in pods]
+        # a DaemonSet's pods: one per GPU node
+        return _raw_pages(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
 
     def nodes(self) -> List[Dict[str, Any]]:
-        return [self.api.sanitize_for_serialization(n) for n in self.core.list_node().items]
+        return _raw_pages(self.core.list_node)
 
     def workload(self, component: Component) -> Optional[Dict[str, Any]]:
         read = self.apps.read_namespaced_daemon_set if component.kind == "DaemonSet" \

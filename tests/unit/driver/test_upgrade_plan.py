@@ -5,7 +5,8 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.metax.gpu.plugins.filter.driver_upgrade import (
-    driver_upgrade_plan, driver_upgrade_validation, metax_label_removal)
+    driver_upgrade_evictions, driver_upgrade_host_map, driver_upgrade_node_plan, driver_upgrade_plan,
+    driver_upgrade_validation, metax_label_removal)
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 
 
@@ -90,3 +91,36 @@ def test_the_plan_is_the_rollout_planners_played_forward():
     plan = driver_upgrade_plan([ours, node("b"), node("c"), node("d")], NAMES, serial=1, max_unavailable=1)
     assert plan["resumed"] == ["a"] and plan["batches"] == [["a"], ["b"], ["c"], ["d"]]
     assert plan["already_unavailable"] == ["a"] and plan["batch_budget"] == 0
+
+
+def gpu_pod(name, node, gpu=True, phase="Running"):
+    res = {"limits": {N.RESOURCE_NAME: "1"}} if gpu else {}
+    return {"metadata": {"name": name, "namespace": "ml"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": res}]}, "status": {"phase": phase}}
+
+
+def test_evictions_split_one_pod_list_by_node_as_evict_gpu_pods_selects():
+    pods = [gpu_pod("a1", "a"), gpu_pod("a2", "a", gpu=False), gpu_pod("b1", "b", phase="Succeeded"),
+            gpu_pod("x1", "x"), {"metadata": {"name": "pending"}, "spec": {}}]
+    assert driver_upgrade_evictions(pods, ["a", "b", "c"]) == {"a": ["ml/a1"], "b": [], "c": []}
+    assert driver_upgrade_evictions(pods, ["a"], drain=True) == {"a": ["ml/a1", "ml/a2"]}
+
+
+def test_host_map_names_nodes_by_metax_gpu_node_name():
+    hostvars = {"h1": {"metax_gpu_node_name": "node-1", "metax_gpu_host_root": "/sim/1"}, "h2": {}}
+    assert driver_upgrade_host_map(["h1", "h2"], hostvars) == {
+        "node-1": {"host": "h1", "root": "/sim/1"}, "h2": {"host": "h2", "root": "/"}}
+
+
+def test_node_plan_joins_the_node_checks_and_the_evictions():
+    changes = [{"item": "a", "plan": {"from_version": "2.1", "to_version": "2.2", "steps": ["unload"]}},
+               {"item": "b", "plan": {"from_version": "2.0", "to_version": "2.2", "steps": []}}]
+    rollback = [{"item": changes[0], "plan": {"package": {"path": "/var/cache/metax-driver/a.deb"}}},
+                {"item": changes[1], "failed": True, "plan": {"package": {"path": "/x.deb"}}}]
+    plan = driver_upgrade_node_plan(["a", "b", "c"], changes, rollback, {"a": ["ml/p"]}, ["b"])
+    assert plan["a"] == {"from": "2.1", "to": "2.2", "steps": ["unload"], "evict": ["ml/p"],
+                         "rollback_package": "/var/cache/metax-driver/a.deb", "pre_cordoned": False}
+    assert plan["b"]["rollback_package"] == "" and plan["b"]["pre_cordoned"] is True
+    # not asked (driver_upgrade_check_nodes: false in check mode): the plan without versions
+    assert plan["c"] == {"from": None, "to": None, "steps": [], "evict": [], "rollback_package": "",
+                         "pre_cordoned": False}

@@ -1,0 +1,112 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""Paged lists against a real kube-apiserver (issue 29): metax.gpu.kube_list and driver_upgrade --check.
+
+A private control plane (controlplane.py: no kubelets, the shared local
+cluster is not needed) holds 120 Node objects (Ready, gpu.installed on every
+second one) and a GPU pod bound to every fourth node. Then:
+
+- metax.gpu.kube_list reads them 50 a page: 3 requests, every node once,
+  label and field selectors as the API server applies them;
+- the real driver_upgrade playbook with --check and
+  driver_upgrade_check_nodes=false (the bastion side only: fake nodes have
+  no host) plans every node of gpu_nodes in pages of 25 and prints, for
+  each node, exactly the GPU pods bound to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from controlplane import ControlPlane
+
+from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client, core_v1
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.path.dirname(sys.executable)
+COUNT = 120
+NAMESPACE = "ml"
+
+
+def gpu_pod(index, node):
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train-%03d" % index, "namespace": NAMESPACE},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.invalid/train:1", "resources": {
+                "limits": {N.RESOURCE_NAME: "1"}, "requests": {N.RESOURCE_NAME: "1"}}}]}}
+
+
+@pytest.fixture(scope="module")
+def cp():
+    plane = ControlPlane().start()
+    try:
+        nodes = [{"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": "node-%03d" % i, "labels": {N.LABEL_GPU_INSTALLED: "true"} if i % 2 == 0 else {}}}
+            for i in range(COUNT)]
+        res = plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
+        assert res.returncode == 0, res.stderr
+        # Ready through the status subresource (no kubelet reports it), with the client: a kubectl per node is slow
+        core = core_v1(api_client(plane.kubeconfig))
+        for node in nodes:
+            core.patch_node_status(node["metadata"]["name"],
+                                   {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        for args in (("create", "namespace", NAMESPACE), ("create", "serviceaccount", "default", "-n", NAMESPACE)):
+            assert plane.kubectl(*args).returncode == 0
+        pods = [gpu_pod(i, "node-%03d" % i) for i in range(0, COUNT, 4)]
+        res = plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods}))
+        assert res.returncode == 0, res.stderr
+        yield plane
+    finally:
+        plane.stop()
+
+
+def _env():
+    return dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".build", "collections"),
+                ANSIBLE_PYTHON_INTERPRETER=sys.executable, PYTHONWARNINGS="ignore",
+                PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+
+
+def kube_list(cp, **args):
+    args["kubeconfig"] = cp.kubeconfig
+    proc = subprocess.run([os.path.join(BIN, "ansible"), "localhost", "-m", "metax.gpu.kube_list", "-a", json.dumps(args),
+                           "-o"], capture_output=True, text=True, env=_env(), timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("=>", 1)[1])
+
+
+def test_every_node_once_in_pages(cp):
+    out = kube_list(cp, kind="Node", page_size=50)
+    names = [n["metadata"]["name"] for n in out["resources"]]
+    assert sorted(names) == ["node-%03d" % i for i in range(COUNT)] and out["pages"] == 3
+    assert out["restarts"] == 0 and out["resource_version"] and out["changed"] is False
+    gpu = kube_list(cp, kind="Node", page_size=7, label_selectors=[N.LABEL_GPU_INSTALLED + "=true"])
+    assert len(gpu["resources"]) == COUNT // 2 and gpu["pages"] >= 9   # a filtered page may hold fewer
+    pods = kube_list(cp, kind="Pod", page_size=10, field_selectors=["spec.nodeName=node-004"])
+    assert [p["metadata"]["name"] for p in pods["resources"]] == ["train-004"]
+
+
+def test_driver_upgrade_check_plans_every_node_from_pages(cp, tmp_path):
+    hosts = {"node-%03d" % i: {} for i in range(COUNT)}
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"all": {"vars": {"ansible_connection": "local"},
+                                             "children": {"gpu_nodes": {"hosts": hosts}}}}))
+    proc = subprocess.run(
+        [os.path.join(BIN, "ansible-playbook"), "-i", str(inventory), "metax.gpu.driver_upgrade", "--check",
+         "-e", "driver_upgrade_version=2.40.1", "-e", "metax_gpu_kubeconfig=" + cp.kubeconfig,
+         "-e", "driver_upgrade_check_nodes=false", "-e", "driver_upgrade_page_size=25",
+         "-e", "driver_upgrade_serial=10", "-e", "driver_upgrade_max_unavailable=10%"],
+        capture_output=True, text=True, env=_env(), timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    plan = proc.stdout[proc.stdout.index("Show the plan"):]
+    for i in range(COUNT):
+        # each node's entry, and in it its own pod only
+        entry = plan[plan.index('"node-%03d": {' % i):]
+        entry = entry[:entry.index("}")]
+        assert ('"%s/train-%03d"' % (NAMESPACE, i) in entry) == (i % 4 == 0), entry
+        assert '"from": null' in entry
+    assert plan.count('"%s/train-' % NAMESPACE) == COUNT // 4
+    assert ": Cordon]" not in proc.stdout
