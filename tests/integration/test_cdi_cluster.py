@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -146,6 +147,11 @@ def pod_report(agents, name):
     wait_for(running, 180, "the GPU pod %s running" % name)
     log = wait_for(lambda: "METAX_VISIBLE_DEVICES=" in agents.api.read_namespaced_pod_log(name, NS), 30,
                    "the pod's report") and agents.api.read_namespaced_pod_log(name, NS)
+    return parse_report(log)
+
+
+def parse_report(log):
+    """SCRIPT's output: ({"dri": [...], "mxcd": ..., "maca": ..., "mount": ...}, env)."""
     report, env = {}, {}
     for line in log.splitlines():
         key, sep, value = line.partition(": ")
@@ -194,6 +200,111 @@ def test_a_pod_gets_exactly_its_devices_and_maca_through_cdi(cdi_agent):
         assert answers[-1]["mode"] == "cdi"
     finally:
         agents.api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+# The manual's section 3.3: the application is built in a stage that has MXMACA (the vendor's MACA image;
+# here the base image with a MACA tree copied in, of another version than the node's), and its final
+# stage is a plain base image. ``with-maca`` is the same application as an image without the operator
+# would have to be: on top of its MACA (the image-size comparison).
+APP_CONTAINERFILE = """\
+FROM {base} AS build
+COPY maca/ /opt/maca/
+COPY gpu-app.sh /src/gpu-app.sh
+RUN head -1 /opt/maca/Version.txt > /src/BUILT_WITH \\
+ && install -D -m 0755 /src/gpu-app.sh /app/gpu-app && install -m 0644 /src/BUILT_WITH /app/BUILT_WITH
+
+FROM build AS with-maca
+ENTRYPOINT ["/app/gpu-app"]
+
+FROM {base}
+COPY --from=build /app /app
+ENTRYPOINT ["/app/gpu-app"]
+"""
+BUILD_MACA_VERSION = "2.23.0.4"
+# the Job's report: SCRIPT's, without the sleep
+APP_SCRIPT = "#!/bin/sh\necho built: $(cat /app/BUILT_WITH)\n" + SCRIPT.replace("; sleep 3600", "") + "\n"
+
+
+def podman(cluster, *args, timeout=600):
+    res = subprocess.run(["podman", *args], env=cluster.env, capture_output=True, text=True, timeout=timeout,
+                         stdin=subprocess.DEVNULL, check=False)
+    assert res.returncode == 0, "podman %s: %s" % (" ".join(args), res.stderr[-2000:])
+    return res.stdout.strip()
+
+
+def du(path):
+    return sum(os.lstat(os.path.join(d, f)).st_size for d, _dirs, files in os.walk(path) for f in files)
+
+
+@pytest.fixture(scope="module")
+def maca_app(cluster, tmp_path_factory):
+    """The section 3.3 image built and pushed; its size and the with-MACA variant's, for the record."""
+    ctx = tmp_path_factory.mktemp("maca-app")
+    build_root = HostRoot(str(tmp_path_factory.mktemp("build-maca")))
+    shutil.copytree(build_root.join(install_maca(build_root, BUILD_MACA_VERSION, activate=False).lstrip("/")),
+                    str(ctx / "maca"))
+    (ctx / "gpu-app.sh").write_text(APP_SCRIPT)
+    (ctx / "Containerfile").write_text(APP_CONTAINERFILE.format(base=cluster.base_image))
+    tag = uuid.uuid4().hex[:10]
+    local = {"app": "localhost/metax-gpu/maca-app:" + tag, "with-maca": "localhost/metax-gpu/maca-app:with-maca-" + tag}
+    try:
+        podman(cluster, "build", "--quiet", "--network", "none", "-t", local["with-maca"], "--target", "with-maca",
+               str(ctx))
+        podman(cluster, "build", "--quiet", "--network", "none", "-t", local["app"], str(ctx))
+        sizes = {k: int(podman(cluster, "image", "inspect", "--format", "{{.Size}}", ref)) for k, ref in local.items()}
+        maca_in_final = podman(cluster, "run", "--rm", "--network", "none", "--entrypoint", "sh", local["app"], "-c",
+                               "test -e /opt/maca && echo present || echo absent")
+        ref = "%s/metax-gpu/maca-app:%s" % (cluster.registry, tag)
+        podman(cluster, "push", "--quiet", "--tls-verify=false", local["app"], "docker://" + ref)
+    finally:
+        for image in local.values():
+            subprocess.run(["podman", "rmi", "-f", image], env=cluster.env, capture_output=True,
+                           stdin=subprocess.DEVNULL, check=False)
+    print("\nsection 3.3 image: %d bytes without MACA, %d with (MACA tree %d bytes)"
+          % (sizes["app"], sizes["with-maca"], du(str(ctx / "maca"))))
+    return {"ref": ref, "sizes": sizes, "maca_bytes": du(str(ctx / "maca")), "maca_in_final": maca_in_final}
+
+
+def test_the_manuals_multi_stage_image_runs_as_a_job_with_the_nodes_maca(cdi_agent, maca_app):
+    """Manual section 3.3: the image has no /opt/maca; as a Job asking for two GPUs it sees exactly the
+    allocator's pair and the node's MACA (not the version it was built with), through CDI."""
+    agents = cdi_agent
+    assert maca_app["maca_in_final"] == "absent"
+    assert maca_app["sizes"]["with-maca"] - maca_app["sizes"]["app"] >= maca_app["maca_bytes"], maca_app
+    count = agents.gpus()
+    wait_for(lambda: agents.gpu_resources() == (count, count), 60, "allocatable %d" % count)
+    inv = discover(agents.sim())
+    busy = {d["id"] for d in devices_annotation(agents) or [] if d["allocated"]}
+    free = [d.index for d in inv.devices if d.healthy and d.id not in busy]
+    pair = [inv.devices[i] for i in allocate(inv.topology, free, 2).devices]
+    name = "maca-app-%s" % uuid.uuid4().hex[:6]
+    agents.apply({
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": NS},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "nodeSelector": {"kubernetes.io/hostname": agents.node}, "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "app", "image": maca_app["ref"],
+                            "resources": {"limits": {GPU: "2"}}}]}}}})
+    from kubernetes import client
+    batch = client.BatchV1Api(agents.api.api_client)
+    try:
+        def finished():
+            status = batch.read_namespaced_job_status(name, NS).status
+            assert not status.failed, agents.diagnose()
+            return bool(status.succeeded)
+        wait_for(finished, 180, "the Job %s succeeded" % name)
+        (pod,) = agents.api.list_namespaced_pod(NS, label_selector="job-name=" + name).items
+        log = agents.api.read_namespaced_pod_log(pod.metadata.name, NS)
+        report, env = parse_report(log)
+        assert "built: Version:" + BUILD_MACA_VERSION in log, log
+        assert report["dri"] == sorted([d.drm_card for d in pair] + [d.drm_render for d in pair]), report
+        assert report["mxcd"] == "/dev/mxcd" and report["maca"] == "Version:" + MACA_VERSION, report
+        assert report["mount"].split(",")[0] == "ro", report
+        assert env["MACA_PATH"] == "/opt/maca"
+        assert env["LD_LIBRARY_PATH"].startswith("/opt/maca/lib:/opt/maca/mxgpu_llvm/lib")
+        assert env["METAX_VISIBLE_DEVICES"] == ",".join(d.id for d in pair)
+    finally:
+        batch.delete_namespaced_job(name, NS, propagation_policy="Background", grace_period_seconds=0)
 
 
 def test_a_failed_gpu_leaves_the_spec_and_a_new_pod_still_starts(cdi_agent):
