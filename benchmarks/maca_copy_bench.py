@@ -100,7 +100,7 @@ def timed(fn) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--gib", type=float, default=3.0)
     parser.add_argument("--work", default=None, help="scratch directory (default: a new one in /var/tmp)")
     parser.add_argument("--json", default=None)

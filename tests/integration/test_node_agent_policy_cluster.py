@@ -268,7 +268,8 @@ def test_a_key_outside_our_domain_is_denied(tokens, agent, field, key):
 @pytest.mark.parametrize("agent, field, key, owner", [
     ("gpu-label", "annotations", P + "gpu.devices", "is owned by gpu-device"),
     ("gpu-device", "labels", P + "gpu.product", "is owned by gpu-label"),
-    ("gpu-label", "labels", P + "driver.upgrade-state", "is owned by no node agent"),
+    # driver-manager reports its node's rolling upgrade (issue 25); the other agents may not
+    ("gpu-label", "labels", P + "driver.upgrade-state", "is owned by driver-manager"),
     # the operator-controller's readiness chain: an agent faking it would start gpu-device too early
     ("gpu-label", "labels", P + "runtime.ready", "is owned by no node agent"),
     ("gpu-device", "labels", P + "maca.ready", "is owned by no node agent"),

@@ -113,6 +113,10 @@ class Operator:
         # One reconcile at a time, discovery and render included: a render made
         # with an older answer must not apply or prune after a newer one.
         with self._lock:
+            if not self._still_current(body):
+                # A late caller (a CRD event handled after the CR was deleted) must not
+                # recreate what the cleanup removed: cluster-scoped objects would be orphaned.
+                return {"applied": 0, "deleted": 0}
             served = self.cluster.served.get(refresh=True)
             desired = self._render(body, served)
             self._remember(body, desired)
@@ -120,6 +124,12 @@ class Operator:
             self._reconciled_version = self._desired_version
             self._reconciled_served = served
             return counts
+
+    def _still_current(self, body: Mapping[str, Any]) -> bool:
+        """Whether the ClusterOperator ``body`` still exists as that object (same uid) and is not being deleted."""
+        fresh = self.cluster.get(body)
+        meta = (fresh or {}).get("metadata") or {}
+        return fresh is not None and not meta.get("deletionTimestamp") and meta.get("uid") == body["metadata"]["uid"]
 
     def apis_changed(self, owner: Optional[Mapping[str, Any]], handled: bool = True) -> Optional[Dict[str, int]]:
         """An optional kind's CRD changed: reconcile when what the cluster serves is not what the
@@ -222,7 +232,8 @@ class Operator:
     def cleanup(self, body: Dict[str, Any]) -> List[str]:
         """Everything of ours goes: objects, then every metax-tech.com/ node label and annotation."""
         uid = body["metadata"]["uid"]
-        self.cluster.prune(uid, None)
+        with self._lock:  # a reconcile under way finishes first; any later one sees the CR going
+            self.cluster.prune(uid, None)
         if self.cluster.pods(uid):
             raise _retry("component pods are still terminating")
         return self.cluster.strip_nodes([names.PREFIX], [names.PREFIX])

@@ -16,7 +16,7 @@ from agent_process import agent_env
 from ansible_collections.metax.gpu.plugins.module_utils.sim.maca import PRODUCT_FILE, write_tree
 
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.maca_manager"
-IMAGES = ["127.0.0.1:5000/metax-gpu/maca-n100:2.18.0.3", "127.0.0.1:5000/metax-gpu/maca-c500:2.18.0.3"]
+IMAGES = ("127.0.0.1:5000/metax-gpu/maca-n100:2.18.0.3", "127.0.0.1:5000/metax-gpu/maca-c500:2.18.0.3")
 
 
 def payloads(tmp_path, version="2.18.0.3"):
