@@ -23,7 +23,6 @@ names.py without a rerun fails the unit tests.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -33,6 +32,8 @@ from types import ModuleType
 from typing import Dict, List, Mapping, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "lib"))
+import generated_files  # noqa: E402  (scripts/lib, shared with gen_operator_values.py)
 NAMES_PY = os.path.join("plugins", "module_utils", "names.py")
 CHARTS = os.path.join("files", "charts")
 LIBRARY = "metax-node-agent-policy"
@@ -139,57 +140,23 @@ def expected_files(root: str = ROOT) -> Tuple[Dict[str, bytes], List[str]]:
 def out_of_date(root: str = ROOT) -> List[str]:
     """Generated paths whose content differs, are missing, or should not be there (stale copies)."""
     want, vendored = expected_files(root)
-    stale = []
-    for rel, content in sorted(want.items()):
-        path = os.path.join(root, rel)
-        try:
-            with open(path, "rb") as handle:
-                if handle.read() == content:
-                    continue
-        except OSError:
-            pass
-        stale.append(rel)
+    extra = []
     for copy in vendored:
         for dirpath, _dirs, files in os.walk(os.path.join(root, copy)):
             for fname in files:
                 rel = os.path.relpath(os.path.join(dirpath, fname), root)
                 if rel not in want:
-                    stale.append(rel)
-    return sorted(stale)
+                    extra.append(rel)
+    return generated_files.stale_paths(root, want, extra)
 
 
 def write(root: str = ROOT) -> List[str]:
     """Bring every generated file up to date; returns the paths written or removed."""
-    want, _vendored = expected_files(root)
-    changed = out_of_date(root)
-    for rel in changed:
-        path = os.path.join(root, rel)
-        if rel in want:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as handle:
-                handle.write(want[rel])
-        else:
-            os.unlink(path)
-    return changed
+    return generated_files.bring_up_to_date(root, expected_files(root)[0], out_of_date(root))
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--check", action="store_true", help="only report files out of date (exit 1 if any)")
-    parser.add_argument("--root", default=ROOT, help="the collection's root (default: this checkout)")
-    args = parser.parse_args(argv)
-    try:
-        if args.check:
-            stale = out_of_date(args.root)
-            for rel in stale:
-                print("out of date: %s (run scripts/gen_node_agent_policy.py)" % rel)
-            return 1 if stale else 0
-        for rel in write(args.root):
-            print("wrote %s" % rel)
-    except TableError as exc:
-        print("gen_node_agent_policy: %s" % exc, file=sys.stderr)
-        return 2
-    return 0
+    return generated_files.main(argv, __doc__ or "", ROOT, "scripts/gen_node_agent_policy.py", out_of_date, write, (TableError,))
 
 
 if __name__ == "__main__":

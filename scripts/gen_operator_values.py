@@ -34,7 +34,6 @@ option changed without a rerun fails the unit tests. Standard library only.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -43,6 +42,8 @@ import sys
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "lib"))
+import generated_files  # noqa: E402  (scripts/lib, shared with gen_node_agent_policy.py)
 CHARTS = os.path.join("files", "charts")
 SHARED_CHART = os.path.join(CHARTS, "metax-gpu-extensions")
 TARGET_CHART = os.path.join(CHARTS, "metax-operator")
@@ -215,43 +216,16 @@ def expected_files(root: str = ROOT) -> Dict[str, str]:
 
 
 def out_of_date(root: str = ROOT) -> List[str]:
-    stale = []
-    for rel, content in sorted(expected_files(root).items()):
-        try:
-            if _read(root, rel) == content:
-                continue
-        except OSError:
-            pass
-        stale.append(rel)
-    return stale
+    return generated_files.stale_paths(root, expected_files(root))
 
 
 def write(root: str = ROOT) -> List[str]:
-    want = expected_files(root)
-    changed = out_of_date(root)
-    for rel in changed:
-        with open(os.path.join(root, rel), "w", encoding="utf-8") as handle:
-            handle.write(want[rel])
-    return changed
+    return generated_files.bring_up_to_date(root, expected_files(root), out_of_date(root))
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--check", action="store_true", help="only report files out of date (exit 1 if any)")
-    parser.add_argument("--root", default=ROOT, help="the collection's root (default: this checkout)")
-    args = parser.parse_args(argv)
-    try:
-        if args.check:
-            stale = out_of_date(args.root)
-            for rel in stale:
-                print("out of date: %s (run scripts/gen_operator_values.py)" % rel)
-            return 1 if stale else 0
-        for rel in write(args.root):
-            print("wrote %s" % rel)
-    except (SharingError, ValueError) as exc:
-        print("gen_operator_values: %s" % exc, file=sys.stderr)
-        return 2
-    return 0
+    return generated_files.main(argv, __doc__ or "", ROOT, "scripts/gen_operator_values.py", out_of_date, write,
+                                (SharingError, ValueError))
 
 
 if __name__ == "__main__":
