@@ -6,24 +6,31 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Optional, TypeVar
 
 import pytest
 
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, what: str = "the condition", interval: float = 1.0,
-               diagnose: Iterable[Callable[[], str]] = ()) -> T:
-    """The predicate's first truthy value; on timeout the test fails with ``what`` and each ``diagnose()``."""
+def poll(predicate: Callable[[], T], timeout: float, interval: float = 1.0) -> Optional[T]:
+    """The predicate's first truthy value, or None once ``timeout`` has passed (for callers with a fallback)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            break
+            return None
         time.sleep(interval)
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str = "the condition", interval: float = 1.0,
+               diagnose: Iterable[Callable[[], str]] = ()) -> T:
+    """The predicate's first truthy value; on timeout the test fails with ``what`` and each ``diagnose()``."""
+    value = poll(predicate, timeout, interval)
+    if value:
+        return value
     context = []
     for describe in diagnose:
         try:

@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import node_policy  # noqa: E402
-from polling import wait_until  # noqa: E402
+from polling import poll, wait_until  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.registration import socket_identity  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import allocate  # noqa: E402
@@ -196,9 +196,7 @@ class Agents:
 
         def gone():
             return not self.api.list_namespaced_pod(NS, label_selector="app=%s" % name).items
-        try:
-            wait_for(gone, 60, "%s pods gone" % name, interval=1)
-        except AssertionError:
+        if not poll(gone, 60):
             # a pod whose kubelet is gone (a node restarted or taken down by
             # another session) is never confirmed deleted: force it, as
             # `kubectl delete --force` would, so teardown cannot hang
