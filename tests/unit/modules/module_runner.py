@@ -7,6 +7,7 @@ mode without a subprocess.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Dict, Tuple
 from unittest import mock
 
@@ -48,3 +49,19 @@ def run_module(module, args: Dict[str, Any], check_mode: bool = False, diff: boo
         except _Exit as done:
             return done.failed, json.loads(json.dumps(done.result))
     raise AssertionError("%s.main() returned without exit_json or fail_json" % module.__name__)
+
+
+def tree(root: str) -> Dict[str, Any]:
+    """Every path under a root -> its content, link target or 'dir': what 'changes nothing' is measured against."""
+    out: Dict[str, Any] = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in sorted(dirs + files):
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                out[path] = "-> " + os.readlink(path)
+            elif os.path.isfile(path):
+                with open(path, "rb") as handle:
+                    out[path] = handle.read()
+            else:
+                out[path] = "dir"
+    return out

@@ -13,24 +13,11 @@ import pytest
 from ansible_collections.metax.gpu.plugins.modules import driver
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator, pkgtool
 
-from module_runner import run_module
+from module_runner import run_module, tree
 
 CACHE = "var/cache/metax-driver"
 
 
-def _tree(root):
-    out = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in sorted(dirs + files):
-            path = os.path.join(dirpath, name)
-            if os.path.islink(path):
-                out[path] = "-> " + os.readlink(path)
-            elif os.path.isfile(path):
-                with open(path, "rb") as handle:
-                    out[path] = handle.read()
-            else:
-                out[path] = "dir"
-    return out
 
 
 @pytest.fixture
@@ -52,12 +39,12 @@ def test_upgrade_check_mode_predicts_and_changes_nothing_then_idempotent(node):
     host = node()
     old = _loaded(host)
     args = {"host_root": host.path, "version": "2.40.1", "src": "/" + CACHE}
-    before = _tree(host.path)
+    before = tree(host.path)
     failed, predicted = run_module(driver, args, check_mode=True, diff=True)
     assert not failed and predicted["changed"] is True
     assert predicted["plan"]["steps"] == ["unload", "install", "load"]
     assert (predicted["plan"]["from_version"], predicted["plan"]["to_version"]) == (old, "2.40.1")
-    assert _tree(host.path) == before
+    assert tree(host.path) == before
     failed, result = run_module(driver, args, diff=True)
     assert not failed, result
     assert result["changed"] is True and result["diff"] == predicted["diff"]
@@ -77,11 +64,11 @@ def test_rpm_node_installs_the_rpm_and_ignores_the_deb(node):
 
 def test_deb_named_explicitly_on_an_rpm_node_is_refused_unchanged(node):
     host = node(kind="rpm")
-    before = _tree(host.path)
+    before = tree(host.path)
     failed, result = run_module(driver, {"host_root": host.path, "version": "2.40.1",
                                          "src": "/%s/metax-driver_2.40.1_amd64.deb" % CACHE})
     assert failed and result["changed"] is False and "rpm" in result["msg"]
-    assert _tree(host.path) == before
+    assert tree(host.path) == before
 
 
 def test_vendor_run_install_then_absent(node):
@@ -107,10 +94,10 @@ def test_refuses_while_a_process_holds_a_gpu_open_unless_forced(node):
     with open(host.join("proc/4242/comm"), "w") as handle:
         handle.write("train.py\n")
     args = {"host_root": host.path, "version": "2.40.1", "src": "/" + CACHE}
-    before = _tree(host.path)
+    before = tree(host.path)
     failed, result = run_module(driver, args)
     assert failed and "4242 (train.py): /dev/dri/card0" in result["msg"] and result["changed"] is False
-    assert _tree(host.path) == before
+    assert tree(host.path) == before
     failed, result = run_module(driver, dict(args, force=True))
     assert not failed and _loaded(host) == "2.40.1"
 
@@ -138,10 +125,10 @@ def test_the_load_command_is_a_seam(node, tmp_path):
 def test_never_policy_verifies_only(node):
     host = node()
     current = _loaded(host)
-    before = _tree(host.path)
+    before = tree(host.path)
     failed, result = run_module(driver, {"host_root": host.path, "version": current, "deploy_policy": "Never"})
     assert not failed and result["changed"] is False and result["verify"]["version_ok"]
-    assert _tree(host.path) == before
+    assert tree(host.path) == before
     failed, result = run_module(driver, {"host_root": host.path, "version": "9.9", "deploy_policy": "Never"})
     assert failed and "Never" in result["msg"]
 
@@ -156,13 +143,13 @@ def test_always_reinstalls_every_run(node):
 
 def test_bad_input_changes_nothing(node):
     host = node()
-    before = _tree(host.path)
+    before = tree(host.path)
     for args, words in (({"state": "latest", "version": "1.0", "src": "/" + CACHE}, "latest"),
                         ({"version": "2.40.1", "src": "/nowhere"}, "no such file"),
                         ({"version": "7.0", "src": "/" + CACHE}, "no version 7.0")):
         failed, result = run_module(driver, dict(args, host_root=host.path))
         assert failed and words in result["msg"], result
-    assert _tree(host.path) == before
+    assert tree(host.path) == before
 
 
 def test_no_package_tools_and_no_src(make_node):
@@ -173,9 +160,9 @@ def test_no_package_tools_and_no_src(make_node):
 
 def test_simulator_tools_leave_nothing_behind(make_node):
     host = make_node("1xC500")
-    before = _tree(host.path)
+    before = tree(host.path)
     pkgtool.install_tools(host.path, "rpm")
     pkgtool.remove_tools(host.path)
-    after = _tree(host.path)
+    after = tree(host.path)
     state_file = host.join(".metax-sim/state.json")
     assert {k for k in after if k != state_file} == {k for k in before if k != state_file}

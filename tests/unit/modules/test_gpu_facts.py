@@ -2,36 +2,19 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from ansible_collections.metax.gpu.plugins.modules import gpu_facts
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
 
-from module_runner import run_module
+from module_runner import run_module, tree
 
 
 @pytest.fixture(scope="module")
 def node8(tmp_path_factory):
     from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset
     return generator.create(str(tmp_path_factory.mktemp("n8")), preset("8xC500"))
-
-
-def _tree(root):
-    """Every path and file content under a root: what 'changes nothing' is measured against."""
-    out = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in sorted(dirs + files):
-            path = os.path.join(dirpath, name)
-            if os.path.islink(path):
-                out[path] = "-> " + os.readlink(path)
-            elif os.path.isfile(path):
-                with open(path, "rb") as handle:
-                    out[path] = handle.read()
-            else:
-                out[path] = "dir"
-    return out
 
 
 def test_reports_8_gpus_two_groups_and_driver(node8):
@@ -47,9 +30,9 @@ def test_reports_8_gpus_two_groups_and_driver(node8):
 def test_check_mode_result_equals_the_normal_run_and_changes_nothing(node8):
     generator.fail_gpu(node8, 2)
     try:
-        before = _tree(node8.path)
+        before = tree(node8.path)
         failed_check, checked = run_module(gpu_facts, {"host_root": node8.path}, check_mode=True, diff=True)
-        assert _tree(node8.path) == before
+        assert tree(node8.path) == before
         failed_real, real = run_module(gpu_facts, {"host_root": node8.path}, diff=True)
     finally:
         generator.recover_gpu(node8, 2)

@@ -10,8 +10,7 @@ from ansible_collections.metax.gpu.plugins.modules import vfnum
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover
 from ansible_collections.metax.gpu.plugins.module_utils.vfnum import backend
 
-from module_runner import run_module
-from test_gpu_facts import _tree
+from module_runner import run_module, tree
 
 
 @pytest.fixture
@@ -44,10 +43,10 @@ def test_zero_to_four_and_back_with_before_after_per_device(sriov):
 
 def test_idempotent_second_run_changes_nothing(sriov):
     assert _run(sriov, vfnum=2)[1]["changed"] is True
-    before = _tree(sriov.path)
+    before = tree(sriov.path)
     failed, result = _run(sriov, vfnum=2)
     assert not failed and result["changed"] is False
-    assert _tree(sriov.path) == before
+    assert tree(sriov.path) == before
 
 
 @pytest.mark.parametrize("start,target", [(0, 4), (4, 8), (2, 0), (4, 4)])
@@ -55,9 +54,9 @@ def test_check_mode_predicts_the_real_run_and_writes_nothing(make_node, start, t
     host = make_node("2xC550-sriov")
     if start:
         assert not _run(host, vfnum=start)[0]
-    before = _tree(host.path)
+    before = tree(host.path)
     failed_check, checked = _run(host, vfnum=target, check_mode=True)
-    assert not failed_check and _tree(host.path) == before
+    assert not failed_check and tree(host.path) == before
     failed_real, real = _run(host, vfnum=target)
     assert not failed_real
     assert (checked["changed"], checked["diff"], checked["devices"]) == \
@@ -85,11 +84,11 @@ def test_devices_by_index_and_address(sriov):
     ({"vfnum": 2, "devices": ["5"]}, "unknown GPU(s) '5'"),
 ])
 def test_bad_input_fails_clearly_and_changes_nothing(sriov, args, message):
-    before = _tree(sriov.path)
+    before = tree(sriov.path)
     failed, result = _run(sriov, **args)
     assert failed and message in result["msg"]
     assert "Traceback" not in json.dumps(result)
-    assert _tree(sriov.path) == before
+    assert tree(sriov.path) == before
 
 
 def test_node_without_sriov_is_forbidden(make_node):
@@ -110,12 +109,12 @@ def test_refuses_while_a_vf_is_open_unless_forced(sriov):
     vf = backend.read_pfs(sriov)[0].vf_bdfs[0]
     node = sorted(backend.device_nodes(sriov, [vf]))[0]
     _hold_open(sriov, node)
-    before = _tree(sriov.path)
+    before = tree(sriov.path)
     for check_mode in (True, False):
         failed, result = _run(sriov, vfnum=4, check_mode=check_mode)
         assert failed and "refusing to change vfnum of GPUs in use" in result["msg"]
         assert result["in_use"] == ["process 99 (?) holds %s open" % node]
-    assert _tree(sriov.path) == before
+    assert tree(sriov.path) == before
     # the other GPU is free
     assert not _run(sriov, vfnum=4, devices=["1"])[0]
     failed, result = _run(sriov, vfnum=4, force=True)
