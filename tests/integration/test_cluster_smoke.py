@@ -26,16 +26,22 @@ print("metax-smoke ok", open("/smoke-marker").read().strip(), "apiserver", versi
 '''
 
 
-@pytest.fixture(scope="module")
-def smoke_image(cluster, tmp_path_factory):
-    """A tiny image FROM the debootstrap base, built with podman, pushed to both registries."""
-    ctx = tmp_path_factory.mktemp("smoke-image")
+def smoke_context(ctx, base_image):
+    """Write the smoke image's build context (FROM the debootstrap base) into ``ctx``; returns its unique marker."""
     marker = uuid.uuid4().hex[:12]
     (ctx / "smoke-marker").write_text(marker + "\n")
     (ctx / "smoke.py").write_text(SMOKE_SCRIPT)
     (ctx / "Containerfile").write_text(
         "FROM %s\nCOPY smoke-marker /smoke-marker\nCOPY smoke.py /smoke.py\nCMD [\"python3\", \"/smoke.py\"]\n"
-        % cluster.base_image)
+        % base_image)
+    return marker
+
+
+@pytest.fixture(scope="module")
+def smoke_image(cluster, tmp_path_factory):
+    """A tiny image FROM the debootstrap base, built with podman, pushed to both registries."""
+    ctx = tmp_path_factory.mktemp("smoke-image")
+    marker = smoke_context(ctx, cluster.base_image)
     local = "localhost/metax-gpu/smoke:%s" % marker
     plain = "%s/metax-gpu/smoke:%s" % (cluster.registry, marker)
     auth = "%s/metax-gpu/smoke:%s" % (cluster.registry_auth, marker)

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import uuid
 
 import pytest
 
 # the namespace fixture is reused from the smoke test
-from test_cluster_smoke import SMOKE_SCRIPT, _run_pod, namespace  # noqa: F401  # pylint: disable=unused-import
+from test_cluster_smoke import _run_pod, namespace, smoke_context  # noqa: F401  # pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils.registry import api
 
@@ -28,12 +27,7 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def smoke_archive(cluster, tmp_path_factory):
     ctx = tmp_path_factory.mktemp("push-image")
-    marker = uuid.uuid4().hex[:12]
-    (ctx / "smoke-marker").write_text(marker + "\n")
-    (ctx / "smoke.py").write_text(SMOKE_SCRIPT)
-    (ctx / "Containerfile").write_text(
-        "FROM %s\nCOPY smoke-marker /smoke-marker\nCOPY smoke.py /smoke.py\nCMD [\"python3\", \"/smoke.py\"]\n"
-        % cluster.base_image)
+    marker = smoke_context(ctx, cluster.base_image)
     local = "localhost/metax-gpu/push-smoke:%s" % marker
     archive = str(ctx / "image.tar")
     env = cluster.env
