@@ -30,6 +30,10 @@ from the checkout, not yet from oci://) shared by the module's tests, in order:
   controller creates gpu-exporter's ServiceMonitor and PrometheusRule without a
   CR change, puts a deleted one back, and removes both with deploy: false; the
   CRDs removed again, it carries on without a restart.
+- runtime.deploy: true (issue 26) puts a container-runtime pod on every GPU
+  node and runtime.ready on it; the nodes' containerd configs (a copy of
+  each node's own, and of a vendor-rewritten one) are unchanged while it
+  runs and byte-identical, mode included, after deploy: false.
 
 A GPU Extensions release found on the cluster is uninstalled first (two device
 plugins must never register the same resource) and installed again afterwards
