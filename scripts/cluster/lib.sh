@@ -259,3 +259,19 @@ go_build_lock() {
     flock 9
   fi
 }
+
+# publish_payload LOCAL REF PUSH SAVE_DIR ARCHIVE: a payload image built as
+# LOCAL is pushed to REF (PUSH=1) and, with a SAVE_DIR, written as the
+# docker-archive SAVE_DIR/ARCHIVE.tar for the offline bundle (the agent_images
+# role's agent_images_payloads). The driver and MACA payload builders share it.
+publish_payload() {
+  local local_ref=$1 ref=$2 push=$3 save=$4 archive=$5
+  if ((push)); then
+    podman push --quiet --tls-verify=false "${local_ref}" "docker://${ref}" || die "cannot push ${ref}"
+  fi
+  if [[ -n ${save} ]]; then
+    rm -f "${save}/${archive}.tar"
+    podman save --quiet --format docker-archive -o "${save}/${archive}.tar" "${local_ref}" \
+      || die "cannot save ${local_ref}"
+  fi
+}

@@ -74,6 +74,19 @@ class NodeAgents(Agents):
         return len(generator.load_state(self.sim())["gpus"])
 
 
+def start_gpu_device_auto(agents):
+    """gpu-device on the node as the chart runs it (``--cdi-mode auto``): it picks the mode from the node."""
+    volumes = {
+        "device-plugins": ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins"),
+        "pod-resources": ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources"),
+        "sim": (agents.sim_parent, SIM_MOUNT),
+        # the node's own /run/cdi (each simulated node binds its own directory there)
+        "cdi": (CDI_SPEC_DIR, CDI_SPEC_DIR),
+    }
+    args = DEVICE_ARGS + ["--host-prefix", agents.sim_root, "--cdi-mode", "auto", "--cdi-spec-dir", CDI_SPEC_DIR]
+    agents.start("gpu-device", args, volumes)
+
+
 @pytest.fixture(scope="module")
 def cdi_agent(cluster, agent_images):  # noqa: F811
     node = cluster.nodes[1] if len(cluster.nodes) > 1 else cluster.nodes[0]
@@ -86,16 +99,8 @@ def cdi_agent(cluster, agent_images):  # noqa: F811
     had_opt = agents.sim().exists("opt")
     if not had_maca:
         install_maca(agents.sim(), MACA_VERSION)
-    volumes = {
-        "device-plugins": ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins"),
-        "pod-resources": ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources"),
-        "sim": (agents.sim_parent, SIM_MOUNT),
-        # the node's own /run/cdi (each simulated node binds its own directory there)
-        "cdi": (CDI_SPEC_DIR, CDI_SPEC_DIR),
-    }
-    args = DEVICE_ARGS + ["--host-prefix", agents.sim_root, "--cdi-mode", "auto", "--cdi-spec-dir", CDI_SPEC_DIR]
     try:
-        agents.start("gpu-device", args, volumes)
+        start_gpu_device_auto(agents)
         yield agents
     finally:
         pod = agents.pod_of("gpu-device")
@@ -175,14 +180,21 @@ def test_gpu_device_chooses_cdi_on_containerd_2_and_writes_the_spec(cdi_agent):
         (agents.sim_root + "/" + maca_dir(MACA_VERSION), "/opt/maca")]
 
 
-def test_a_pod_gets_exactly_its_devices_and_maca_through_cdi(cdi_agent):
-    agents = cdi_agent
+def allocators_pair(agents):
+    """Once every GPU is allocatable: the two free devices the allocator picks for a pod asking for two."""
     count = agents.gpus()
     wait_for(lambda: agents.gpu_resources() == (count, count), 60, "allocatable %d" % count)
     inv = discover(agents.sim())
-    busy = {d["id"] for d in devices_annotation(agents) if d["allocated"]}
+    busy = {d["id"] for d in devices_annotation(agents) or [] if d["allocated"]}
     free = [d.index for d in inv.devices if d.healthy and d.id not in busy]
-    pair = [inv.devices[i] for i in allocate(inv.topology, free, 2).devices]
+    return [inv.devices[i] for i in allocate(inv.topology, free, 2).devices]
+
+
+def a_pair_pod_sees_exactly_its_devices_and_maca(agents, mode):
+    """A pod asking for two GPUs sees exactly the allocator's pair, /dev/mxcd, the node's MXMACA read-only
+    on /opt/maca and its environment, however gpu-device handed them over (``mode``, checked in its
+    Allocate answer). Returns the pair and that answer for the mode's own checks."""
+    pair = allocators_pair(agents)
     name = gpu_pod(agents, 2)
     try:
         report, env = pod_report(agents, name)
@@ -192,14 +204,18 @@ def test_a_pod_gets_exactly_its_devices_and_maca_through_cdi(cdi_agent):
         assert env["MACA_PATH"] == "/opt/maca"
         assert env["LD_LIBRARY_PATH"].startswith("/opt/maca/lib:/opt/maca/mxgpu_llvm/lib")
         assert env["METAX_VISIBLE_DEVICES"] == ",".join(d.id for d in pair)
-        # through cdi_devices: gpu-device's answer named the pair and carried no device node
         answers = [json.loads(line) for line in agents.logs("gpu-device").splitlines()
                    if line.startswith("{") and '"Allocate: ' in line]
-        assert answers and answers[-1]["cdi_devices"] == sorted(
-            "%s=%d" % (GPU, d.index) for d in pair), answers[-1:]
-        assert answers[-1]["mode"] == "cdi"
+        assert answers and answers[-1]["mode"] == mode, answers[-1:]
+        return pair, answers[-1]
     finally:
         agents.api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+def test_a_pod_gets_exactly_its_devices_and_maca_through_cdi(cdi_agent):
+    pair, answer = a_pair_pod_sees_exactly_its_devices_and_maca(cdi_agent, "cdi")
+    # through cdi_devices: gpu-device's answer named the pair and carried no device node
+    assert answer["cdi_devices"] == sorted("%s=%d" % (GPU, d.index) for d in pair), answer
 
 
 # The manual's section 3.3: the application is built in a stage that has MXMACA (the vendor's MACA image;
@@ -271,12 +287,7 @@ def test_the_manuals_multi_stage_image_runs_as_a_job_with_the_nodes_maca(cdi_age
     agents = cdi_agent
     assert maca_app["maca_in_final"] == "absent"
     assert maca_app["sizes"]["with-maca"] - maca_app["sizes"]["app"] >= maca_app["maca_bytes"], maca_app
-    count = agents.gpus()
-    wait_for(lambda: agents.gpu_resources() == (count, count), 60, "allocatable %d" % count)
-    inv = discover(agents.sim())
-    busy = {d["id"] for d in devices_annotation(agents) or [] if d["allocated"]}
-    free = [d.index for d in inv.devices if d.healthy and d.id not in busy]
-    pair = [inv.devices[i] for i in allocate(inv.topology, free, 2).devices]
+    pair = allocators_pair(agents)
     name = "maca-app-%s" % uuid.uuid4().hex[:6]
     agents.apply({
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": NS},

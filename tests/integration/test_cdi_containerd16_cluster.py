@@ -19,7 +19,6 @@ node's MXMACA read-only on /opt/maca, ``MACA_PATH`` and ``LD_LIBRARY_PATH``
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -35,13 +34,11 @@ from localcluster import extra_node  # noqa: E402
 from localcluster.nodes import NodePaths  # noqa: E402
 from localcluster.runtime import from_environ  # noqa: E402
 
-from test_cdi_cluster import MACA_VERSION, NodeAgents, gpu_pod, node_spec, pod_report  # noqa: E402
-from test_gpu_device_cluster import DEVICE_ARGS, NS, devices_annotation, wait_for, wait_registered  # noqa: E402
+from test_cdi_cluster import (MACA_VERSION, NodeAgents, a_pair_pod_sees_exactly_its_devices_and_maca,  # noqa: E402
+                              node_spec, start_gpu_device_auto)
+from test_gpu_device_cluster import NS, wait_registered  # noqa: E402
 from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
-from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import allocate  # noqa: E402
-from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover  # noqa: E402
-from ansible_collections.metax.gpu.plugins.module_utils.names import CDI_SPEC_DIR  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim.maca import install_maca  # noqa: E402
 
 PRESET = "4xN100"
@@ -63,15 +60,8 @@ def containerd16_node(cluster):
 def fallback_agent(cluster, agent_images, containerd16_node):  # noqa: F811
     agents = NodeAgents(cluster, agent_images, containerd16_node)
     install_maca(agents.sim(), MACA_VERSION)   # the node's root is new: it goes with the node
-    volumes = {
-        "device-plugins": ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins"),
-        "pod-resources": ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources"),
-        "sim": (agents.sim_parent, "/host-sim"),
-        "cdi": (CDI_SPEC_DIR, CDI_SPEC_DIR),
-    }
-    args = DEVICE_ARGS + ["--host-prefix", agents.sim_root, "--cdi-mode", "auto", "--cdi-spec-dir", CDI_SPEC_DIR]
     try:
-        agents.start("gpu-device", args, volumes)
+        start_gpu_device_auto(agents)
         yield agents
     finally:
         # its pod goes here, not through the garbage collector (which once left it for over 60 s after the
@@ -94,26 +84,8 @@ def test_gpu_device_falls_back_to_device_nodes_and_the_pod_sees_the_same(fallbac
     wait_registered(agents)
     log = agents.logs("gpu-device")
     assert "Allocate mode devices" in log and "containerd://1.6." in log, log[-2000:]
-    count = agents.gpus()
-    wait_for(lambda: agents.gpu_resources() == (count, count), 60, "allocatable %d" % count)
-    assert node_spec(agents) is None        # no CDI spec: nothing on this node would read it
-    inv = discover(agents.sim())
-    busy = {d["id"] for d in devices_annotation(agents) or [] if d["allocated"]}
-    free = [d.index for d in inv.devices if d.healthy and d.id not in busy]
-    pair = [inv.devices[i] for i in allocate(inv.topology, free, 2).devices]
-    name = gpu_pod(agents, 2)
-    try:
-        report, env = pod_report(agents, name)
-        assert report["dri"] == sorted([d.drm_card for d in pair] + [d.drm_render for d in pair]), report
-        assert report["mxcd"] == "/dev/mxcd" and report["maca"] == "Version:" + MACA_VERSION, report
-        assert report["mount"].split(",")[0] == "ro", report          # the host's MACA, read-only
-        assert env["MACA_PATH"] == "/opt/maca"
-        assert env["LD_LIBRARY_PATH"].startswith("/opt/maca/lib:/opt/maca/mxgpu_llvm/lib")
-        assert env["METAX_VISIBLE_DEVICES"] == ",".join(d.id for d in pair)
-        # from the answer itself: device nodes and the mount, and no CDI name
-        answers = [json.loads(line) for line in agents.logs("gpu-device").splitlines()
-                   if line.startswith("{") and '"Allocate: ' in line]
-        assert answers and answers[-1]["mode"] == "devices" and answers[-1]["cdi_devices"] == [], answers[-1:]
-        assert len(answers[-1]["devices"]) == 2, answers[-1:]
-    finally:
-        agents.api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+    _pair, answer = a_pair_pod_sees_exactly_its_devices_and_maca(agents, "devices")
+    # from the answer itself: device nodes and the mount, and no CDI name; and no spec on this node,
+    # which nothing would read
+    assert answer["cdi_devices"] == [] and len(answer["devices"]) == 2, answer
+    assert node_spec(agents) is None

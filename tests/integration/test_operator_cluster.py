@@ -30,6 +30,10 @@ from the checkout, not yet from oci://) shared by the module's tests, in order:
   controller creates gpu-exporter's ServiceMonitor and PrometheusRule without a
   CR change, puts a deleted one back, and removes both with deploy: false; the
   CRDs removed again, it carries on without a restart.
+- runtime.deploy: true (issue 26) puts a container-runtime pod on every GPU
+  node and runtime.ready on it; the nodes' containerd configs (a copy of
+  each node's own, and of a vendor-rewritten one) are unchanged while it
+  runs and byte-identical, mode included, after deploy: false.
 
 A GPU Extensions release found on the cluster is uninstalled first (two device
 plugins must never register the same resource) and installed again afterwards
@@ -41,6 +45,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -646,6 +651,124 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
                60, "the CR change reconciled without the CRDs", diagnose=[lambda: controller_logs(cluster, "")])
     wait_until(lambda: cr_ready(cluster), 60, "Ready without the CRDs")
     assert controller_restarts(cluster) == restarts
+
+
+VENDOR_CONFIG = os.path.join(ROOT, "tests", "unit", "cdi", "fixtures", "containerd-config-after-vendor-runtime.toml")
+STATE_DIR = os.environ.get("METAX_CLUSTER_DIR", "/var/lib/metax-gpu-cluster")
+
+
+def tree(root):
+    """What container-runtime may write in a node's root (its /etc, and its state under /var/lib/metax-gpu):
+    every file and directory there, relative path -> (mode, bytes or None for a directory)."""
+    out = {}
+    for top in ("etc", "var/lib/metax-gpu"):
+        out.update(_tree(root, os.path.join(root, top)))
+    return out
+
+
+def _tree(root, top):
+    out = {}
+    for dirpath, dirs, files in os.walk(top):
+        for name in dirs + files:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            data = None
+            if os.path.isfile(path) and not os.path.islink(path):
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            out[os.path.relpath(path, root)] = (st.st_mode, data)
+    return out
+
+
+@pytest.fixture
+def runtime_configs(cluster):
+    """Each GPU node's root gets a containerd config for container-runtime to find: a copy of the node's own
+    (its containerd's config.toml) and, on the last node, a copy of a real node's config after MetaX's
+    runtime rewrote it (default_runtime_name = "metax"); removed afterwards."""
+    planted = {}
+    for i, node in enumerate(cluster.nodes):
+        etc = os.path.join(node["sim_root"], "etc")
+        if os.path.exists(os.path.join(etc, "containerd")):
+            pytest.fail("%s already has /etc/containerd" % node["sim_root"])
+        source = VENDOR_CONFIG if i == len(cluster.nodes) - 1 else os.path.join(
+            STATE_DIR, "nodes", node["name"], "containerd", "config.toml")
+        with open(source, "rb") as handle:
+            content = handle.read()
+        made_etc = not os.path.isdir(etc)
+        os.makedirs(os.path.join(etc, "containerd"))
+        path = os.path.join(etc, "containerd", "config.toml")
+        with open(path, "wb") as handle:
+            handle.write(content)
+        os.chmod(path, 0o600)
+        planted[node["name"]] = (node["sim_root"], made_etc)
+    try:
+        yield {name: tree(root) for name, (root, _made) in planted.items()}
+    finally:
+        for root, made_etc in planted.values():
+            shutil.rmtree(os.path.join(root, "etc", "containerd"), ignore_errors=True)
+            if made_etc:
+                shutil.rmtree(os.path.join(root, "etc"), ignore_errors=True)
+
+
+def runtime_pods(cluster):
+    return (get_json(cluster, "pods", "-n", NS, "-l", "app.kubernetes.io/name=container-runtime")
+            or {"items": []})["items"]
+
+
+def test_container_runtime_installs_gets_ready_and_leaves_the_configs_byte_identical(
+        cluster, installed, runtime_configs):
+    """The runtime component (issue 26) through the operator: every GPU node gets runtime.ready, no config
+    of the node's runtime changes (containerd 2.4 reads CDI by default; a vendor config's default runtime is
+    left alone), gpu-device (which requires runtime.ready) still serves every GPU, and after `deploy: false`
+    the nodes' roots are byte-identical, mode included, with nothing of the component's left."""
+    wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
+    # run alone, the CR can be Ready before gpu-label has labelled every node: wait for the chain's end
+    gpu_nodes = sorted(runtime_configs)
+    wait_until(lambda: sorted(gpu_nodes_allocatable(cluster)) == gpu_nodes and all(
+        have == want > 0 for have, want in gpu_nodes_allocatable(cluster).values()), 120,
+        "every GPU node labelled and allocatable",
+        diagnose=[lambda: "(allocatable, devices) per GPU node: %s" % gpu_nodes_allocatable(cluster)])
+    res = patch_cr(cluster, {"runtime": {"deploy": True}})
+    assert res.returncode == 0, res.stderr
+    try:
+        def ready_everywhere():
+            pods = runtime_pods(cluster)
+            ready = {p["spec"].get("nodeName") for p in pods if any(
+                c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])}
+            labelled = {n for n, node in nodes(cluster).items()
+                        if (node["metadata"].get("labels") or {}).get(N.LABEL_RUNTIME_READY) == "true"}
+            return ready == labelled == set(gpu_nodes)
+        start = time.monotonic()
+        wait_until(ready_everywhere, 180, "container-runtime Ready and runtime.ready=true on every GPU node",
+                   diagnose=[lambda: controller_logs(cluster, "container-runtime")])
+        print("\nruntime.deploy: true -> runtime.ready on %d nodes in %.1fs"
+              % (len(gpu_nodes), time.monotonic() - start))
+        ds = get_json(cluster, "daemonset", "container-runtime", "-n", NS)
+        assert ds["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
+        for pod in runtime_pods(cluster):
+            log = cluster.kubectl("logs", "-n", NS, pod["metadata"]["name"]).stdout
+            assert "containerd://2." in log and "reads CDI" in log, log[-2000:]
+        # while it runs: nothing written to the runtime's config, the vendor's default runtime untouched
+        assert {n: tree(r) for n, r in ((x["name"], x["sim_root"]) for x in cluster.nodes)} == runtime_configs
+        wait_until(lambda: all(have == want for have, want in gpu_nodes_allocatable(cluster).values()), 120,
+                   "gpu-device serving every GPU with runtime.ready")
+        wait_until(lambda: cr_ready(cluster), 120, "Ready with container-runtime")
+        entry = next(c for c in cr(cluster)["status"]["components"] if c["name"] == "container-runtime")
+        assert entry["deployed"] is True and entry["ready"] == len(gpu_nodes)
+    finally:
+        res = patch_cr(cluster, {"runtime": {"deploy": False}})
+    assert res.returncode == 0, res.stderr
+    wait_until(lambda: not get_json(cluster, "daemonset", "container-runtime", "-n", NS)
+               and not runtime_pods(cluster), 120, "container-runtime removed")
+    wait_until(lambda: not any((n["metadata"].get("labels") or {}).get(N.LABEL_RUNTIME_READY)
+                               for n in nodes(cluster).values()), 60, "runtime.ready removed")
+    after = {n["name"]: tree(n["sim_root"]) for n in cluster.nodes}
+    assert after == runtime_configs
+    with open(os.path.join(cluster.nodes[-1]["sim_root"], "etc", "containerd", "config.toml"), "rb") as handle:
+        assert b'default_runtime_name = "metax"' in handle.read()
+    wait_until(lambda: all(have == want for have, want in gpu_nodes_allocatable(cluster).values()), 120,
+               "gpu-device serving every GPU after the runtime component went")
+    wait_until(lambda: cr_ready(cluster), 120, "Ready without container-runtime")
 
 
 def test_zz_uninstall_with_the_controller_scaled_to_zero_leaves_nothing(cluster, installed):

@@ -53,12 +53,5 @@ for kind in ("deb", "rpm", "run"):
 PY
 nice podman build --quiet --layers --build-arg "BASE=${METAX_BASE_IMAGE}" --build-arg "VERSION=${VERSION}" \
   -t "${LOCAL}" "${ctx}" >/dev/null || die "podman build of ${LOCAL} failed"
-if ((push)); then
-  podman push --quiet --tls-verify=false "${LOCAL}" "docker://${REF}" || die "cannot push ${REF}"
-fi
-if [[ -n ${save} ]]; then
-  rm -f "${save}/driver-image-${VERSION}.tar"
-  podman save --quiet --format docker-archive -o "${save}/driver-image-${VERSION}.tar" "${LOCAL}" \
-    || die "cannot save ${LOCAL}"
-fi
+publish_payload "${LOCAL}" "${REF}" "${push}" "${save}" "driver-image-${VERSION}"
 echo "driver-image=${REF}"

@@ -51,13 +51,6 @@ PY
   ref=${PREFIX}/maca-${product}:${VERSION}
   nice podman build --quiet --layers --build-arg "VERSION=${VERSION}" --build-arg "PRODUCT=${product}" \
     -t "${local_ref}" "${ctx}" >/dev/null || die "podman build of ${local_ref} failed"
-  if ((push)); then
-    podman push --quiet --tls-verify=false "${local_ref}" "docker://${ref}" || die "cannot push ${ref}"
-  fi
-  if [[ -n ${save} ]]; then
-    rm -f "${save}/maca-${product}-${VERSION}.tar"
-    podman save --quiet --format docker-archive -o "${save}/maca-${product}-${VERSION}.tar" "${local_ref}" \
-      || die "cannot save ${local_ref}"
-  fi
+  publish_payload "${local_ref}" "${ref}" "${push}" "${save}" "maca-${product}-${VERSION}"
   echo "maca-${product}=${ref}"
 done

@@ -4,6 +4,7 @@
 """CLI: ``python -m ansible_collections.metax.gpu.plugins.module_utils.cdi``.
 
 refresh [--host-root R] [--spec-dir D] [--maca-root M]   write the node's spec if it changed
+        (exit 1: no usable device, the spec removed; 2: it could not be written)
 watch   ... --interval S                                 refresh every S seconds (one JSON line per change)
 print   [--host-root R] [--maca-root M]                  print the spec without writing it
 
@@ -55,7 +56,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stdout.write(render(current.spec).decode("utf-8"))
         return 0
     if args.command == "refresh":
-        result = writer.refresh(host, args.spec_dir, maca_root)
+        try:
+            result = writer.refresh(host, args.spec_dir, maca_root)
+        except OSError as exc:      # e.g. not root: metax-docker reports this line
+            sys.stderr.write("error: cannot write the spec in %s: %s\n" % (args.spec_dir, exc))
+            return 2
         sys.stdout.write(_report(result) + "\n")
         return 0 if result.spec is not None else 1
 

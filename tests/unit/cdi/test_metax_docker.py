@@ -12,10 +12,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ansible_collections.metax.gpu.plugins.module_utils import names
 from ansible_collections.metax.gpu.plugins.module_utils.cdi import writer
@@ -146,21 +148,28 @@ def engine_wrapper(tmp_path, spec_dir):
 @pytest.fixture
 def installed(make_node, tmp_path):
     """A node with MACA and its spec, metax-docker installed by the role in front of podman."""
-    host = make_node("8xC500")
+    yield from install(make_node("8xC500"), tmp_path)
+
+
+def install(host, tmp_path, twice=True):
+    """metax-docker installed by the role over ``host`` (with MACA 3.0.0.8), its spec written by its own
+    refresh: no spec exists before the first run. ``twice``: and the role run again changes nothing."""
     install_maca(host, "3.0.0.8")
     spec_dir = str(tmp_path / "cdi")
-    writer.refresh(host, spec_dir)
+    os.makedirs(spec_dir)
     settings = {"metax_docker_bin_dir": str(tmp_path / "bin"), "metax_docker_config_path": str(tmp_path / "etc" / "md.conf"),
-                "metax_docker_engine": engine_wrapper(tmp_path, spec_dir), "metax_docker_spec_dirs": [spec_dir]}
+                "metax_docker_engine": engine_wrapper(tmp_path, spec_dir), "metax_docker_spec_dirs": [spec_dir],
+                "metax_docker_lib_dir": str(tmp_path / "lib"), "metax_docker_host_root": host.path}
     (tmp_path / "bin").mkdir()
-    assert run_role(tmp_path, **settings) == 3     # its directory, its settings, the executable
-    assert run_role(tmp_path, **settings) == 0
+    # its directory, its settings, the writer's directories and files, the executable
+    assert run_role(tmp_path, **settings) == 5
+    assert not twice or run_role(tmp_path, **settings) == 0
     installed_text = (tmp_path / "bin" / "metax-docker").read_text()
     assert installed_text.startswith("#!/usr/bin/env python3\n")
     assert 'DEFAULT_CONFIG = "%s"' % settings["metax_docker_config_path"] in installed_text
     yield host, str(tmp_path / "bin" / "metax-docker"), settings
     assert run_role(tmp_path, metax_docker_state="absent", **settings) == 1
-    assert not os.path.exists(str(tmp_path / "bin" / "metax-docker")) and not os.path.exists(str(tmp_path / "etc" / "md.conf"))
+    assert not any(os.path.exists(str(tmp_path / p)) for p in ("bin/metax-docker", "etc/md.conf", "lib"))
 
 
 def metax_docker(binary, *args, **env):
@@ -247,6 +256,75 @@ def test_an_images_own_maca_is_kept_unless_maca_force(installed, image_with_maca
     assert proc.returncode == 0, proc.stderr
     assert probe(proc.stdout)["maca"] == "simulated MXMACA 3.1.0.2 runtime"
     assert other == "/" + maca_dir("3.1.0.2")
+
+
+def test_the_role_installs_the_writers_whole_import_closure():
+    """The refresh before each run imports only what the role installs (vars/main.yml)."""
+    package = "ansible_collections.metax.gpu.plugins.module_utils"
+    proc = subprocess.run([sys.executable, "-c", "import sys, %s.cdi.__main__; print(' '.join(sys.modules))" % package],
+                          capture_output=True, text=True, check=True)
+    loaded = {m for m in proc.stdout.split() if m.startswith(package + ".")}
+    wanted = set()
+    for module in loaded:
+        rel = os.path.join(*module[len(package) + 1:].split("."))
+        wanted.add(rel + "/__init__.py" if (ROOT / "plugins" / "module_utils" / rel).is_dir() else rel + ".py")
+    role_vars = yaml.safe_load((ROOT / "roles" / "metax_docker" / "vars" / "main.yml").read_text())
+    assert sorted(role_vars["metax_docker_writer_files"]) == sorted(wanted)
+    assert role_vars["metax_docker_writer_package"].replace("/", ".") == package
+
+
+def all_devices(binary, image=BASE_IMAGE):
+    proc = metax_docker(binary, "run", "--rm", "--network", "none", "--gpus", "all", image, "sh", "-c", PROBE)
+    assert proc.returncode == 0, proc.stderr
+    return probe(proc.stdout)["dri"]
+
+
+def timed_refresh(binary):
+    """A dry run of metax-docker that asks the engine nothing (CDI said yes, the image's MACA overridden):
+    seconds from the call to the spec on disk, i.e. what its refresh adds to a run."""
+    start = time.monotonic()
+    proc = metax_docker(binary, "run", "--rm", "--gpus", "all", "--maca-force", BASE_IMAGE, "true",
+                        METAX_DOCKER_DRY_RUN="1", METAX_DOCKER_CDI="yes")
+    assert proc.returncode == 0, proc.stderr
+    return time.monotonic() - start
+
+
+@needs_podman
+def test_a_vf_change_and_a_gpu_failure_reach_the_next_run(make_node, tmp_path):
+    """Issue 26 item 2 on a Docker/podman host: nothing but metax-docker keeps the spec there, and it brings
+    it up to date before each run, so the run after a change sees the devices as they are now."""
+    installing = install(make_node("2xC550-sriov"), tmp_path, twice=False)
+    host, binary, settings = next(installing)
+    spec_path = os.path.join(settings["metax_docker_spec_dirs"][-1], names.CDI_SPEC_FILE)
+    gpus = generator.load_state(host)["gpus"]
+    assert not os.path.exists(spec_path)
+    took = {"first": timed_refresh(binary), "unchanged": timed_refresh(binary)}
+    # 4 VFs on GPU 0: its PF goes, its VFs come (cards 2-5)
+    host.write_attribute(gpus[0]["sysfs"] + "/sriov_numvfs", "4")
+    took["vf 0->4"] = timed_refresh(binary)
+    want = ["card1", "card2", "card3", "card4", "card5", "renderD129", "renderD130", "renderD131", "renderD132",
+            "renderD133"]
+    assert all_devices(binary) == want
+    # GPU 1 fails (mx-smi reports it unavailable; sysfs unchanged): it leaves the spec, and asking for it
+    # by serial starts nothing
+    generator.fail_gpu(host, 1, mode="smi")
+    took["gpu fails"] = timed_refresh(binary)
+    assert all_devices(binary) == [d for d in want if d not in ("card1", "renderD129")]
+    proc = metax_docker(binary, "run", "--rm", "--gpus", "[%s]" % gpus[1]["serial"], BASE_IMAGE, "true")
+    assert proc.returncode == 125 and "unknown GPU ID or serial number %s" % gpus[1]["serial"] in proc.stderr
+    generator.recover_gpu(host, 1)
+    took["gpu recovers"] = timed_refresh(binary)
+    proc = metax_docker(binary, "run", "--rm", "--network", "none", "--gpus", "[%s]" % gpus[1]["serial"],
+                        BASE_IMAGE, "sh", "-c", PROBE)
+    assert proc.returncode == 0 and probe(proc.stdout)["dri"] == ["card1", "renderD129"], proc.stderr
+    host.write_attribute(gpus[0]["sysfs"] + "/sriov_numvfs", "0")
+    took["vf 4->0"] = timed_refresh(binary)
+    with open(spec_path) as handle:
+        assert [d["name"] for d in json.load(handle)["devices"]][::3] == ["0", "1", "all"]
+    assert json.loads(Path(spec_path).read_text()) == writer.node_spec(host).spec
+    print("\ndevice change -> spec rewritten by the next metax-docker run (s, metax-docker's start included): %s"
+          % ", ".join("%s %.3f" % item for item in took.items()))
+    next(installing, None)
 
 
 # -- Debian's Docker 20.10: no CDI, so the flags path -----------------------------------------
