@@ -46,6 +46,10 @@ pytest_phase() {   # junit name, pytest args...
   return "$rc"
 }
 
+unit_phase() {   # the unit tests on every core (pytest-xdist), a module's tests together on one worker
+  pytest_phase unit -n "${METAX_UNIT_WORKERS:-2}" --dist loadfile tests/unit
+}
+
 integration_phase() {   # test paths...
   # The cluster modules (one shared cluster, in order) mostly wait on timers;
   # the others (private control planes, Molecule with podman containers) run
@@ -176,7 +180,7 @@ rm -f "$OUT/unit.xml" "$OUT/integration.xml" "$OUT/integration-host.xml"
 case "$what" in
   unit)
     deps_phases
-    run_phase unit pytest_phase unit tests/unit
+    run_phase unit unit_phase
     ;;
   integration)
     deps_phases
@@ -192,14 +196,14 @@ case "$what" in
     ;;
   room)   # what the clean room runs inside its container: all but the cluster
     deps_phases
-    run_phase unit pytest_phase unit tests/unit
+    run_phase unit unit_phase
     run_phase integration pytest_phase integration -m "not cluster" tests/integration
     run_phase sanity sanity_phase
     run_phase lint lint_phase
     ;;
   all)
     deps_phases
-    run_phase unit pytest_phase unit tests/unit
+    run_phase unit unit_phase
     run_phase integration integration_phase tests/integration
     run_phase sanity sanity_phase
     run_phase lint lint_phase
