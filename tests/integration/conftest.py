@@ -206,12 +206,16 @@ def _bring_up(config):
 
 
 def pytest_collection_finish(session):
-    try:
-        os.unlink(SKIP_NOTE)
-    except OSError:
-        pass
     wanted = any(item.get_closest_marker("cluster") is not None for item in session.items)
     _STATE["wanted"] = wanted
+    if wanted:
+        # only a session with cluster tests says afresh whether they ran: the
+        # one that runs the other integration tests beside it (run-tests.sh)
+        # must not delete the note the cluster session writes
+        try:
+            os.unlink(SKIP_NOTE)
+        except OSError:
+            pass
     if wanted and not session.config.option.collectonly:
         _bring_up(session.config)
         if _STATE["error"]:

@@ -10,6 +10,7 @@ import sys
 import threading
 
 import pytest
+from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_label import (
     ApiUnavailable, Labeller, run_loop,
@@ -128,7 +129,6 @@ def test_process_keeps_running_without_apiserver(make_node, tmp_path):
     import json
     import signal
     import socket
-    import time
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -143,14 +143,27 @@ def test_process_keeps_running_without_apiserver(make_node, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", MODULE, "--host-root", host.path, "--node-name", "n1",
                              "--kubeconfig", str(kubeconfig), "--interval", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=agent_env())
+    lines = []
+
+    def read_stderr():
+        for line in proc.stderr:
+            lines.append(line.decode())
+
+    def retries():
+        records = [json.loads(line) for line in list(lines) if line.startswith("{")]
+        return [r for r in records if r["msg"].startswith("cannot update the node labels (retrying")]
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     try:
-        time.sleep(3)
+        # SIGTERM once it has retried twice, not after a fixed sleep: a loaded
+        # machine (the unit tests run on every core) may still be importing then
+        wait_until(lambda: len(retries()) >= 2 or proc.poll() is not None, 60, "gpu-label to retry twice")
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
-        records = [json.loads(line) for line in proc.stderr.read().decode().splitlines() if line.startswith("{")]
-        retries = [r for r in records if r["msg"].startswith("cannot update the node labels (retrying")]
-        assert len(retries) >= 2 and "get node n1" in retries[0]["msg"]
+        reader.join(10)
+        assert len(retries()) >= 2 and "get node n1" in retries()[0]["msg"]
     finally:
         if proc.poll() is None:
             proc.kill()
