@@ -27,16 +27,16 @@ def payloads(tmp_path, version="2.18.0.3"):
     return str(root)
 
 
-def start(host, payload_dir, ready, images=IMAGES):
+def start(host, payload_dir, ready, images=IMAGES, stderr=subprocess.PIPE):
     args = [sys.executable, "-m", MODULE, "--host-root", host.path, "--log-format", "text", "--log-dir", "",
             "--payload-dir", payload_dir, "--ready-file", str(ready), "--interval", "0.2"]
     for image in images:
         args += ["--image", image]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_env())
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=agent_env())
 
 
-def wait_for(proc, predicate):
-    for _attempt in range(300):
+def wait_for(proc, predicate, attempts=300):
+    for _attempt in range(attempts):
         if predicate() or proc.poll() is not None:
             break
         time.sleep(0.05)
@@ -72,12 +72,18 @@ def test_each_node_gets_its_products_payload_switched_then_ready(make_node, tmp_
 def test_a_node_no_payload_fits_is_not_ready_and_retried_with_backoff(make_node, tmp_path):
     host = make_node("4xN100")
     ready = tmp_path / "ready"
-    proc = start(host, payloads(tmp_path), ready, images=[IMAGES[1], "127.0.0.1:5000/metax-gpu/maca-c600:2.18.0.3"])
+    log = tmp_path / "agent.log"
+    with open(str(log), "w") as handle:
+        proc = start(host, payloads(tmp_path), ready, images=[IMAGES[1], "127.0.0.1:5000/metax-gpu/maca-c600:2.18.0.3"],
+                     stderr=handle)
     try:
+        # from the first refusal on (a loaded machine may take seconds to start the agent), 3 s of retries
+        assert wait_for(proc, lambda: "no MXMACA payload for N100" in log.read_text(), attempts=1200), log.read_text()
         time.sleep(3)
         assert proc.poll() is None and not ready.exists()
         assert not os.path.lexists(host.join("opt/maca"))
     finally:
-        err = stop(proc)
+        stop(proc)
+    err = log.read_text()
     # retried with backoff (2 s, 4 s, ...), not every --interval (0.2 s: some 15 times in 3 s)
     assert 1 <= err.count("no MXMACA payload for N100") < 5, err
