@@ -25,17 +25,12 @@ Every fake node and pod is deleted at the end, also on failure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-for path in (os.path.join(REPO, ".build", "collections"), os.path.join(REPO, "tests")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+import scale_common  # noqa: E402  (first: puts the collection and tests/ on sys.path)
 
 from localcluster import fakenodes  # noqa: E402
 from localcluster.settings import from_env  # noqa: E402
@@ -49,6 +44,20 @@ THROUGHPUT_TARGET = 0.5
 def real_node_count(client: fakenodes.ApiClient) -> int:
     return sum(1 for n in client.list_pages("/api/v1/nodes")
                if (n["metadata"].get("labels") or {}).get(fakenodes.FAKE_LABEL[0]) != fakenodes.FAKE_LABEL[1])
+
+
+def during(text: str, events: scheduling.NodeEvents, threads: dict, pid: int) -> dict:
+    """What else the extender did while the scheduler called it: its node watch's events and relists, and
+    per thread the CPU time and the time spent runnable but waiting for a CPU (the rest of a request's wall
+    time is waiting for the GIL or for I/O). Threads by start order: main, ConfigMap watch, node watch,
+    HTTP accept loop, then one per scheduler connection."""
+    order = sorted(threads)
+    names = dict(zip(order, ("main", "configmap-watch", "node-watch", "http-accept")))
+    return {"node_events": dict(events.events), "node_event_kib": round(events.bytes / 1024, 1),
+            "relists": scheduling.metric_value(text, "gpu_aware_relists_total", '{resource="nodes"}') or 0.0,
+            "threads": {names.get(tid, "conn-%d" % tid): {"cpu_s": round(t.cpu_s, 3),
+                                                          "runqueue_s": round(t.runqueue_s, 3)}
+                        for tid, t in threads.items() if tid == pid or t.cpu_s > 0.0005}}
 
 
 def run(sizes, pods: int) -> list:
@@ -71,7 +80,11 @@ def run(sizes, pods: int) -> list:
                 plain = scheduling.schedule_pods(client, settings, bin_dir, count, None)
                 scheduling.delete_pods(client)
                 before = extender.metrics()
+                events = scheduling.NodeEvents(client)
+                threads = scheduling.thread_times(extender.pid)
                 with_ext = scheduling.schedule_pods(client, settings, bin_dir, count, extender.port)
+                threads = scheduling.thread_diff(scheduling.thread_times(extender.pid), threads)
+                events.stop()
                 text = scheduling.diff_text(extender.metrics(), before)
                 scheduling.delete_pods(client)
                 filt = scheduling.histogram(text, "gpu_aware_request_duration_seconds", "filter")
@@ -81,7 +94,8 @@ def run(sizes, pods: int) -> list:
                        "filter": filt.__dict__, "prioritize": prio.__dict__,
                        "rss_mib": round(mem["VmRSS"] / 1024, 1), "hwm_mib": round(mem["VmHWM"] / 1024, 1),
                        "plain": plain.__dict__, "extender": with_ext.__dict__,
-                       "throughput_ratio": (with_ext.pods_per_s / plain.pods_per_s) if plain.pods_per_s else 0.0}
+                       "throughput_ratio": (with_ext.pods_per_s / plain.pods_per_s) if plain.pods_per_s else 0.0,
+                       "during": during(text, events, threads, extender.pid)}
                 results.append(row)
                 print(json.dumps(row), flush=True)
         finally:
@@ -119,19 +133,15 @@ def report(results: list) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--sizes", default="500,1000,2000", help="fake node counts, ascending (default %(default)s)")
+    parser = scale_common.arguments(__doc__)
     parser.add_argument("--pods", type=int, default=1000, help="GPU pods scheduled per run (default %(default)s)")
-    parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args()
-    sizes = sorted(int(s) for s in args.sizes.split(","))
+    sizes = args.sizes
     start = time.monotonic()
     results = run(sizes, args.pods)
     ok = report(results)
     print("total %.0f s" % (time.monotonic() - start))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(results, fh, indent=1)
+    scale_common.write_json(args.json, results)
     return 0 if ok else 1
 
 
