@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from localcluster import fakenodes
 from ports import free_port
@@ -98,9 +98,9 @@ class Process:
 class GpuAware(Process):
     """The real agent in cache mode against the local apiserver."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, collections: str = os.path.join(REPO, ".build", "collections")) -> None:
+        """``collections``: the collection tree to run it from (another checkout's, to compare two versions)."""
         self.port = free_port()
-        collections = os.path.join(REPO, ".build", "collections")
         env = dict(os.environ, PYTHONPATH=collections)
         for key in ("KUBERNETES_SERVICE_HOST", "POD_NAMESPACE"):
             env.pop(key, None)
@@ -370,8 +370,11 @@ class Throughput:
 
 
 def schedule_pods(client: fakenodes.ApiClient, settings: Settings, bin_dir: str, pods: int,
-                  extender_port: Optional[int], timeout: float = 600.0) -> Throughput:
-    """Create ``pods`` GPU pods (Pending: no scheduler has their name yet), start the scheduler, time the bindings."""
+                  extender_port: Optional[int], timeout: float = 600.0,
+                  when_bound: Optional[Callable[[], None]] = None) -> Throughput:
+    """Create ``pods`` GPU pods (Pending: no scheduler has their name yet), start the scheduler, time the bindings.
+
+    ``when_bound`` runs once the pods are bound, before the scheduler stops (and its connections with it)."""
     ensure_namespace(client)
     path = "/api/v1/namespaces/%s/pods" % NAMESPACE
     sizes = (1, 1, 1, 2, 1, 4, 1, 2)   # mostly single-GPU, some 2 and 4
@@ -382,6 +385,8 @@ def schedule_pods(client: fakenodes.ApiClient, settings: Settings, bin_dir: str,
     scheduler = Scheduler(settings, bin_dir, extender_port)
     try:
         watch.wait(pods, timeout)
+        if when_bound is not None:
+            when_bound()
         if scheduler.proc.poll() is not None:
             raise RuntimeError("kube-scheduler exited: " + scheduler.tail())
     finally:
