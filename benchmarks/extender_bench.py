@@ -67,9 +67,9 @@ def percentile(values: List[float], pct: float) -> float:
 
 
 class Agent:
-    def __init__(self, args: List[str]) -> None:
+    def __init__(self, args: List[str], collections: str = COLLECTIONS) -> None:
         self.port = _free_port()
-        env = dict(os.environ, PYTHONPATH=COLLECTIONS)
+        env = dict(os.environ, PYTHONPATH=collections)
         for key in ("KUBERNETES_SERVICE_HOST", "POD_NAMESPACE"):
             env.pop(key, None)
         self.log = tempfile.NamedTemporaryFile(prefix="gpu-aware-bench-", suffix=".log", delete=False)

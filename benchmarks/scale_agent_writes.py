@@ -30,9 +30,7 @@ nothing changes.
 
 from __future__ import annotations
 
-import argparse
 import http.client
-import json
 import os
 import re
 import sys
@@ -42,11 +40,7 @@ import time
 import urllib.parse
 from typing import Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-for path in (os.path.join(REPO, ".build", "collections"), os.path.join(REPO, "tests")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+import scale_common  # noqa: E402  (first: puts the collection and tests/ on sys.path)
 
 from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_label  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.agents.common import kube_api_client  # noqa: E402
@@ -57,6 +51,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # 
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  # noqa: E402
 from localcluster import fakenodes  # noqa: E402
 from localcluster.settings import from_env  # noqa: E402
+from scale import scheduling  # noqa: E402
 from scale.profile import ScaleProfile  # noqa: E402
 
 LABEL_INTERVAL = 60.0        # gpu-label's default
@@ -80,21 +75,18 @@ def apiserver_patches(client: fakenodes.ApiClient) -> float:
     return total
 
 
-class OwnedChangeWatch:
+class OwnedChangeWatch(scheduling.Watch):
     """Counts fake-node events whose metax-tech.com/ labels or annotations changed."""
 
     def __init__(self, client: fakenodes.ApiClient) -> None:
-        self.client = client
         self.changes = 0
-        self.seen: Dict[str, tuple] = {}
-        self._stop = threading.Event()
+        self.known: Dict[str, tuple] = {}
         first = client.request("GET", "/api/v1/nodes?" + urllib.parse.urlencode(
             {"labelSelector": fakenodes.SELECTOR, "limit": "1"}))
-        self._rv = first["metadata"]["resourceVersion"]
         for node in client.list_pages("/api/v1/nodes", fakenodes.SELECTOR):
-            self.seen[node["metadata"]["name"]] = self._owned(node)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+            self.known[node["metadata"]["name"]] = self._owned(node)
+        super().__init__(client, "/api/v1/nodes", first["metadata"]["resourceVersion"],
+                         {"labelSelector": fakenodes.SELECTOR})
 
     @staticmethod
     def _owned(node: dict) -> tuple:
@@ -102,36 +94,15 @@ class OwnedChangeWatch:
         return tuple(sorted((k, v) for part in ("labels", "annotations") for k, v in (meta.get(part) or {}).items()
                             if k.startswith(fakenodes.OWNED_PREFIX)))
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            conn = http.client.HTTPSConnection(self.client.host, self.client.port, context=self.client.context,
-                                               timeout=5)
-            try:
-                conn.request("GET", "/api/v1/nodes?" + urllib.parse.urlencode(
-                    {"watch": "1", "labelSelector": fakenodes.SELECTOR, "resourceVersion": self._rv,
-                     "allowWatchBookmarks": "true", "timeoutSeconds": "60"}))
-                resp = conn.getresponse()
-                while not self._stop.is_set():
-                    line = resp.readline()
-                    if not line:
-                        break
-                    event = json.loads(line)
-                    obj = event.get("object") or {}
-                    self._rv = (obj.get("metadata") or {}).get("resourceVersion") or self._rv
-                    if event.get("type") != "MODIFIED":
-                        continue
-                    name = obj["metadata"]["name"]
-                    owned = self._owned(obj)
-                    if self.seen.get(name) != owned:
-                        self.changes += 1
-                        self.seen[name] = owned
-            except (OSError, http.client.HTTPException, ValueError):
-                time.sleep(0.2)
-            finally:
-                conn.close()
-
-    def stop(self) -> None:
-        self._stop.set()
+    def seen(self, line: bytes, event: dict) -> None:
+        if event.get("type") != "MODIFIED":
+            return
+        obj = event.get("object") or {}
+        name = obj["metadata"]["name"]
+        owned = self._owned(obj)
+        if self.known.get(name) != owned:
+            self.changes += 1
+            self.known[name] = owned
 
 
 class Agents:
@@ -189,7 +160,7 @@ class Agents:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser = scale_common.arguments(__doc__, sizes=False)
     parser.add_argument("--nodes", type=int, default=30, help="fake nodes running the agents (default %(default)s)")
     parser.add_argument("--window", type=float, default=120.0, help="measured seconds (default %(default)s)")
     parser.add_argument("--speedup", type=float, default=10.0, help="agent time / wall time (default %(default)s)")

@@ -37,7 +37,6 @@ single module runs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -47,11 +46,8 @@ import time
 import tracemalloc
 from typing import Any, Dict, List, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-for path in (os.path.join(REPO, ".build", "collections"), os.path.join(REPO, "tests")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+import scale_common  # noqa: E402  (first: puts the collection and tests/ on sys.path)
+from scale_common import HERE, REPO  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.cluster import Cluster  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client  # noqa: E402
@@ -215,12 +211,10 @@ def measure(prof: ScaleProfile, size: int, asked: int, root: str, work: str) -> 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--sizes", default="500,1000,2000", help="fake node counts (default %(default)s)")
+    parser = scale_common.arguments(__doc__)
     parser.add_argument("--asked", type=int, default=10, help="nodes asked in the node-side run (default %(default)s)")
-    parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes = args.sizes
     work = tempfile.mkdtemp(prefix="metax-scale-plan-")
     root = sim_root(work)
     rows = []
@@ -254,9 +248,7 @@ def main() -> int:
         first, last = rows[0], rows[-1]
         print("\ngrowth %d -> %d nodes (x%.1f): bastion side x%.2f" % (
             first["nodes"], last["nodes"], last["nodes"] / first["nodes"], last["bastion_s"] / first["bastion_s"]))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(rows, out, indent=1)
+    scale_common.write_json(args.json, rows)
     return 0
 
 

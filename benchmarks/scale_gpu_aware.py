@@ -25,17 +25,13 @@ Every fake node and pod is deleted at the end, also on failure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
+from typing import Dict, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-for path in (os.path.join(REPO, ".build", "collections"), os.path.join(REPO, "tests")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+import scale_common  # noqa: E402  (first: puts the collection and tests/ on sys.path)
 
 from localcluster import fakenodes  # noqa: E402
 from localcluster.settings import from_env  # noqa: E402
@@ -51,87 +47,120 @@ def real_node_count(client: fakenodes.ApiClient) -> int:
                if (n["metadata"].get("labels") or {}).get(fakenodes.FAKE_LABEL[0]) != fakenodes.FAKE_LABEL[1])
 
 
-def run(sizes, pods: int) -> list:
+def during(text: str, events: scheduling.NodeEvents, threads: dict, pid: int) -> dict:
+    """What else the extender did while the scheduler called it: its node watch's events and relists, and
+    per thread the CPU time and the time spent runnable but waiting for a CPU (the rest of a request's wall
+    time is waiting for the GIL or for I/O). Threads by start order: main, ConfigMap watch, node watch,
+    HTTP accept loop, then one per scheduler connection."""
+    order = sorted(threads)
+    names = dict(zip(order, ("main", "configmap-watch", "node-watch", "http-accept")))
+    return {"node_events": dict(events.events), "node_event_kib": round(events.bytes / 1024, 1),
+            "relists": scheduling.metric_value(text, "gpu_aware_relists_total", '{resource="nodes"}') or 0.0,
+            "threads": {names.get(tid, "conn-%d" % tid): {"cpu_s": round(t.cpu_s, 3),
+                                                          "runqueue_s": round(t.runqueue_s, 3)}
+                        for tid, t in threads.items() if tid == pid or t.cpu_s > 0.0005}}
+
+
+def extender_run(client, settings, bin_dir, extender, count: int) -> dict:
+    """The pods scheduled with ``extender``: latency from its histogram, its RSS, throughput, what else it did."""
+    before = extender.metrics()
+    events = scheduling.NodeEvents(client)
+    start = scheduling.thread_times(extender.pid)
+    end: dict = {}
+    # read while the scheduler's connections (and their threads) are still there
+    result = scheduling.schedule_pods(client, settings, bin_dir, count, extender.port,
+                                      when_bound=lambda: end.update(scheduling.thread_times(extender.pid)))
+    threads = scheduling.thread_diff(end, start)
+    events.stop()
+    text = scheduling.diff_text(extender.metrics(), before)
+    scheduling.delete_pods(client)
+    mem = scheduling.rss_kib(extender.pid)
+    return {"filter": scheduling.histogram(text, "gpu_aware_request_duration_seconds", "filter").__dict__,
+            "prioritize": scheduling.histogram(text, "gpu_aware_request_duration_seconds", "prioritize").__dict__,
+            "rss_mib": round(mem["VmRSS"] / 1024, 1), "hwm_mib": round(mem["VmHWM"] / 1024, 1),
+            "throughput": result.__dict__, "during": during(text, events, threads, extender.pid)}
+
+
+def run(sizes, pods: int, baseline: Optional[str]) -> list:
     settings = from_env(os.environ)
     bin_dir = scheduling.k8s_bin_dir(settings)
     results = []
     with ScaleProfile(settings) as prof:
         client = prof.client
-        extender = None
+        extenders: Dict[str, scheduling.GpuAware] = {}
         try:
             for size in sizes:
                 prof.grow(size)
                 print("N=%d: %d fake nodes Ready (create %.1f s, Ready %.1f s)" % (
                     size, size, prof.timings["create_s"], prof.timings["ready_s"]), flush=True)
-                if extender is None:
-                    extender = scheduling.GpuAware(settings)
-                cache_s = extender.wait_cache(size + real_node_count(client))
+                if not extenders:
+                    extenders["this"] = scheduling.GpuAware(settings)
+                    if baseline:
+                        extenders["baseline"] = scheduling.GpuAware(settings, baseline)
+                cache_s = {name: round(e.wait_cache(size + real_node_count(client)), 2)
+                           for name, e in extenders.items()}
                 # Never more pods than the fleet takes (2 per node: ~1.6 GPUs per pod, ~4.7 GPUs per node).
                 count = min(pods, 2 * size)
                 plain = scheduling.schedule_pods(client, settings, bin_dir, count, None)
                 scheduling.delete_pods(client)
-                before = extender.metrics()
-                with_ext = scheduling.schedule_pods(client, settings, bin_dir, count, extender.port)
-                text = scheduling.diff_text(extender.metrics(), before)
-                scheduling.delete_pods(client)
-                filt = scheduling.histogram(text, "gpu_aware_request_duration_seconds", "filter")
-                prio = scheduling.histogram(text, "gpu_aware_request_duration_seconds", "prioritize")
-                mem = scheduling.rss_kib(extender.pid)
-                row = {"nodes": size, "pods": count, "cache_sync_s": round(cache_s, 2),
-                       "filter": filt.__dict__, "prioritize": prio.__dict__,
-                       "rss_mib": round(mem["VmRSS"] / 1024, 1), "hwm_mib": round(mem["VmHWM"] / 1024, 1),
-                       "plain": plain.__dict__, "extender": with_ext.__dict__,
-                       "throughput_ratio": (with_ext.pods_per_s / plain.pods_per_s) if plain.pods_per_s else 0.0}
+                row = {"nodes": size, "pods": count, "cache_sync_s": cache_s, "plain": plain.__dict__}
+                for name, extender in extenders.items():
+                    row[name] = extender_run(client, settings, bin_dir, extender, count)
+                    row[name]["throughput_ratio"] = (row[name]["throughput"]["pods_per_s"] / plain.pods_per_s
+                                                     if plain.pods_per_s else 0.0)
                 results.append(row)
                 print(json.dumps(row), flush=True)
         finally:
-            if extender is not None:
+            for extender in extenders.values():
                 extender.stop()
             scheduling.delete_namespace(client)
     return results
 
 
-def report(results: list) -> bool:
-    print("\n%6s %6s | %9s %8s %8s %6s %6s | %9s %8s %8s %6s %6s | %7s %7s | %9s %9s %6s" % (
-        "nodes", "pods", "filt mean", "p50", "p99", "<=1ms", "<=5ms", "prio mean", "p50", "p99", "<=1ms", "<=5ms",
-        "RSS MiB", "peak", "plain p/s", "ext p/s", "ratio"))
+def report(results: list, version: str = "this") -> bool:
+    print("\n%s:\n%6s %6s | %9s %8s %8s %6s %6s | %9s %8s %8s %6s %6s | %7s %7s | %9s %9s %6s" % (
+        version, "nodes", "pods", "filt mean", "p50", "p99", "<=1ms", "<=5ms", "prio mean", "p50", "p99", "<=1ms",
+        "<=5ms", "RSS MiB", "peak", "plain p/s", "ext p/s", "ratio"))
     for r in results:
-        f, p = r["filter"], r["prioritize"]
+        e = r[version]
+        f, p = e["filter"], e["prioritize"]
         print("%6d %6d | %9.2f %8.2f %8.2f %5.1f%% %5.1f%% | %9.2f %8.2f %8.2f %5.1f%% %5.1f%% | %7.1f %7.1f | "
               "%9.1f %9.1f %5.0f%%" % (
                   r["nodes"], r["pods"], f["mean_ms"], f["p50_ms"], f["p99_ms"], 100 * f["within_1ms"],
                   100 * f["within_5ms"], p["mean_ms"], p["p50_ms"], p["p99_ms"], 100 * p["within_1ms"],
-                  100 * p["within_5ms"], r["rss_mib"], r["hwm_mib"], r["plain"]["pods_per_s"],
-                  r["extender"]["pods_per_s"], 100 * r["throughput_ratio"]))
+                  100 * p["within_5ms"], e["rss_mib"], e["hwm_mib"], r["plain"]["pods_per_s"],
+                  e["throughput"]["pods_per_s"], 100 * e["throughput_ratio"]))
     first, last = results[0], results[-1]
     if len(results) > 1:
-        grow = last["nodes"] / first["nodes"]
-        print("\ngrowth %d -> %d nodes (x%.1f): filter mean x%.2f, prioritize mean x%.2f, RSS x%.2f, "
+        a, b = first[version], last[version]
+        print("growth %d -> %d nodes (x%.1f): filter mean x%.2f, prioritize mean x%.2f, RSS x%.2f, "
               "throughput with extender x%.2f" % (
-                  first["nodes"], last["nodes"], grow, last["filter"]["mean_ms"] / first["filter"]["mean_ms"],
-                  last["prioritize"]["mean_ms"] / first["prioritize"]["mean_ms"], last["rss_mib"] / first["rss_mib"],
-                  last["extender"]["pods_per_s"] / first["extender"]["pods_per_s"]))
-    ok = (last["filter"]["within_5ms"] >= 0.99 and last["prioritize"]["within_5ms"] >= 0.99
-          and last["throughput_ratio"] >= THROUGHPUT_TARGET)
+                  first["nodes"], last["nodes"], last["nodes"] / first["nodes"],
+                  b["filter"]["mean_ms"] / a["filter"]["mean_ms"], b["prioritize"]["mean_ms"] / a["prioritize"]["mean_ms"],
+                  b["rss_mib"] / a["rss_mib"], b["throughput"]["pods_per_s"] / a["throughput"]["pods_per_s"]))
+    e = last[version]
+    ok = (e["filter"]["within_5ms"] >= 0.99 and e["prioritize"]["within_5ms"] >= 0.99
+          and e["throughput_ratio"] >= THROUGHPUT_TARGET)
     print("targets at %d nodes (p99 <= %.0f ms, throughput >= %.0f%% of plain): %s" % (
         last["nodes"], P99_TARGET_MS, 100 * THROUGHPUT_TARGET, "met" if ok else "NOT met"))
     return ok
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--sizes", default="500,1000,2000", help="fake node counts, ascending (default %(default)s)")
+    parser = scale_common.arguments(__doc__)
     parser.add_argument("--pods", type=int, default=1000, help="GPU pods scheduled per run (default %(default)s)")
-    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--baseline", default=None,
+                        help="also run gpu-aware from this collections tree (another checkout's .build/collections) "
+                             "in the same run, for before/after figures")
     args = parser.parse_args()
-    sizes = sorted(int(s) for s in args.sizes.split(","))
+    sizes = args.sizes
     start = time.monotonic()
-    results = run(sizes, args.pods)
+    results = run(sizes, args.pods, args.baseline)
+    if args.baseline:
+        report(results, "baseline")
     ok = report(results)
     print("total %.0f s" % (time.monotonic() - start))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(results, fh, indent=1)
+    scale_common.write_json(args.json, results)
     return 0 if ok else 1
 
 

@@ -30,7 +30,6 @@ Targets (issue 29): idle 0 writes/min; RSS <= 150 MiB at 2,000 nodes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -41,12 +40,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-for path in (os.path.join(REPO, ".build", "collections"), os.path.join(REPO, "tests"),
-             os.path.join(REPO, "tests", "integration")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+import scale_common  # noqa: E402  (first: puts the collection and tests/ on sys.path)
 
 import yaml  # noqa: E402
 from controlplane import ControlPlane  # noqa: E402
@@ -173,13 +167,11 @@ def measure(size: int, idle: float) -> Dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--sizes", default="500,1000,2000", help="GPU nodes (default %(default)s)")
+    parser = scale_common.arguments(__doc__)
     parser.add_argument("--idle", type=float, default=60.0, help="idle seconds measured (default %(default)s)")
-    parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     rows = []
-    for size in [int(s) for s in args.sizes.split(",") if s]:
+    for size in args.sizes:
         row = measure(size, args.idle)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -192,9 +184,7 @@ def main() -> int:
             row["nodes"], row["sync_s"], row["settled_s"], row["idle_writes_per_min"], idle_reads,
             row["idle_per_min"].get("PATCH kopfpeerings", 0.0), row["rss_idle_mib"]["VmRSS"],
             row["rss_after_change_mib"]["VmHWM"], row["change_s"], row["change_requests"].get("PATCH nodes", 0.0)))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(rows, out, indent=1)
+    scale_common.write_json(args.json, rows)
     return 0
 
 

@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from localcluster import fakenodes
 from ports import free_port
@@ -98,9 +98,9 @@ class Process:
 class GpuAware(Process):
     """The real agent in cache mode against the local apiserver."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, collections: str = os.path.join(REPO, ".build", "collections")) -> None:
+        """``collections``: the collection tree to run it from (another checkout's, to compare two versions)."""
         self.port = free_port()
-        collections = os.path.join(REPO, ".build", "collections")
         env = dict(os.environ, PYTHONPATH=collections)
         for key in ("KUBERNETES_SERVICE_HOST", "POD_NAMESPACE"):
             env.pop(key, None)
@@ -235,14 +235,7 @@ def ensure_namespace(client: fakenodes.ApiClient) -> None:
 
 def delete_pods(client: fakenodes.ApiClient, timeout: float = 300.0) -> None:
     """Delete the benchmark's pods and wait until they are gone (kwok's pod-delete stage removes them)."""
-    path = "/api/v1/namespaces/%s/pods" % NAMESPACE
-    client.request("DELETE", path + "?gracePeriodSeconds=0")
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if not client.request("GET", path + "?limit=1").get("items"):
-            return
-        time.sleep(1.0)
-    raise TimeoutError("benchmark pods still there after %.0f s" % timeout)
+    fakenodes.delete_collection(client, "/api/v1/namespaces/%s/pods" % NAMESPACE, timeout=timeout)
 
 
 def delete_namespace(client: fakenodes.ApiClient) -> None:
@@ -253,26 +246,30 @@ def delete_namespace(client: fakenodes.ApiClient) -> None:
             raise
 
 
-class BindWatch:
-    """Records when each benchmark pod gets a node (one pod watch on the namespace)."""
+class Watch:
+    """One watch on ``path`` in a thread, resumed from the last resourceVersion; ``seen`` gets each event."""
 
-    def __init__(self, client: fakenodes.ApiClient, resource_version: str) -> None:
+    def __init__(self, client: fakenodes.ApiClient, path: str, resource_version: str,
+                 params: Optional[Dict[str, str]] = None) -> None:
         self.client = client
-        self.bound: Dict[str, float] = {}
-        self.nodes: Dict[str, str] = {}
+        self.path = path
+        self.params = dict(params or {})
         self._rv = resource_version
         self._stop = False
-        self._thread = threading.Thread(target=self._run, daemon=True, name="bind-watch")
+        self._thread = threading.Thread(target=self._run, daemon=True, name="watch " + path)
         self._thread.start()
+
+    def seen(self, line: bytes, event: Dict[str, Any]) -> None:
+        raise NotImplementedError
 
     def _run(self) -> None:
         while not self._stop:
             conn = http.client.HTTPSConnection(self.client.host, self.client.port, context=self.client.context,
                                                timeout=5)
             try:
-                conn.request("GET", "/api/v1/namespaces/%s/pods?%s" % (NAMESPACE, urllib.parse.urlencode(
-                    {"watch": "1", "resourceVersion": self._rv, "allowWatchBookmarks": "true",
-                     "timeoutSeconds": "120"})))
+                conn.request("GET", "%s?%s" % (self.path, urllib.parse.urlencode(dict(
+                    self.params, watch="1", resourceVersion=self._rv, allowWatchBookmarks="true",
+                    timeoutSeconds="120"))))
                 resp = conn.getresponse()
                 while not self._stop:
                     line = resp.readline()
@@ -281,15 +278,32 @@ class BindWatch:
                     event = json.loads(line)
                     obj = event.get("object") or {}
                     self._rv = (obj.get("metadata") or {}).get("resourceVersion") or self._rv
-                    node = (obj.get("spec") or {}).get("nodeName")
-                    name = (obj.get("metadata") or {}).get("name")
-                    if node and name and name not in self.bound:
-                        self.bound[name] = time.monotonic()
-                        self.nodes[name] = node
+                    self.seen(line, event)
             except (OSError, http.client.HTTPException, ValueError):
                 time.sleep(0.2)
             finally:
                 conn.close()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._thread.join(timeout=10)
+
+
+class BindWatch(Watch):
+    """Records when each benchmark pod gets a node (one pod watch on the namespace)."""
+
+    def __init__(self, client: fakenodes.ApiClient, resource_version: str) -> None:
+        self.bound: Dict[str, float] = {}
+        self.nodes: Dict[str, str] = {}
+        super().__init__(client, "/api/v1/namespaces/%s/pods" % NAMESPACE, resource_version)
+
+    def seen(self, line: bytes, event: Dict[str, Any]) -> None:
+        obj = event.get("object") or {}
+        node = (obj.get("spec") or {}).get("nodeName")
+        name = (obj.get("metadata") or {}).get("name")
+        if node and name and name not in self.bound:
+            self.bound[name] = time.monotonic()
+            self.nodes[name] = node
 
     def wait(self, count: int, timeout: float, stall: float = 20.0) -> bool:
         """Until ``count`` pods are bound, ``timeout`` passed, or no binding came for ``stall`` seconds."""
@@ -303,9 +317,48 @@ class BindWatch:
             time.sleep(0.1)
         return len(self.bound) >= count
 
-    def stop(self) -> None:
-        self._stop = True
-        self._thread.join(timeout=10)
+
+class NodeEvents(Watch):
+    """Counts the Node watch events (and their bytes) that an extender's node watch receives meanwhile."""
+
+    def __init__(self, client: fakenodes.ApiClient) -> None:
+        self.events: Dict[str, int] = {}
+        self.bytes = 0
+        rv = client.request("GET", "/api/v1/nodes?limit=1")["metadata"]["resourceVersion"]
+        super().__init__(client, "/api/v1/nodes", rv)
+
+    def seen(self, line: bytes, event: Dict[str, Any]) -> None:
+        kind = str(event.get("type"))
+        self.events[kind] = self.events.get(kind, 0) + 1
+        if kind != "BOOKMARK":
+            self.bytes += len(line)
+
+
+@dataclass(frozen=True)
+class ThreadTime:
+    """One thread's CPU time and its time waiting for a CPU on the run queue (/proc schedstat), in seconds."""
+
+    cpu_s: float
+    runqueue_s: float
+
+
+def thread_times(pid: int) -> Dict[int, ThreadTime]:
+    """Per thread id of ``pid``. A thread that waits for the GIL sleeps on a futex: neither CPU nor run queue."""
+    out = {}
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, tid), encoding="ascii") as fh:
+                run_ns, wait_ns = fh.read().split()[:2]
+        except OSError:
+            continue
+        out[int(tid)] = ThreadTime(int(run_ns) / 1e9, int(wait_ns) / 1e9)
+    return out
+
+
+def thread_diff(after: Dict[int, ThreadTime], before: Dict[int, ThreadTime]) -> Dict[int, ThreadTime]:
+    zero = ThreadTime(0.0, 0.0)
+    return {tid: ThreadTime(t.cpu_s - before.get(tid, zero).cpu_s, t.runqueue_s - before.get(tid, zero).runqueue_s)
+            for tid, t in after.items()}
 
 
 @dataclass(frozen=True)
@@ -317,8 +370,11 @@ class Throughput:
 
 
 def schedule_pods(client: fakenodes.ApiClient, settings: Settings, bin_dir: str, pods: int,
-                  extender_port: Optional[int], timeout: float = 600.0) -> Throughput:
-    """Create ``pods`` GPU pods (Pending: no scheduler has their name yet), start the scheduler, time the bindings."""
+                  extender_port: Optional[int], timeout: float = 600.0,
+                  when_bound: Optional[Callable[[], None]] = None) -> Throughput:
+    """Create ``pods`` GPU pods (Pending: no scheduler has their name yet), start the scheduler, time the bindings.
+
+    ``when_bound`` runs once the pods are bound, before the scheduler stops (and its connections with it)."""
     ensure_namespace(client)
     path = "/api/v1/namespaces/%s/pods" % NAMESPACE
     sizes = (1, 1, 1, 2, 1, 4, 1, 2)   # mostly single-GPU, some 2 and 4
@@ -329,6 +385,8 @@ def schedule_pods(client: fakenodes.ApiClient, settings: Settings, bin_dir: str,
     scheduler = Scheduler(settings, bin_dir, extender_port)
     try:
         watch.wait(pods, timeout)
+        if when_bound is not None:
+            when_bound()
         if scheduler.proc.poll() is not None:
             raise RuntimeError("kube-scheduler exited: " + scheduler.tail())
     finally:

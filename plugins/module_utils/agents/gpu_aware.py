@@ -35,6 +35,7 @@ from .common import (UsageError, add_common_flags, kube_api_client, run_main, se
                      tcp_port)
 
 COMPONENT = "gpu-aware"
+SWITCH_INTERVAL = 0.0005
 
 
 def _namespace_default() -> str:
@@ -112,6 +113,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         log.warning("no Kubernetes API (%s): weights stay at the flags, nodeCacheCapable: true requests "
                     "cannot be served", exc)
 
+    # A request thread that wants the GIL back (after each socket read or write) while the node
+    # watch runs Python code waits up to the switch interval, 5 ms by default: the size of the whole
+    # latency target. 0.5 ms bounds that wait (docs/scale.md).
+    sys.setswitchinterval(SWITCH_INTERVAL)
     stop = stop_event()
     metrics = ExtenderMetrics()
     states = StateCache()

@@ -16,10 +16,14 @@ import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..kube.client import ApiException, core_v1
+from ..kube.pages import list_all
 from .cache import Expired
 
 CONNECT_TIMEOUT = 10.0
 LIST_READ_TIMEOUT = 120.0
+# Items per list page. A Node decodes in 50-150 us here (4 KB with our annotations; real nodes
+# with image lists are larger), so a page holds the GIL for a few milliseconds.
+LIST_PAGE_SIZE = 50
 
 
 def _lines(resp: Any) -> Iterator[bytes]:
@@ -41,30 +45,38 @@ class KubeSource:
     """A :class:`~.cache.Source` over one ``list_*`` method of ``CoreV1Api``.
 
     ``call`` is e.g. ``core.list_node`` or ``functools.partial(core.list_namespaced_config_map, ns)``;
-    ``params`` are fixed query parameters such as ``field_selector``.
+    ``params`` are fixed query parameters such as ``field_selector``. Lists are read ``page_size``
+    items at a time (:func:`..kube.pages.list_all`: an expired continue token starts over).
     """
 
-    def __init__(self, call: Callable[..., Any], **params: Any) -> None:
+    def __init__(self, call: Callable[..., Any], page_size: int = LIST_PAGE_SIZE, **params: Any) -> None:
         self.call = call
+        self.page_size = page_size
         self.params = params
         self._lock = threading.Lock()
         self._current: Optional[Any] = None
 
-    def list(self) -> Tuple[List[Dict[str, Any]], str]:
-        try:
-            resp = self.call(resource_version="0", _preload_content=False,
-                             _request_timeout=(CONNECT_TIMEOUT, LIST_READ_TIMEOUT), **self.params)
-        except ApiException as exc:
-            if getattr(exc, "status", 0) == 410:
-                raise Expired() from None
-            raise
+    def _page(self, limit: int, token: Optional[str]) -> Dict[str, Any]:
+        extra = {"_continue": token} if token else {}
+        resp = self.call(limit=limit, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT, LIST_READ_TIMEOUT),
+                         **extra, **self.params)
         try:
             document = json.loads(resp.data)
         finally:
             resp.release_conn()
-        items = document.get("items") or []
-        version = (document.get("metadata") or {}).get("resourceVersion") or ""
-        return items, version
+        return document if isinstance(document, dict) else {}
+
+    def list(self) -> Tuple[List[Dict[str, Any]], str]:
+        # In pages, not one response: decoding a page is one C call that holds the GIL, so the
+        # requests served meanwhile wait for one page (a few ms), not for the whole list (hundreds
+        # of ms at 2,000 nodes, docs/scale.md). A list with a limit is a consistent snapshot.
+        try:
+            listing = list_all(self._page, self.page_size)
+        except ApiException as exc:
+            if getattr(exc, "status", 0) == 410:
+                raise Expired() from None
+            raise
+        return listing.items, listing.resource_version
 
     def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[Dict[str, Any]]:
         try:

@@ -306,11 +306,28 @@ class FakeApiServer:
             return namespace is None or metadata.get("namespace", namespace) == namespace
 
         if not watch:
+            # limit/continue as the apiserver pages a list: the continue token carries the snapshot's
+            # resourceVersion and where the next page starts (here: the snapshot is not kept, the
+            # objects are read in name order from the token's offset).
+            limit = int(query.get("limit") or 0)
+            token = query.get("continue")
             with self.lock:
-                items = [o for o in self.objects[kind].values() if matches(o)]
+                items = sorted((o for o in self.objects[kind].values() if matches(o)),
+                               key=lambda o: o["metadata"]["name"])
                 version = self.version
-            return self._send_json(handler, 200, {"kind": "List", "apiVersion": "v1",
-                                                  "metadata": {"resourceVersion": str(version)}, "items": items})
+            metadata = {"resourceVersion": str(version)}
+            if token:
+                version_text, start_text = token.split(":")
+                metadata["resourceVersion"] = version_text
+                items = items[int(start_text):]
+                start = int(start_text)
+            else:
+                start = 0
+            if limit and len(items) > limit:
+                items = items[:limit]
+                metadata["continue"] = "%s:%d" % (metadata["resourceVersion"], start + limit)
+            return self._send_json(handler, 200, {"kind": "List", "apiVersion": "v1", "metadata": metadata,
+                                                  "items": items})
         since = int(query.get("resourceVersion") or 0)
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or 30)
         handler.send_response(200)

@@ -200,6 +200,24 @@ def test_kube_source_nodes_through_the_kubernetes_client(fake_api, api_client):
         lw.stop()
 
 
+def test_kube_source_lists_nodes_in_pages(fake_api, api_client):
+    """A relist of many nodes is read page by page (each page one short decode), as one list."""
+    metrics = ExtenderMetrics()
+    cache = NodeCache(StateCache(), metrics, LOG)
+    for i in range(7):
+        fake_api.set("nodes", make_node(i, allocated=[]))
+    source = kube.KubeSource(kube.core_v1(api_client).list_node, page_size=3)
+    lw = ListWatch("nodes", source, cache, metrics, LOG, watch_seconds=2, backoff=Backoff(0.05, 0.1)).start()
+    try:
+        wait_for(lambda: len(cache) == 7, what="paged list")
+        assert fake_api.count("list nodes") == 3              # 3 + 3 + 1
+        assert all(cache.get("gpu-node-%05d" % i) is not None for i in range(7))
+        fake_api.set("nodes", make_node(9, allocated=[0]))  # the watch starts at the list's resourceVersion
+        wait_for(lambda: cache.get("gpu-node-00009") is not None, what="watch after the paged list")
+    finally:
+        lw.stop()
+
+
 def test_kube_source_configmap_through_the_kubernetes_client(fake_api, api_client):
     metrics = ExtenderMetrics()
     holder = WeightsHolder(Weights(1, 1, "flags"), metrics, LOG, "ns")
