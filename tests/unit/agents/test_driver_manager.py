@@ -280,6 +280,31 @@ def test_vfnum_entry_applies_through_the_vfnum_code_and_restarts_gpu_device(tmp_
     assert mgr.round() and kube.restarts == 1      # applied: nothing more
 
 
+def test_with_the_driver_verified_a_round_applies_vfnum_before_the_driver_part(tmp_path):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "IfNotPresent", data={})
+    assert mgr.round() and mgr.driver_verified       # the administrator's driver, verified
+    first = len(kube.patches)
+    kube.data["node-vfnums"] = "nodes:\n  n1: {vfnum: 4}\n"
+    assert mgr.round()
+    this_round = kube.patches[first:]
+    # the state label pending -> success and the restart come before the driver part's mode label
+    keys = [next(iter(p["labels"]), None) for p in this_round if p["labels"]]
+    assert keys == [N.LABEL_VFNUM_STATE, N.LABEL_VFNUM_STATE, N.LABEL_DRIVER_MODE], keys
+    assert [p.numvfs for p in dm.vfnum_backend.read_pfs(host)] == [4, 4] and kube.restarts == 1
+
+
+def test_without_a_verified_driver_the_driver_part_comes_first(tmp_path):
+    host = node(tmp_path, preset_name="2xC550-sriov", driver=False, os_release="ID=ubuntu\nID_LIKE=debian\n")
+    mgr, kube = manager(tmp_path, host, "IfNotPresent", data={"node-vfnums": "nodes:\n  n1: {vfnum: 2}\n"})
+    assert not mgr.driver_verified
+    assert mgr.round()
+    keys = [next(iter(p["labels"]), None) for p in kube.patches if p["labels"]]
+    # the payload's driver installed and verified (mode cloud), then the VFs on its bound PFs
+    assert keys.index(N.LABEL_DRIVER_MODE) < keys.index(N.LABEL_VFNUM_STATE), keys
+    assert loaded(host) == PAYLOAD and [p.numvfs for p in dm.vfnum_backend.read_pfs(host)] == [2, 2]
+
+
 @pytest.mark.parametrize("entry, words", [
     ("nodes:\n  n1: {vfnum: 3}\n", "not one of 0, 1, 2, 4, 8"),
     ("nodes:\n  n1: {vfnum: 16}\n", "not one of"),
