@@ -208,23 +208,35 @@ class Kube:
     def _watch(wake: threading.Event, stop: threading.Event, lister: Callable[..., Any], args: Sequence[Any],
                field_selector: str, changed: Callable[[Mapping[str, Any]], bool]) -> None:
         """One object's watch, reopened when the server ends it, a broken one after a pause; an event
-        ``changed`` accepts wakes a round. The watch opens with the object as it is now: ``changed``
-        takes that for a change when it is not what was last seen (an edit made while a round ran
-        would otherwise wait for the interval)."""
+        ``changed`` accepts wakes a round.
+
+        Each opening lists the object from the API server's cache (resourceVersion "0") and watches
+        from that list's version. A watch without a version asks for a consistent read, which the
+        server answers with 504 "Too large resource version" after 3 s whenever the cache of this
+        kind lags behind etcd -- on a busy cluster, for a kind as quiet as a ConfigMap, every time:
+        the watch never opened and an edit waited for the interval (docs/operator.md "driver-config").
+        The listed object goes through ``changed`` too: one edited while a round ran wakes the next.
+        """
         if k8s_watch is None:
             return
         while not stop.is_set():
             stream = k8s_watch.Watch()
-            LOG.info("watch (%s) opening", field_selector)
             try:
-                for event in stream.stream(lister, *args, field_selector=field_selector, timeout_seconds=WATCH_SECONDS,
-                                           _request_timeout=WATCH_REQUEST_TIMEOUT):
+                listed = lister(*args, field_selector=field_selector, resource_version="0",
+                                _request_timeout=WATCH_REQUEST_TIMEOUT)
+                items = listed.items or []
+                opening = [{"type": "ADDED", "object": item} for item in items] or [{"type": "DELETED", "object": None}]
+                if any([changed(event) for event in opening]):
+                    wake.set()
+                for event in stream.stream(lister, *args, field_selector=field_selector,
+                                           resource_version=listed.metadata.resource_version,
+                                           timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT):
                     if changed(event):
                         wake.set()
                     if stop.is_set():
                         break
-            except Exception as exc:  # pylint: disable=broad-except  # a broken watch: the interval still runs rounds
-                LOG.warning("watch (%s) broken, reopened in 5 s: %s", field_selector, exc)
+            except Exception as exc:  # pylint: disable=broad-except  # a broken watch (410 too): the interval still runs rounds
+                LOG.warning("watch (%s) broken, reopened in 5 s: %s", field_selector, str(exc).replace("\n", " ")[:300])
                 stop.wait(5.0)
             finally:
                 stream.stop()

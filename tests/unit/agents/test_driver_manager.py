@@ -4,6 +4,7 @@ simulator, the real backend code of metax.gpu.driver and metax.gpu.vfnum; the AP
 from __future__ import annotations
 
 import os
+import threading
 from typing import Dict, List
 
 import pytest
@@ -347,3 +348,52 @@ class _ConfigMap:
 ])
 def test_a_watch_event_is_a_change_when_it_is_not_the_version_the_round_read(event, seen, changed):
     assert dm.event_changes_config(event, seen) is changed
+
+
+class _Listed:
+    def __init__(self, items, version):
+        self.items = items
+        self.metadata = type("Meta", (), {"resource_version": version})()
+
+
+class _ServerWatch:
+    """kubernetes.watch.Watch as the API server answers it: a watch without a resourceVersion is a
+    consistent read, which a server whose cache of the kind lags behind etcd refuses with 504."""
+
+    opened: List[dict] = []
+
+    def __init__(self):
+        self.stopped = False
+
+    def stream(self, lister, *args, **kwargs):
+        _ServerWatch.opened.append(kwargs)
+        if not kwargs.get("resource_version"):
+            stop.set()
+            raise dm.ApiException(status=504, reason="Timeout: Too large resource version")
+        stop.set()           # one opening is enough for the test
+        yield {"type": "MODIFIED", "object": _ConfigMap("12")}
+
+    def stop(self):
+        self.stopped = True
+
+
+stop = threading.Event()
+
+
+def test_the_watch_opens_from_a_cached_list_and_wakes_for_an_edit(monkeypatch):
+    monkeypatch.setattr(dm, "k8s_watch", type("W", (), {"Watch": _ServerWatch}))
+    _ServerWatch.opened.clear()
+    stop.clear()
+    lists = []
+
+    def lister(namespace, **kwargs):
+        lists.append(kwargs)
+        return _Listed([_ConfigMap("11")], "11")
+    kube = dm.Kube.__new__(dm.Kube)
+    kube.config_map, kube.namespace, kube.config_version = "driver-config", "ns", "11"
+    kube.core = type("Core", (), {"list_namespaced_config_map": staticmethod(lister)})()
+    wake = threading.Event()
+    kube.watch_config(wake, stop)
+    # listed from the cache ("0": no consistent read), watched from the list's version, woken by the edit
+    assert lists[0]["resource_version"] == "0" and lists[0]["field_selector"] == "metadata.name=driver-config"
+    assert _ServerWatch.opened[0]["resource_version"] == "11" and wake.is_set()
