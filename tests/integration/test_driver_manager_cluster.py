@@ -189,7 +189,9 @@ def devices(name):
 def gpu_device_pods(cluster):
     out = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpu-device",
                                      "-o", "json", check=True).stdout)["items"]
-    return {p["spec"]["nodeName"]: p["metadata"]["uid"] for p in out if not p["metadata"].get("deletionTimestamp")}
+    # a pod not bound yet has no nodeName (another session's short-lived nodes on the shared cluster)
+    return {p["spec"]["nodeName"]: p["metadata"]["uid"] for p in out
+            if not p["metadata"].get("deletionTimestamp") and p["spec"].get("nodeName") in FLEET}
 
 
 def condition(body, component, kind):
