@@ -235,7 +235,7 @@ class Kube:
                         wake.set()
                     if stop.is_set():
                         break
-            except Exception as exc:  # pylint: disable=broad-except  # a broken watch (410 too): the interval still runs rounds
+            except Exception as exc:  # pylint: disable=broad-except  # a broken watch (a 410 too): reopened
                 LOG.warning("watch (%s) broken, reopened in 5 s: %s", field_selector, str(exc).replace("\n", " ")[:300])
                 stop.wait(5.0)
             finally:
