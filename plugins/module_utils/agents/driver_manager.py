@@ -226,8 +226,9 @@ class Kube:
                                 _request_timeout=WATCH_REQUEST_TIMEOUT)
                 items = listed.items or []
                 opening = [{"type": "ADDED", "object": item} for item in items] or [{"type": "DELETED", "object": None}]
-                if any([changed(event) for event in opening]):
-                    wake.set()
+                for event in opening:        # every one through changed: it keeps what it has seen
+                    if changed(event):
+                        wake.set()
                 for event in stream.stream(lister, *args, field_selector=field_selector,
                                            resource_version=listed.metadata.resource_version,
                                            timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT):
