@@ -189,7 +189,9 @@ def devices(name):
 def gpu_device_pods(cluster):
     out = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpu-device",
                                      "-o", "json", check=True).stdout)["items"]
-    return {p["spec"]["nodeName"]: p["metadata"]["uid"] for p in out if not p["metadata"].get("deletionTimestamp")}
+    # a pod not bound yet has no nodeName (another session's short-lived nodes on the shared cluster)
+    return {p["spec"]["nodeName"]: p["metadata"]["uid"] for p in out
+            if not p["metadata"].get("deletionTimestamp") and p["spec"].get("nodeName") in FLEET}
 
 
 def condition(body, component, kind):
@@ -251,17 +253,60 @@ def test_deploy_policy_never_touches_no_driver(cluster, installed, fleet):
     assert {n: loaded(n) for n in FLEET} == before
 
 
+def pod_on(cluster, app, node):
+    """The (not terminating) pod of DaemonSet ``app`` on ``node``, as JSON, or None."""
+    out = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=" + app,
+                                     "--field-selector", "spec.nodeName=" + node, "-o", "json").stdout
+                     or '{"items": []}')["items"]
+    return next((p for p in out if not p["metadata"].get("deletionTimestamp")), None)
+
+
+def stamp(text):
+    """RFC 3339 (kubectl logs --timestamps, the API's times) -> seconds since the epoch."""
+    import datetime
+    head, _, frac = text.rstrip("Z").partition(".")
+    when = datetime.datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp() + (float("0." + frac[:6]) if frac else 0.0)
+
+
+def vfnum_timeline(cluster, node, edit_wall, old_pod_uid):
+    """The steps of a vfnum change from the ConfigMap edit (seconds after it), from driver-manager's and
+    the new gpu-device's own logs and the API's pod times: where the time goes (docs/operator.md)."""
+    steps = []
+    driver = pod_on(cluster, "metax-driver", node)
+    device = pod_on(cluster, "gpu-device", node)
+    for pod, container, words in ((driver, "metax-driver", ("",)),
+                                  (device, "gpu-device", ("gpu-device starting", "registered", "ListAndWatch"))):
+        if pod is None:
+            continue
+        logs = cluster.kubectl("logs", "-n", NS, pod["metadata"]["name"], "-c", container, "--timestamps",
+                               "--since-time=" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(edit_wall - 60)))
+        for line in logs.stdout.splitlines():
+            when, _, text = line.partition(" ")
+            if any(w in text for w in words):
+                steps.append((round(stamp(when) - edit_wall, 2), "%s: %s" % (container, text[:200])))
+    if device is not None and device["metadata"]["uid"] != old_pod_uid:
+        steps.append((round(stamp(device["metadata"]["creationTimestamp"]) - edit_wall, 2),
+                      "gpu-device: new pod created (API, whole seconds)"))
+        for cond in (device.get("status") or {}).get("conditions") or []:
+            steps.append((round(stamp(cond["lastTransitionTime"]) - edit_wall, 2),
+                          "gpu-device: pod %s=%s (API, whole seconds)" % (cond["type"], cond["status"])))
+    return sorted(steps)
+
+
 def test_driver_config_vfnum_0_to_4_reaches_capacity_8_recreating_only_that_nodes_gpu_device(cluster, installed):
     wait(cluster, lambda: len(gpu_device_pods(cluster)) == 3 and allocatable(cluster)[SRIOV_NODE] == 2, 60,
          "gpu-device on every node, %s at 2 GPUs" % SRIOV_NODE)
     pods_before = gpu_device_pods(cluster)
     generations = {ds["metadata"]["name"]: ds["metadata"]["generation"] for ds in json.loads(
         cluster.kubectl("get", "daemonsets", "-n", NS, "-o", "json", check=True).stdout)["items"]}
-    start = time.monotonic()
+    start, edit_wall = time.monotonic(), time.time()
     set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 4\n" % SRIOV_NODE)
     wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 8, 60, "%s allocatable 8" % SRIOV_NODE, interval=0.2)
     seconds = time.monotonic() - start
     print("\nvfnum 0 -> 4 on %s: capacity 8 after %.1f s (target 15 s)" % (SRIOV_NODE, seconds))
+    timeline = vfnum_timeline(cluster, SRIOV_NODE, edit_wall, pods_before[SRIOV_NODE])
+    print("\n".join("  %+7.2f s  %s" % step for step in timeline))
     assert labels(cluster)[SRIOV_NODE].get(N.LABEL_VFNUM_STATE) == "success"
     pods_after = gpu_device_pods(cluster)
     assert pods_after[SRIOV_NODE] != pods_before[SRIOV_NODE]
@@ -273,6 +318,7 @@ def test_driver_config_vfnum_0_to_4_reaches_capacity_8_recreating_only_that_node
     path = os.path.join(OUTPUT, "driver-manager.json")
     record = json.load(open(path)) if os.path.exists(path) else {}
     record["vfnum_0_to_4_seconds"] = round(seconds, 1)
+    record["vfnum_0_to_4_timeline"] = timeline
     with open(path, "w") as fh:
         json.dump(record, fh)
     # The issue's 15 s target is a measurement, kept in the record and printed above

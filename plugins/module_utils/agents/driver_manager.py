@@ -95,6 +95,11 @@ UPGRADE_RECORD = "var/lib/metax-gpu/driver-upgrade.json"
 # administrator's.
 UPGRADE_STATE_INSTALLED = "driver-installed"
 UPGRADE_RUNNING = (names.DRIVER_UPGRADE_REQUIRED, UPGRADE_STATE_INSTALLED)
+# A watch the server ends after WATCH_SECONDS; the client gives up on a connection that
+# does not open in 10 s or stays silent past the server's end, so a watch that hangs
+# (no TCP keepalive in the client) is reopened instead of leaving edits to the interval.
+WATCH_SECONDS = 300
+WATCH_REQUEST_TIMEOUT = (10.0, WATCH_SECONDS + 30.0)
 # A freshly loaded driver may need a moment to create /dev/mxcd: verified this often, a second apart.
 VERIFY_ATTEMPTS = 5
 
@@ -175,8 +180,16 @@ class Kube:
 
     def watch_config(self, wake: threading.Event, stop: threading.Event) -> None:
         """Until ``stop``: set ``wake`` whenever the ConfigMap differs from what the last round read."""
+        def changed(event: Mapping[str, Any]) -> bool:
+            if not event_changes_config(event, self.config_version):
+                return False
+            meta = getattr(event.get("object"), "metadata", None)
+            # the start of a change's way to the node (docs/operator.md "driver-config" times it)
+            LOG.info("%s %s (resourceVersion %s): round woken", self.config_map, str(event.get("type")).lower(),
+                     getattr(meta, "resource_version", None))
+            return True
         self._watch(wake, stop, self.core.list_namespaced_config_map, (self.namespace,),
-                    "metadata.name=" + self.config_map, lambda event: event_changes_config(event, self.config_version))
+                    "metadata.name=" + self.config_map, changed)
 
     def watch_node(self, wake: threading.Event, stop: threading.Event) -> None:
         """Until ``stop``: set ``wake`` when the controller changes this node's upgrade state or target."""
@@ -195,21 +208,36 @@ class Kube:
     def _watch(wake: threading.Event, stop: threading.Event, lister: Callable[..., Any], args: Sequence[Any],
                field_selector: str, changed: Callable[[Mapping[str, Any]], bool]) -> None:
         """One object's watch, reopened when the server ends it, a broken one after a pause; an event
-        ``changed`` accepts wakes a round. The watch opens with the object as it is now: ``changed``
-        takes that for a change when it is not what was last seen (an edit made while a round ran
-        would otherwise wait for the interval)."""
+        ``changed`` accepts wakes a round.
+
+        Each opening lists the object from the API server's cache (resourceVersion "0") and watches
+        from that list's version. A watch without a version asks for a consistent read, which the
+        server answers with 504 "Too large resource version" after 3 s whenever the cache of this
+        kind lags behind etcd -- on a busy cluster, for a kind as quiet as a ConfigMap, every time:
+        the watch never opened and an edit waited for the interval (docs/operator.md "driver-config").
+        The listed object goes through ``changed`` too: one edited while a round ran wakes the next.
+        """
         if k8s_watch is None:
             return
         while not stop.is_set():
             stream = k8s_watch.Watch()
             try:
-                for event in stream.stream(lister, *args, field_selector=field_selector, timeout_seconds=300):
+                listed = lister(*args, field_selector=field_selector, resource_version="0",
+                                _request_timeout=WATCH_REQUEST_TIMEOUT)
+                items = listed.items or []
+                opening = [{"type": "ADDED", "object": item} for item in items] or [{"type": "DELETED", "object": None}]
+                for event in opening:        # every one through changed: it keeps what it has seen
+                    if changed(event):
+                        wake.set()
+                for event in stream.stream(lister, *args, field_selector=field_selector,
+                                           resource_version=listed.metadata.resource_version,
+                                           timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT):
                     if changed(event):
                         wake.set()
                     if stop.is_set():
                         break
-            except Exception as exc:  # pylint: disable=broad-except  # a broken watch: the interval still runs rounds
-                LOG.debug("watch (%s) ended: %s", field_selector, exc)
+            except Exception as exc:  # pylint: disable=broad-except  # a broken watch (a 410 too): reopened
+                LOG.warning("watch (%s) broken, reopened in 5 s: %s", field_selector, str(exc).replace("\n", " ")[:300])
                 stop.wait(5.0)
             finally:
                 stream.stop()
@@ -274,6 +302,9 @@ class Manager:
         self.cmds = backend.NodeCommands(host, runner)
         self.last_failure: Dict[str, str] = {}    # what -> message, so each failure is reported once
         self.verify_pause = 1.0                   # seconds between verifications of a freshly loaded driver
+        self.round_started = time.monotonic()
+        # the last verification passed (the next round may apply vfnum before the driver part)
+        self.driver_verified = False
 
     # -- driver ---------------------------------------------------------------
     def observe(self) -> policy.NodeDriver:
@@ -447,6 +478,7 @@ class Manager:
         except backend.DriverVerifyError as exc:
             LOG.info("driver not ready: %s", exc)
             ok = False
+        self.driver_verified = ok
         if ok:
             os.makedirs(os.path.dirname(self.ready_file), exist_ok=True)
             with open(self.ready_file, "w") as handle:
@@ -467,16 +499,19 @@ class Manager:
         reasons = vfnum_backend.in_use(self.host, pfs, plan)
         if reasons:
             raise VfnumError("vfnum %d refused: the GPUs are in use (%s)" % (wanted, "; ".join(reasons)))
+        LOG.info("vfnum %d: entry validated %.2f s into the round", wanted, self.round_clock())
         self.kube.patch_node({names.LABEL_VFNUM_STATE: "pending"}, {names.ANNOTATION_VFNUM_MESSAGE: None})
         try:
             vfnum_backend.apply(self.host, plan)
         except VfnumError as exc:
             self.kube.patch_node({names.LABEL_VFNUM_STATE: "failed"}, {names.ANNOTATION_VFNUM_MESSAGE: str(exc)})
             raise
+        LOG.info("vfnum %d: written to sysfs %.2f s into the round", wanted, self.round_clock())
         # gpu.vfnum is gpu-label's (it reads sysfs): only the state is ours
         self.kube.patch_node({names.LABEL_VFNUM_STATE: "success"}, {names.ANNOTATION_VFNUM_MESSAGE: None})
         deleted = self.kube.restart_gpu_device()
-        LOG.info("vfnum %d applied; gpu-device pod(s) %s recreated", wanted, ", ".join(deleted) or "(none)")
+        LOG.info("vfnum %d applied; gpu-device pod(s) %s deleted %.2f s into the round", wanted,
+                 ", ".join(deleted) or "(none)", self.round_clock())
         self.kube.event("VfnumApplied", "vfnum %d applied" % wanted, warning=False)
         return "success"
 
@@ -493,23 +528,45 @@ class Manager:
             self.kube.patch_node({}, {annotation: None})
         self.last_failure[what] = error or ""
 
+    def round_clock(self) -> float:
+        """Seconds since this round began (the step times in the log)."""
+        return time.monotonic() - self.round_started
+
     def round(self) -> bool:
-        """One reconcile; True when nothing failed."""
+        """One reconcile; True when nothing failed.
+
+        With the driver verified by the previous round and no upgrade to run,
+        the vfnum entry goes first: the driver part (package queries, mx-smi:
+        several processes) then no longer delays an edit of driver-config,
+        which on a loaded node cost seconds of the 15 s target (docs/operator.md).
+        Otherwise the driver comes first, since VFs need the PF driver bound.
+        """
+        self.round_started = time.monotonic()
         config = parse_config(self.kube.config(), self.kube.node)
         params = config.params if config.error is None else []
+        upgrade = self.kube.upgrade()
+        upgrading = self.acts_on(upgrade) and upgrade.target is not None
+        vfnum_first = self.driver_verified and not upgrading
+        vfnum_ok = self.vfnum_round(config) if vfnum_first else True
         ok = True
         try:
-            upgrade = self.kube.upgrade()
-            if self.acts_on(upgrade) and upgrade.target is not None:
+            if upgrading and upgrade.target is not None:
                 # a failed upgrade is reported on the node (state failed), rolled back, and not retried
                 self.upgrade_driver(upgrade.target, params)
             else:
                 self.reconcile_driver(params)
+            LOG.debug("driver reconciled %.2f s into the round", self.round_clock())
             self.report("DriverFailed", names.ANNOTATION_DRIVER_MESSAGE, None)
         except (backend.DriverError, policy.PolicyError, HostRootError) as exc:
             self.verified(None)
             self.report("DriverFailed", names.ANNOTATION_DRIVER_MESSAGE, str(exc))
             ok = False
+        if not vfnum_first:
+            vfnum_ok = self.vfnum_round(config)
+        return ok and vfnum_ok
+
+    def vfnum_round(self, config: Config) -> bool:
+        """This node's node-vfnums entry applied, or the reason it is not reported; True when it is."""
         error = config.error
         if error is None:
             try:
@@ -519,10 +576,10 @@ class Manager:
         if error is not None:
             # nothing changed: the state label stays (success/absent) unless the apply itself failed
             self.report("VfnumRejected", names.ANNOTATION_VFNUM_MESSAGE, error)
-            ok = False
-        elif self.last_failure.get("VfnumRejected"):
+            return False
+        if self.last_failure.get("VfnumRejected"):
             self.report("VfnumRejected", names.ANNOTATION_VFNUM_MESSAGE, None)
-        return ok
+        return True
 
 
 def run_loop(manager: Manager, interval: float, stop: threading.Event, watch: bool = True) -> int:

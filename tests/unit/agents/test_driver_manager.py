@@ -4,6 +4,7 @@ simulator, the real backend code of metax.gpu.driver and metax.gpu.vfnum; the AP
 from __future__ import annotations
 
 import os
+import threading
 from typing import Dict, List
 
 import pytest
@@ -280,6 +281,31 @@ def test_vfnum_entry_applies_through_the_vfnum_code_and_restarts_gpu_device(tmp_
     assert mgr.round() and kube.restarts == 1      # applied: nothing more
 
 
+def test_with_the_driver_verified_a_round_applies_vfnum_before_the_driver_part(tmp_path):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "IfNotPresent", data={})
+    assert mgr.round() and mgr.driver_verified       # the administrator's driver, verified
+    first = len(kube.patches)
+    kube.data["node-vfnums"] = "nodes:\n  n1: {vfnum: 4}\n"
+    assert mgr.round()
+    this_round = kube.patches[first:]
+    # the state label pending -> success and the restart come before the driver part's mode label
+    keys = [next(iter(p["labels"]), None) for p in this_round if p["labels"]]
+    assert keys == [N.LABEL_VFNUM_STATE, N.LABEL_VFNUM_STATE, N.LABEL_DRIVER_MODE], keys
+    assert [p.numvfs for p in dm.vfnum_backend.read_pfs(host)] == [4, 4] and kube.restarts == 1
+
+
+def test_without_a_verified_driver_the_driver_part_comes_first(tmp_path):
+    host = node(tmp_path, preset_name="2xC550-sriov", driver=False, os_release="ID=ubuntu\nID_LIKE=debian\n")
+    mgr, kube = manager(tmp_path, host, "IfNotPresent", data={"node-vfnums": "nodes:\n  n1: {vfnum: 2}\n"})
+    assert not mgr.driver_verified
+    assert mgr.round()
+    keys = [next(iter(p["labels"]), None) for p in kube.patches if p["labels"]]
+    # the payload's driver installed and verified (mode cloud), then the VFs on its bound PFs
+    assert keys.index(N.LABEL_DRIVER_MODE) < keys.index(N.LABEL_VFNUM_STATE), keys
+    assert loaded(host) == PAYLOAD and [p.numvfs for p in dm.vfnum_backend.read_pfs(host)] == [2, 2]
+
+
 @pytest.mark.parametrize("entry, words", [
     ("nodes:\n  n1: {vfnum: 3}\n", "not one of 0, 1, 2, 4, 8"),
     ("nodes:\n  n1: {vfnum: 16}\n", "not one of"),
@@ -322,3 +348,52 @@ class _ConfigMap:
 ])
 def test_a_watch_event_is_a_change_when_it_is_not_the_version_the_round_read(event, seen, changed):
     assert dm.event_changes_config(event, seen) is changed
+
+
+class _Listed:
+    def __init__(self, items, version):
+        self.items = items
+        self.metadata = type("Meta", (), {"resource_version": version})()
+
+
+class _ServerWatch:
+    """kubernetes.watch.Watch as the API server answers it: a watch without a resourceVersion is a
+    consistent read, which a server whose cache of the kind lags behind etcd refuses with 504."""
+
+    opened: List[dict] = []
+
+    def __init__(self):
+        self.stopped = False
+
+    def stream(self, lister, *args, **kwargs):
+        _ServerWatch.opened.append(kwargs)
+        if not kwargs.get("resource_version"):
+            stop.set()
+            raise dm.ApiException(status=504, reason="Timeout: Too large resource version")
+        stop.set()           # one opening is enough for the test
+        yield {"type": "MODIFIED", "object": _ConfigMap("12")}
+
+    def stop(self):
+        self.stopped = True
+
+
+stop = threading.Event()
+
+
+def test_the_watch_opens_from_a_cached_list_and_wakes_for_an_edit(monkeypatch):
+    monkeypatch.setattr(dm, "k8s_watch", type("W", (), {"Watch": _ServerWatch}))
+    _ServerWatch.opened.clear()
+    stop.clear()
+    lists = []
+
+    def lister(namespace, **kwargs):
+        lists.append(kwargs)
+        return _Listed([_ConfigMap("11")], "11")
+    kube = dm.Kube.__new__(dm.Kube)
+    kube.config_map, kube.namespace, kube.config_version = "driver-config", "ns", "11"
+    kube.core = type("Core", (), {"list_namespaced_config_map": staticmethod(lister)})()
+    wake = threading.Event()
+    kube.watch_config(wake, stop)
+    # listed from the cache ("0": no consistent read), watched from the list's version, woken by the edit
+    assert lists[0]["resource_version"] == "0" and lists[0]["field_selector"] == "metadata.name=driver-config"
+    assert _ServerWatch.opened[0]["resource_version"] == "11" and wake.is_set()
