@@ -18,8 +18,6 @@ from module_runner import run_module, tree
 CACHE = "var/cache/metax-driver"
 
 
-
-
 @pytest.fixture
 def node(make_node):
     def _make(kind="deb", preset="1xC500", packages=(("deb", "2.40.1"),)):
