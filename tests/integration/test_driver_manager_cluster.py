@@ -264,7 +264,7 @@ def pod_on(cluster, app, node):
 def stamp(text):
     """RFC 3339 (kubectl logs --timestamps, the API's times) -> seconds since the epoch."""
     import datetime
-    head, _, frac = text.rstrip("Z").partition(".")
+    head, _dot, frac = text.rstrip("Z").partition(".")
     when = datetime.datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
     return when.timestamp() + (float("0." + frac[:6]) if frac else 0.0)
 
@@ -282,7 +282,7 @@ def vfnum_timeline(cluster, node, edit_wall, old_pod_uid):
         logs = cluster.kubectl("logs", "-n", NS, pod["metadata"]["name"], "-c", container, "--timestamps",
                                "--since-time=" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(edit_wall - 60)))
         for line in logs.stdout.splitlines():
-            when, _, text = line.partition(" ")
+            when, _space, text = line.partition(" ")
             if any(w in text for w in words):
                 steps.append((round(stamp(when) - edit_wall, 2), "%s: %s" % (container, text[:200])))
     if device is not None and device["metadata"]["uid"] != old_pod_uid:
