@@ -188,7 +188,15 @@ def test_metrics_endpoint(make_node, kubelet, run_agent):
             kubelet.stub.Allocate(pb.AllocateRequest(container_requests=[
                 pb.ContainerAllocateRequest(devices_ids=[BDFS[0]])]), timeout=5)
             base = "http://127.0.0.1:%d" % server.port
-            text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+
+            def scrape():
+                return urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+            # the gauges follow the stream the kubelet read: on a loaded machine a scrape can come between the two
+            deadline = time.monotonic() + 30
+            text = scrape()
+            while "metax_gpu_devices_healthy 7.0" not in text and time.monotonic() < deadline:
+                time.sleep(0.1)
+                text = scrape()
             deadline = time.monotonic() + 3
             while agent.health()[0] is False and time.monotonic() < deadline:
                 time.sleep(0.05)
