@@ -229,7 +229,7 @@ def _module(backups, **args):
 
 def test_enable_drift_disable(cluster, extender, gpu_node, pristine):
     original = _snapshot()
-    assert _healthy(cluster)
+    assert _ready_soon(cluster)       # an earlier module (or etcd under a burst of writes) may have restarted it
     failed, on = _module(pristine, url=extender.url)
     assert not failed, on
     assert on["changed"] and on["waited"] and on["backup"].startswith(pristine)

@@ -99,6 +99,14 @@ class ApiError(Exception):
         self.status = status
 
 
+TRANSIENT_PAUSES = (1.0, 2.0, 4.0, 8.0, 0.0)   # seconds before each retry; the last answer stands
+
+
+def _transient(status: int, raw: bytes) -> bool:
+    """An answer worth sending the request again for: load shed, or etcd timing out under the apiserver."""
+    return status in (429, 503) or (status == 500 and b"etcdserver: request timed out" in raw)
+
+
 class ApiClient:
     """A small HTTPS client of the local apiserver with the admin certificate (one connection per thread)."""
 
@@ -127,21 +135,30 @@ class ApiClient:
             headers["Content-Type"] = content_type
         with self._count_lock:
             self.requests += 1
+        for pause in TRANSIENT_PAUSES:
+            status, raw = self._send(method, path, data, headers)
+            if not _transient(status, raw):
+                break
+            # etcd stalled (its fsync behind a burst of disk writes) or the apiserver shed load: what a
+            # client retries; a create that was committed anyway comes back as 409, which callers accept
+            time.sleep(pause)
+        if status >= 300:
+            raise ApiError(status, raw.decode(errors="replace"))
+        return json.loads(raw) if raw else None
+
+    def _send(self, method: str, path: str, data: Optional[bytes], headers: Dict[str, str]) -> Tuple[int, bytes]:
         for attempt in (1, 2):
             conn = self._conn()
             try:
                 conn.request(method, path, body=data, headers=headers)
                 resp = conn.getresponse()
-                raw = resp.read()
-                break
+                return resp.status, resp.read()
             except (http.client.HTTPException, OSError):
                 conn.close()
                 self._local.conn = None
                 if attempt == 2:
                     raise
-        if resp.status >= 300:
-            raise ApiError(resp.status, raw.decode(errors="replace"))
-        return json.loads(raw) if raw else None
+        raise AssertionError("unreachable")
 
     def list_pages(self, path: str, selector: str = "", limit: int = 500) -> Iterator[Dict[str, Any]]:
         """Every item of a list, ``limit`` at a time (continue tokens: no one-call list of 2,000 nodes)."""
