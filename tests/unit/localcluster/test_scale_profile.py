@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from localcluster import fakenodes, kwok
@@ -69,3 +71,42 @@ def test_owned_changes_touch_only_metax_keys():
     assert fakenodes.owned_changes(current, {"metax-tech.com/a": "1", "metax-tech.com/gone": "x"}) == {}
     expected = {"metax-tech.com/a": "2", "metax-tech.com/gone": None}
     assert fakenodes.owned_changes(current, {"metax-tech.com/a": "2"}) == expected
+
+
+def _client_answering(monkeypatch, answers):
+    """An ApiClient whose wire is a list of (status, body) answers, sent in turn; no pauses between retries."""
+    monkeypatch.setattr(fakenodes, "TRANSIENT_PAUSES", (0.0,) * 5)
+    client = fakenodes.ApiClient.__new__(fakenodes.ApiClient)
+    client.requests = 0
+    setattr(client, "_count_lock", threading.Lock())
+    sent = []
+
+    def send(method, path, data, headers):
+        sent.append(method)
+        return answers[len(sent) - 1]
+    monkeypatch.setattr(client, "_send", send)
+    return client, sent
+
+
+ETCD_TIMEOUT = (500, b'{"kind":"Status","message":"etcdserver: request timed out","code":500}')
+
+
+def test_an_etcd_timeout_is_sent_again_and_a_create_committed_anyway_is_a_conflict(monkeypatch):
+    client, sent = _client_answering(monkeypatch, [ETCD_TIMEOUT, (429, b"{}"), (201, b'{"kind":"Node"}')])
+    assert client.request("POST", "/api/v1/nodes", {}) == {"kind": "Node"}
+    assert sent == ["POST"] * 3 and client.requests == 1
+    client, sent = _client_answering(monkeypatch, [ETCD_TIMEOUT, (409, b'{"reason":"AlreadyExists"}')])
+    with pytest.raises(fakenodes.ApiError) as err:
+        client.request("POST", "/api/v1/nodes", {})
+    assert err.value.status == 409        # what create() counts as "already there"
+
+
+def test_other_errors_and_a_lasting_timeout_are_not_hidden(monkeypatch):
+    client, sent = _client_answering(monkeypatch, [(500, b'{"message":"internal error"}')])
+    with pytest.raises(fakenodes.ApiError):
+        client.request("GET", "/api/v1/nodes")
+    assert sent == ["GET"]
+    client, sent = _client_answering(monkeypatch, [ETCD_TIMEOUT] * 5)
+    with pytest.raises(fakenodes.ApiError) as err:
+        client.request("GET", "/api/v1/nodes")
+    assert err.value.status == 500 and len(sent) == 5
