@@ -545,14 +545,14 @@ class Manager:
         config = parse_config(self.kube.config(), self.kube.node)
         params = config.params if config.error is None else []
         upgrade = self.kube.upgrade()
-        upgrading = self.acts_on(upgrade) and upgrade.target is not None
-        vfnum_first = self.driver_verified and not upgrading
+        target = upgrade.target if self.acts_on(upgrade) else None    # the version to upgrade to now
+        vfnum_first = self.driver_verified and target is None
         vfnum_ok = self.vfnum_round(config) if vfnum_first else True
         ok = True
         try:
-            if upgrading and upgrade.target is not None:
+            if target is not None:
                 # a failed upgrade is reported on the node (state failed), rolled back, and not retried
-                self.upgrade_driver(upgrade.target, params)
+                self.upgrade_driver(target, params)
             else:
                 self.reconcile_driver(params)
             LOG.debug("driver reconciled %.2f s into the round", self.round_clock())
