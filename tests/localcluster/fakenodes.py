@@ -147,18 +147,22 @@ class ApiClient:
         return json.loads(raw) if raw else None
 
     def _send(self, method: str, path: str, data: Optional[bytes], headers: Dict[str, str]) -> Tuple[int, bytes]:
-        for attempt in (1, 2):
-            conn = self._conn()
-            try:
-                conn.request(method, path, body=data, headers=headers)
-                resp = conn.getresponse()
-                return resp.status, resp.read()
-            except (http.client.HTTPException, OSError):
-                conn.close()
-                self._local.conn = None
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return self._exchange(method, path, data, headers)
+        except (http.client.HTTPException, OSError):
+            # a kept-alive connection the server had closed: once more, on a new one
+            return self._exchange(method, path, data, headers)
+
+    def _exchange(self, method: str, path: str, data: Optional[bytes], headers: Dict[str, str]) -> Tuple[int, bytes]:
+        conn = self._conn()
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        except (http.client.HTTPException, OSError):
+            conn.close()
+            self._local.conn = None
+            raise
 
     def list_pages(self, path: str, selector: str = "", limit: int = 500) -> Iterator[Dict[str, Any]]:
         """Every item of a list, ``limit`` at a time (continue tokens: no one-call list of 2,000 nodes)."""
