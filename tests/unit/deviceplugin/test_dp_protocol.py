@@ -196,12 +196,14 @@ def test_kubelet_restart_reregisters(make_node, kubelet, run_agent):
         kubelet.stop()
         polling.wait_until(lambda: agent.health() == (False, "not registered with the kubelet"), 30,
                            "the agent to report that it is not registered", interval=0.05)
+        started = time.monotonic()
         kubelet.start()
         kubelet.wait_for_registration(4, timeout=60)
-        # A registration the kubelet received may still have failed on our side (the restart cancels the
-        # call in flight): the agent then retries, so the agent counts at least 4 once it is healthy again.
-        polling.wait_until(lambda: agent.health() == (True, "ok") and agent.registrations >= 4, 60,
-                           "the agent to be registered and healthy again", interval=0.05)
+        # Not a count on the agent's side: the stop may cancel the third registration after the kubelet
+        # recorded it, and the agent, seeing it fail, counts one fewer. What matters is a registration
+        # that succeeded with the kubelet that came back.
+        polling.wait_until(lambda: agent.health() == (True, "ok") and (agent.last_registration or 0.0) >= started, 60,
+                           "the agent to be registered with the new kubelet and healthy", interval=0.05)
         time.sleep(1)      # old servers are shut down: exactly one socket of ours, still there
         assert [n for n in os.listdir(kubelet.dir) if n.startswith("metax-gpu-")] == [agent.server.endpoint]
 
