@@ -16,6 +16,12 @@ but ``gpu.installed=false`` once the GPUs are gone), every other label --
 including other ``metax-tech.com/`` keys written by other components -- left
 alone. Nothing is written when nothing changed. While the apiserver is away
 it backs off and keeps running. RBAC: ``get`` and ``patch`` on ``nodes``.
+
+After its first refresh that succeeded it creates ``--ready-file``, which the
+pod's readiness probe checks: a Ready gpu-label pod means a labelled node, so
+the DaemonSet's ready count (what ``helm install --wait`` and the operator's
+component status read) says the labels are there, not only that the
+processes started.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write driver.ready and gpu.driver.mode (false: the GPU Operator's driver "
                              "component owns them, docs/design-decisions.md) (default %(default)s)")
     parser.add_argument("--once", action="store_true", help="one refresh, then exit (0 when it succeeded)")
+    parser.add_argument("--ready-file", default="",
+                        help="a file created after the first refresh that succeeded and removed on exit, "
+                             "for a readiness probe (default: none)")
     return parser
 
 
@@ -141,30 +150,46 @@ def kube_label_access(api_client, node_name: str, timeout: float = 10.0):
     return read_labels, patch_labels
 
 
-def run_loop(labeller: Labeller, interval: float, stop: threading.Event, once: bool = False) -> int:
+def run_loop(labeller: Labeller, interval: float, stop: threading.Event, once: bool = False,
+             ready_file: str = "") -> int:
     backoff = Backoff(initial=1.0, cap=max(1.0, min(60.0, interval)))
-    while not stop.is_set():
-        try:
-            labeller.sync()
-        except ApiUnavailable as exc:
-            delay = backoff.next_delay()
-            LOG.warning("cannot update the node labels (retrying in %.1fs): %s", delay, exc)
+    try:
+        while not stop.is_set():
+            try:
+                labeller.sync()
+            except ApiUnavailable as exc:
+                delay = backoff.next_delay()
+                LOG.warning("cannot update the node labels (retrying in %.1fs): %s", delay, exc)
+                if once:
+                    return 1
+                stop.wait(delay)
+                continue
+            except (DiscoveryError, HostRootError) as exc:
+                LOG.error("cannot read the node's GPUs, labels left as they are: %s", exc)
+                if once:
+                    return 1
+                stop.wait(interval)
+                continue
+            backoff.reset()
+            # Once labelled, the node stays labelled while the apiserver is away: ready is not withdrawn.
+            if ready_file and not os.path.exists(ready_file):
+                _mark_ready(ready_file)
             if once:
-                return 1
-            stop.wait(delay)
-            continue
-        except (DiscoveryError, HostRootError) as exc:
-            LOG.error("cannot read the node's GPUs, labels left as they are: %s", exc)
-            if once:
-                return 1
+                return 0
             stop.wait(interval)
-            continue
-        backoff.reset()
-        if once:
-            return 0
-        stop.wait(interval)
-    LOG.info("stopping")
-    return 0
+        LOG.info("stopping")
+        return 0
+    finally:
+        if ready_file and os.path.exists(ready_file):
+            os.unlink(ready_file)
+
+
+def _mark_ready(path: str) -> None:
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("labelled\n")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -178,7 +203,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     LOG.info("gpu-label starting", extra={"fields": {
         "node": args.node_name, "host_root": host.path, "interval": args.interval,
         "driver_mode": args.driver_mode, "owned_keys": list(OWNED_LABEL_KEYS)}})
-    return run_loop(labeller, args.interval, stop_event(), once=args.once)
+    return run_loop(labeller, args.interval, stop_event(), once=args.once, ready_file=args.ready_file)
 
 
 if __name__ == "__main__":

@@ -220,3 +220,27 @@ def test_garbage_mx_smi_still_labels_from_pci_and_warns_once(make_node, caplog):
     warned = [r.getMessage() for r in caplog.records if "mx-smi" in r.getMessage()]
     assert len(warned) == 1 and "(line 1: 'mx-smi 3.0: new layout')" in warned[0]
     assert lab.warnings and "no device table header" in lab.warnings[0]
+
+
+def test_ready_file_after_the_first_labelling_and_removed_on_exit(make_node, tmp_path):
+    """The pod's readiness: not ready while the apiserver is away, ready once labelled, gone when it stops."""
+    ready = tmp_path / "run" / "ready"
+    node = NodeLabels({})
+    node.down = True
+    lab = labeller(make_node("1xC500"), node)
+    stop = threading.Event()
+    thread = threading.Thread(target=run_loop, args=(lab, 0.2, stop), kwargs={"ready_file": str(ready)}, daemon=True)
+    thread.start()
+    try:
+        stop.wait(0.5)
+        assert not ready.exists()
+        node.down = False
+        wait_until(ready.exists, 30, "the ready file", interval=0.05)
+        assert node.labels[P + "gpu.installed"] == "true"
+        node.down = True      # a labelled node stays ready while the apiserver is away
+        stop.wait(0.5)
+        assert ready.exists()
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive() and not ready.exists()
