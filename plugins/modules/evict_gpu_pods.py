@@ -18,6 +18,8 @@ description:
   - Step 3 of the manual's node maintenance procedure; used by the C(metax.gpu.driver_upgrade) playbook.
 author:
   - MetaX GPU collection maintainers (@metax-gpu)
+extends_documentation_fragment:
+  - metax.gpu.kubeconfig
 attributes:
   check_mode:
     support: full
@@ -34,9 +36,6 @@ options:
     description: The Kubernetes node whose pods are evicted.
     type: str
     required: true
-  kubeconfig:
-    description: Kubeconfig file; default the in-cluster service account.
-    type: path
   drain:
     description: Evict every pod of the node except DaemonSet and static pods.
     type: bool
@@ -52,11 +51,6 @@ options:
   grace_period:
     description: Grace period in seconds given to the evicted pods; default each pod's own.
     type: int
-requirements:
-  - kubernetes (Python package)
-notes:
-  - Authentication is a kubeconfig file only; the kubernetes.core auth options are not taken (see
-    docs/design-decisions.md).
 seealso:
   - module: metax.gpu.driver
 """
@@ -99,12 +93,12 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.metax.gpu.plugins.module_utils.common import KUBECONFIG_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.kube import client as kube
 
 ARGUMENT_SPEC = {
     "node_name": {"type": "str", "required": True},
-    "kubeconfig": {"type": "path"},
     "drain": {"type": "bool", "default": False},
     "timeout": {"type": "int", "default": 300},
     "force": {"type": "bool", "default": False},
@@ -113,7 +107,7 @@ ARGUMENT_SPEC = {
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=merged_spec(KUBECONFIG_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     if not kube.HAS_KUBERNETES:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=traceback.format_exc())
     from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import evict

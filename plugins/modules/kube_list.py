@@ -20,6 +20,8 @@ description:
     read the list again from its first page, so RV(resources) is always one snapshot.
 author:
   - MetaX GPU collection maintainers (@metax-gpu)
+extends_documentation_fragment:
+  - metax.gpu.kubeconfig
 attributes:
   check_mode:
     support: full
@@ -57,14 +59,6 @@ options:
     description: Objects per list request (the C(limit) parameter).
     type: int
     default: 500
-  kubeconfig:
-    description: Kubeconfig file; default the in-cluster service account.
-    type: path
-requirements:
-  - kubernetes (Python package)
-notes:
-  - Authentication is a kubeconfig file only, as in M(metax.gpu.evict_gpu_pods) (see
-    docs/design-decisions.md).
 seealso:
   - module: kubernetes.core.k8s_info
 """
@@ -115,6 +109,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.metax.gpu.plugins.module_utils.common import KUBECONFIG_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.kube import client as kube
 from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import list_all, query
@@ -126,12 +121,11 @@ ARGUMENT_SPEC = {
     "label_selectors": {"type": "list", "elements": "str", "default": []},
     "field_selectors": {"type": "list", "elements": "str", "default": []},
     "page_size": {"type": "int", "default": 500},
-    "kubeconfig": {"type": "path"},
 }
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=merged_spec(KUBECONFIG_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     if not kube.HAS_KUBERNETES:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=traceback.format_exc())
     from kubernetes.dynamic import DynamicClient

@@ -9,6 +9,10 @@ second one) and a GPU pod bound to every fourth node. Then:
 
 - metax.gpu.kube_list reads them 50 a page: 3 requests, every node once,
   label and field selectors as the API server applies them;
+- metax.gpu.node_metadata (the uninstall role's) removes the metax-tech.com/
+  labels and annotations from the nodes carrying them, and nothing else:
+  check mode and diff first, then a second run that changes nothing, and a
+  Kubernetes prefix refused with nothing changed;
 - the real driver_upgrade playbook with --check and
   driver_upgrade_check_nodes=false (the bastion side only: fake nodes have
   no host) plans every node of gpu_nodes in pages of 25 and prints, for
@@ -70,12 +74,17 @@ def _env():
                 PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
 
 
-def kube_list(cp, **args):
-    args["kubeconfig"] = cp.kubeconfig
-    proc = subprocess.run([os.path.join(BIN, "ansible"), "localhost", "-m", "metax.gpu.kube_list", "-a", json.dumps(args),
-                           "-o"], capture_output=True, text=True, env=_env(), timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def module(cp, name, args, *flags, ok=True):
+    """One ad-hoc module run against the private control plane; its result (and the exit status when ``ok=False``)."""
+    args = dict(args, kubeconfig=cp.kubeconfig)
+    proc = subprocess.run([os.path.join(BIN, "ansible"), "localhost", "-m", name, "-a", json.dumps(args), "-o",
+                           *flags], capture_output=True, text=True, env=_env(), timeout=300, check=False)
+    assert (proc.returncode == 0) == ok, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.split("=>", 1)[1])
+
+
+def kube_list(cp, **args):
+    return module(cp, "metax.gpu.kube_list", args)
 
 
 def test_every_node_once_in_pages(cp):
@@ -110,3 +119,41 @@ def test_driver_upgrade_check_plans_every_node_from_pages(cp, tmp_path):
         assert '"from": null' in entry
     assert plan.count('"%s/train-' % NAMESPACE) == COUNT // 4
     assert ": Cordon]" not in proc.stdout
+
+
+def test_node_metadata_removes_our_keys_from_every_node_and_nothing_else(cp):
+    core = core_v1(api_client(cp.kubeconfig))
+    ours = {"metax-tech.com/gpu.product": "C500", "metax-tech.com/gpu.count": "8"}
+    foreign = {"example.com/team": "ml", "metax-tech.com.example.org/other": "x"}
+    marked = ["node-%03d" % i for i in range(3, COUNT, 6)]          # odd nodes: no gpu.installed from the fixture
+    labelled = ["node-%03d" % i for i in range(0, COUNT, 2)]        # gpu.installed=true (the fixture)
+    for name in marked:
+        core.patch_node(name, {"metadata": {"labels": dict(ours, **foreign), "annotations": {
+            "metax-tech.com/gpu-topology": "[]", "example.com/note": "keep"}}})
+
+    def carrying_ours():
+        nodes = kube_list(cp, kind="Node")["resources"]
+        return sorted({n["metadata"]["name"] for n in nodes for k in list(n["metadata"].get("labels") or {}) +
+                       list(n["metadata"].get("annotations") or {}) if k.startswith("metax-tech.com/")})
+
+    expected = sorted(marked + labelled)
+    try:
+        refused = module(cp, "metax.gpu.node_metadata", {"prefix": "node-role.kubernetes.io/"}, ok=False)
+        assert "Kubernetes' own" in refused["msg"] and refused["nodes"] == []
+        check = module(cp, "metax.gpu.node_metadata", {"prefix": "metax-tech.com/", "page_size": 40},
+                       "--check", "--diff")
+        assert check["changed"] is True and check["examined"] == COUNT
+        assert [n["name"] for n in check["nodes"]] == expected
+        first = next(n for n in check["nodes"] if n["name"] == marked[0])
+        assert first["labels"] == sorted(ours) and first["annotations"] == ["metax-tech.com/gpu-topology"]
+        assert carrying_ours() == expected                  # check mode wrote nothing
+        done = module(cp, "metax.gpu.node_metadata", {"prefix": "metax-tech.com/", "page_size": 40})
+        assert done["changed"] is True and [n["name"] for n in done["nodes"]] == expected
+        assert carrying_ours() == []
+        node = core.read_node(marked[0]).metadata
+        assert {k: node.labels[k] for k in foreign} == foreign and node.annotations["example.com/note"] == "keep"
+        again = module(cp, "metax.gpu.node_metadata", {"prefix": "metax-tech.com/"})
+        assert again["changed"] is False and again["nodes"] == [] and again["examined"] == COUNT
+    finally:   # the fixture's labels back, for whatever runs after
+        for name in labelled:
+            core.patch_node(name, {"metadata": {"labels": {N.LABEL_GPU_INSTALLED: "true"}}})

@@ -1,0 +1,140 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: node_metadata
+short_description: Remove the labels and annotations under one prefix from every node
+version_added: 0.1.0
+description:
+  - Reads the nodes page by page and removes, with one JSON merge patch per node, every label and annotation whose
+    key starts with O(prefix). Nodes without such keys are not written.
+  - Used by the C(metax.gpu.uninstall) role to remove what the agents wrote (C(metax-tech.com/)); on a cluster
+    of thousands of nodes that is one module call, not one task per node.
+  - Kubernetes' own prefixes (C(kubernetes.io/), C(k8s.io/) and their subdomains) are refused, as is anything
+    that is not one DNS subdomain followed by C(/): the module then fails and changes nothing.
+author:
+  - MetaX GPU collection maintainers (@metax-gpu)
+extends_documentation_fragment:
+  - metax.gpu.kubeconfig
+attributes:
+  check_mode:
+    support: full
+    description: Returns the keys it would remove in RV(nodes) and writes nothing.
+  diff_mode:
+    support: full
+    description: Before, the removed keys with their values, per node; after, none of them.
+  platform:
+    support: full
+    platforms: posix
+    description: Runs where the cluster's API server is reachable (the bastion).
+options:
+  prefix:
+    description: Labels and annotations whose key starts with this are removed, for example C(metax-tech.com/).
+    type: str
+    required: true
+  state:
+    description: C(absent), the only state, removes the keys.
+    type: str
+    choices: [absent]
+    default: absent
+  label_selectors:
+    description: Only the nodes matching these label selectors (all must match), as in C(kubernetes.core.k8s_info).
+    type: list
+    elements: str
+    default: []
+  page_size:
+    description: Nodes per list request.
+    type: int
+    default: 500
+seealso:
+  - module: metax.gpu.kube_list
+"""
+
+EXAMPLES = r"""
+- name: Remove the labels and annotations the MetaX agents wrote on every node
+  metax.gpu.node_metadata:
+    prefix: metax-tech.com/
+    kubeconfig: /etc/kubernetes/admin.conf
+
+- name: What would go from the GPU nodes only (check mode, with diff)
+  metax.gpu.node_metadata:
+    prefix: metax-tech.com/
+    label_selectors:
+      - metax-tech.com/gpu.installed=true
+  check_mode: true
+  diff: true
+"""
+
+RETURN = r"""
+nodes:
+  description: The nodes that carried keys under O(prefix), with the keys removed (or, in check mode, to remove).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"name": "gpu-node-1", "labels": ["metax-tech.com/gpu.product"], "annotations": []}]
+examined:
+  description: Nodes read.
+  returned: always
+  type: int
+  sample: 2000
+"""
+
+import json
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.metax.gpu.plugins.module_utils.common import KUBECONFIG_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
+from ansible_collections.metax.gpu.plugins.module_utils.kube import client as kube
+from ansible_collections.metax.gpu.plugins.module_utils.kube.node_metadata import changes, check_prefix, diff, merge_patch
+from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import list_all, query
+
+ARGUMENT_SPEC = {
+    "prefix": {"type": "str", "required": True},
+    "state": {"type": "str", "choices": ["absent"], "default": "absent"},
+    "label_selectors": {"type": "list", "elements": "str", "default": []},
+    "page_size": {"type": "int", "default": 500},
+}
+
+
+def main():
+    module = AnsibleModule(argument_spec=merged_spec(KUBECONFIG_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
+    if not kube.HAS_KUBERNETES:
+        module.fail_json(msg=missing_required_lib("kubernetes"), exception=traceback.format_exc())
+    params = module.params
+    done = []
+    try:
+        prefix = check_prefix(params["prefix"])
+        core = kube.core_v1(kube.api_client(params["kubeconfig"]))
+        selectors = query(params["label_selectors"])
+
+        def fetch(limit, token):
+            resp = core.list_node(limit=limit, _continue=token, _preload_content=False, **selectors)
+            return json.loads(resp.data)
+
+        listing = list_all(fetch, params["page_size"])
+        todo = changes(listing.items, prefix)
+        for change in todo:
+            if not module.check_mode:
+                core.patch_node(change.name, merge_patch(change), _content_type="application/merge-patch+json")
+            done.append(change)
+    except (MetaxGpuError, kube.ApiException) as exc:
+        # the nodes patched before the failure are reported: a rerun finishes the rest
+        module.fail_json(msg=str(exc), nodes=_report(done), changed=bool(done) and not module.check_mode)
+    result = {"changed": bool(done), "nodes": _report(done), "examined": len(listing.items)}
+    if module._diff:
+        result["diff"] = diff(done)
+    module.exit_json(**result)
+
+
+def _report(done):
+    return [{"name": c.name, "labels": sorted(c.labels), "annotations": sorted(c.annotations)} for c in done]
+
+
+if __name__ == "__main__":
+    main()
