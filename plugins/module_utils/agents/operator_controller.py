@@ -27,11 +27,11 @@ import random
 import socket
 import threading
 import time
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .. import names
 from ..clusteroperator import render
-from ..clusteroperator.apis import OPTIONAL_CRDS, Kind, helm_api_versions
+from ..clusteroperator.apis import OPTIONAL_CRDS, OPTIONAL_KINDS, Kind, helm_api_versions
 from ..clusteroperator.cluster import Cluster
 from ..clusteroperator.driver_rollout import RolloutPlan
 from ..kube.client import ApiException
@@ -141,6 +141,27 @@ class Operator:
             if served == self._reconciled_served:
                 return None
         return self.reconcile(dict(owner))
+
+    def audit_unwatched(self, owner: Optional[Mapping[str, Any]], watched: AbstractSet[str],
+                        handled: bool = True) -> List[Tuple[str, str, str]]:
+        """Repair by reading, not by watching, the objects of optional kinds no drift event came for yet.
+
+        kopf starts a kind's watch when a CRD event's rescan of the group finds
+        the kind in discovery; discovery is updated after the CRD's last event
+        (kubernetes/kubernetes#125471), so the scan can miss it and the watch
+        never starts until a restart. Until an event of the kind arrives (its
+        watch runs), each status round reads those objects (two GETs each)
+        and puts back what is gone or changed: (kind, name, action) per repair.
+        """
+        optional = {kind for _api_version, kind in OPTIONAL_KINDS} - set(watched)
+        with self._lock:
+            candidates = [o for o in self._desired.values() if o["kind"] in optional]
+        repaired = []
+        for obj in candidates:
+            action = self.repair("DELETED", obj, owner, handled)   # DELETED: compare with the live object
+            if action:
+                repaired.append((obj["kind"], obj["metadata"]["name"], action))
+        return repaired
 
     def _apply_all(self, body: Dict[str, Any], desired: Mapping[str, List[Dict[str, Any]]],
                    served: FrozenSet[Kind]) -> Dict[str, int]:
@@ -414,8 +435,11 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
         """The CR as the watch last saw it (no API call), for the drift handlers."""
         return {"cluster-operator": dict(body)}
 
+    watched: Set[str] = set()   # kinds whose drift watch has delivered an event (audit_unwatched)
+
     def repair_drift(event: Any, logger: Any, **kwargs: Any) -> None:
         obj = event.get("object") or {}
+        watched.add(obj.get("kind", ""))
         current = next(iter(kwargs["owners"].get("cluster-operator", ())), None)  # the index above
         # A CR change not yet reconciled is the reconcile's to apply: a repair
         # now would race it (and count a rollout as drift).
@@ -448,6 +472,9 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
         # the rolling driver upgrade moves on at the status round: its patches first, so the
         # status written below already shows them
         rollout = operator.roll_driver(dict(body), time.time())
+        for kind, name, action in operator.audit_unwatched(dict(body), watched, handled(body)):
+            repairs.labels(kind, action).inc()
+            LOG.warning("drift: %s %s %s (found by reading it: no watch of its kind yet)", kind, name, action)
         new = operator.status(dict(body), now_rfc3339(), rollout)
         if not same_status(body.get("status"), new):
             for key, value in status_patch(body.get("status") or {}, new).items():
