@@ -15,7 +15,7 @@ description:
   - Used by the C(metax.gpu.uninstall) role to remove what the agents wrote (C(metax-tech.com/)); on a cluster
     of thousands of nodes that is one module call, not one task per node.
   - Kubernetes' own prefixes (C(kubernetes.io/), C(k8s.io/) and their subdomains) are refused, as is anything
-    that is not one DNS subdomain followed by C(/): the module then fails and changes nothing.
+    that is not one DNS subdomain followed by C(/); the module then fails and changes nothing.
 author:
   - MetaX GPU collection maintainers (@metax-gpu)
 extends_documentation_fragment:
