@@ -35,7 +35,7 @@ from ..clusteroperator.apis import OPTIONAL_CRDS, OPTIONAL_KINDS, Kind, helm_api
 from ..clusteroperator.cluster import Cluster
 from ..clusteroperator.driver_rollout import RolloutPlan
 from ..kube.client import ApiException
-from ..clusteroperator.components import REGISTRY
+from ..clusteroperator.components import DRIVER, REGISTRY
 from ..clusteroperator.contract import Component, deployed
 from ..vfnum import config as vfnum_config
 from ..vfnum.plan import VfnumError
@@ -248,7 +248,10 @@ class Operator:
                 raise _retry("pods of %s are still terminating" % component.name)
         labels = [p for c in components for p in c.owned_labels()]
         annotations = [p for c in components for p in c.cleanup_annotations]
-        return self.cluster.strip_nodes(labels, annotations)
+        nodes = self.cluster.nodes()
+        # Switched off mid-rollout: our cordons lifted; a failed node keeps its cordon and marks.
+        failed = self.cluster.hand_back_nodes(nodes) if DRIVER in components else []
+        return self.cluster.strip_nodes(labels, annotations, skip=failed, nodes=nodes)
 
     def cleanup(self, body: Dict[str, Any]) -> List[str]:
         """Everything of ours goes: objects, then every metax-tech.com/ node label and annotation."""
@@ -257,7 +260,9 @@ class Operator:
             self.cluster.prune(uid, None)
         if self.cluster.pods(uid):
             raise _retry("component pods are still terminating")
-        return self.cluster.strip_nodes([names.PREFIX], [names.PREFIX])
+        nodes = self.cluster.nodes()
+        self.cluster.hand_back_nodes(nodes)     # our cordons lifted; everything else of ours goes below
+        return self.cluster.strip_nodes([names.PREFIX], [names.PREFIX], nodes=nodes)
 
     def roll_driver(self, body: Mapping[str, Any], now: float) -> Optional[RolloutPlan]:
         """One round of the rolling driver upgrade when the driver component is deployed (None: it is not).

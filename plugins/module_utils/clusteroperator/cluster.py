@@ -19,7 +19,7 @@ from ..kube.client import HAS_KUBERNETES, ApiException, KubeClientError
 from ..kube.pages import list_all
 from .apis import OPTIONAL_KINDS, Kind, ServedKinds, delete_policy, group_versions, owned_kinds, served_of
 from .contract import Component, matches
-from .driver_rollout import RolloutPlan, driver_rollout
+from .driver_rollout import RolloutPlan, driver_rollout, handback_patches
 
 try:
     from kubernetes import client as k8s_client
@@ -195,11 +195,23 @@ class Cluster:
             self.core.patch_node(patch.node, patch.body)
         return plan
 
-    def strip_nodes(self, label_patterns: Sequence[str], annotation_patterns: Sequence[str]) -> List[str]:
-        """Remove matching labels and annotations from every node; the nodes changed."""
+    def hand_back_nodes(self, nodes: Sequence[Mapping[str, Any]]) -> List[str]:
+        """The driver component goes mid-rollout: the started nodes of ``nodes`` finished
+        (driver_rollout.handback_patches); the failed ones, left as they are, named."""
+        patches, failed = handback_patches(nodes)
+        for patch in patches:
+            self.core.patch_node(patch.node, patch.body)
+        return failed
+
+    def strip_nodes(self, label_patterns: Sequence[str], annotation_patterns: Sequence[str],
+                    skip: Sequence[str] = (), nodes: Optional[Sequence[Mapping[str, Any]]] = None) -> List[str]:
+        """Remove matching labels and annotations from every node (``nodes``: as just read) but
+        ``skip``; the nodes changed."""
         changed = []
-        for node in self.nodes():
+        for node in self.nodes() if nodes is None else nodes:
             meta = node["metadata"]
+            if meta["name"] in skip:
+                continue
             patch: Dict[str, Dict[str, None]] = {}
             labels = {k: None for k in meta.get("labels") or {} if matches(k, label_patterns)}
             annotations = {k: None for k in meta.get("annotations") or {} if matches(k, annotation_patterns)}

@@ -43,7 +43,7 @@ class NodePatch:
 
     node: str
     body: Dict[str, Any]
-    action: str            # "start" | "finish"
+    action: str            # "start" | "finish" | "hand back"
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,25 @@ def finish_patch(node: RolloutNode) -> NodePatch:
     if not node.admin_cordoned:
         body["spec"] = {"unschedulable": False}
     return NodePatch(node.name, body, "finish")
+
+
+def handback_patches(nodes: Sequence[Mapping[str, Any]]) -> Tuple[List[NodePatch], List[str]]:
+    """The driver component goes (switched off, or the CR deleted) during a rollout.
+
+    Nodes it started and that did not fail are handed back as a finished node
+    is: our cordon lifted (an administrator's kept), our marks removed. Failed
+    nodes are not patched: their names are returned, so that their cordon,
+    state and message stay for the administrator, as after any failure.
+    """
+    patches, failed = [], []
+    for node in nodes:
+        view = rollout_node(node)
+        if view.state in N.DRIVER_UPGRADE_FAILED_STATES:
+            failed.append(view.name)
+        elif view.state is not None:
+            patch = finish_patch(view)
+            patches.append(NodePatch(patch.node, patch.body, "hand back"))
+    return patches, failed
 
 
 def validated(node: Mapping[str, Any], view: RolloutNode) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import Operator, status_patch
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.cluster import Cluster
-from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import REGISTRY
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import DRIVER, REGISTRY
 
 OLD, NEW = "2.14.6", "2.40.1"
 T0 = 1_790_000_000.0
@@ -52,6 +52,9 @@ class RecordedApi:
     """What Operator.status and Cluster.roll_driver ask of the API server; node patches recorded and applied."""
 
     roll_driver = Cluster.roll_driver       # the controller's own code, over this recorded API
+    hand_back_nodes = Cluster.hand_back_nodes
+    strip_nodes = Cluster.strip_nodes
+    patch_node_metadata = Cluster.patch_node_metadata
 
     def __init__(self, nodes: List[Dict[str, Any]]) -> None:
         self.held = {n["metadata"]["name"]: n for n in nodes}
@@ -194,3 +197,31 @@ def test_the_status_patch_removes_what_the_rollout_no_longer_says():
     merge(patched, status_patch(old, {"components": []}))
     assert patched == {"components": []}
     assert status_patch({}, new) == new
+
+
+def test_the_driver_component_switched_off_mid_rollout_hands_the_nodes_back():
+    api = RecordedApi([gpu_node("a"), gpu_node("b", cordoned=True), gpu_node("c"), gpu_node("d")])
+    operator = Operator(api, "helm", "/nonexistent", REGISTRY)   # type: ignore[arg-type]
+    round_(operator, cr({"maxParallel": 3, "maxUnavailable": 3}), T0)
+    assert sorted(api.starts()) == ["a", "b", "c"]
+    failed = api.held["c"]["metadata"]
+    failed["labels"][N.LABEL_DRIVER_UPGRADE_STATE] = "failed"           # driver-manager's report
+    failed["annotations"][N.ANNOTATION_DRIVER_UPGRADE_MESSAGE] = "driver verification failed"
+    api.calls.clear()
+    # deploy: false, its pods gone: what _apply_all does for a component that is off
+    api.pods = lambda uid, component=None: []              # type: ignore[method-assign]
+    operator.cleanup_nodes([DRIVER], "u1")
+    assert api.held["a"]["spec"]["unschedulable"] is False              # our cordon lifted
+    assert api.held["b"]["spec"]["unschedulable"] is True               # the administrator's kept
+    for name in ("a", "b"):
+        meta = api.held[name]["metadata"]
+        assert N.LABEL_DRIVER_UPGRADE_STATE not in meta["labels"]
+        assert not {N.ANNOTATION_PRE_CORDONED, N.ANNOTATION_DRIVER_UPGRADE_TARGET} & set(meta["annotations"])
+    # the failed node: left as after any failure, for the administrator
+    assert api.held["c"]["spec"]["unschedulable"] is True
+    assert failed["labels"][N.LABEL_DRIVER_UPGRADE_STATE] == "failed"
+    assert failed["annotations"][N.ANNOTATION_DRIVER_UPGRADE_MESSAGE] == "driver verification failed"
+    assert "c" not in [name for _call, name, _body in api.calls]
+    # a node outside the rollout: only the component's own labels go (driver.mode, driver.ready), never its cordon
+    assert [body for _call, name, body in api.calls if name == "d"] == [
+        {"metadata": {"labels": {N.LABEL_DRIVER_MODE: None, N.LABEL_DRIVER_READY: None}}}]
