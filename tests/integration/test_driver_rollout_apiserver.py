@@ -11,7 +11,9 @@ client (read the nodes, apply clusteroperator/driver_rollout.py's patches),
 and writes status.driverUpgrade through the status subresource; then the
 node agents' part of the contract (docs/operator.md, "driver upgradePolicy"):
 upgrade-required -> paused (gpu-label's labels stripped) -> done with the new
-version, or failed with a message on one node. The node agents are the
+version, or failed with a message on one node. Last, the driver component is
+switched off in the middle of a third rollout: the controller's cleanup
+(``Operator.cleanup_nodes``) hands the started nodes back. The node agents are the
 test's; the API server (merge-patch semantics, the CRD's status schema) is real.
 
 Checked after every controller round, on what the API server holds: at most
@@ -29,7 +31,9 @@ import pytest
 from controlplane import ControlPlane
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import Operator
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.cluster import Cluster
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import DRIVER
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.driver_rollout import driver_rollout
 from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client
 
@@ -173,3 +177,27 @@ def test_failure_threshold_pauses_the_next_rollout(api):
     plan = driver_rollout(api.cr()["spec"], api.nodes(), T0 + 100, {})
     assert plan.patches == () and plan.status["paused"]
     assert plan.status["message"].startswith("paused: 1 node(s) failed (%s)" % FAILS)
+
+
+def test_the_driver_switched_off_mid_rollout_hands_the_started_nodes_back(api):
+    api.ok("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge", "-p", json.dumps(
+        {"spec": {"driver": {"payload": {"version": "2.42.0"}, "upgradePolicy": {
+            "maxFailureThreshold": 5, "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}}}}))
+    cluster = Cluster(api_client(api.cp.kubeconfig), NS)
+    plan = cluster.roll_driver(api.cr()["spec"], T0 + 200, {})
+    started = sorted(p.node for p in plan.patches if p.action == "start")
+    assert started and FAILS not in started, plan
+    ours = [n for n in started if n != ADMIN]
+    assert ours, plan          # at least one cordon of ours to lift
+    assert all(n["spec"].get("unschedulable") for n in api.nodes() if n["metadata"]["name"] in ours)
+    # deploy: false with the driver-manager pods gone (there are none here): the controller's cleanup
+    Operator(cluster, "helm", "/nonexistent").cleanup_nodes([DRIVER], api.cr()["metadata"]["uid"])
+    nodes = {n["metadata"]["name"]: n for n in api.nodes()}
+    for name in started:
+        meta = nodes[name]["metadata"]
+        assert bool(nodes[name]["spec"].get("unschedulable")) == (name == ADMIN), name   # ours lifted only
+        assert N.LABEL_DRIVER_UPGRADE_STATE not in (meta.get("labels") or {}), name
+        assert not [k for k in meta.get("annotations") or {} if k.startswith(N.PREFIX + "driver.upgrade")], name
+    failed = nodes[FAILS]
+    assert failed["spec"]["unschedulable"] and failed["metadata"]["labels"][N.LABEL_DRIVER_UPGRADE_STATE] == "failed"
+    assert "rolled back" in failed["metadata"]["annotations"][N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]
