@@ -89,10 +89,13 @@ deleted:
   sample: []
 """
 
+import traceback
 
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.metax.gpu.plugins.module_utils.common import KUBECONFIG_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.kube import client as kube
-from ansible_collections.metax.gpu.plugins.module_utils.kube.module import kube_module
 
 ARGUMENT_SPEC = {
     "node_name": {"type": "str", "required": True},
@@ -104,7 +107,9 @@ ARGUMENT_SPEC = {
 
 
 def main():
-    module = kube_module(ARGUMENT_SPEC)
+    module = AnsibleModule(argument_spec=merged_spec(KUBECONFIG_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
+    if not kube.HAS_KUBERNETES:
+        module.fail_json(msg=missing_required_lib("kubernetes"), exception=traceback.format_exc())
     from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import evict
 
     params = module.params

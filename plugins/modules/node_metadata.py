@@ -84,10 +84,13 @@ examined:
 """
 
 import json
+import traceback
 
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.metax.gpu.plugins.module_utils.common import KUBECONFIG_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.kube import client as kube
-from ansible_collections.metax.gpu.plugins.module_utils.kube.module import kube_module
 from ansible_collections.metax.gpu.plugins.module_utils.kube.node_metadata import changes, check_prefix, diff, merge_patch
 from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import list_all, query
 
@@ -100,7 +103,9 @@ ARGUMENT_SPEC = {
 
 
 def main():
-    module = kube_module(ARGUMENT_SPEC)
+    module = AnsibleModule(argument_spec=merged_spec(KUBECONFIG_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
+    if not kube.HAS_KUBERNETES:
+        module.fail_json(msg=missing_required_lib("kubernetes"), exception=traceback.format_exc())
     params = module.params
     done = []
     try:
