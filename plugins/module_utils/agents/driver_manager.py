@@ -587,7 +587,8 @@ class Manager:
                 why = "evicted pod(s) %s still on the node after %.0f s" % (", ".join(exc.remaining), EVICT_TIMEOUT)
             else:
                 why = str(exc)
-            raise VfnumPending("vfnum %d pending: %s; retried" % (wanted, why), event="VfnumEvictionRefused")
+            raise VfnumPending("vfnum %d pending: %s; retried" % (wanted, why),
+                               event="VfnumEvictionRefused" if exc.refused else "VfnumEvictionPending")
         LOG.info("vfnum %d: %s evicted %.2f s into the round", wanted, ", ".join(evicted) or "(none)",
                  self.round_clock())
         self.kube.event("VfnumEvicted", "vfnum %d: evicted %s" % (wanted, ", ".join(evicted)), warning=False)

@@ -389,6 +389,19 @@ def test_with_eviction_on_a_budgets_refusal_keeps_the_change_pending_until_it_le
     assert kube.evictions == [["ml/holder"]] * 3 and kube.slot_holders() == []
 
 
+def test_evicted_pods_slow_to_leave_keep_the_change_pending_under_their_own_reason(tmp_path):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=dm.VfnumPolicy(evict_in_use=True))
+    kube.pods = ["ml/slow"]
+
+    def slow(timeout):
+        raise EvictionError("pods still on node", ["ml/slow"], {})
+    kube.evict_gpu_pods = slow
+    assert not mgr.round()
+    assert kube.events[-1][0] == "VfnumEvictionPending" and "ml/slow still on the node" in kube.events[-1][1]
+    assert numvfs(host) == [0, 0] and kube.node_labels[N.LABEL_VFNUM_STATE] == "pending"
+
+
 def test_eviction_does_not_help_against_a_process_outside_any_pod(tmp_path):
     host = node(tmp_path, preset_name="2xC550-sriov")
     dm.vfnum_backend.apply(host, dm.vfnum_plan(dm.vfnum_backend.read_pfs(host), 2))
