@@ -305,8 +305,9 @@ class Kube:
 
     def evict_gpu_pods(self, timeout: float) -> List[str]:
         """Evict them (policy/v1 Eviction, never forced) and wait up to ``timeout`` for them to
-        leave; kube_evict.EvictionError names those left and a budget's refusal."""
-        return kube_evict.evict(self.core, self.node, timeout=timeout)["evicted"]
+        leave; kube_evict.EvictionError names those left, and comes at once on a budget's refusal
+        (429: the round's backoff retries it, no wait inside the round)."""
+        return kube_evict.evict(self.core, self.node, timeout=timeout, retry_refused=False)["evicted"]
 
     def vfnum_slots(self, size: int) -> Slots:
         return Slots(coordination_v1(self.api), self.namespace, VFNUM_SLOT_PREFIX, size, self.node)

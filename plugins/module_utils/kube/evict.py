@@ -70,8 +70,13 @@ def select(pods: List[Mapping], drain: bool) -> List[str]:
 
 def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, force: bool = False,
           check_mode: bool = False, sleep: Callable[[float], None] = time.sleep,
-          grace_period: Optional[int] = None) -> Dict[str, List[str]]:
-    """Evict and wait; returns ``{"evicted": [...], "deleted": [...], "selected": [...]}``."""
+          grace_period: Optional[int] = None, retry_refused: bool = True) -> Dict[str, List[str]]:
+    """Evict and wait; returns ``{"evicted": [...], "deleted": [...], "selected": [...]}``.
+
+    Without ``retry_refused`` a budget's refusal ends the call at once (EvictionError naming the
+    refused pods, the other pods evicted): for a caller with its own retry, such as an agent's
+    round with backoff; ``timeout`` then bounds only the wait for evicted pods to leave.
+    """
     def listing() -> List[Mapping]:
         items = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=%s" % node).items
         return [core.api_client.sanitize_for_serialization(p) for p in items]
@@ -103,6 +108,9 @@ def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, for
                     refused[key] = refusal(exc)
                 else:
                     raise EvictionError("evicting %s: %s %s" % (key, exc.status, exc.reason), [key])
+        if refused and not retry_refused:
+            raise EvictionError("eviction refused on node %s: %s" % (
+                node, "; ".join("%s (%s)" % item for item in sorted(refused.items()))), sorted(refused), refused)
         remaining = [k for k in select(listing(), drain) if k in selected]
         if not remaining:
             return result

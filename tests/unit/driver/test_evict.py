@@ -99,3 +99,12 @@ def test_a_refusal_without_a_status_body_says_the_code():
     exc = ApiException()
     exc.status, exc.reason, exc.body = 429, "Too Many Requests", None
     assert ev.refusal(exc) == "429 Too Many Requests"
+
+
+def test_without_retry_a_refusal_ends_the_call_at_once_and_the_others_are_still_evicted():
+    core = FakeCore(PODS, blocked={"a"})
+    slept = []
+    with pytest.raises(ev.EvictionError) as caught:
+        ev.evict(core, "n1", timeout=300, sleep=slept.append, retry_refused=False)
+    assert caught.value.remaining == ["ml/a"] and "pdb-a" in caught.value.refused["ml/a"]
+    assert slept == [] and "f" not in core.pods and "a" in core.pods
