@@ -677,6 +677,8 @@ class Manager:
             except VfnumPending as exc:
                 if exc.event is None:        # waiting for a slot: not a failure, retried with backoff
                     LOG.info("%s", exc)
+                    if self.last_failure.get("VfnumRejected"):    # an earlier reason no longer holds
+                        self.report("VfnumRejected", names.ANNOTATION_VFNUM_MESSAGE, None)
                     return False
                 error, reason = str(exc), exc.event
             except (VfnumError, SlotError) as exc:
