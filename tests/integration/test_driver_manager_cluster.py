@@ -17,6 +17,10 @@ vm-3 (rpm tools, openEuler) start without any driver:
   8, only vm-3's gpu-device pod recreated, timed;
 - an invalid entry (vfnum 3) and an entry for a node that does not exist give
   an Event and a Degraded condition naming them, and change nothing;
+- a pod holding one of vm-3's VFs, guarded by a PodDisruptionBudget: the
+  change is refused and named while vfnumPolicy.evictInUse is off; on, the
+  budget's 429 keeps it pending and changes nothing; the budget removed, the
+  pod is evicted and the change applied;
 - the rolling upgrade (deployPolicy Always): a payload version bump rolls all
   three nodes within maxUnavailable, vm-2's administrator's cordon kept, each
   node timed from cordon to finish; then a payload whose deb driver never
@@ -349,6 +353,104 @@ def test_an_invalid_entry_gives_an_event_and_a_degraded_condition_and_changes_no
     wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 2, 60, "%s back at 2" % SRIOV_NODE)
     wait(cluster, lambda: condition(cr(cluster), "metax-driver", "Degraded")["status"] == "False", 30,
          "Degraded cleared")
+
+
+HOLDER = "vfnum-holder"
+
+
+def holder_objects(cluster):
+    """A bare pod (nothing recreates it once evicted) holding one of vm-3's GPUs, and a budget keeping it."""
+    image = cluster.base_image.replace("localhost/", cluster.registry + "/")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": HOLDER, "namespace": "default",
+                                                           "labels": {"app": HOLDER}},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": SRIOV_NODE}, "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "c", "image": image, "command": ["sleep", "3600"],
+                                    "resources": {"limits": {N.RESOURCE_NAME: "1"}}}]}}
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+           "metadata": {"name": HOLDER + "-pdb", "namespace": "default"},
+           "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": HOLDER}}}}
+    return pod, pdb
+
+
+def holder_phase(cluster):
+    pod = get_json(cluster, "pod", HOLDER, "-n", "default")
+    return None if pod is None or pod["metadata"].get("deletionTimestamp") else pod["status"].get("phase")
+
+
+def driver_degraded(cluster, *words):
+    body = cr(cluster) or {}
+    cond = condition(body, "metax-driver", "Degraded") if body.get("status") else {}
+    return cond.get("status") == "True" and all(w in cond.get("message", "") for w in words) and cond
+
+
+def test_a_vfnum_change_under_a_pod_is_refused_or_with_evict_in_use_waits_for_its_budget_then_evicts(
+        cluster, installed):
+    pod, pdb = holder_objects(cluster)
+    who = "default/" + HOLDER
+    # run alone, the install has just begun: vm-3's driver first
+    wait(cluster, lambda: labels(cluster)[SRIOV_NODE].get(N.LABEL_DRIVER_READY) == "true" and
+         allocatable(cluster)[SRIOV_NODE] == 2, 150, "%s driver.ready at 2 GPUs" % SRIOV_NODE)
+    start = time.monotonic()
+    try:
+        set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 4\n" % SRIOV_NODE)
+        wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 8, 60, "%s allocatable 8" % SRIOV_NODE)
+        for obj in (pdb, pod):
+            cluster.kubectl("apply", "-f", "-", input=json.dumps(obj), check=True)
+        wait(cluster, lambda: holder_phase(cluster) == "Running", 60, "the holder pod running on %s" % SRIOV_NODE)
+        assert get_json(cluster, "pod", HOLDER, "-n", "default")["spec"]["nodeName"] == SRIOV_NODE
+
+        # off (the default): refused, the pod named, nothing changed
+        set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 2\n" % SRIOV_NODE)
+        wait(cluster, lambda: driver_degraded(cluster, SRIOV_NODE, "pod " + who, "evictInUse"), 30,
+             "Degraded naming the holder pod")
+        assert labels(cluster)[SRIOV_NODE].get(N.LABEL_VFNUM_STATE) == "success"
+        assert [g["numvfs"] for g in generator.load_state(host(SRIOV_NODE))["gpus"]] == [4, 4]
+        refused_at = time.monotonic() - start
+
+        # on, with the budget in place: the eviction is refused (429), pending, nothing changed
+        generation = get_json(cluster, "daemonset", "metax-driver", "-n", NS)["metadata"]["generation"]
+        assert patch_cr(cluster, {"driver": {"vfnumPolicy": {"evictInUse": True}}}).returncode == 0
+        wait(cluster, lambda: get_json(cluster, "daemonset", "metax-driver", "-n", NS)["metadata"]["generation"] >
+             generation and driver_rolled_out(cluster), 120, "metax-driver rolled out with evictInUse")
+        rolled_at = time.monotonic() - start
+        wait(cluster, lambda: driver_degraded(cluster, SRIOV_NODE, "eviction of " + who + " refused",
+                                              HOLDER + "-pdb"), 45, "Degraded naming the budget's refusal")
+        assert labels(cluster)[SRIOV_NODE].get(N.LABEL_VFNUM_STATE) == "pending"
+        assert [g["numvfs"] for g in generator.load_state(host(SRIOV_NODE))["gpus"]] == [4, 4]
+        assert holder_phase(cluster) == "Running" and allocatable(cluster)[SRIOV_NODE] == 8
+        events = json.loads(cluster.kubectl("get", "events", "-n", NS, "-o", "json", check=True).stdout)["items"]
+        assert any(e["reason"] == "VfnumEvictionRefused" and who in e["message"] for e in events)
+        pending_at = time.monotonic() - start
+
+        # the budget removed: evicted at the next retry (the round's backoff), then applied
+        cluster.kubectl("delete", "pdb", HOLDER + "-pdb", "-n", "default", check=True)
+        removed = time.monotonic()
+        wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 4 and holder_phase(cluster) is None, 60,
+             "the holder evicted and %s at vfnum 2 (capacity 4)" % SRIOV_NODE, interval=0.5)
+        applied_after = time.monotonic() - removed
+        assert [g["numvfs"] for g in generator.load_state(host(SRIOV_NODE))["gpus"]] == [2, 2]
+        assert labels(cluster)[SRIOV_NODE].get(N.LABEL_VFNUM_STATE) == "success"
+        wait(cluster, lambda: condition(cr(cluster), "metax-driver", "Degraded")["status"] == "False", 30,
+             "Degraded cleared")
+        slots = json.loads(cluster.kubectl("get", "leases", "-n", NS, "-o", "json", check=True).stdout)["items"]
+        assert [s["metadata"]["name"] for s in slots if s["metadata"]["name"].startswith(
+            driver_manager.VFNUM_SLOT_PREFIX)] == []                       # the slot given back
+        print("\nvfnum under a pod: refused %.1f s, evictInUse rolled %.1f s, pending %.1f s into the test; "
+              "applied %.1f s after the budget was removed" % (refused_at, rolled_at, pending_at, applied_after))
+        path = os.path.join(OUTPUT, "driver-manager.json")
+        record = json.load(open(path)) if os.path.exists(path) else {}
+        record["vfnum_evict"] = {"refused_s": round(refused_at, 1), "evict_in_use_rolled_s": round(rolled_at, 1),
+                                 "pending_s": round(pending_at, 1), "applied_after_pdb_removed_s": round(applied_after, 1)}
+        os.makedirs(OUTPUT, exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(record, fh)
+    finally:
+        cluster.kubectl("delete", "pod", HOLDER, "-n", "default", "--ignore-not-found", "--grace-period=0",
+                        "--force")
+        cluster.kubectl("delete", "pdb", HOLDER + "-pdb", "-n", "default", "--ignore-not-found")
+    set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 0\n" % SRIOV_NODE)
+    wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 2, 60, "%s back at 2" % SRIOV_NODE)
+    print("vfnum under a pod: %.1f s in all" % (time.monotonic() - start))
 
 
 UPGRADE_VERSION = "2.16.0"      # rolled to every node

@@ -89,6 +89,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a count)."""
+    value = non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("%d must be at least 1" % value)
+    return value
+
+
 def tcp_port(text: str) -> int:
     """argparse type: 0..65535 (0 lets the kernel pick)."""
     value = non_negative_int(text)

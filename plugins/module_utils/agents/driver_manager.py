@@ -21,7 +21,11 @@ node change in ``driver/backend.py`` and ``vfnum/backend.py`` (the code of
    ``gpu.driver.mode``;
 4. applies its node's vfnum entry: state label ``gpu.vfnum.state``
    pending -> success | failed, then deletes only its node's gpu-device pod
-   so that it registers the new devices.
+   so that it registers the new devices. While pods on the node hold its GPUs
+   the change is refused, or with ``--vfnum-evict-in-use`` (the CR's
+   ``spec.driver.vfnumPolicy.evictInUse``) they are evicted through the
+   eviction API first; and only ``--vfnum-max-parallel`` nodes change at once
+   (a slot of ``kube/slots.py`` taken before, given back after).
 
 The rolling upgrade (docs/operator.md "driver upgradePolicy"): a loaded
 driver that a new payload version concerns (``policy.rolled``) is never
@@ -60,13 +64,15 @@ from ..backoff import Backoff
 from ..driver import backend, policy
 from ..errors import MetaxGpuError
 from ..host import HostRoot, HostRootError
-from ..kube.client import ApiException, core_v1
+from ..kube import evict as kube_evict
+from ..kube.client import ApiException, coordination_v1, core_v1
+from ..kube.slots import SlotError, Slots
 from ..vfnum import backend as vfnum_backend
 from ..vfnum import config as vfnum_config
 from ..vfnum.plan import VfnumError
 from ..vfnum.plan import plan as vfnum_plan
 from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, positive_float,
-                     run_main, setup_logging, stop_event)
+                     positive_int, run_main, setup_logging, stop_event)
 
 try:
     import yaml
@@ -102,6 +108,29 @@ WATCH_SECONDS = 300
 WATCH_REQUEST_TIMEOUT = (10.0, WATCH_SECONDS + 30.0)
 # A freshly loaded driver may need a moment to create /dev/mxcd: verified this often, a second apart.
 VERIFY_ATTEMPTS = 5
+# The budget of nodes changing vfnum at once: Leases <prefix>-<i> in the operator's namespace.
+VFNUM_SLOT_PREFIX = "metax-vfnum-slot"
+# How long a round waits for evicted pods to leave. A PodDisruptionBudget's 429 is not
+# waited out inside the round: the round's backoff (5 s doubling to 5 min) retries it.
+EVICT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class VfnumPolicy:
+    """spec.driver.vfnumPolicy: evict the pods holding the GPUs (else refuse), and how many nodes at once."""
+
+    evict_in_use: bool = False
+    max_parallel: int = 1
+
+
+class VfnumPending(VfnumError):
+    """The change waits (a slot, an eviction): state ``pending``, retried with the round's backoff.
+    ``event`` is the reason it is reported under (Event and ``gpu.vfnum.message``); None: not a
+    failure to report (waiting for a slot is the budget working)."""
+
+    def __init__(self, message: str, event: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.event = event
 
 
 @dataclass
@@ -156,10 +185,12 @@ def node_upgrade(labels: Mapping[str, str], annotations: Mapping[str, str]) -> N
 
 
 class Kube:
-    """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch, configmaps get/watch,
-    pods list/delete and events create in its namespace)."""
+    """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch, pods list and
+    pods/eviction create cluster-wide; configmaps get/watch, pods delete, leases and events create
+    in its namespace)."""
 
     def __init__(self, api: Any, node: str, namespace: str, config_map: str) -> None:
+        self.api = api
         self.core = core_v1(api)
         self.node = node
         self.namespace = namespace
@@ -267,6 +298,20 @@ class Kube:
             self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=1)
         return [p.metadata.name for p in pods]
 
+    def gpu_pods(self) -> List[str]:
+        """``namespace/name`` of the pods on this node that request the GPU resource (the eviction
+        code's own selection: the pods it would evict)."""
+        return kube_evict.evict(self.core, self.node, check_mode=True)["selected"]
+
+    def evict_gpu_pods(self, timeout: float) -> List[str]:
+        """Evict them (policy/v1 Eviction, never forced) and wait up to ``timeout`` for them to
+        leave; kube_evict.EvictionError names those left, and comes at once on a budget's refusal
+        (429: the round's backoff retries it, no wait inside the round)."""
+        return kube_evict.evict(self.core, self.node, timeout=timeout, retry_refused=False)["evicted"]
+
+    def vfnum_slots(self, size: int) -> Slots:
+        return Slots(coordination_v1(self.api), self.namespace, VFNUM_SLOT_PREFIX, size, self.node)
+
     def event(self, reason: str, message: str, warning: bool = True) -> None:
         """An Event on the ClusterOperator (what `kubectl describe clusteroperator` shows)."""
         import datetime
@@ -292,9 +337,13 @@ class Manager:
 
     def __init__(self, host: HostRoot, kube: Kube, deploy_policy: str, payload_dir: str,
                  payload_version: Optional[str], ready_file: str,
-                 runner: Optional[Callable[[List[str]], Any]] = None) -> None:
+                 runner: Optional[Callable[[List[str]], Any]] = None,
+                 vfnum_policy: VfnumPolicy = VfnumPolicy()) -> None:
         self.host = host
         self.kube = kube
+        self.vfnum_policy = vfnum_policy
+        self.slots = kube.vfnum_slots(vfnum_policy.max_parallel)
+        self.vfnum_state: Optional[str] = None    # the state label this process wrote last
         self.policy = deploy_policy
         self.payload_dir = payload_dir
         self.payload_version = payload_version
@@ -489,26 +538,78 @@ class Manager:
 
     # -- vfnum ----------------------------------------------------------------
     def reconcile_vfnum(self, wanted: Optional[int]) -> Optional[str]:
-        """Bring the node's VFs to ``wanted`` (None: no entry); the state label written, if any."""
+        """Bring the node's VFs to ``wanted`` (None: no entry); the state label written, if any.
+
+        Who holds the GPUs is asked only when a change is planned: the node (processes holding
+        the device nodes) and the API (pods on this node requesting the GPU resource, which the
+        refusal names). Refused while held, unless the policy says evict. The change itself
+        (eviction included: it is the disruption the budget bounds) runs inside a slot.
+        """
         if wanted is None:
             return None
         pfs = vfnum_backend.read_pfs(self.host)
         plan = vfnum_plan(pfs, wanted)           # allowed values, sriov_totalvfs, gpu.sriov=forbidden
         if not plan.changed:
             return None
-        reasons = vfnum_backend.in_use(self.host, pfs, plan)
-        if reasons:
-            raise VfnumError("vfnum %d refused: the GPUs are in use (%s)" % (wanted, "; ".join(reasons)))
+        pods = self.kube.gpu_pods()
+        reasons = vfnum_backend.in_use(self.host, pfs, plan, pods)
+        evict = bool(reasons) and bool(pods) and self.vfnum_policy.evict_in_use
+        if reasons and not evict:
+            hint = "" if self.vfnum_policy.evict_in_use or not pods else \
+                "; spec.driver.vfnumPolicy.evictInUse: true evicts the pods"
+            raise VfnumError("vfnum %d refused: the GPUs are in use (%s)%s" % (wanted, "; ".join(reasons), hint))
         LOG.info("vfnum %d: entry validated %.2f s into the round", wanted, self.round_clock())
-        self.kube.patch_node({names.LABEL_VFNUM_STATE: "pending"}, {names.ANNOTATION_VFNUM_MESSAGE: None})
+        if self.slots.take() is None:
+            self.mark_vfnum("pending")
+            raise VfnumPending("vfnum %d waits for one of %d vfnum slots (held by %s)"
+                               % (wanted, self.vfnum_policy.max_parallel, ", ".join(self.slots.holders) or "?"))
+        try:
+            self.mark_vfnum("pending")
+            if evict:
+                self.evict_holders(wanted, pods)
+                reasons = vfnum_backend.in_use(self.host, pfs, plan, self.kube.gpu_pods())
+                if reasons:
+                    raise VfnumError("vfnum %d refused after the eviction: the GPUs are still in use (%s)"
+                                     % (wanted, "; ".join(reasons)))
+            return self.apply_vfnum(wanted, plan)
+        finally:
+            self.slots.release()
+
+    def evict_holders(self, wanted: int, pods: Sequence[str]) -> None:
+        """Evict the pods holding the GPUs; a refusal (a PodDisruptionBudget) or pods slow to leave
+        keep the change pending, reported and retried with the round's backoff."""
+        LOG.info("vfnum %d: evicting %s", wanted, ", ".join(pods))
+        try:
+            evicted = self.kube.evict_gpu_pods(EVICT_TIMEOUT)
+        except kube_evict.EvictionError as exc:
+            if exc.refused:
+                why = "; ".join("eviction of %s refused: %s" % item for item in sorted(exc.refused.items()))
+            elif exc.remaining:
+                why = "evicted pod(s) %s still on the node after %.0f s" % (", ".join(exc.remaining), EVICT_TIMEOUT)
+            else:
+                why = str(exc)
+            raise VfnumPending("vfnum %d pending: %s; retried" % (wanted, why),
+                               event="VfnumEvictionRefused" if exc.refused else "VfnumEvictionPending")
+        LOG.info("vfnum %d: %s evicted %.2f s into the round", wanted, ", ".join(evicted) or "(none)",
+                 self.round_clock())
+        self.kube.event("VfnumEvicted", "vfnum %d: evicted %s" % (wanted, ", ".join(evicted)), warning=False)
+
+    def mark_vfnum(self, state: str) -> None:
+        if self.vfnum_state != state:
+            self.kube.patch_node({names.LABEL_VFNUM_STATE: state}, {})
+            self.vfnum_state = state
+
+    def apply_vfnum(self, wanted: int, plan: Any) -> str:
         try:
             vfnum_backend.apply(self.host, plan)
         except VfnumError as exc:
             self.kube.patch_node({names.LABEL_VFNUM_STATE: "failed"}, {names.ANNOTATION_VFNUM_MESSAGE: str(exc)})
+            self.vfnum_state = "failed"
             raise
         LOG.info("vfnum %d: written to sysfs %.2f s into the round", wanted, self.round_clock())
         # gpu.vfnum is gpu-label's (it reads sysfs): only the state is ours
         self.kube.patch_node({names.LABEL_VFNUM_STATE: "success"}, {names.ANNOTATION_VFNUM_MESSAGE: None})
+        self.vfnum_state = "success"
         deleted = self.kube.restart_gpu_device()
         LOG.info("vfnum %d applied; gpu-device pod(s) %s deleted %.2f s into the round", wanted,
                  ", ".join(deleted) or "(none)", self.round_clock())
@@ -516,13 +617,14 @@ class Manager:
         return "success"
 
     # -- one round ------------------------------------------------------------------
-    def report(self, what: str, annotation: str, error: Optional[str]) -> None:
-        """A failure once as an Event and a node annotation (the controller's Degraded reads it); cleared after."""
+    def report(self, what: str, annotation: str, error: Optional[str], reason: Optional[str] = None) -> None:
+        """A failure once as an Event (``reason``, default ``what``) and a node annotation (the
+        controller's Degraded reads it); cleared after."""
         if error == self.last_failure.get(what):
             return
         if error:
             LOG.error("%s: %s", what, error)
-            self.kube.event(what, error)
+            self.kube.event(reason or what, error)
             self.kube.patch_node({}, {annotation: error})
         else:
             self.kube.patch_node({}, {annotation: None})
@@ -568,14 +670,22 @@ class Manager:
     def vfnum_round(self, config: Config) -> bool:
         """This node's node-vfnums entry applied, or the reason it is not reported; True when it is."""
         error = config.error
+        reason = None
         if error is None:
             try:
                 self.reconcile_vfnum(config.vfnum)
-            except VfnumError as exc:
+            except VfnumPending as exc:
+                if exc.event is None:        # waiting for a slot: not a failure, retried with backoff
+                    LOG.info("%s", exc)
+                    if self.last_failure.get("VfnumRejected"):    # an earlier reason no longer holds
+                        self.report("VfnumRejected", names.ANNOTATION_VFNUM_MESSAGE, None)
+                    return False
+                error, reason = str(exc), exc.event
+            except (VfnumError, SlotError) as exc:
                 error = str(exc)
         if error is not None:
             # nothing changed: the state label stays (success/absent) unless the apply itself failed
-            self.report("VfnumRejected", names.ANNOTATION_VFNUM_MESSAGE, error)
+            self.report("VfnumRejected", names.ANNOTATION_VFNUM_MESSAGE, error, reason)
             return False
         if self.last_failure.get("VfnumRejected"):
             self.report("VfnumRejected", names.ANNOTATION_VFNUM_MESSAGE, None)
@@ -622,6 +732,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config-map", default=names.DRIVER_CONFIGMAP)
     parser.add_argument("--ready-file", default=DEFAULT_READY_FILE)
     parser.add_argument("--interval", type=positive_float, default=30.0, help="seconds between rounds")
+    parser.add_argument("--vfnum-evict-in-use", choices=("true", "false"), default="false",
+                        help="evict the pods holding the GPUs before a vfnum change (else refuse it)")
+    parser.add_argument("--vfnum-max-parallel", type=positive_int, default=1,
+                        help="nodes changing vfnum at once, cluster-wide (Leases %s-<i>)" % VFNUM_SLOT_PREFIX)
     return parser
 
 
@@ -635,10 +749,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     host = checked_host_root(args, "sys")
     kube = Kube(kube_api_client(args.kubeconfig), args.node_name, args.namespace, args.config_map)
     manager = Manager(host, kube, args.deploy_policy, args.payload_dir, args.payload_version or None,
-                      args.ready_file)
+                      args.ready_file, vfnum_policy=VfnumPolicy(args.vfnum_evict_in_use == "true",
+                                                                args.vfnum_max_parallel))
     LOG.info("driver-manager starting", extra={"fields": {
         "node": args.node_name, "host_root": host.path, "deploy_policy": args.deploy_policy,
-        "payload_version": args.payload_version}})
+        "payload_version": args.payload_version, "vfnum_evict_in_use": args.vfnum_evict_in_use,
+        "vfnum_max_parallel": args.vfnum_max_parallel}})
     return run_loop(manager, args.interval, stop_event())
 
 

@@ -53,7 +53,7 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
     {"spec": "dataExporter", "values": "dataExporter", "image": "gpu-exporter", "deployValue": None,
      "fields": ["deploy", "interval", "service", "resources", "podTemplateSpec"], "registryDefaults": []},
     {"spec": "driver", "values": "driver", "image": "driver-manager", "deployValue": None,
-     "fields": ["deploy", "deployPolicy", "payload", "upgradePolicy", "vfnumsConfig", "moduleParams",
+     "fields": ["deploy", "deployPolicy", "payload", "upgradePolicy", "vfnumPolicy", "vfnumsConfig", "moduleParams",
                 "nodeModuleParams", "resources", "podTemplateSpec"],
      "registryDefaults": ["payload"]},
     {"spec": "maca", "values": "maca", "image": "driver-manager", "deployValue": None,
@@ -164,6 +164,8 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
                           "moduleParams": driver.get("moduleParams", ""),
                           "nodeModuleParams": copy.deepcopy(driver.get("nodeModuleParams") or {}),
                           "vfnumsConfig": copy.deepcopy(driver.get("vfnumsConfig") or {}),
+                          "vfnumPolicy": {"evictInUse": bool((driver.get("vfnumPolicy") or {}).get("evictInUse", False)),
+                                          "maxParallel": int((driver.get("vfnumPolicy") or {}).get("maxParallel", 1))},
                           "log": merged_log(None, driver.get("log"))},
         # the same for the MACA component (maca.deploy): one image volume per payload image
         "macaManager": {"enabled": True,

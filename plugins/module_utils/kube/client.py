@@ -33,7 +33,7 @@ except ImportError:
         status = 0
         reason = ""
 
-__all__ = ["ApiException", "HAS_KUBERNETES", "KubeClientError", "api_client", "core_v1"]
+__all__ = ["ApiException", "HAS_KUBERNETES", "KubeClientError", "api_client", "coordination_v1", "core_v1"]
 
 MISSING = "the 'kubernetes' Python package is required (requirements/agents.txt)"
 
@@ -64,3 +64,10 @@ def core_v1(client: Any) -> Any:
     if not HAS_KUBERNETES:
         raise KubeClientError(MISSING)
     return k8s_client.CoreV1Api(client)
+
+
+def coordination_v1(client: Any) -> Any:
+    """CoordinationV1Api (Leases) over an ApiClient from :func:`api_client`."""
+    if not HAS_KUBERNETES:
+        raise KubeClientError(MISSING)
+    return k8s_client.CoordinationV1Api(client)

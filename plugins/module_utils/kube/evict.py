@@ -12,8 +12,9 @@ set to every pod that is not a DaemonSet's or a static (mirror) pod.
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..driver.inuse import TERMINAL_PHASES, gpu_pods
 from ..errors import MetaxGpuError
@@ -23,7 +24,27 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
 class EvictionError(MetaxGpuError):
-    """Pods still on the node after the timeout (and force is off)."""
+    """Pods still on the node after the timeout (and force is off).
+
+    ``remaining`` names them; ``refused`` maps those whose last eviction the API
+    refused with 429 to the API's reason (which names the PodDisruptionBudget).
+    """
+
+    def __init__(self, message: str, remaining: Sequence[str] = (),
+                 refused: Optional[Mapping[str, str]] = None) -> None:
+        super().__init__(message)
+        self.remaining = list(remaining)
+        self.refused = dict(refused or {})
+
+
+def refusal(exc: Any) -> str:
+    """Why the API refused an eviction: the disruption budget's own words when the body has them."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    causes = [c.get("message") for c in (body.get("details") or {}).get("causes") or [] if c.get("message")]
+    return "; ".join(causes) or body.get("message") or "%s %s" % (exc.status, exc.reason)
 
 
 def _key(pod: Mapping) -> str:
@@ -49,8 +70,13 @@ def select(pods: List[Mapping], drain: bool) -> List[str]:
 
 def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, force: bool = False,
           check_mode: bool = False, sleep: Callable[[float], None] = time.sleep,
-          grace_period: Optional[int] = None) -> Dict[str, List[str]]:
-    """Evict and wait; returns ``{"evicted": [...], "deleted": [...], "selected": [...]}``."""
+          grace_period: Optional[int] = None, retry_refused: bool = True) -> Dict[str, List[str]]:
+    """Evict and wait; returns ``{"evicted": [...], "deleted": [...], "selected": [...]}``.
+
+    Without ``retry_refused`` a budget's refusal ends the call at once (EvictionError naming the
+    refused pods, the other pods evicted): for a caller with its own retry, such as an agent's
+    round with backoff; ``timeout`` then bounds only the wait for evicted pods to leave.
+    """
     def listing() -> List[Mapping]:
         items = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=%s" % node).items
         return [core.api_client.sanitize_for_serialization(p) for p in items]
@@ -62,6 +88,7 @@ def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, for
     body_opts = {"gracePeriodSeconds": grace_period} if grace_period is not None else None
     deadline = time.monotonic() + timeout
     pending = list(selected)
+    refused: Dict[str, str] = {}
     while True:
         for key in list(pending):
             namespace, name = key.split("/", 1)
@@ -73,18 +100,25 @@ def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, for
                 core.create_namespaced_pod_eviction(name, namespace, body)
                 result["evicted"].append(key)
                 pending.remove(key)
+                refused.pop(key, None)
             except ApiException as exc:
                 if exc.status == 404:
                     pending.remove(key)
-                elif exc.status != 429:      # 429: a PodDisruptionBudget says not now
-                    raise EvictionError("evicting %s: %s %s" % (key, exc.status, exc.reason))
+                elif exc.status == 429:      # a PodDisruptionBudget says not now
+                    refused[key] = refusal(exc)
+                else:
+                    raise EvictionError("evicting %s: %s %s" % (key, exc.status, exc.reason), [key])
+        if refused and not retry_refused:
+            raise EvictionError("eviction refused on node %s: %s" % (
+                node, "; ".join("%s (%s)" % item for item in sorted(refused.items()))), sorted(refused), refused)
         remaining = [k for k in select(listing(), drain) if k in selected]
         if not remaining:
             return result
         if time.monotonic() >= deadline:
             if not force:
                 raise EvictionError("pods still on node %s after %ss: %s (set force to delete them)"
-                                    % (node, timeout, ", ".join(remaining)))
+                                    % (node, timeout, ", ".join(remaining)), remaining,
+                                    {k: v for k, v in refused.items() if k in remaining})
             for key in remaining:
                 namespace, name = key.split("/", 1)
                 try:
@@ -92,7 +126,7 @@ def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, for
                     result["deleted"].append(key)
                 except ApiException as exc:
                     if exc.status != 404:
-                        raise EvictionError("deleting %s: %s %s" % (key, exc.status, exc.reason))
+                        raise EvictionError("deleting %s: %s %s" % (key, exc.status, exc.reason), [key])
             deadline = time.monotonic() + 60
             force = False
         sleep(1.0)

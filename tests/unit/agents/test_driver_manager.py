@@ -8,11 +8,14 @@ import threading
 from typing import Dict, List
 
 import pytest
+from fake_leases import FakeLeaseApi
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.agents import driver_manager as dm
 from ansible_collections.metax.gpu.plugins.module_utils.driver import policy
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
+from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import EvictionError
+from ansible_collections.metax.gpu.plugins.module_utils.kube.slots import Slots
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator, pkgtool
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset
 
@@ -22,9 +25,13 @@ PAYLOAD = "2.99.1"
 class Recorder:
     """The Kube surface driver-manager uses, recording what it would send."""
 
-    def __init__(self, node: str, data: Dict[str, str]) -> None:
+    def __init__(self, node: str, data: Dict[str, str], leases=None) -> None:
         self.node = node
         self.data = data
+        self.pods: List[str] = []           # GPU pods on the node (namespace/name)
+        self.refusals: Dict[str, str] = {}  # pod -> a PodDisruptionBudget's refusal of its eviction
+        self.evictions: List[List[str]] = []
+        self.leases = leases if leases is not None else FakeLeaseApi()
         self.patches: List[dict] = []
         self.events: List[tuple] = []
         self.restarts = 0
@@ -55,6 +62,24 @@ class Recorder:
                     have.pop(key, None)
                 else:
                     have[key] = value
+
+    def gpu_pods(self):
+        return list(self.pods)
+
+    def evict_gpu_pods(self, timeout):
+        """kube/evict.evict's outcome: pods a budget refuses stay, the others leave."""
+        self.evictions.append(list(self.pods))
+        evicted = [p for p in self.pods if p not in self.refusals]
+        self.pods = [p for p in self.pods if p in self.refusals]
+        if self.pods:
+            raise EvictionError("pods still on node", self.pods, self.refusals)
+        return evicted
+
+    def vfnum_slots(self, size):
+        return Slots(self.leases, "metax-operator", dm.VFNUM_SLOT_PREFIX, size, self.node)
+
+    def slot_holders(self):
+        return sorted(lease.spec.holder_identity for lease in self.leases.leases.values())
 
     def restart_gpu_device(self, selector=dm.GPU_DEVICE_SELECTOR):
         self.restarts += 1
@@ -99,9 +124,11 @@ def node(tmp_path, preset_name="1xC500", kind="deb", driver=True, os_release="ID
     return host
 
 
-def manager(tmp_path, host, pol="IfNotPresent", data=None, version=PAYLOAD, broken=(), kube=None):
+def manager(tmp_path, host, pol="IfNotPresent", data=None, version=PAYLOAD, broken=(), kube=None,
+            vfnum_policy=dm.VfnumPolicy()):
     kube = kube or Recorder("n1", data or {})
-    mgr = dm.Manager(host, kube, pol, payload(tmp_path, version, broken), version, str(tmp_path / "ready"))
+    mgr = dm.Manager(host, kube, pol, payload(tmp_path, version, broken), version, str(tmp_path / "ready"),
+                     vfnum_policy=vfnum_policy)
     mgr.verify_pause = 0.0
     return mgr, kube
 
@@ -319,6 +346,103 @@ def test_an_invalid_entry_changes_nothing(tmp_path, entry, words):
     assert words in kube.annotation(N.ANNOTATION_VFNUM_MESSAGE)
     assert kube.events[-1][0] == "VfnumRejected" and kube.restarts == 0
     assert kube.label(N.LABEL_VFNUM_STATE) is None
+
+
+VFNUM_4 = {"node-vfnums": "nodes:\n  n1: {vfnum: 4}\n"}
+PDB = "The disruption budget holder-pdb needs 1 healthy pods and has 1 currently"
+
+
+def numvfs(host):
+    return [p.numvfs for p in dm.vfnum_backend.read_pfs(host)]
+
+
+def test_a_pod_holding_the_gpus_refuses_the_change_and_is_named_when_eviction_is_off(tmp_path):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4)
+    kube.pods = ["ml/holder"]
+    assert not mgr.round()
+    message = kube.annotation(N.ANNOTATION_VFNUM_MESSAGE)
+    assert "pod ml/holder requests metax-tech.com/gpu" in message and "vfnumPolicy.evictInUse: true" in message
+    assert kube.events[-1][0] == "VfnumRejected" and kube.evictions == [] and kube.restarts == 0
+    assert numvfs(host) == [0, 0] and kube.label(N.LABEL_VFNUM_STATE) is None
+    assert kube.leases.calls == []                  # refused before the budget is asked
+
+
+def test_with_eviction_on_a_budgets_refusal_keeps_the_change_pending_until_it_lets_the_pod_go(tmp_path):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=dm.VfnumPolicy(evict_in_use=True))
+    kube.pods = ["ml/holder"]
+    kube.refusals = {"ml/holder": PDB}
+    assert not mgr.round()
+    assert numvfs(host) == [0, 0] and kube.restarts == 0
+    assert kube.node_labels[N.LABEL_VFNUM_STATE] == "pending"
+    message = kube.node_annotations[N.ANNOTATION_VFNUM_MESSAGE]
+    assert "eviction of ml/holder refused: " + PDB in message
+    assert [e[0] for e in kube.events] == ["VfnumEvictionRefused"] and "ml/holder" in kube.events[0][1]
+    assert kube.slot_holders() == []                # the slot is given back while the budget refuses
+    assert not mgr.round() and len(kube.events) == 1     # retried (the loop's backoff), reported once
+    kube.refusals = {}                              # the PodDisruptionBudget removed
+    assert mgr.round()
+    assert numvfs(host) == [4, 4] and kube.node_labels[N.LABEL_VFNUM_STATE] == "success"
+    assert N.ANNOTATION_VFNUM_MESSAGE not in kube.node_annotations and kube.pods == []
+    assert [e[0] for e in kube.events][-2:] == ["VfnumEvicted", "VfnumApplied"] and kube.restarts == 1
+    assert kube.evictions == [["ml/holder"]] * 3 and kube.slot_holders() == []
+
+
+def test_evicted_pods_slow_to_leave_keep_the_change_pending_under_their_own_reason(tmp_path):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=dm.VfnumPolicy(evict_in_use=True))
+    kube.pods = ["ml/slow"]
+
+    def slow(timeout):
+        raise EvictionError("pods still on node", ["ml/slow"], {})
+    kube.evict_gpu_pods = slow
+    assert not mgr.round()
+    assert kube.events[-1][0] == "VfnumEvictionPending" and "ml/slow still on the node" in kube.events[-1][1]
+    assert numvfs(host) == [0, 0] and kube.node_labels[N.LABEL_VFNUM_STATE] == "pending"
+
+
+def test_eviction_does_not_help_against_a_process_outside_any_pod(tmp_path):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    dm.vfnum_backend.apply(host, dm.vfnum_plan(dm.vfnum_backend.read_pfs(host), 2))
+    pfs = dm.vfnum_backend.read_pfs(host)
+    held = sorted(dm.vfnum_backend.device_nodes(host, pfs[0].vf_bdfs))[0]
+    os.makedirs(host.join("proc/4242/fd"))
+    os.symlink(held, host.join("proc/4242/fd/3"))
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=dm.VfnumPolicy(evict_in_use=True))
+    assert not mgr.round()
+    assert "process 4242" in kube.annotation(N.ANNOTATION_VFNUM_MESSAGE)
+    assert kube.evictions == [] and numvfs(host) == [2, 2] and kube.label(N.LABEL_VFNUM_STATE) is None
+
+
+def test_a_node_without_a_free_slot_stays_pending_without_a_failure_and_changes_once_one_is_free(tmp_path, monkeypatch):
+    leases = FakeLeaseApi()
+    other = Slots(leases, "metax-operator", dm.VFNUM_SLOT_PREFIX, 1, "n2")
+    assert other.take()                             # n2 changes its vfnum now
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, kube=Recorder("n1", dict(VFNUM_4), leases))
+    assert not mgr.round()
+    assert numvfs(host) == [0, 0] and kube.node_labels[N.LABEL_VFNUM_STATE] == "pending"
+    assert kube.events == [] and kube.annotation(N.ANNOTATION_VFNUM_MESSAGE) is None    # not Degraded
+    other.release()
+    holders_while_applying = []
+    apply = dm.vfnum_backend.apply
+
+    def watched(host_, plan_):
+        holders_while_applying.append(kube.slot_holders())
+        return apply(host_, plan_)
+    monkeypatch.setattr(dm.vfnum_backend, "apply", watched)
+    assert mgr.round()
+    assert numvfs(host) == [4, 4] and holders_while_applying == [["n1"]] and kube.slot_holders() == []
+    states = [p["labels"][N.LABEL_VFNUM_STATE] for p in kube.patches if N.LABEL_VFNUM_STATE in p["labels"]]
+    assert states == ["pending", "success"]         # pending once, kept while it waited
+
+
+def test_the_cli_takes_the_vfnum_policy():
+    args = dm.build_parser().parse_args(["--vfnum-evict-in-use=true", "--vfnum-max-parallel=3"])
+    assert (args.vfnum_evict_in_use, args.vfnum_max_parallel) == ("true", 3)
+    with pytest.raises(SystemExit):
+        dm.build_parser().parse_args(["--vfnum-max-parallel=0"])
 
 
 def test_vfnum_on_a_node_without_sriov_is_refused(tmp_path):

@@ -202,3 +202,25 @@ def test_maca_deploys_metax_maca_with_one_image_volume_per_payload_and_gates_gpu
                                    "kubernetes.io/os": "linux"}
     device = workload(objs, "gpu-device")["spec"]["template"]["spec"]["nodeSelector"]
     assert device[names.LABEL_MACA_READY] == "true" and device[names.LABEL_RUNTIME_READY] == "true"
+
+
+def test_the_vfnum_policy_reaches_driver_managers_command_line_and_its_rbac():
+    from ansible_collections.metax.gpu.plugins.module_utils.agents import driver_manager
+    base = dict(SPEC, driver={"deploy": True, "image": dict(IMAGE, name="driver-manager"),
+                              "payload": {"registry": "r", "name": "driver-image", "version": "2.15.0"}})
+
+    def rendered(spec):
+        objs = objects(spec)["metax-driver"]
+        args = driver_manager.build_parser().parse_args(workload({"x": objs}, "x")["spec"]["template"]["spec"]
+                                                        ["containers"][0]["args"])
+        return args, {(o["kind"], o["metadata"]["name"]): o for o in objs}
+    args, objs = rendered(base)
+    assert (args.vfnum_evict_in_use, args.vfnum_max_parallel) == ("false", 1)       # refuse, one node at a time
+    args, objs = rendered(dict(base, driver=dict(base["driver"], vfnumPolicy={"evictInUse": True, "maxParallel": 3})))
+    assert (args.vfnum_evict_in_use, args.vfnum_max_parallel) == ("true", 3)
+    cluster_rules = objs[("ClusterRole", "metax-gpu-driver-manager")]["rules"]
+    assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in cluster_rules
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in cluster_rules
+    leases = [r for r in objs[("Role", "driver-manager")]["rules"] if r["resources"] == ["leases"]]
+    assert leases == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                       "verbs": ["list", "create", "update", "delete"]}]

@@ -58,6 +58,11 @@ class FakeCore:
         if name in self.blocked:
             exc = ApiException()
             exc.status, exc.reason = 429, "Too Many Requests"
+            # what the API server answers (policy/v1 Eviction refused by a PodDisruptionBudget)
+            exc.body = ('{"kind":"Status","message":"Cannot evict pod as it would violate the pod\'s disruption '
+                        'budget.","reason":"TooManyRequests","details":{"causes":[{"reason":"DisruptionBudget",'
+                        '"message":"The disruption budget pdb-a needs 1 healthy pods and has 1 currently"}]},'
+                        '"code":429}')
             raise exc
         del self.pods[name]
 
@@ -79,3 +84,27 @@ def test_a_pdb_blocks_until_timeout_then_fails_or_force_deletes():
     core = FakeCore(PODS, blocked={"a"})
     result = ev.evict(core, "n1", timeout=0, force=True, sleep=lambda s: None)
     assert result["evicted"] == ["ml/f"] and result["deleted"] == ["ml/a"] and core.deleted == ["a"]
+
+
+def test_the_error_names_the_pods_left_and_the_budget_that_refused_them():
+    core = FakeCore(PODS, blocked={"a"})
+    with pytest.raises(ev.EvictionError) as caught:
+        ev.evict(core, "n1", timeout=0, sleep=lambda s: None)
+    assert caught.value.remaining == ["ml/a"]
+    assert caught.value.refused == {"ml/a": "The disruption budget pdb-a needs 1 healthy pods and has 1 currently"}
+    assert "f" not in core.pods                      # the other pod was evicted meanwhile
+
+
+def test_a_refusal_without_a_status_body_says_the_code():
+    exc = ApiException()
+    exc.status, exc.reason, exc.body = 429, "Too Many Requests", None
+    assert ev.refusal(exc) == "429 Too Many Requests"
+
+
+def test_without_retry_a_refusal_ends_the_call_at_once_and_the_others_are_still_evicted():
+    core = FakeCore(PODS, blocked={"a"})
+    slept = []
+    with pytest.raises(ev.EvictionError) as caught:
+        ev.evict(core, "n1", timeout=300, sleep=slept.append, retry_refused=False)
+    assert caught.value.remaining == ["ml/a"] and "pdb-a" in caught.value.refused["ml/a"]
+    assert slept == [] and "f" not in core.pods and "a" in core.pods

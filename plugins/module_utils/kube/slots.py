@@ -1,0 +1,231 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""A budget of N holders at once, as coordination.k8s.io Leases ``<prefix>-<i>``.
+
+Whoever wants to do something that only N may do at once (driver-manager's
+vfnum change, docs/operator.md "driver-config") takes a slot first and gives it
+back after, without a controller in the path:
+
+* take = create the Lease ``<prefix>-<i>`` (the API server's create is the
+  lock: a second create of the same name gets 409) with the holder's identity;
+* held = renewed (``renewTime``) every third of ``leaseDurationSeconds``;
+* a Lease not renewed within its duration (its holder died) may be taken over:
+  replaced with the resourceVersion read, so two nodes cannot both win it;
+* given back = deleted, with the resourceVersion of the last write as a
+  precondition, so a holder that lost its Lease never deletes its successor's.
+
+The decision (:func:`choose`) is pure; :class:`Slots` is the I/O around it,
+independent of its user (client, namespace, prefix, size, holder), so the
+scale benchmark can reuse it. Expiry compares ``renewTime`` with this
+machine's clock: nodes are assumed to keep time (NTP), as Kubernetes' own
+components do; a few seconds of skew only delay or hasten a takeover.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, List, Optional, Sequence
+
+from ..errors import MetaxGpuError
+from .client import ApiException
+
+LOG = logging.getLogger("metax-gpu.slots")
+POOL_LABEL = "metax-tech.com/slot-pool"      # every Lease of a pool carries it: one list call sees them all
+DEFAULT_DURATION = 30                         # seconds a holder that stopped renewing keeps its slot
+
+
+class SlotError(MetaxGpuError):
+    """The Lease API failed (other than losing a race, which is just "no slot")."""
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """One Lease of the pool as read."""
+
+    name: str
+    holder: str
+    renewed: float             # renewTime, seconds since the epoch (0: never)
+    duration: int
+    version: str               # metadata.resourceVersion
+
+    def expired(self, now: float) -> bool:
+        return now > self.renewed + self.duration
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What :func:`choose` decided: ``create`` a missing slot, ``take_over`` an expired one,
+    ``own`` one this holder already has (a restarted process), or ``none`` (all held: ``holders``)."""
+
+    action: str
+    name: Optional[str] = None
+    version: Optional[str] = None
+    holders: Sequence[str] = ()
+
+
+def slot_names(prefix: str, size: int) -> List[str]:
+    return ["%s-%d" % (prefix, i) for i in range(size)]
+
+
+def choose(leases: Iterable[LeaseState], prefix: str, size: int, holder: str, now: float) -> Choice:
+    """The slot to take, given the pool's Leases (pure).
+
+    Live Leases of other holders count against ``size`` whatever their index: a
+    pool shrunk while slots were held still admits no more than ``size``.
+    """
+    if size < 1:
+        raise SlotError("a slot pool needs a size of at least 1 (got %d)" % size)
+    pool = {lease.name: lease for lease in leases if lease.name.startswith(prefix + "-")}
+    for lease in pool.values():
+        if lease.holder == holder and not lease.expired(now):
+            return Choice("own", lease.name, lease.version)
+    live = sorted(lease.holder for lease in pool.values() if not lease.expired(now))
+    if len(live) >= size:
+        return Choice("none", holders=tuple(live))
+    for name in slot_names(prefix, size):
+        if name not in pool:
+            return Choice("create", name)
+        if pool[name].expired(now):
+            return Choice("take_over", name, pool[name].version)
+    return Choice("none", holders=tuple(live))
+
+
+def micro_time(when: float) -> str:
+    """A Lease's MicroTime (RFC 3339 with microseconds, UTC)."""
+    stamp = datetime.datetime.fromtimestamp(when, datetime.timezone.utc)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _epoch(value: Any) -> float:
+    """renewTime as the client returns it (datetime) or as JSON (str) -> seconds since the epoch."""
+    if value is None:
+        return 0.0
+    if isinstance(value, datetime.datetime):
+        return value.replace(tzinfo=value.tzinfo or datetime.timezone.utc).timestamp()
+    text = str(value).rstrip("Z")
+    head, _dot, frac = text.partition(".")
+    base = datetime.datetime.strptime(head[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    return base.timestamp() + (float("0." + frac) if frac.isdigit() else 0.0)
+
+
+def lease_state(lease: Any) -> LeaseState:
+    """A V1Lease from the client -> LeaseState."""
+    spec = lease.spec
+    return LeaseState(name=lease.metadata.name, holder=getattr(spec, "holder_identity", None) or "",
+                      renewed=_epoch(getattr(spec, "renew_time", None) or getattr(spec, "acquire_time", None)),
+                      duration=int(getattr(spec, "lease_duration_seconds", None) or DEFAULT_DURATION),
+                      version=lease.metadata.resource_version or "")
+
+
+class Slots:
+    """A pool of ``size`` slots in ``namespace`` over a CoordinationV1Api ``api``."""
+
+    def __init__(self, api: Any, namespace: str, prefix: str, size: int, holder: str,
+                 duration: int = DEFAULT_DURATION, clock: Callable[[], float] = time.time) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.prefix = prefix
+        self.size = size
+        self.holder = holder
+        self.duration = duration
+        self.clock = clock
+        self.held: Optional[str] = None
+        self.version: Optional[str] = None        # resourceVersion of our last write
+        self.holders: Sequence[str] = ()          # who held the pool when take() found no slot
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._renewer: Optional[threading.Thread] = None
+
+    def _body(self, name: str, version: Optional[str] = None) -> dict:
+        now = micro_time(self.clock())
+        meta = {"name": name, "namespace": self.namespace, "labels": {POOL_LABEL: self.prefix}}
+        if version:
+            meta["resourceVersion"] = version
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
+                "spec": {"holderIdentity": self.holder, "leaseDurationSeconds": self.duration,
+                         "acquireTime": now, "renewTime": now}}
+
+    def leases(self) -> List[LeaseState]:
+        try:
+            found = self.api.list_namespaced_lease(self.namespace, label_selector="%s=%s" % (POOL_LABEL, self.prefix))
+        except ApiException as exc:
+            raise SlotError("listing the %s leases: %s %s" % (self.prefix, exc.status, exc.reason))
+        return [lease_state(item) for item in found.items or []]
+
+    def take(self) -> Optional[str]:
+        """A slot's name, now held (renewed in the background until :meth:`release`); None when all
+        ``size`` are held by others (``holders`` says by whom) or another taker won the race."""
+        if self.held:
+            return self.held
+        choice = choose(self.leases(), self.prefix, self.size, self.holder, self.clock())
+        self.holders = choice.holders
+        if choice.action == "none" or choice.name is None:
+            return None
+        try:
+            if choice.action == "create":
+                written = self.api.create_namespaced_lease(self.namespace, self._body(choice.name))
+            else:      # own (a restart of ours) or take_over: replaced with the version read
+                written = self.api.replace_namespaced_lease(choice.name, self.namespace,
+                                                            self._body(choice.name, choice.version))
+        except ApiException as exc:
+            if exc.status in (409, 422):     # another taker was first (exists / version moved on)
+                return None
+            raise SlotError("taking %s: %s %s" % (choice.name, exc.status, exc.reason))
+        self.held, self.version = choice.name, written.metadata.resource_version
+        if choice.action == "take_over":
+            LOG.info("slot %s taken over from a holder that stopped renewing it", choice.name)
+        self._start_renewing()
+        return self.held
+
+    def renew(self) -> bool:
+        """Renew the held slot once; False when it was lost (someone took it over)."""
+        with self._lock:
+            if not self.held:
+                return False
+            try:
+                written = self.api.replace_namespaced_lease(self.held, self.namespace,
+                                                            self._body(self.held, self.version))
+            except ApiException as exc:
+                if exc.status in (404, 409):
+                    LOG.warning("slot %s lost (%s)", self.held, exc.status)
+                    self.held = self.version = None
+                    return False
+                raise SlotError("renewing %s: %s %s" % (self.held, exc.status, exc.reason))
+            self.version = written.metadata.resource_version
+            return True
+
+    def release(self) -> None:
+        """Give the slot back (a no-op when none is held or it was lost)."""
+        self._stop.set()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join(timeout=5.0)
+        self._renewer = None
+        with self._lock:
+            if not self.held:
+                return
+            name, version = self.held, self.version
+            self.held = self.version = None
+            try:
+                self.api.delete_namespaced_lease(name, self.namespace,
+                                                 body={"preconditions": {"resourceVersion": version}})
+            except ApiException as exc:
+                if exc.status not in (404, 409):     # gone, or someone else's now: not ours to delete
+                    raise SlotError("releasing %s: %s %s" % (name, exc.status, exc.reason))
+
+    def _start_renewing(self) -> None:
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.wait(self.duration / 3.0):
+                try:
+                    if not self.renew():
+                        return
+                except SlotError as exc:
+                    LOG.warning("%s; retried", exc)
+        self._renewer = threading.Thread(target=loop, name="slot-renew", daemon=True)
+        self._renewer.start()

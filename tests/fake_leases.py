@@ -1,0 +1,64 @@
+"""coordination.k8s.io/v1 Leases as the API server answers them, in memory, for unit tests of
+plugins/module_utils/kube/slots.py and its users: create of an existing name is 409, replace and
+delete with a stale resourceVersion are 409, every call recorded in ``calls``."""
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+from ansible_collections.metax.gpu.plugins.module_utils.kube.client import ApiException
+
+
+def _error(status, reason):
+    exc = ApiException()
+    exc.status, exc.reason = status, reason
+    return exc
+
+
+class FakeLeaseApi:
+    def __init__(self):
+        self.leases = {}                 # (namespace, name) -> the V1Lease-like object
+        self.calls = []                  # (verb, name)
+        self._versions = itertools.count(100)
+
+    def _object(self, body):
+        meta, spec = body["metadata"], body["spec"]
+        return SimpleNamespace(
+            metadata=SimpleNamespace(name=meta["name"], namespace=meta["namespace"], labels=dict(meta.get("labels") or {}),
+                                     resource_version=str(next(self._versions))),
+            spec=SimpleNamespace(holder_identity=spec["holderIdentity"], renew_time=spec["renewTime"],
+                                 acquire_time=spec["acquireTime"], lease_duration_seconds=spec["leaseDurationSeconds"]))
+
+    def list_namespaced_lease(self, namespace, label_selector):
+        self.calls.append(("list", label_selector))
+        key, value = label_selector.split("=", 1)
+        return SimpleNamespace(items=[o for (ns, _n), o in sorted(self.leases.items())
+                                      if ns == namespace and o.metadata.labels.get(key) == value])
+
+    def create_namespaced_lease(self, namespace, body):
+        name = body["metadata"]["name"]
+        self.calls.append(("create", name))
+        if (namespace, name) in self.leases:
+            raise _error(409, "AlreadyExists")
+        self.leases[(namespace, name)] = self._object(body)
+        return self.leases[(namespace, name)]
+
+    def replace_namespaced_lease(self, name, namespace, body):
+        self.calls.append(("replace", name))
+        have = self.leases.get((namespace, name))
+        if have is None:
+            raise _error(404, "NotFound")
+        if body["metadata"].get("resourceVersion") != have.metadata.resource_version:
+            raise _error(409, "Conflict")
+        self.leases[(namespace, name)] = self._object(body)
+        return self.leases[(namespace, name)]
+
+    def delete_namespaced_lease(self, name, namespace, body=None):
+        self.calls.append(("delete", name))
+        have = self.leases.get((namespace, name))
+        if have is None:
+            raise _error(404, "NotFound")
+        wanted = ((body or {}).get("preconditions") or {}).get("resourceVersion")
+        if wanted and wanted != have.metadata.resource_version:
+            raise _error(409, "Conflict")
+        del self.leases[(namespace, name)]

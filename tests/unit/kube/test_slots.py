@@ -1,0 +1,116 @@
+"""The slot budget on Leases (plugins/module_utils/kube/slots.py): the pure choice, and the API calls
+it makes against an in-memory API server with the real one's conflict rules (tests/fake_leases.py).
+test_driver_manager_cluster.py takes the slots on the local cluster's API server."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from fake_leases import FakeLeaseApi
+
+from ansible_collections.metax.gpu.plugins.module_utils.kube import slots as sl
+
+NS, PREFIX = "metax-operator", "metax-vfnum-slot"
+NOW = 1_800_000_000.0
+
+
+def lease(name, holder, renewed=NOW, duration=30, version="1"):
+    return sl.LeaseState(name, holder, renewed, duration, version)
+
+
+@pytest.mark.parametrize("leases, size, action, name", [
+    ([], 1, "create", PREFIX + "-0"),
+    ([lease(PREFIX + "-0", "vm")], 1, "none", None),
+    ([lease(PREFIX + "-0", "vm")], 2, "create", PREFIX + "-1"),
+    ([lease(PREFIX + "-0", "me")], 1, "own", PREFIX + "-0"),                       # a restarted holder
+    ([lease(PREFIX + "-0", "vm", renewed=NOW - 31)], 1, "take_over", PREFIX + "-0"),  # its holder died
+    ([lease(PREFIX + "-1", "vm")], 1, "none", None),       # a pool shrunk to 1 while slot 1 was held
+    ([lease("other-0", "vm")], 1, "create", PREFIX + "-0"),                        # another pool's
+])
+def test_choose(leases, size, action, name):
+    choice = sl.choose(leases, PREFIX, size, "me", NOW)
+    assert (choice.action, choice.name) == (action, name)
+
+
+def test_choose_names_the_holders_when_the_pool_is_full():
+    choice = sl.choose([lease(PREFIX + "-0", "vm"), lease(PREFIX + "-1", "vm-2")], PREFIX, 2, "me", NOW)
+    assert choice.action == "none" and list(choice.holders) == ["vm", "vm-2"]
+    with pytest.raises(sl.SlotError):
+        sl.choose([], PREFIX, 0, "me", NOW)
+
+
+def pool(api, holder, size=2, clock=lambda: NOW):
+    return sl.Slots(api, NS, PREFIX, size, holder, clock=clock)
+
+
+def test_at_most_size_holders_and_a_released_slot_is_taken_by_the_next():
+    api = FakeLeaseApi()
+    a, b, c = pool(api, "vm"), pool(api, "vm-2"), pool(api, "vm-3")
+    assert a.take() == PREFIX + "-0" and b.take() == PREFIX + "-1"
+    assert c.take() is None and list(c.holders) == ["vm", "vm-2"]
+    body = api.leases[(NS, PREFIX + "-0")]
+    assert body.spec.holder_identity == "vm" and body.metadata.labels == {sl.POOL_LABEL: PREFIX}
+    a.release()
+    assert c.take() == PREFIX + "-0"
+    b.release()
+    c.release()
+    assert api.leases == {}
+    # one list per take, one create per slot taken, one delete per release: nothing polled
+    assert {verb for verb, _name in api.calls} == {"list", "create", "delete"}
+    assert api.calls.count(("list", "%s=%s" % (sl.POOL_LABEL, PREFIX))) == 4
+    assert sorted(n for v, n in api.calls if v == "delete") == [PREFIX + "-0", PREFIX + "-0", PREFIX + "-1"]
+
+
+def test_a_slot_whose_holder_stopped_renewing_is_taken_over_and_the_old_holder_cannot_delete_it():
+    api = FakeLeaseApi()
+    now = [NOW]
+    dead = pool(api, "vm", size=1, clock=lambda: now[0])
+    assert dead.take() == PREFIX + "-0"
+    dead._stop.set()                      # its renewals stop (the process hangs)
+    heir = pool(api, "vm-2", size=1, clock=lambda: now[0])
+    assert heir.take() is None            # still within the lease's 30 s
+    now[0] += 31
+    assert heir.take() == PREFIX + "-0"
+    assert ("replace", PREFIX + "-0") in api.calls
+    assert api.leases[(NS, PREFIX + "-0")].spec.holder_identity == "vm-2"
+    assert not dead.renew() and dead.held is None     # the old holder learns it lost the slot
+    dead.release()
+    assert api.leases[(NS, PREFIX + "-0")].spec.holder_identity == "vm-2"
+    heir.release()
+    assert api.leases == {}
+
+
+def test_two_takers_that_read_the_same_free_slot_get_it_once():
+    api = FakeLeaseApi()
+    slow = pool(api, "vm-2", size=1)
+    stale = slow.leases()                 # read before the other taker's create
+    assert pool(api, "vm", size=1).take() == PREFIX + "-0"
+    slow.leases = lambda: stale           # so its create of the same name meets the server's 409
+    assert slow.take() is None and slow.held is None
+    assert api.calls[-1] == ("create", PREFIX + "-0")
+
+
+def test_renew_moves_renew_time_and_a_restarted_holder_keeps_its_slot():
+    api = FakeLeaseApi()
+    now = [NOW]
+    first = pool(api, "vm", size=1, clock=lambda: now[0])
+    first.take()
+    now[0] += 10
+    assert first.renew()
+    renewed = sl.lease_state(api.leases[(NS, PREFIX + "-0")])
+    assert renewed.renewed == pytest.approx(NOW + 10) and renewed.holder == "vm"
+    again = pool(api, "vm", size=1, clock=lambda: now[0])   # the same node after a restart
+    assert again.take() == PREFIX + "-0" and again.version == api.leases[(NS, PREFIX + "-0")].metadata.resource_version
+    again.release()
+    first._stop.set()
+    assert api.leases == {}
+
+
+def test_lease_times_as_the_client_returns_them():
+    import datetime
+    stamp = datetime.datetime(2026, 11, 27, 10, 0, 0, 250000, tzinfo=datetime.timezone.utc)
+    item = SimpleNamespace(metadata=SimpleNamespace(name="x", resource_version="7"),
+                           spec=SimpleNamespace(holder_identity="vm", renew_time=stamp, acquire_time=None,
+                                                lease_duration_seconds=15))
+    assert sl.lease_state(item) == sl.LeaseState("x", "vm", stamp.timestamp(), 15, "7")
+    assert sl._epoch(sl.micro_time(stamp.timestamp())) == pytest.approx(stamp.timestamp())
