@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -32,17 +31,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from cdi.docker_engine import DOCKER, SKIP_REASON as DOCKER_SKIP, needs_docker, start_docker  # noqa: E402
 from cdi.metax_docker_script import SCRIPT_ARGV, md  # noqa: E402
 from cdi.podman_cdi import BASE_IMAGE, PROBE, SKIP_REASON, needs_podman, podman_env  # noqa: E402
+import role_runner
 
 
 # -- the role, and real podman -------------------------------------------------------------
 def run_role(tmp_path, **extra):
-    playbook = tmp_path / "play.yml"
-    playbook.write_text("- hosts: localhost\n  gather_facts: false\n  roles: [metax.gpu.metax_docker]\n")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
-           "-e", "ansible_python_interpreter=" + sys.executable, "-e", json.dumps(extra), str(playbook)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return int(re.search(r"localhost\s*: ok=\d+\s+changed=(\d+)", proc.stdout).group(1))
+    return role_runner.run_role(tmp_path, "metax_docker", **extra)[0]
 
 
 def engine_wrapper(tmp_path, spec_dir):

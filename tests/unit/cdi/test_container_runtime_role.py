@@ -12,10 +12,7 @@ Docker 25 runs here), and the restart is turned off (no service manager).
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
+import role_runner
 
 from .test_runtime_config import CRI, node_with, snapshot, tomllib, vendor_text
 
@@ -23,15 +20,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.cdi import runtime_confi
 
 
 def run_role(tmp_path, check=False, **extra):
-    playbook = tmp_path / "play.yml"
-    playbook.write_text("- hosts: localhost\n  gather_facts: false\n  roles: [metax.gpu.container_runtime]\n")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
-           "-e", "ansible_python_interpreter=" + sys.executable, "-e", json.dumps(extra), str(playbook)]
-    if check:
-        cmd += ["--check", "--diff"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return int(re.search(r"localhost\s*: ok=\d+\s+changed=(\d+)", proc.stdout).group(1)), proc.stdout
+    return role_runner.run_role(tmp_path, "container_runtime", *(("--check", "--diff") if check else ()), **extra)
 
 
 def test_containerd_1_7_then_absent_is_byte_identical(tmp_path):

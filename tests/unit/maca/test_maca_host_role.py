@@ -5,11 +5,8 @@
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import subprocess
-import sys
+import role_runner
 
 from .test_maca_install import maca_layers, payload, tree
 
@@ -17,13 +14,7 @@ IMAGE = "cr.metax-tech.com/library/maca-c500:%s-ubuntu18.04-amd64"
 
 
 def run_role(tmp_path, **extra):
-    playbook = tmp_path / "play.yml"
-    playbook.write_text("- hosts: localhost\n  gather_facts: false\n  roles: [metax.gpu.maca_host]\n")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
-           "-e", "ansible_python_interpreter=" + sys.executable, "-e", json.dumps(extra), str(playbook)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return int(re.search(r"localhost\s*: ok=\d+\s+changed=(\d+)", proc.stdout).group(1))
+    return role_runner.run_role(tmp_path, "maca_host", **extra)[0]
 
 
 def test_install_upgrade_switch_back_and_remove(tmp_path):
