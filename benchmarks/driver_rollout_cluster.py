@@ -3,27 +3,32 @@
 # Apache License 2.0 (see LICENSE)
 """The rolling driver upgrade on the local cluster: the operator's overhead per node against the playbook's.
 
+    make -C benchmarks rollout-cluster        (or, from the repository root:)
     flock -o /tmp/metax-cluster.lock env PYTHONPATH=.build/collections \\
         .venv/bin/python benchmarks/driver_rollout_cluster.py [--json FILE] [--skip-playbook]
 
 Needs the three-node local cluster up (this script never starts or stops it).
-In one run, one scheme after the other on the same nodes:
+In one run, one scheme after the other on the same nodes, so that both see
+the same machine load (the playbook's figure moved from 14 s to 32 s per node
+between a quiet and a loaded machine: only a ratio from one run compares):
 
 1. **playbook**: benchmarks/driver_upgrade.py (metax.gpu.driver_upgrade,
    serial 1 then 2, the GPU Extensions scheme): per node, cordon to the
    validated uncordon, less the driver step (unload, package install, load,
    verify);
-2. **operator**: the two rollout tests of
-   tests/integration/test_driver_manager_cluster.py (the metax-operator chart,
-   driver component, deployPolicy Always; a payload version bump with
-   maxParallel 2 / maxUnavailable 2, vm-2 cordoned by the administrator; then
-   a failing payload): per node, the controller's start (cordon and
+2. **operator**: the rollout test of tests/integration/test_driver_manager_cluster.py
+   (the metax-operator chart, driver component, deployPolicy Always; a payload
+   version bump with maxParallel 2 / maxUnavailable 2, vm-2 cordoned by the
+   administrator): per node, the controller's start (cordon and
    ``upgrade-required``) to its finish (uncordon and nothing left), less
    driver-manager's package install as it reports it in its DriverUpgraded
-   Event (tests/output/driver-manager.json ``rollout``).
+   Event (tests/output/driver-manager.json ``rollout``). The module's other
+   tests (the failing payload among them) measure nothing and are not run.
 
-Printed: both tables, the ratios operator / playbook (mean and slowest node)
-and slowest / the 30 s target of issue 25.
+Printed: both tables, each scheme's spread over the nodes, the ratios
+operator / playbook (mean and slowest node; against serial 1, serial 2 and
+both), slowest / the 30 s target of issue 25, the load average and how long
+each half took (about 8 min in all, warm).
 """
 
 from __future__ import annotations
@@ -34,14 +39,14 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict
+import time
+from typing import Any, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 OUTPUT = os.path.join(ROOT, "tests", "output", "driver-manager.json")
 TEST = "tests/integration/test_driver_manager_cluster.py"
-TESTS = ("test_a_payload_version_bump_rolls_every_node_within_max_unavailable_keeping_the_admins_cordon",
-         "test_a_node_whose_new_driver_fails_validation_is_rolled_back_left_cordoned_failed_and_the_rollout_pauses")
+TESTS = ("test_a_payload_version_bump_rolls_every_node_within_max_unavailable_keeping_the_admins_cordon",)
 TARGET_PER_NODE = 30.0
 
 
@@ -76,25 +81,33 @@ def operator() -> Dict[str, Any]:
         return json.load(handle)["rollout"]
 
 
-def report(playbook_runs: Any, rollout: Dict[str, Any]) -> Dict[str, float]:
+def spread(values: List[float]) -> Dict[str, float]:
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def report(playbook_runs: Any, rollout: Dict[str, Any]) -> Dict[str, Any]:
     print("operator (driver-manager), one version bump, maxParallel 2 / maxUnavailable 2:")
     print("%-5s %12s %9s %9s" % ("node", "cordon->end", "install", "overhead"))
     for node in sorted(rollout["node_seconds"]):
         print("%-5s %11.1fs %8.1fs %8.1fs" % (node, rollout["node_seconds"][node], rollout["install_seconds"][node],
                                               rollout["overhead_seconds"][node]))
-    overheads = list(rollout["overhead_seconds"].values())
-    ours = {"mean": sum(overheads) / len(overheads), "max": max(overheads)}
-    print("all three nodes in %.1f s; overhead per node mean %.1f s, max %.1f s (max / %.0f s target = %.2f)"
-          % (rollout["all_seconds"], ours["mean"], ours["max"], TARGET_PER_NODE, ours["max"] / TARGET_PER_NODE))
-    out = {"operator_mean_s": ours["mean"], "operator_max_s": ours["max"],
-           "operator_max_over_target": ours["max"] / TARGET_PER_NODE}
+    ours = spread(list(rollout["overhead_seconds"].values()))
+    print("all three nodes in %.1f s; overhead per node mean %.1f s, spread %.1f-%.1f s (max / %.0f s target = %.2f)"
+          % (rollout["all_seconds"], ours["mean"], ours["min"], ours["max"], TARGET_PER_NODE,
+             ours["max"] / TARGET_PER_NODE))
+    out: Dict[str, Any] = {"operator": ours, "operator_max_over_target": ours["max"] / TARGET_PER_NODE}
     if playbook_runs:
-        nets = [row["net_s"] for run in playbook_runs for row in run["nodes"].values()]
-        theirs = {"mean": sum(nets) / len(nets), "max": max(nets)}
-        print("playbook (serial 1 and 2): net per node mean %.1f s, max %.1f s" % (theirs["mean"], theirs["max"]))
-        print("operator / playbook: mean %.2f, max %.2f" % (ours["mean"] / theirs["mean"], ours["max"] / theirs["max"]))
-        out.update({"playbook_mean_s": theirs["mean"], "playbook_max_s": theirs["max"],
-                    "ratio_mean": ours["mean"] / theirs["mean"], "ratio_max": ours["max"] / theirs["max"]})
+        groups = [("serial %d" % run["serial"], [row["net_s"] for row in run["nodes"].values()])
+                  for run in playbook_runs]
+        groups.append(("serial 1 and 2", [net for _name, nets in groups for net in nets]))
+        print("%-15s %6s %6s %6s %6s   %s" % ("playbook", "mean", "min", "max", "nodes",
+                                            "operator / playbook: mean, max"))
+        for name, nets in groups:
+            theirs = spread(nets)
+            ratio = {"mean": ours["mean"] / theirs["mean"], "max": ours["max"] / theirs["max"]}
+            print("%-15s %5.1fs %5.1fs %5.1fs %6d   %.2f, %.2f" % (name, theirs["mean"], theirs["min"], theirs["max"],
+                                                                 theirs["n"], ratio["mean"], ratio["max"]))
+            out["playbook " + name] = dict(theirs, ratio_mean=ratio["mean"], ratio_max=ratio["max"])
     return out
 
 
@@ -104,9 +117,18 @@ def main() -> int:
     parser.add_argument("--skip-playbook", action="store_true", help="the operator's figures only")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="rollout-bench.")
+    load = [os.getloadavg()[0]]
+    start = time.monotonic()
     playbook_runs = None if args.skip_playbook else playbook(work)
+    middle = time.monotonic()
     rollout = operator()
+    end = time.monotonic()
+    load.append(os.getloadavg()[0])
     summary = report(playbook_runs, rollout)
+    summary["run_seconds"] = {"playbook": middle - start, "operator": end - middle, "all": end - start}
+    print("run time: playbook %.0f s (images, install, two upgrades, uninstall), operator %.0f s (payload build, "
+          "chart install, the bump, uninstall), %.0f s in all; load average %.1f at the start, %.1f at the end"
+          % (middle - start, end - middle, end - start, load[0], load[1]))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"playbook": playbook_runs, "operator": rollout, "summary": summary}, handle, indent=1)

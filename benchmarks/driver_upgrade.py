@@ -3,7 +3,7 @@
 # Apache License 2.0 (see LICENSE)
 """metax.gpu.driver_upgrade on the running local cluster: time per node, serial 1 and 2.
 
-    flock /work/notes/cluster-tests.lock env PYTHONPATH=.build/collections \\
+    flock -o /tmp/metax-cluster.lock env PYTHONPATH=.build/collections \\
         .venv/bin/python benchmarks/driver_upgrade.py [--json FILE]
 
 Needs the three-node local cluster up (scripts/cluster/cluster.sh up; this
@@ -38,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, ".build", "collections"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+sys.path.append(os.path.join(ROOT, "tests"))    # polling.py; after tests/integration, whose conftest is the one meant
 
 import driver_fleet  # noqa: E402
 from conftest import Cluster  # noqa: E402
