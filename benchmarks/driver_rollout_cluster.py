@@ -100,13 +100,13 @@ def report(playbook_runs: Any, rollout: Dict[str, Any]) -> Dict[str, Any]:
         groups = [("serial %d" % run["serial"], [row["net_s"] for row in run["nodes"].values()])
                   for run in playbook_runs]
         groups.append(("serial 1 and 2", [net for _name, nets in groups for net in nets]))
-        print("%-15s %6s %6s %6s %6s   %s" % ("playbook", "mean", "min", "max", "nodes",
-                                            "operator / playbook: mean, max"))
+        print("%-15s %6s %6s %6s %6s   %s"
+              % ("playbook", "mean", "min", "max", "nodes", "operator / playbook: mean, max"))
         for name, nets in groups:
             theirs = spread(nets)
             ratio = {"mean": ours["mean"] / theirs["mean"], "max": ours["max"] / theirs["max"]}
-            print("%-15s %5.1fs %5.1fs %5.1fs %6d   %.2f, %.2f" % (name, theirs["mean"], theirs["min"], theirs["max"],
-                                                                 theirs["n"], ratio["mean"], ratio["max"]))
+            print("%-15s %5.1fs %5.1fs %5.1fs %6d   %.2f, %.2f"
+                  % (name, theirs["mean"], theirs["min"], theirs["max"], theirs["n"], ratio["mean"], ratio["max"]))
             out["playbook " + name] = dict(theirs, ratio_mean=ratio["mean"], ratio_max=ratio["max"])
     return out
 
