@@ -28,7 +28,7 @@ between a quiet and a loaded machine: only a ratio from one run compares):
 Printed: both tables, each scheme's spread over the nodes, the ratios
 operator / playbook (mean and slowest node; against serial 1, serial 2 and
 both), slowest / the 30 s target of issue 25, the load average and how long
-each half took (about 8 min in all, warm).
+each half took (5.4-6 min in all, warm).
 """
 
 from __future__ import annotations
