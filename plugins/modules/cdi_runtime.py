@@ -145,13 +145,12 @@ spec:
   sample: {path: /var/run/cdi/metax-tech.com-gpu.json, changed: true}
 """
 
-import copy
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.metax.gpu.plugins.module_utils.cdi import runtime_config, runtime_state
 from ansible_collections.metax.gpu.plugins.module_utils.cdi.writer import refresh
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 
 ARGUMENT_SPEC = {
@@ -180,9 +179,7 @@ def _diff(host, edits):
 
 
 def main():
-    argument_spec = copy.deepcopy(HOST_ROOT_ARGSPEC)
-    argument_spec.update(copy.deepcopy(ARGUMENT_SPEC))
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     params = module.params
     host = HostRoot(params["host_root"])
     version = params["runtime_version"]

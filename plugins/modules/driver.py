@@ -203,11 +203,10 @@ verify:
   sample: {loaded_version: 2.33.0.7, version_ok: true, mxcd: true, mx_smi: true, mx_smi_message: ok}
 """
 
-import copy
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.driver import backend
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
@@ -239,9 +238,7 @@ def _node_pods(node_name, kubeconfig):
 
 
 def main():
-    argument_spec = copy.deepcopy(HOST_ROOT_ARGSPEC)
-    argument_spec.update(copy.deepcopy(ARGUMENT_SPEC))
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
+    module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True,
                            required_by={"kubeconfig": "node_name"})
     params = module.params
     root = params["host_root"]

@@ -156,11 +156,10 @@ ansible_facts:
           returned: always
 """
 
-import copy
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
@@ -173,9 +172,7 @@ ARGUMENT_SPEC = {
 
 
 def main():
-    argument_spec = copy.deepcopy(HOST_ROOT_ARGSPEC)
-    argument_spec.update(copy.deepcopy(ARGUMENT_SPEC))
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     try:
         inventory = discover(HostRoot(module.params["host_root"]), topology=module.params["topology"])
     except MetaxGpuError as exc:

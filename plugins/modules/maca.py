@@ -101,11 +101,10 @@ removed:
   sample: [2.15.0.1]
 """
 
-import copy
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.maca import install as maca_install
@@ -121,9 +120,7 @@ ARGUMENT_SPEC = {
 
 
 def main():
-    argument_spec = copy.deepcopy(HOST_ROOT_ARGSPEC)
-    argument_spec.update(copy.deepcopy(ARGUMENT_SPEC))
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
+    module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True,
                            required_if=[("state", "present", ("version", "image"), True)])
     params = module.params
     host = HostRoot(params["host_root"])

@@ -214,11 +214,10 @@ config_path:
   type: str
 """
 
-import copy
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.scheduler import yamlsupport
@@ -243,9 +242,7 @@ def summary(req, outcome, check_mode):
 
 
 def main():
-    argument_spec = copy.deepcopy(HOST_ROOT_ARGSPEC)
-    argument_spec.update(copy.deepcopy(ARGUMENT_SPEC))
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
+    module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True,
                            required_if=[("state", "present", ("url",))])
     if not yamlsupport.HAS_YAML:
         module.fail_json(msg=missing_required_lib("PyYAML"), exception=yamlsupport.YAML_IMPORT_ERROR)
