@@ -18,7 +18,7 @@ alone. Nothing is written when nothing changed. While the apiserver is away
 it backs off and keeps running. RBAC: ``get`` and ``patch`` on ``nodes``.
 
 After its first refresh that succeeded it creates ``--ready-file``, which the
-pod's readiness probe checks: a Ready gpu-label pod means a labelled node, so
+chart's startup probe checks: a Ready gpu-label pod means a labelled node, so
 the DaemonSet's ready count (what ``helm install --wait`` and the operator's
 component status read) says the labels are there, not only that the
 processes started.
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--once", action="store_true", help="one refresh, then exit (0 when it succeeded)")
     parser.add_argument("--ready-file", default="",
                         help="a file created after the first refresh that succeeded and removed on exit, "
-                             "for a readiness probe (default: none)")
+                             "for the pod's probe (default: none)")
     return parser
 
 

@@ -43,7 +43,7 @@ class NodePatch:
 
     node: str
     body: Dict[str, Any]
-    action: str            # "start" | "finish" | "hand back"
+    action: str            # "start" | "finish"
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,7 @@ def handback_patches(nodes: Sequence[Mapping[str, Any]]) -> Tuple[List[NodePatch
         if view.state in N.DRIVER_UPGRADE_FAILED_STATES:
             failed.append(view.name)
         elif view.state is not None:
-            patch = finish_patch(view)
-            patches.append(NodePatch(patch.node, patch.body, "hand back"))
+            patches.append(finish_patch(view))
     return patches, failed
 
 

@@ -134,6 +134,7 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
     aware = spec.get("gpuAware") or {}
     exporter = spec.get("dataExporter") or {}
     driver = spec.get("driver") or {}
+    vfnum_policy = driver.get("vfnumPolicy") or {}
     payload = driver.get("payload") or {}
     maca = spec.get("maca") or {}
     maca_payload = maca.get("payload") or {}
@@ -164,8 +165,8 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
                           "moduleParams": driver.get("moduleParams", ""),
                           "nodeModuleParams": copy.deepcopy(driver.get("nodeModuleParams") or {}),
                           "vfnumsConfig": copy.deepcopy(driver.get("vfnumsConfig") or {}),
-                          "vfnumPolicy": {"evictInUse": bool((driver.get("vfnumPolicy") or {}).get("evictInUse", False)),
-                                          "maxParallel": int((driver.get("vfnumPolicy") or {}).get("maxParallel", 1))},
+                          "vfnumPolicy": {"evictInUse": bool(vfnum_policy.get("evictInUse", False)),
+                                          "maxParallel": int(vfnum_policy.get("maxParallel", 1))},
                           "log": merged_log(None, driver.get("log"))},
         # the same for the MACA component (maca.deploy): one image volume per payload image
         "macaManager": {"enabled": True,
