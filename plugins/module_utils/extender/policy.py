@@ -159,7 +159,8 @@ def prioritize(demand: int, states: Sequence[Optional[GpuState]], weights: Weigh
 def scores_from_tables(tables: Sequence[Optional[Tuple[int, int]]], weights: Weights) -> List[int]:
     """Scores for the candidates' ``(score, loss)`` entries of the request's count (None: no entry)."""
     total_weight = weights.score + weights.loss
-    distinct = {table for table in tables if table is not None}
+    distinct = set(tables)
+    distinct.discard(None)
     if total_weight <= 0 or not distinct:
         return [NEUTRAL_SCORE] * len(tables)
     scores = [table[0] for table in distinct]

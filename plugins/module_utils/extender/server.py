@@ -17,6 +17,7 @@ import sys
 import ssl
 import threading
 import time
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import compress
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -145,12 +146,25 @@ class _CacheUnavailable(Exception):
 
 # ------------------------------------------------------------------- HTTP
 
+_HEAD = "HTTP/1.1 %d %s\r\nServer: %s\r\nDate: %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n"
+_DATE = (0, "")      # (second, its HTTP date): formatted once a second, not once a request
+
+
+def _http_date() -> str:
+    global _DATE  # pylint: disable=global-statement
+    now = int(time.time())
+    second, text = _DATE       # one read of one tuple: threads never see a half-updated pair
+    if second != now:
+        text = formatdate(now, usegmt=True)
+        _DATE = (now, text)
+    return text
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "gpu-aware"
     disable_nagle_algorithm = True
     timeout = 300          # idle keep-alive connections are dropped after this
-    _headers_buffer: List[bytes]   # BaseHTTPRequestHandler's, flushed by _send below
     server: "ExtenderHTTPServer"
 
     def setup(self) -> None:
@@ -191,15 +205,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, code: int, chunks: Sequence[bytes], content_type: str = JSON) -> None:
         if self.server.stopping:
             self.close_connection = True
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(sum(len(c) for c in chunks)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
+        if self.server.log.isEnabledFor(logging.DEBUG):
+            self.log_request(code)
+        # The head send_response and send_header would build, in one format and with the Date of the
+        # second: they encode header by header and format a fresh Date each time (docs/scale.md).
+        head = (_HEAD % (code, self.responses[code][0] if code in self.responses else "", self.server_version,
+                         _http_date(), content_type, sum(len(c) for c in chunks),
+                         "Connection: close\r\n" if self.close_connection else "")).encode("latin-1", "strict")
         # Headers and a small body leave in one segment (no Nagle / delayed-ACK stall).
-        self._headers_buffer.append(b"\r\n")
-        head = b"".join(self._headers_buffer)
-        self._headers_buffer = []
         if self.command == "HEAD":
             self.wfile.write(head)
             return

@@ -215,9 +215,12 @@ def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArg
     if node_names is not None:
         if not isinstance(node_names, list):
             raise BadRequest("NodeNames: expected an array of strings or null, got %s" % json_type(node_names))
-        if not set(map(type, node_names)) <= {str}:
+        try:
+            # str.join refuses anything but strings: the type check, at C speed, and the text _plain needs.
+            joined = "".join(node_names)
+        except TypeError:
             bad = next(i for i, name in enumerate(node_names) if not isinstance(name, str))
-            raise BadRequest("NodeNames[%d]: expected a string, got %s" % (bad, json_type(node_names[bad])))
+            raise BadRequest("NodeNames[%d]: expected a string, got %s" % (bad, json_type(node_names[bad]))) from None
         repeat = _first_repeat(node_names)
         if repeat is not None:
             raise BadRequest("NodeNames[%d]: %s repeats NodeNames[%d]"
@@ -226,7 +229,7 @@ def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArg
             # kube-scheduler sends one of the two; a body with both must at least agree with itself.
             _check_same_nodes(node_names, names)
         return ParsedArgs(pod=pod, names=node_names, extracted=[], node_names_form=True,
-                          plain_names=_plain(node_names))
+                          plain_names=_plain_text(joined))
     if not found.get("nodes"):
         raise BadRequest("Nodes and NodeNames: both missing or null (kube-scheduler sends one of them)")
     repeat = _first_repeat(names)
@@ -249,13 +252,23 @@ def _check_same_nodes(node_names: Sequence[str], item_names: Sequence[str]) -> N
             raise BadRequest("NodeNames: lacks %s, which Nodes.items[%d] names" % (json.dumps(name), index))
 
 
-_NEEDS_ESCAPE = re.compile(r'[\x00-\x1f"\\\x7f]')
+# The characters _plain refuses besides non-ASCII: control characters, quote, backslash, DEL.
+_NEEDS_ESCAPE = bytes(range(0x20)) + b'"\\\x7f'
+
+
+def _plain_text(text: str) -> bool:
+    """True when ``text`` needs no escaping in JSON (ASCII, no control character, quote or backslash)."""
+    if not text.isascii():
+        return False
+    # bytes.translate deleting the refused bytes is one C pass: about 3x faster than a regex search
+    # over the ~10 KB of names of a 700-node request (docs/scale.md).
+    raw = text.encode("ascii")
+    return len(raw.translate(None, _NEEDS_ESCAPE)) == len(raw)
 
 
 def _plain(names: Sequence[str]) -> bool:
     """True when no name needs escaping in JSON (ASCII, no control character, quote or backslash)."""
-    joined = "".join(names)
-    return joined.isascii() and _NEEDS_ESCAPE.search(joined) is None
+    return _plain_text("".join(names))
 
 
 def _string_list(names: Sequence[str], plain: bool = False) -> str:
