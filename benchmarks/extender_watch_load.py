@@ -3,12 +3,14 @@
 """gpu-aware's request latency while its node watch works (issue 29: the p99 tail at 2,000 nodes).
 
     PYTHONPATH=.build/collections .venv/bin/python benchmarks/extender_watch_load.py \\
-        [--nodes 2000] [--window 20] [--baseline ../main/.build/collections]
+        [--nodes 2000] [--window 20] [--baseline ../main/.build/collections] [--names 680]
+        [--backgrounds idle,events,relists] [--rounds 1]
 
 The real agent (cache mode) lists and watches a fake API server
 (tests/unit/extender/extender_support.FakeApiServer) holding ``--nodes``
 nodes, while a client in this process calls ``/filter`` then ``/prioritize``
-with every node name, one pod after the other at about the scheduler's pace
+with every node name (``--names``: a random sample of that many, as
+kube-scheduler sends), one pod after the other at about the scheduler's pace
 at 2,000 nodes (a pod every 15 ms). Three backgrounds, ``--window`` seconds
 each:
 
@@ -35,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import extender_bench  # noqa: E402  (puts the collection and tests/unit/extender on sys.path)
 from extender_bench import COLLECTIONS, Agent, FakeApiServer, extender_args, gpu_pod, make_nodes  # noqa: E402
@@ -47,6 +49,7 @@ from scale import scheduling  # noqa: E402
 PACE_S = 0.015
 EVENTS_PER_S = 50.0
 RESYNC_S = 4
+BACKGROUNDS = ("idle", "events", "relists")
 
 
 def churn(api: FakeApiServer, nodes: List[dict], rate: float, stop: threading.Event) -> None:
@@ -60,16 +63,24 @@ def churn(api: FakeApiServer, nodes: List[dict], rate: float, stop: threading.Ev
         api.set("nodes", changed)
 
 
-def window(agent: Agent, names: List[str], seconds: float) -> Dict[str, object]:
+def window(agent: Agent, names: List[str], seconds: float, sample: int = 0) -> Dict[str, object]:
     pod = gpu_pod(1)
-    filter_body = extender_args(pod, names=names)
-    prioritize_body = extender_args(pod, names=names)
+    if sample:
+        # kube-scheduler sends the nodes its own filters found, at most percentageOfNodesToScore of the
+        # fleet (50 % - N/125 by default: 34 %, about 680 names, at 2,000 nodes), from a rotating start.
+        rng = random.Random(5)
+        bodies = [extender_args(pod, names=rng.sample(names, sample)) for _body in range(16)]
+    else:
+        bodies = [extender_args(pod, names=names)]
     _status, before = agent.request("GET", "/metrics")
     threads = scheduling.thread_times(agent.proc.pid)
     end = time.monotonic() + seconds
+    calls = 0
     while time.monotonic() < end:
-        agent.request("POST", "/filter", filter_body)
-        agent.request("POST", "/prioritize", prioritize_body)
+        body = bodies[calls % len(bodies)]
+        agent.request("POST", "/filter", body)
+        agent.request("POST", "/prioritize", body)
+        calls += 1
         time.sleep(PACE_S)
     threads = scheduling.thread_diff(scheduling.thread_times(agent.proc.pid), threads)
     _status, after = agent.request("GET", "/metrics")
@@ -92,9 +103,10 @@ def window(agent: Agent, names: List[str], seconds: float) -> Dict[str, object]:
     return out
 
 
-def run(version: str, collections: str, nodes: List[dict], seconds: float, workdir: str) -> List[Dict[str, object]]:
+def run(version: str, collections: str, nodes: List[dict], seconds: float, workdir: str,
+        backgrounds: Sequence[str] = BACKGROUNDS, sample: int = 0) -> List[Dict[str, object]]:
     rows = []
-    for background in ("idle", "events", "relists"):
+    for background in backgrounds:
         api = FakeApiServer()
         for node in nodes:
             api.objects["nodes"][node["metadata"]["name"]] = node
@@ -109,7 +121,7 @@ def run(version: str, collections: str, nodes: List[dict], seconds: float, workd
             if background == "events":
                 threading.Thread(target=churn, args=(api, nodes, EVENTS_PER_S, stop), daemon=True).start()
             row = {"version": version, "background": background}
-            row.update(window(agent, [n["metadata"]["name"] for n in nodes], seconds))
+            row.update(window(agent, [n["metadata"]["name"] for n in nodes], seconds, sample))
             rows.append(row)
             print(row, flush=True)
         finally:
@@ -124,13 +136,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--window", type=float, default=20.0, help="seconds per background (default %(default)s)")
     parser.add_argument("--baseline", default=None, help="another collections tree to measure the same way")
+    parser.add_argument("--names", type=int, default=0,
+                        help="names per call, a random sample of the fleet as kube-scheduler sends (680 at 2,000 "
+                             "nodes); default: every node")
+    parser.add_argument("--backgrounds", default=",".join(BACKGROUNDS),
+                        help="comma-separated, of %s (default: all)" % ", ".join(BACKGROUNDS))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat the runs, alternating the versions, to see one machine's drift (default 1)")
     args = parser.parse_args(argv)
+    backgrounds = [b for b in args.backgrounds.split(",") if b]
+    unknown = set(backgrounds) - set(BACKGROUNDS)
+    if unknown:
+        parser.error("--backgrounds: unknown %s" % ", ".join(sorted(unknown)))
     nodes = make_nodes(args.nodes)
     workdir = tempfile.mkdtemp(prefix="gpu-aware-watch-load-")
     rows = []
-    if args.baseline:
-        rows += run("baseline", args.baseline, nodes, args.window, workdir)
-    rows += run("this", COLLECTIONS, nodes, args.window, workdir)
+    for _round in range(max(1, args.rounds)):
+        if args.baseline:
+            rows += run("baseline", args.baseline, nodes, args.window, workdir, backgrounds, args.names)
+        rows += run("this", COLLECTIONS, nodes, args.window, workdir, backgrounds, args.names)
     print("\n| version | background | filter p50 / p99 ms | filter <= 5 ms | prioritize p50 / p99 ms "
           "| prioritize <= 5 ms | relists | per call: wall / CPU / run queue ms | watch CPU s |")
     print("|---|---|---|---|---|---|---|---|---|")

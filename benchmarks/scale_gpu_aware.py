@@ -4,7 +4,8 @@
 """gpu-aware at scale: the real kube-scheduler choosing among N fake GPU nodes (kwok), cache mode.
 
     flock -o /tmp/metax-cluster.lock env PYTHONPATH=.build/collections:tests \\
-        .venv/bin/python benchmarks/scale_gpu_aware.py [--sizes 500,1000,2000] [--pods 1000]
+        .venv/bin/python benchmarks/scale_gpu_aware.py [--sizes 500,1000,2000] [--pods 1000] \\
+        [--baseline ../main/.build/collections] [--nice -10]
 
 Needs the local cluster up and kwok built (scripts/deps.sh). For each N
 (ascending; the fleet grows, the first nodes stay): the same GPU pods are
@@ -81,7 +82,7 @@ def extender_run(client, settings, bin_dir, extender, count: int) -> dict:
             "throughput": result.__dict__, "during": during(text, events, threads, extender.pid)}
 
 
-def run(sizes, pods: int, baseline: Optional[str]) -> list:
+def run(sizes, pods: int, baseline: Optional[str], nice: int = 0) -> list:
     settings = from_env(os.environ)
     bin_dir = scheduling.k8s_bin_dir(settings)
     results = []
@@ -97,6 +98,8 @@ def run(sizes, pods: int, baseline: Optional[str]) -> list:
                     extenders["this"] = scheduling.GpuAware(settings)
                     if baseline:
                         extenders["baseline"] = scheduling.GpuAware(settings, baseline)
+                    if nice:
+                        extenders[nice_label(nice)] = scheduling.GpuAware(settings, nice=nice)
                 cache_s = {name: round(e.wait_cache(size + real_node_count(client)), 2)
                            for name, e in extenders.items()}
                 # Never more pods than the fleet takes (2 per node: ~1.6 GPUs per pod, ~4.7 GPUs per node).
@@ -115,6 +118,10 @@ def run(sizes, pods: int, baseline: Optional[str]) -> list:
                 extender.stop()
             scheduling.delete_namespace(client)
     return results
+
+
+def nice_label(nice: int) -> str:
+    return "this, nice %d" % nice
 
 
 def report(results: list, version: str = "this") -> bool:
@@ -152,12 +159,18 @@ def main() -> int:
     parser.add_argument("--baseline", default=None,
                         help="also run gpu-aware from this collections tree (another checkout's .build/collections) "
                              "in the same run, for before/after figures")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="also run this tree's gpu-aware at this nice value (-10: about 9 times the CPU weight "
+                             "of the control plane's processes, as a pod whose CPU request is large next to "
+                             "theirs gets), labelled 'this, nice N'")
     args = parser.parse_args()
     sizes = args.sizes
     start = time.monotonic()
-    results = run(sizes, args.pods, args.baseline)
+    results = run(sizes, args.pods, args.baseline, args.nice)
     if args.baseline:
         report(results, "baseline")
+    if args.nice:
+        report(results, nice_label(args.nice))
     ok = report(results)
     print("total %.0f s" % (time.monotonic() - start))
     scale_common.write_json(args.json, results)

@@ -98,13 +98,17 @@ class Process:
 class GpuAware(Process):
     """The real agent in cache mode against the local apiserver."""
 
-    def __init__(self, settings: Settings, collections: str = os.path.join(REPO, ".build", "collections")) -> None:
-        """``collections``: the collection tree to run it from (another checkout's, to compare two versions)."""
+    def __init__(self, settings: Settings, collections: str = os.path.join(REPO, ".build", "collections"),
+                 nice: int = 0) -> None:
+        """``collections``: the collection tree to run it from (another checkout's, to compare two versions);
+        ``nice``: the agent's nice value (negative: a larger CPU weight than the control plane's processes)."""
         self.port = free_port()
         env = dict(os.environ, PYTHONPATH=collections)
         for key in ("KUBERNETES_SERVICE_HOST", "POD_NAMESPACE"):
             env.pop(key, None)
-        super().__init__([sys.executable, "-m", AGENT, "--address", "127.0.0.1", "--port", str(self.port),
+        # nice(1) execs the agent, so the pid stays the agent's (its /proc schedstat is read per thread).
+        prefix = ["nice", "-n", str(nice)] if nice else []
+        super().__init__(prefix + [sys.executable, "-m", AGENT, "--address", "127.0.0.1", "--port", str(self.port),
                           "--kubeconfig", settings.admin_conf, "--namespace", NAMESPACE, "--node-cache",
                           "--log-level", "warning"], "gpu-aware-scale", env)
 

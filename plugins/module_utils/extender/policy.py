@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 from itertools import compress
 from operator import not_
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, cast
 
 from ..errors import MetaxGpuError
 from ..names import RESOURCE_NAME
@@ -159,8 +159,10 @@ def prioritize(demand: int, states: Sequence[Optional[GpuState]], weights: Weigh
 def scores_from_tables(tables: Sequence[Optional[Tuple[int, int]]], weights: Weights) -> List[int]:
     """Scores for the candidates' ``(score, loss)`` entries of the request's count (None: no entry)."""
     total_weight = weights.score + weights.loss
-    distinct = set(tables)
-    distinct.discard(None)
+    # set() then discard(None): a C pass, where a comprehension testing each entry is a Python one.
+    found: Set[Optional[Tuple[int, int]]] = set(tables)
+    found.discard(None)
+    distinct = cast(Set[Tuple[int, int]], found)
     if total_weight <= 0 or not distinct:
         return [NEUTRAL_SCORE] * len(tables)
     scores = [table[0] for table in distinct]

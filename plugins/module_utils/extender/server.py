@@ -51,6 +51,7 @@ class ExtenderService:
         self.nodes = nodes
         self.states = states or StateCache()
         self._reported: Dict[Tuple[str, ...], bool] = {}
+        self._last_demand: Tuple[Optional[Dict[str, Any]], int] = (None, 0)
 
     # ------------------------------------------------------------- helpers
     def _extract(self, node: Dict[str, Any]) -> GpuState:
@@ -67,10 +68,17 @@ class ExtenderService:
 
     def _parse(self, body: bytes) -> Tuple[ParsedArgs, int]:
         args = parse_args(body, self._extract)
+        # parse_args hands prioritize the very Pod object filter decoded (wire.POD_MEMO): its demand
+        # is known then. The tuple is read once, so a concurrent request never pairs a Pod with
+        # another's demand; holding the Pod keeps its id from being reused.
+        pod, demand = self._last_demand
+        if pod is args.pod:
+            return args, demand
         try:
             demand = pod_demand(args.pod)
         except PodSpecError as exc:
             raise BadRequest(str(exc)) from None
+        self._last_demand = (args.pod, demand)
         return args, demand
 
     def _cache(self) -> NodeCache:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
@@ -124,6 +125,68 @@ def _first_repeat(names: Sequence[str]) -> Optional[Tuple[int, int]]:
     return None  # pragma: no cover - the set said there is a repeat
 
 
+# kube-scheduler's encoding of the NodeNames form (Go encoding/json: compact, struct field order).
+_GO_POD = '{"Pod":'
+_GO_NAMES = ',"Nodes":null,"NodeNames":'
+_POD_MEMO_SIZE = 4
+
+
+class _PodMemo:
+    """The last few Pods' JSON text -> the decoded Pod, shared read-only by the requests that send it.
+
+    kube-scheduler sends the same Pod, byte for byte, to filter and then to prioritize: the second call
+    finds it here instead of decoding it again. Text -> value is a pure function, so nothing goes stale.
+    """
+
+    def __init__(self, size: int = _POD_MEMO_SIZE) -> None:
+        self.size = size
+        self._pods: Dict[str, Dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> Optional[Dict[str, Any]]:
+        return self._pods.get(text)
+
+    def put(self, text: str, pod: Dict[str, Any]) -> None:
+        with self._lock:
+            while len(self._pods) >= self.size:
+                del self._pods[next(iter(self._pods))]    # the oldest (dicts keep insertion order)
+            self._pods[text] = pod
+
+
+POD_MEMO = _PodMemo()
+
+
+def _go_names_form(text: str) -> Optional[Tuple[Any, Any]]:
+    """(Pod, NodeNames) when ``text`` is exactly ``{"Pod":<value>,"Nodes":null,"NodeNames":<value>}``, else None.
+
+    That is what kube-scheduler sends with ``nodeCacheCapable: true``; the general walk in parse_args
+    would find the same two values, with more Python work per request. Anything else returns None and
+    takes the general walk (which also words the errors).
+    """
+    if not text.startswith(_GO_POD) or not text.endswith("}"):
+        return None
+    # The last occurrence: a string value cannot hold it (its quotes would be escaped), and a Pod that
+    # does hold it as structure makes the Pod end elsewhere, which the check below refuses.
+    middle = text.rfind(_GO_NAMES)
+    if middle < 0:
+        return None
+    pod_text = text[len(_GO_POD):middle]
+    pod = POD_MEMO.get(pod_text)
+    try:
+        if pod is None:
+            value, end = _SCAN(text, len(_GO_POD))
+            if end != middle or not isinstance(value, dict):
+                return None
+            pod = value
+            POD_MEMO.put(pod_text, pod)
+        names, end = _SCAN(text, middle + len(_GO_NAMES))
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    if end != len(text) - 1:
+        return None
+    return pod, names
+
+
 def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArgs:
     """Parse ExtenderArgs; ``extract(node)`` is called once per node of the Nodes form.
 
@@ -195,17 +258,11 @@ def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArg
             found[lowered] = value
         return end
 
-    index = _ws(text, 0)
-    if index < len(text) and text[index] != "{":
-        try:
-            value = _value(text, index)[0]
-        except BadRequest:
-            pass                      # not JSON at all: _object reports where
-        else:
-            raise BadRequest("ExtenderArgs: expected '{' (the body is a JSON %s, not an object)" % json_type(value))
-    index = _ws(text, _object(text, index, top_key))
-    if index != len(text):
-        raise BadRequest("malformed JSON: extra data at offset %d" % index)
+    fast = _go_names_form(text)
+    if fast is not None:
+        found["pod"], found["nodenames"] = fast
+    else:
+        _walk(text, top_key)
     if "pod" not in found:
         raise BadRequest("Pod: missing")
     pod = found["pod"]
@@ -238,6 +295,21 @@ def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArg
                          % (repeat[1], json.dumps(names[repeat[1]]), repeat[0]))
     return ParsedArgs(pod=pod, names=list(names), extracted=list(extracted), node_names_form=False,
                       text=text, spans=list(spans), plain_names=_plain(names))
+
+
+def _walk(text: str, top_key: Callable[[str, int], int]) -> None:
+    """Walk the whole body as one JSON object, ``top_key`` taking each top-level value."""
+    index = _ws(text, 0)
+    if index < len(text) and text[index] != "{":
+        try:
+            value = _value(text, index)[0]
+        except BadRequest:
+            pass                      # not JSON at all: _object reports where
+        else:
+            raise BadRequest("ExtenderArgs: expected '{' (the body is a JSON %s, not an object)" % json_type(value))
+    index = _ws(text, _object(text, index, top_key))
+    if index != len(text):
+        raise BadRequest("malformed JSON: extra data at offset %d" % index)
 
 
 def _check_same_nodes(node_names: Sequence[str], item_names: Sequence[str]) -> None:

@@ -4,6 +4,8 @@
 """The HTTP service with real kube-scheduler request bodies, errors, concurrency, TLS and shutdown."""
 from __future__ import annotations
 
+import datetime
+import email.utils
 import http.client
 import json
 import logging
@@ -145,6 +147,27 @@ def test_filter_and_prioritize_decide_by_the_tables(running):
     assert {h["Host"]: h["Score"] for h in scores} == {"gpu-node-00000": 0, "gpu-node-00002": 10}
 
 
+def test_cache_mode_answers_follow_the_pod_and_the_nodes(running):
+    # Nothing but the decoded Pod and its demand is kept between calls: a pod asking for more, or a
+    # node whose gpu-device annotations change, changes the answer to the same names at once.
+    srv = running()
+    nodes = [make_node(0, allocated=[]), make_node(1, allocated=[0, 1, 2, 3, 4, 5, 6])]   # 8 free, 1 free
+    srv.nodes.replace(nodes)
+    names = ["gpu-node-00000", "gpu-node-00001"]
+    one, four = extender_args(gpu_pod(1), names=names), extender_args(gpu_pod(4), names=names)
+    assert srv.post("filter", one)[1]["NodeNames"] == names
+    assert srv.post("prioritize", one)[0] == 200
+    result = srv.post("filter", four)[1]
+    assert result["NodeNames"] == ["gpu-node-00000"] and result["FailedNodes"] == {"gpu-node-00001": reason_free(4)}
+    assert srv.post("filter", one)[1]["NodeNames"] == names                  # back to the first pod
+    busy = make_node(0, allocated=[0, 1, 2, 3, 4, 5, 6, 7])
+    srv.nodes.apply("MODIFIED", busy)                                          # node 0 is now full
+    result = srv.post("filter", one)[1]
+    assert result["NodeNames"] == ["gpu-node-00001"] and result["FailedNodes"] == {"gpu-node-00000": reason_free(1)}
+    srv.nodes.apply("MODIFIED", make_node(0, allocated=[]))
+    assert srv.post("filter", four)[1]["NodeNames"] == ["gpu-node-00000"]
+
+
 @pytest.mark.parametrize("body, fragment", [
     (b"{bad json", "malformed JSON"),
     (b'{"Pod":{"spec":{"containers":[{"resources":{"requests":{"metax-tech.com/gpu":"two"}}}]}},"NodeNames":[]}',
@@ -188,6 +211,40 @@ def test_http_level_errors(running):
                  headers={"Transfer-Encoding": "chunked"})
     assert conn.getresponse().status == 413
     conn.close()
+
+
+def _raw_exchange(port, request):
+    """The raw head lines and body of one answer to ``request`` (the server closes the connection after it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        data = b""
+        while True:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            data += piece
+    head, _sep, body = data.partition(b"\r\n\r\n")
+    return head.decode("latin-1").split("\r\n"), body
+
+
+def test_response_head(running):
+    # _send writes the head itself; it must say what BaseHTTPRequestHandler's send_response/send_header said.
+    srv = running()
+    request = (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(NAMES_BODY), NAMES_BODY))
+    lines, body = _raw_exchange(srv.port, request)
+    assert lines[0] == "HTTP/1.1 200 OK"
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    assert sorted(headers) == ["Connection", "Content-Length", "Content-Type", "Date", "Server"]
+    assert headers["Server"] == "gpu-aware" and headers["Content-Type"] == "application/json"
+    assert headers["Connection"] == "close" and int(headers["Content-Length"]) == len(body)
+    assert email.utils.parsedate_to_datetime(headers["Date"]).utcoffset() == datetime.timedelta(0)
+    assert headers["Date"].endswith(" GMT") and json.loads(body)["NodeNames"]
+    # HTTP/1.0 without keep-alive: the answer says it closes; HEAD: the length of the body it does not send
+    lines, body = _raw_exchange(srv.port, b"GET /nothing HTTP/1.0\r\n\r\n")
+    assert lines[0] == "HTTP/1.1 404 Not Found" and "Connection: close" in lines and body == b"not found\n"
+    lines, body = _raw_exchange(srv.port, b"HEAD /healthz HTTP/1.0\r\n\r\n")
+    assert lines[0] == "HTTP/1.1 200 OK" and "Content-Length: 3" in lines and body == b""
 
 
 def test_keep_alive_and_metrics(running):

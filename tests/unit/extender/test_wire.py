@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ansible_collections.metax.gpu.plugins.module_utils.extender import wire
 from ansible_collections.metax.gpu.plugins.module_utils.extender.wire import (
     BadRequest, error_result, filter_result_names, filter_result_nodes, parse_args, priority_list)
 from extender_support import extender_args, gpu_pod, load_fixture, make_node
@@ -180,3 +181,67 @@ def test_encoders_round_trip(names, data):
         assert result["NodeNames"] == names and result["FailedNodes"] == failed
         same = dict.fromkeys(names, "gpu-aware: same reason")
         assert json.loads(filter_result_names([], same, same, hint))["FailedAndUnresolvableNodes"] == same
+
+
+@pytest.mark.parametrize("name, plain", [
+    ("kwok-gpu-00001", True), ("gpu-node.example.com", True), ("", True),
+    ('a"b', False), ("a\\b", False), ("a\nb", False), ("a\x00b", False), ("a\x1fb", False), ("a\x7fb", False),
+    ("\u6c90", False), ("caf\u00e9", False),
+])
+def test_plain_names_is_false_exactly_when_a_name_needs_escaping(name, plain):
+    # plain_names lets the encoders copy names without escaping: a wrong True would emit broken JSON.
+    args = parse_args(extender_args({}, names=["kwok-gpu-00000", name]), _names)
+    assert args.plain_names is plain
+    assert json.loads(priority_list(args.names, [1, 2], args.plain_names)) == [
+        {"Host": "kwok-gpu-00000", "Score": 1}, {"Host": name, "Score": 2}]
+
+
+def _go_body(pod, names):
+    """kube-scheduler's own encoding of the NodeNames form (compact, struct field order)."""
+    return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}, separators=(",", ":")).encode()
+
+
+@settings(deadline=None, max_examples=150)
+@given(json_values, st.lists(st.text(min_size=1, max_size=10), max_size=5, unique=True))
+def test_kube_schedulers_encoding_parses_as_any_other(pod_extra, names):
+    # _go_names_form takes kube-scheduler's exact shape without the general walk: same result.
+    pod = {"metadata": {"name": "p"}, "x": pod_extra}
+    fast = parse_args(_go_body(pod, names), _names)
+    walked = parse_args(json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}, indent=1).encode(), _names)
+    assert (fast.pod, fast.names, fast.node_names_form, fast.plain_names) == (
+        walked.pod, walked.names, walked.node_names_form, walked.plain_names) == (pod, names, True, fast.plain_names)
+
+
+@pytest.mark.parametrize("body, message", [
+    # kube-scheduler's shape, but wrong inside: the general walk words the error as before
+    (b'{"Pod":[],"Nodes":null,"NodeNames":["a"]}', "Pod: expected an object, got array"),
+    (b'{"Pod":{},"Nodes":null,"NodeNames":["a",1]}', "NodeNames[1]: expected a string, got number"),
+    (b'{"Pod":{},"Nodes":null,"NodeNames":["a","a"]}', 'NodeNames[1]: "a" repeats NodeNames[0]'),
+    (b'{"Pod":{},"Nodes":null,"NodeNames":null}', "Nodes and NodeNames: both missing or null"),
+    (b'{"Pod":{},"Nodes":null,"NodeNames":["a"]}}', "malformed JSON: extra data"),
+    (b'{"Pod":{"a":1,"Nodes":null,"NodeNames":[]},"Nodes":null,"NodeNames":{"x":1}}',
+     "NodeNames: expected an array of strings or null, got object"),
+    (b'{"Pod":{},"Nodes":null,"NodeNames":[{"a":{},"Nodes":null,"NodeNames":["b"]}]}',
+     "NodeNames[0]: expected a string, got object"),
+])
+def test_kube_schedulers_shape_with_bad_values(body, message):
+    with pytest.raises(BadRequest) as caught:
+        parse_args(body, _names)
+    assert message in str(caught.value)
+
+
+def test_a_pod_decoded_once_serves_the_calls_that_send_it():
+    # filter and prioritize of one pod send it byte for byte: the second call gets the same object.
+    memo = wire.POD_MEMO
+    names = ["n%d" % i for i in range(3)]
+    first = parse_args(_go_body(gpu_pod(1, "a"), names), _names).pod
+    assert parse_args(_go_body(gpu_pod(1, "a"), names[:1]), _names).pod is first
+    # another pod, or the same pod changed (its requests), is decoded anew
+    other = parse_args(_go_body(gpu_pod(2, "a"), names), _names).pod
+    assert other is not first and other == gpu_pod(2, "a")
+    # bounded: the oldest of more than size pods is forgotten
+    for index in range(memo.size):
+        parse_args(_go_body(gpu_pod(1, "p%d" % index), names), _names)
+    again = parse_args(_go_body(gpu_pod(1, "a"), names), _names).pod
+    assert again is not first and again == first
+    assert len(memo._pods) <= memo.size      # pylint: disable=protected-access
