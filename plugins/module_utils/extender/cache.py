@@ -20,7 +20,7 @@ import gc
 import logging
 import threading
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
 from ..backoff import Backoff
 from ..errors import MetaxGpuError
@@ -251,6 +251,12 @@ class NodeCache:
 
     def get(self, name: str) -> Optional[GpuState]:
         return self._nodes.get(name)
+
+    @property
+    def state_of(self) -> Callable[[str], Optional[GpuState]]:
+        """``get`` for one request: the current dict's own method, a C call per name (filter asks it about
+        every failing node). A list replaces the dict whole, so a request keeps one consistent view."""
+        return self._nodes.get
 
     def lookup(self, names: Iterable[str]) -> List[Optional[GpuState]]:
         return list(map(self._nodes.get, names))

@@ -107,7 +107,7 @@ class ExtenderService:
             except _CacheUnavailable as exc:
                 return 200, [error_result(str(exc))]
             fits = cache.fits(names, demand)
-            outcome = filter_outcome(demand, names, fits, cache.get)
+            outcome = filter_outcome(demand, names, fits, cache.state_of)
         else:
             outcome = filter_nodes(demand, names, args.extracted)
         self.metrics.nodes.inc("passed", amount=len(outcome.passed))
