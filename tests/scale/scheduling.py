@@ -108,9 +108,9 @@ class GpuAware(Process):
             env.pop(key, None)
         # nice(1) execs the agent, so the pid stays the agent's (its /proc schedstat is read per thread).
         prefix = ["nice", "-n", str(nice)] if nice else []
-        super().__init__(prefix + [sys.executable, "-m", AGENT, "--address", "127.0.0.1", "--port", str(self.port),
-                          "--kubeconfig", settings.admin_conf, "--namespace", NAMESPACE, "--node-cache",
-                          "--log-level", "warning"], "gpu-aware-scale", env)
+        argv = [sys.executable, "-m", AGENT, "--address", "127.0.0.1", "--port", str(self.port),
+                "--kubeconfig", settings.admin_conf, "--namespace", NAMESPACE, "--node-cache", "--log-level", "warning"]
+        super().__init__(prefix + argv, "gpu-aware-scale", env)
 
     def metrics(self) -> str:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
