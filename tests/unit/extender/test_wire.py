@@ -245,3 +245,12 @@ def test_a_pod_decoded_once_serves_the_calls_that_send_it():
     again = parse_args(_go_body(gpu_pod(1, "a"), names), _names).pod
     assert again is not first and again == first
     assert len(memo._pods) <= memo.size      # pylint: disable=protected-access
+
+
+def test_a_captured_kube_scheduler_body_takes_the_direct_path():
+    # The direct path must match what a real kube-scheduler sends, or it would never be taken: only that
+    # path keeps the Pod, so the second parse of the captured body returns the first one's object.
+    body = load_fixture("kube-scheduler-1.36-nodenames.json")
+    assert parse_args(body, _names).pod is parse_args(body, _names).pod
+    nodes_form = load_fixture("kube-scheduler-1.36-nodes.json")
+    assert parse_args(nodes_form, _names).pod is not parse_args(nodes_form, _names).pod
