@@ -136,7 +136,7 @@ def main() -> int:
         slots.take, slots.release = counted_take, counted_release
 
     spec = preset("2xC550-sriov")
-    threads = []
+    managers = []
     for name in names:
         host = generator.create(os.path.join(args.roots, name), spec)
         # a client per stand-in, as each pod has: one shared client's connection pool (a queue
@@ -147,9 +147,9 @@ def main() -> int:
                           vfnum_policy=dm.VfnumPolicy(False, args.max_parallel))
         manager.driver_verified = True      # the vfnum entry goes first, as on a node whose driver is up
         counted(manager.slots)
-        thread = threading.Thread(target=dm.run_loop, args=(manager, args.interval, stop), daemon=True)
-        thread.start()
-        threads.append(thread)
+        managers.append(manager)
+    for manager in managers:       # every root made first: the first rounds do not compete with that
+        threading.Thread(target=dm.run_loop, args=(manager, args.interval, stop), daemon=True).start()
     while stats.first_rounds < len(names):
         time.sleep(0.2)
     print("ready %d" % len(names), flush=True)
