@@ -116,8 +116,16 @@ class Watcher:
         self.lock = threading.Lock()
         self.ready = threading.Barrier(3)
         for target in (self._nodes, self._leases):
-            threading.Thread(target=target, daemon=True).start()
+            threading.Thread(target=self._quiet, args=(target,), daemon=True).start()
         self.ready.wait(60)
+
+    def _quiet(self, target: Any) -> None:
+        """``target``; its watch broken by the control plane's stop after the measure is no error."""
+        try:
+            target()
+        except Exception:  # pylint: disable=broad-except
+            if not self.stop.is_set():
+                raise
 
     def _nodes(self) -> None:
         listed = self.core.list_node(resource_version="0")

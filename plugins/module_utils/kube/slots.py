@@ -55,6 +55,9 @@ DEFAULT_DURATION = 30                         # seconds a holder that stopped re
 # that reaches the others within L seconds of the winner's create, a freed slot draws about
 # 1 + (W / size) * L / TURN_SPREAD creates, and stays free for about TURN_SPREAD / (W / size + 1).
 TURN_SPREAD = 1.0
+# A slot whose take lost the race (409) counts as held in the view until the winner's event
+# arrives, at most this many seconds (if that event came before the 409, nothing replaces it).
+LOST_HOLD = 5
 
 
 class SlotError(MetaxGpuError):
@@ -266,6 +269,14 @@ class Slots:
                 return True
         return False
 
+    def _lost(self, name: str) -> None:
+        """A take of ``name`` lost the race, so the view is behind the server there: until the
+        winner's event arrives (it replaces this), the view counts the slot held for LOST_HOLD
+        seconds -- else the waiter, seeing it free still, would wake and lose again and again."""
+        with self._seen:
+            if self.view is not None:
+                self.view[name] = LeaseState(name, "?", self.clock(), LOST_HOLD, "")
+
     def take(self) -> Optional[str]:
         """A slot's name, now held (renewed in the background until :meth:`release`); None when all
         ``size`` are held by others (``holders`` says by whom) or another taker won the race.
@@ -287,6 +298,7 @@ class Slots:
                                                             self._body(choice.name, choice.version))
         except ApiException as exc:
             if exc.status in (409, 422):     # another taker was first (exists / version moved on)
+                self._lost(choice.name)
                 return None
             raise SlotError("taking %s: %s %s" % (choice.name, exc.status, exc.reason))
         self.held, self.version = choice.name, written.metadata.resource_version

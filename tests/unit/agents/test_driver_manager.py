@@ -550,3 +550,23 @@ def test_the_watch_opens_from_a_cached_list_and_wakes_for_an_edit(monkeypatch):
     # listed from the cache ("0": no consistent read), watched from the list's version, woken by the edit
     assert lists[0]["resource_version"] == "0" and lists[0]["field_selector"] == "metadata.name=driver-config"
     assert _ServerWatch.opened[0]["resource_version"] == "11" and wake.is_set()
+
+
+def test_driver_config_is_parsed_again_only_when_its_resource_version_moved(tmp_path, monkeypatch):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "Never", data={"node-vfnums": "nodes:\n  n1: {vfnum: 0}\n"})
+    parsed = []
+    parse = dm.parse_config
+
+    def counted(data, name):
+        parsed.append(dict(data))
+        return parse(data, name)
+    monkeypatch.setattr(dm, "parse_config", counted)
+    kube.config_version = "7"
+    assert mgr.read_config().vfnum == 0 and mgr.read_config().vfnum == 0
+    assert len(parsed) == 1                          # the same version: the parse kept
+    kube.data = {"node-vfnums": "nodes:\n  n1: {vfnum: 4}\n"}
+    kube.config_version = "8"
+    assert mgr.read_config().vfnum == 4 and len(parsed) == 2
+    kube.config_version = None                       # no version known (a fake, or no ConfigMap): parsed
+    assert mgr.read_config().vfnum == 4 and len(parsed) == 3

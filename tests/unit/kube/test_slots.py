@@ -199,3 +199,22 @@ def test_one_freed_slot_draws_one_create_from_many_waiters():
     assert not any(verb == "list" for verb, _n in api.calls[before:])     # the view, not lists
     for slots in waiters + holders:
         slots.release()
+
+
+def test_a_lost_race_counts_the_slot_held_in_the_view_until_the_winners_event():
+    api = FakeLeaseApi()
+    now = [NOW]
+    late = pool(api, "me", size=1, clock=lambda: now[0])
+    api.watch(late)
+    api.watchers.remove(late)              # its watch falls behind: the winner's ADDED not seen yet
+    winner = pool(api, "vm", size=1, clock=lambda: now[0])
+    assert winner.take() == PREFIX + "-0"
+    assert late.free() == [PREFIX + "-0"]  # stale
+    assert late.take() is None and api.calls[-1] == ("create", PREFIX + "-0")     # the 409
+    assert late.free() == []               # not woken again for it
+    late.seen("ADDED", api.leases[(NS, PREFIX + "-0")])
+    assert late.view[PREFIX + "-0"].holder == "vm"
+    now[0] += sl.LOST_HOLD + 1
+    late.seen("DELETED", api.leases[(NS, PREFIX + "-0")])
+    assert late.free() == [PREFIX + "-0"]
+    winner._stop.set()
