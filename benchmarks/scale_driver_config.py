@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -92,7 +93,11 @@ def driver_objects(cp: ControlPlane, names: List[str], max_parallel: int) -> Lis
 
 
 def create_nodes(core: Any, names: List[str]) -> None:
-    profile = preset_profiles(PRESET, tempfile.mkdtemp(prefix="metax-vfnum-profile-"), taken=(0.0,))[0]
+    base = tempfile.mkdtemp(prefix="metax-vfnum-profile-")
+    try:
+        profile = preset_profiles(PRESET, base, taken=(0.0,))[0]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
     def one(name: str) -> None:
         core.create_node(fakenodes.node_manifest(fakenodes.FakeNode(name, profile)))
@@ -173,6 +178,7 @@ def measure(size: int, max_parallel: int, collections: str, timeout: float) -> D
     cp = ControlPlane().start()
     row: Dict[str, Any] = {"nodes": size, "max_parallel": max_parallel, "collections": collections}
     fleet: Optional[subprocess.Popen] = None
+    roots = tempfile.mkdtemp(prefix="metax-vfnum-roots-")
     names = ["%s%05d" % (fakenodes.NAME_PREFIX, i) for i in range(size)]
     try:
         admin = api_client(cp.kubeconfig)
@@ -187,7 +193,6 @@ def measure(size: int, max_parallel: int, collections: str, timeout: float) -> D
         kubeconfig = cp.write_kubeconfig(os.path.join(cp.dir, "driver-manager.kubeconfig"), token)
         with open(os.path.join(cp.dir, "names"), "w", encoding="utf-8") as listing:
             listing.write("\n".join(names) + "\n")
-        roots = tempfile.mkdtemp(prefix="metax-vfnum-roots-")
         started = time.monotonic()
         log = open(os.path.join(cp.dir, "fleet.log"), "w")       # pylint: disable=consider-using-with
         fleet = subprocess.Popen(
@@ -227,6 +232,7 @@ def measure(size: int, max_parallel: int, collections: str, timeout: float) -> D
         if fleet is not None and fleet.poll() is None:
             fleet.kill()
         cp.stop()
+        shutil.rmtree(roots, ignore_errors=True)
     return row
 
 
