@@ -79,6 +79,7 @@ bench-scale: deps venv
 	$(SCALE_ENV) $(BIN)/python benchmarks/scale_agent_writes.py
 	$(SCALE_ENV) $(BIN)/python benchmarks/scale_driver_plan.py --sizes $(SCALE_SIZES)
 	flock -o /tmp/metax-heavy.lock env PYTHONPATH=$(CURDIR)/$(COLLECTIONS) $(BIN)/python benchmarks/scale_operator.py --sizes $(SCALE_SIZES)
+	flock -o /tmp/metax-heavy.lock env PYTHONPATH=$(CURDIR)/$(COLLECTIONS) $(BIN)/python benchmarks/scale_driver_config.py --sizes $(SCALE_SIZES)
 
 scale-up: deps venv
 	$(SCALE_ENV) $(BIN)/python -m scale.profile up $(SCALE_NODES)

@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import ssl
 import sys
-from typing import Any, List, Optional
+import urllib.request
+from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -42,3 +45,24 @@ def write_json(path: Optional[str], rows: Any) -> None:
     if path:
         with open(path, "w", encoding="utf-8") as out:
             json.dump(rows, out, indent=1)
+
+
+WRITES = ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+
+
+def apiserver_requests(port: int, token: str, by_resource: bool = False) -> Dict[str, float]:
+    """The API server's ``apiserver_request_total`` on 127.0.0.1:``port``, summed by verb; writes
+    by verb and resource ("PATCH nodes"), or every verb so with ``by_resource``."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    req = urllib.request.Request("https://127.0.0.1:%d/metrics" % port, headers={"Authorization": "Bearer " + token})
+    with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
+        text = resp.read().decode()
+    out: Dict[str, float] = {}
+    for match in re.finditer(r'^apiserver_request_total\{([^}]*)\}\s+(\S+)$', text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+        verb = labels.get("verb", "?")
+        if by_resource or verb in WRITES:
+            verb += " " + labels.get("resource", "?")
+        out[verb] = out.get(verb, 0.0) + float(match.group(2))
+    return out

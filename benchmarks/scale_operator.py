@@ -33,10 +33,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import ssl
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict
 
@@ -50,7 +48,7 @@ from test_operator_controller_apiserver import CHART, GPU_LABELS, NS, Env  # noq
 from ansible_collections.metax.gpu.plugins.module_utils import names as N  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client, core_v1  # noqa: E402
 
-WRITES = ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+WRITES = scale_common.WRITES
 RSS_TARGET_MIB = 150
 # writes that are not the controller's reconcile or status: the apiserver renews its identity lease,
 # kopf renews its peering record (both by design, counted apart)
@@ -60,20 +58,7 @@ NOT_OURS = ("PUT leases", "PATCH kopfpeerings")
 def requests(cp: ControlPlane) -> Dict[str, float]:
     """apiserver_request_total summed by verb; writes by verb and resource ("PATCH nodes"), so that
     the apiserver's own identity lease ("PUT leases") and kopf's peering heartbeats stand apart."""
-    ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    req = urllib.request.Request("https://127.0.0.1:%d/metrics" % cp.port,
-                                 headers={"Authorization": "Bearer admin-token"})
-    with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
-        text = resp.read().decode()
-    out: Dict[str, float] = {}
-    for match in re.finditer(r'^apiserver_request_total\{([^}]*)\}\s+(\S+)$', text, re.M):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
-        verb = labels.get("verb", "?")
-        if verb in WRITES:
-            verb += " " + labels.get("resource", "?")
-        out[verb] = out.get(verb, 0.0) + float(match.group(2))
-    return out
+    return scale_common.apiserver_requests(cp.port, "admin-token")
 
 
 def delta(after: Dict[str, float], before: Dict[str, float], minutes: float) -> Dict[str, float]:

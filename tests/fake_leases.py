@@ -1,9 +1,12 @@
 """coordination.k8s.io/v1 Leases as the API server answers them, in memory, for unit tests of
 plugins/module_utils/kube/slots.py and its users: create of an existing name is 409, replace and
-delete with a stale resourceVersion are 409, every call recorded in ``calls``."""
+delete with a stale resourceVersion are 409, every call recorded in ``calls``. :meth:`FakeLeaseApi.watch`
+feeds a Slots' view the way driver-manager's watch of the pool does: the list, then every write's
+event, delivered at once to every watcher."""
 from __future__ import annotations
 
 import itertools
+import threading
 from types import SimpleNamespace
 
 from ansible_collections.metax.gpu.plugins.module_utils.kube.client import ApiException
@@ -20,6 +23,17 @@ class FakeLeaseApi:
         self.leases = {}                 # (namespace, name) -> the V1Lease-like object
         self.calls = []                  # (verb, name)
         self._versions = itertools.count(100)
+        self.watchers = []               # Slots fed by watch()
+        self.lock = threading.RLock()    # one write at a time, as etcd orders them
+
+    def watch(self, slots):
+        """``slots`` sees the pool's list now and every write's event from now on."""
+        slots.relisted([o for (ns, _n), o in sorted(self.leases.items()) if ns == slots.namespace])
+        self.watchers.append(slots)
+
+    def _event(self, kind, obj):
+        for slots in self.watchers:
+            slots.seen(kind, obj)
 
     def _object(self, body):
         meta, spec = body["metadata"], body["spec"]
@@ -36,29 +50,34 @@ class FakeLeaseApi:
                                       if ns == namespace and o.metadata.labels.get(key) == value])
 
     def create_namespaced_lease(self, namespace, body):
-        name = body["metadata"]["name"]
-        self.calls.append(("create", name))
-        if (namespace, name) in self.leases:
-            raise _error(409, "AlreadyExists")
-        self.leases[(namespace, name)] = self._object(body)
-        return self.leases[(namespace, name)]
+        with self.lock:
+            name = body["metadata"]["name"]
+            self.calls.append(("create", name))
+            if (namespace, name) in self.leases:
+                raise _error(409, "AlreadyExists")
+            self.leases[(namespace, name)] = self._object(body)
+            self._event("ADDED", self.leases[(namespace, name)])
+            return self.leases[(namespace, name)]
 
     def replace_namespaced_lease(self, name, namespace, body):
-        self.calls.append(("replace", name))
-        have = self.leases.get((namespace, name))
-        if have is None:
-            raise _error(404, "NotFound")
-        if body["metadata"].get("resourceVersion") != have.metadata.resource_version:
-            raise _error(409, "Conflict")
-        self.leases[(namespace, name)] = self._object(body)
-        return self.leases[(namespace, name)]
+        with self.lock:
+            self.calls.append(("replace", name))
+            have = self.leases.get((namespace, name))
+            if have is None:
+                raise _error(404, "NotFound")
+            if body["metadata"].get("resourceVersion") != have.metadata.resource_version:
+                raise _error(409, "Conflict")
+            self.leases[(namespace, name)] = self._object(body)
+            self._event("MODIFIED", self.leases[(namespace, name)])
+            return self.leases[(namespace, name)]
 
     def delete_namespaced_lease(self, name, namespace, body=None):
-        self.calls.append(("delete", name))
-        have = self.leases.get((namespace, name))
-        if have is None:
-            raise _error(404, "NotFound")
-        wanted = ((body or {}).get("preconditions") or {}).get("resourceVersion")
-        if wanted and wanted != have.metadata.resource_version:
-            raise _error(409, "Conflict")
-        del self.leases[(namespace, name)]
+        with self.lock:
+            self.calls.append(("delete", name))
+            have = self.leases.get((namespace, name))
+            if have is None:
+                raise _error(404, "NotFound")
+            wanted = ((body or {}).get("preconditions") or {}).get("resourceVersion")
+            if wanted and wanted != have.metadata.resource_version:
+                raise _error(409, "Conflict")
+            self._event("DELETED", self.leases.pop((namespace, name)))

@@ -25,7 +25,9 @@ node change in ``driver/backend.py`` and ``vfnum/backend.py`` (the code of
    the change is refused, or with ``--vfnum-evict-in-use`` (the CR's
    ``spec.driver.vfnumPolicy.evictInUse``) they are evicted through the
    eviction API first; and only ``--vfnum-max-parallel`` nodes change at once
-   (a slot of ``kube/slots.py`` taken before, given back after).
+   (a slot of ``kube/slots.py`` taken before, given back after). A node
+   waiting for a slot is not failing: a watch of the slot Leases wakes its
+   round when its turn comes (``Slots.wait_turn``), not the failure backoff.
 
 The rolling upgrade (docs/operator.md "driver upgradePolicy"): a loaded
 driver that a new payload version concerns (``policy.rolled``) is never
@@ -52,6 +54,7 @@ import argparse
 import json
 import logging
 import os
+import random
 import shutil
 import sys
 import threading
@@ -66,7 +69,7 @@ from ..errors import MetaxGpuError
 from ..host import HostRoot, HostRootError
 from ..kube import evict as kube_evict
 from ..kube.client import ApiException, coordination_v1, core_v1
-from ..kube.slots import SlotError, Slots
+from ..kube.slots import POOL_LABEL, SlotError, Slots
 from ..vfnum import backend as vfnum_backend
 from ..vfnum import config as vfnum_config
 from ..vfnum.plan import VfnumError
@@ -77,9 +80,13 @@ from .common import (UsageError, add_common_flags, checked_host_root, kube_api_c
 try:
     import yaml
     HAS_YAML = True
+    # libyaml's parser when PyYAML has it (the agent image's wheel does): node-vfnums names
+    # every node, and the pure-Python parser takes ~0.1 s per round for 500 entries
+    SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 except ImportError:  # the agent image has PyYAML (requirements/agents.txt)
     yaml = None
     HAS_YAML = False
+    SAFE_LOADER = None
 try:
     from kubernetes import watch as k8s_watch
 except ImportError:  # with the kubernetes client (requirements/agents.txt); kube_api_client says so first
@@ -110,6 +117,10 @@ WATCH_REQUEST_TIMEOUT = (10.0, WATCH_SECONDS + 30.0)
 VERIFY_ATTEMPTS = 5
 # The budget of nodes changing vfnum at once: Leases <prefix>-<i> in the operator's namespace.
 VFNUM_SLOT_PREFIX = "metax-vfnum-slot"
+# Without a watched view of the slots (the watch not open, or broken) a node waiting for a slot
+# retries after SLOT_RETRY to twice that, at random (the waiters do not retry in step); with the
+# view, its round is woken when the view shows a slot free for it (kube/slots.py wait_turn).
+SLOT_RETRY = 5.0
 # How long a round waits for evicted pods to leave. A PodDisruptionBudget's 429 is not
 # waited out inside the round: the round's backoff (5 s doubling to 5 min) retries it.
 EVICT_TIMEOUT = 10.0
@@ -151,9 +162,9 @@ def parse_config(data: Mapping[str, str], node: str) -> Config:
             if data.get(key):
                 doc[key] = str(data[key]).strip()
         if data.get("node-module-params"):
-            doc["node-module-params"] = yaml.safe_load(data["node-module-params"]) if HAS_YAML else {}
+            doc["node-module-params"] = yaml.load(data["node-module-params"], Loader=SAFE_LOADER) if HAS_YAML else {}
         out.params = policy.module_params(doc, node)
-        vfnums = yaml.safe_load(data.get(vfnum_config.NODE_VFNUMS_KEY) or "") if HAS_YAML else None
+        vfnums = yaml.load(data.get(vfnum_config.NODE_VFNUMS_KEY) or "", Loader=SAFE_LOADER) if HAS_YAML else None
         out.vfnum = vfnum_config.node_entry(vfnums, node)
     except (policy.PolicyError, VfnumError) as exc:
         out.error = str(exc)
@@ -186,8 +197,8 @@ def node_upgrade(labels: Mapping[str, str], annotations: Mapping[str, str]) -> N
 
 class Kube:
     """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch, pods list and
-    pods/eviction create cluster-wide; configmaps get/watch, pods delete, leases and events create
-    in its namespace)."""
+    pods/eviction create cluster-wide; configmaps get/watch, pods delete, events create, leases
+    list/watch/create/update/delete in its namespace)."""
 
     def __init__(self, api: Any, node: str, namespace: str, config_map: str) -> None:
         self.api = api
@@ -220,7 +231,7 @@ class Kube:
                      getattr(meta, "resource_version", None))
             return True
         self._watch(wake, stop, self.core.list_namespaced_config_map, (self.namespace,),
-                    "metadata.name=" + self.config_map, changed)
+                    {"field_selector": "metadata.name=" + self.config_map}, changed)
 
     def watch_node(self, wake: threading.Event, stop: threading.Event) -> None:
         """Until ``stop``: set ``wake`` when the controller changes this node's upgrade state or target."""
@@ -233,11 +244,23 @@ class Kube:
                 return False
             seen[:] = [now]
             return True
-        self._watch(wake, stop, self.core.list_node, (), "metadata.name=" + self.node, changed)
+        self._watch(wake, stop, self.core.list_node, (), {"field_selector": "metadata.name=" + self.node}, changed)
+
+    def watch_slots(self, slots: Slots, stop: threading.Event) -> None:
+        """Until ``stop``: keep ``slots``' view of its pool (every Lease of it: one label selector),
+        from which a waiting node learns of a freed slot without an API call of its own."""
+        def changed(event: Mapping[str, Any]) -> bool:
+            slots.seen(str(event.get("type")), event.get("object"))
+            return False           # the slot waiter (run_loop) wakes the round, after its turn's pause
+        self._watch(threading.Event(), stop, coordination_v1(self.api).list_namespaced_lease, (self.namespace,),
+                    {"label_selector": "%s=%s" % (POOL_LABEL, slots.prefix)}, changed,
+                    listed=slots.relisted, broken=slots.unwatched)
 
     @staticmethod
     def _watch(wake: threading.Event, stop: threading.Event, lister: Callable[..., Any], args: Sequence[Any],
-               field_selector: str, changed: Callable[[Mapping[str, Any]], bool]) -> None:
+               selector: Mapping[str, str], changed: Callable[[Mapping[str, Any]], bool],
+               listed: Optional[Callable[[Sequence[Any]], None]] = None,
+               broken: Optional[Callable[[], None]] = None) -> None:
         """One object's watch, reopened when the server ends it, a broken one after a pause; an event
         ``changed`` accepts wakes a round.
 
@@ -247,28 +270,35 @@ class Kube:
         kind lags behind etcd -- on a busy cluster, for a kind as quiet as a ConfigMap, every time:
         the watch never opened and an edit waited for the interval (docs/operator.md "driver-config").
         The listed object goes through ``changed`` too: one edited while a round ran wakes the next.
+        A watch of several objects (``selector`` a label selector) hands ``listed`` each opening's
+        whole list first, and calls ``broken`` when the watch breaks.
         """
         if k8s_watch is None:
             return
         while not stop.is_set():
             stream = k8s_watch.Watch()
             try:
-                listed = lister(*args, field_selector=field_selector, resource_version="0",
-                                _request_timeout=WATCH_REQUEST_TIMEOUT)
-                items = listed.items or []
-                opening = [{"type": "ADDED", "object": item} for item in items] or [{"type": "DELETED", "object": None}]
-                for event in opening:        # every one through changed: it keeps what it has seen
-                    if changed(event):
-                        wake.set()
-                for event in stream.stream(lister, *args, field_selector=field_selector,
-                                           resource_version=listed.metadata.resource_version,
-                                           timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT):
+                found = lister(*args, resource_version="0", _request_timeout=WATCH_REQUEST_TIMEOUT, **selector)
+                items = found.items or []
+                if listed is not None:
+                    listed(items)
+                else:
+                    opening = [{"type": "ADDED", "object": item} for item in items] or [{"type": "DELETED", "object": None}]
+                    for event in opening:        # every one through changed: it keeps what it has seen
+                        if changed(event):
+                            wake.set()
+                for event in stream.stream(lister, *args, resource_version=found.metadata.resource_version,
+                                           timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT,
+                                           **selector):
                     if changed(event):
                         wake.set()
                     if stop.is_set():
                         break
             except Exception as exc:  # pylint: disable=broad-except  # a broken watch (a 410 too): reopened
-                LOG.warning("watch (%s) broken, reopened in 5 s: %s", field_selector, str(exc).replace("\n", " ")[:300])
+                LOG.warning("watch (%s) broken, reopened in 5 s: %s", ",".join(selector.values()),
+                            str(exc).replace("\n", " ")[:300])
+                if broken is not None:
+                    broken()
                 stop.wait(5.0)
             finally:
                 stream.stop()
@@ -343,6 +373,8 @@ class Manager:
         self.kube = kube
         self.vfnum_policy = vfnum_policy
         self.slots = kube.vfnum_slots(vfnum_policy.max_parallel)
+        # set by a round whose vfnum change waits for a slot (run_loop's slot waiter wakes the next)
+        self.slot_wanted = threading.Event()
         self.vfnum_state: Optional[str] = None    # the state label this process wrote last
         self.policy = deploy_policy
         self.payload_dir = payload_dir
@@ -354,6 +386,9 @@ class Manager:
         self.round_started = time.monotonic()
         # the last verification passed (the next round may apply vfnum before the driver part)
         self.driver_verified = False
+        # driver-config as last parsed, and the ConfigMap's resourceVersion it was parsed from
+        self._config: Optional[Config] = None
+        self._config_version: Optional[str] = None
 
     # -- driver ---------------------------------------------------------------
     def observe(self) -> policy.NodeDriver:
@@ -644,7 +679,7 @@ class Manager:
         Otherwise the driver comes first, since VFs need the PF driver bound.
         """
         self.round_started = time.monotonic()
-        config = parse_config(self.kube.config(), self.kube.node)
+        config = self.read_config()
         params = config.params if config.error is None else []
         upgrade = self.kube.upgrade()
         target = upgrade.target if self.acts_on(upgrade) else None    # the version to upgrade to now
@@ -667,19 +702,33 @@ class Manager:
             vfnum_ok = self.vfnum_round(config)
         return ok and vfnum_ok
 
+    def read_config(self) -> Config:
+        """driver-config for this node; parsed again only when its resourceVersion moved (a round
+        of a node waiting for a slot, or a quiet one, reads the ConfigMap but does not re-parse it)."""
+        data = self.kube.config()
+        version = getattr(self.kube, "config_version", None)
+        if version is None or version != self._config_version or self._config is None:
+            self._config = parse_config(data, self.kube.node)
+            self._config_version = version
+        return self._config
+
     def vfnum_round(self, config: Config) -> bool:
         """This node's node-vfnums entry applied, or the reason it is not reported; True when it is."""
         error = config.error
         reason = None
+        self.slot_wanted.clear()
         if error is None:
             try:
                 self.reconcile_vfnum(config.vfnum)
             except VfnumPending as exc:
-                if exc.event is None:        # waiting for a slot: not a failure, retried with backoff
+                if exc.event is None:
+                    # waiting for a slot is the budget working, not a failure: no backoff; the slot
+                    # waiter wakes the next round when the watched pool shows a slot for this node
                     LOG.info("%s", exc)
+                    self.slot_wanted.set()
                     if self.last_failure.get("VfnumRejected"):    # an earlier reason no longer holds
                         self.report("VfnumRejected", names.ANNOTATION_VFNUM_MESSAGE, None)
-                    return False
+                    return True
                 error, reason = str(exc), exc.event
             except (VfnumError, SlotError) as exc:
                 error = str(exc)
@@ -690,6 +739,21 @@ class Manager:
         if self.last_failure.get("VfnumRejected"):
             self.report("VfnumRejected", names.ANNOTATION_VFNUM_MESSAGE, None)
         return True
+
+
+def slot_retry(rnd: Callable[[], float] = random.random) -> float:
+    """The blind retry of a node waiting for a slot without a watched view: SLOT_RETRY to twice it."""
+    return SLOT_RETRY * (1.0 + rnd())
+
+
+def wait_for_slots(manager: Manager, wake: threading.Event, stop: threading.Event) -> None:
+    """Until ``stop``: while a round waits for a vfnum slot, wake the next one at this node's turn."""
+    while not stop.is_set():
+        if not manager.slot_wanted.wait(5.0):
+            continue
+        if manager.slots.wait_turn(stop, slot_retry()):
+            manager.slot_wanted.clear()
+            wake.set()
 
 
 def run_loop(manager: Manager, interval: float, stop: threading.Event, watch: bool = True) -> int:
@@ -705,6 +769,9 @@ def run_loop(manager: Manager, interval: float, stop: threading.Event, watch: bo
         # driver-config edits and the controller's upgrade-required wake a round at once
         for target in (manager.kube.watch_config, manager.kube.watch_node):
             threading.Thread(target=target, args=(wake, stop), daemon=True).start()
+        # a freed vfnum slot wakes the round of a node waiting for one, at its turn
+        threading.Thread(target=manager.kube.watch_slots, args=(manager.slots, stop), daemon=True).start()
+        threading.Thread(target=wait_for_slots, args=(manager, wake, stop), daemon=True).start()
     while not stop.is_set():
         try:
             ok = manager.round()
@@ -715,6 +782,8 @@ def run_loop(manager: Manager, interval: float, stop: threading.Event, watch: bo
         wait = interval if ok else backoff.next_delay()
         if ok:
             backoff.reset()
+        if manager.slot_wanted.is_set() and not watch:
+            wait = min(wait, slot_retry())      # no slot waiter: the blind, jittered retry
         wake.wait(wait)
         wake.clear()
     LOG.info("stopping")

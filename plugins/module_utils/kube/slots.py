@@ -20,16 +20,29 @@ independent of its user (client, namespace, prefix, size, holder), so the
 scale benchmark can reuse it. Expiry compares ``renewTime`` with this
 machine's clock: nodes are assumed to keep time (NTP), as Kubernetes' own
 components do; a few seconds of skew only delay or hasten a takeover.
+
+Waiting for a slot (docs/design-decisions.md "vfnum slots: waiting"): the
+user feeds a watch of the pool into :meth:`Slots.relisted` /
+:meth:`Slots.seen`; :meth:`Slots.wait_turn` then blocks, without an API
+call, until that view shows a slot free (deleted, or expired by the clock),
+and :meth:`Slots.take` chooses from the view instead of listing. So that one
+freed slot does not send every waiter's create at once, each holder has a
+home slot (a hash of its identity): a waiter tries within ``spread`` seconds
+of its home slot coming free, any other slot only after ``spread`` more, both
+at a random point, and only if the view still shows it free by then -- the
+first winner's ADDED event stops the others.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import random
 import threading
 import time
+import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from ..errors import MetaxGpuError
 from .client import ApiException
@@ -37,6 +50,14 @@ from .client import ApiException
 LOG = logging.getLogger("metax-gpu.slots")
 POOL_LABEL = "metax-tech.com/slot-pool"      # every Lease of a pool carries it: one list call sees them all
 DEFAULT_DURATION = 30                         # seconds a holder that stopped renewing keeps its slot
+# A waiter tries a freed home slot at a random point within TURN_SPREAD seconds, any other slot
+# within the TURN_SPREAD after that: with W waiters over ``size`` home slots and an ADDED event
+# that reaches the others within L seconds of the winner's create, a freed slot draws about
+# 1 + (W / size) * L / TURN_SPREAD creates, and stays free for about TURN_SPREAD / (W / size + 1).
+TURN_SPREAD = 1.0
+# A slot whose take lost the race (409) counts as held in the view until the winner's event
+# arrives, at most this many seconds (if that event came before the 409, nothing replaces it).
+LOST_HOLD = 5
 
 
 class SlotError(MetaxGpuError):
@@ -95,6 +116,17 @@ def choose(leases: Iterable[LeaseState], prefix: str, size: int, holder: str, no
     return Choice("none", holders=tuple(live))
 
 
+def home_slot(prefix: str, size: int, holder: str) -> str:
+    """The slot ``holder`` tries first when several wait (a stable hash: the waiters spread evenly)."""
+    return "%s-%d" % (prefix, zlib.crc32(holder.encode("utf-8")) % size)
+
+
+def turn_pause(free: Sequence[str], home: str, spread: float, rnd: Callable[[], float]) -> float:
+    """Seconds to let pass before trying one of the ``free`` slots: within ``spread`` for the home
+    slot, within the ``spread`` after that for any other (``rnd``: uniform in [0, 1))."""
+    return spread * rnd() if home in free else spread * (1.0 + rnd())
+
+
 def micro_time(when: float) -> str:
     """A Lease's MicroTime (RFC 3339 with microseconds, UTC)."""
     stamp = datetime.datetime.fromtimestamp(when, datetime.timezone.utc)
@@ -137,6 +169,12 @@ class Slots:
         self.held: Optional[str] = None
         self.version: Optional[str] = None        # resourceVersion of our last write
         self.holders: Sequence[str] = ()          # who held the pool when take() found no slot
+        # the pool as a watch of it shows it (None: no watch fed it yet, take() lists)
+        self.view: Optional[Dict[str, LeaseState]] = None
+        self._seen = threading.Condition()
+        self.home = home_slot(prefix, size, holder) if size > 0 else ""
+        self.spread = TURN_SPREAD
+        self.rnd: Callable[[], float] = random.random
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._renewer: Optional[threading.Thread] = None
@@ -157,12 +195,98 @@ class Slots:
             raise SlotError("listing the %s leases: %s %s" % (self.prefix, exc.status, exc.reason))
         return [lease_state(item) for item in found.items or []]
 
+    # -- the watched view -----------------------------------------------------------
+    def relisted(self, items: Iterable[Any]) -> None:
+        """A watch (re)opened with this list of the pool's Leases (V1Lease): the view is that list."""
+        with self._seen:
+            self.view = {lease.name: lease for lease in (lease_state(item) for item in items)}
+            self._seen.notify_all()
+
+    def seen(self, kind: str, item: Any) -> None:
+        """A watch event (``ADDED``/``MODIFIED``/``DELETED``, V1Lease) into the view."""
+        if item is None or getattr(item, "metadata", None) is None:
+            return
+        with self._seen:
+            if self.view is None:      # not listed yet (or the watch broke): the next list says it all
+                return
+            if kind == "DELETED":
+                self.view.pop(item.metadata.name, None)
+            elif kind in ("ADDED", "MODIFIED"):
+                self.view[item.metadata.name] = lease_state(item)
+            self._seen.notify_all()
+
+    def unwatched(self) -> None:
+        """The watch broke: take() lists again until it reopens."""
+        with self._seen:
+            self.view = None
+            self._seen.notify_all()
+
+    def free(self, now: Optional[float] = None) -> List[str]:
+        """The slots the view shows this holder could take now ([] when none, or no view)."""
+        with self._seen:
+            return self._free(self.clock() if now is None else now)
+
+    def _free(self, now: float) -> List[str]:
+        if self.view is None:
+            return []
+        choice = choose(self.view.values(), self.prefix, self.size, self.holder, now)
+        if choice.action in ("none", "own"):
+            return []
+        live = {n for n, lease in self.view.items() if not lease.expired(now)}
+        return [name for name in slot_names(self.prefix, self.size) if name not in live]
+
+    def _next_expiry(self, now: float) -> Optional[float]:
+        """Seconds until the next live Lease of the view expires (None: none to wait for)."""
+        ahead = [lease.renewed + lease.duration - now for lease in (self.view or {}).values()
+                 if not lease.expired(now) and lease.holder != self.holder]
+        return max(0.05, min(ahead)) if ahead else None
+
+    def wait_turn(self, stop: threading.Event, timeout: float) -> bool:
+        """Block until it is this holder's turn to :meth:`take`: the view shows a slot free, and still
+        does after :func:`turn_pause`. True then; False after ``timeout`` or on ``stop``. Without a
+        view (no watch) only ``timeout`` ends it, and True: the caller retries blindly, the fallback."""
+        deadline = time.monotonic() + timeout
+        while not stop.is_set():
+            with self._seen:
+                if self.view is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return True
+                    self._seen.wait(min(remaining, 1.0))
+                    continue
+                free = self._free(self.clock())
+                if not free:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    expiry = self._next_expiry(self.clock())
+                    # a second at most: ``stop`` is an Event, not this condition
+                    self._seen.wait(min(remaining, expiry if expiry is not None else remaining, 1.0))
+                    continue
+            if stop.wait(turn_pause(free, self.home, self.spread, self.rnd)):
+                return False
+            if self.free():           # nobody was faster (their ADDED would have filled it)
+                return True
+        return False
+
+    def _lost(self, name: str) -> None:
+        """A take of ``name`` lost the race, so the view is behind the server there: until the
+        winner's event arrives (it replaces this), the view counts the slot held for LOST_HOLD
+        seconds -- else the waiter, seeing it free still, would wake and lose again and again."""
+        with self._seen:
+            if self.view is not None:
+                self.view[name] = LeaseState(name, "?", self.clock(), LOST_HOLD, "")
+
     def take(self) -> Optional[str]:
         """A slot's name, now held (renewed in the background until :meth:`release`); None when all
-        ``size`` are held by others (``holders`` says by whom) or another taker won the race."""
+        ``size`` are held by others (``holders`` says by whom) or another taker won the race.
+        With a watched view, chosen from it without a list (a stale view only costs a 409)."""
         if self.held:
             return self.held
-        choice = choose(self.leases(), self.prefix, self.size, self.holder, self.clock())
+        with self._seen:
+            view = list(self.view.values()) if self.view is not None else None
+        choice = choose(view if view is not None else self.leases(), self.prefix, self.size, self.holder,
+                        self.clock())
         self.holders = choice.holders
         if choice.action == "none" or choice.name is None:
             return None
@@ -174,6 +298,7 @@ class Slots:
                                                             self._body(choice.name, choice.version))
         except ApiException as exc:
             if exc.status in (409, 422):     # another taker was first (exists / version moved on)
+                self._lost(choice.name)
                 return None
             raise SlotError("taking %s: %s %s" % (choice.name, exc.status, exc.reason))
         self.held, self.version = choice.name, written.metadata.resource_version

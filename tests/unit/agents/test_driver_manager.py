@@ -421,7 +421,8 @@ def test_a_node_without_a_free_slot_stays_pending_without_a_failure_and_changes_
     assert other.take()                             # n2 changes its vfnum now
     host = node(tmp_path, preset_name="2xC550-sriov")
     mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, kube=Recorder("n1", dict(VFNUM_4), leases))
-    assert not mgr.round()
+    assert mgr.round()                              # waiting is not a failure: no backoff
+    assert mgr.slot_wanted.is_set()                 # the slot waiter wakes the next round
     assert numvfs(host) == [0, 0] and kube.node_labels[N.LABEL_VFNUM_STATE] == "pending"
     assert kube.events == [] and kube.annotation(N.ANNOTATION_VFNUM_MESSAGE) is None    # not Degraded
     other.release()
@@ -436,6 +437,34 @@ def test_a_node_without_a_free_slot_stays_pending_without_a_failure_and_changes_
     assert numvfs(host) == [4, 4] and holders_while_applying == [["n1"]] and kube.slot_holders() == []
     states = [p["labels"][N.LABEL_VFNUM_STATE] for p in kube.patches if N.LABEL_VFNUM_STATE in p["labels"]]
     assert states == ["pending", "success"]         # pending once, kept while it waited
+    assert not mgr.slot_wanted.is_set()
+
+
+def test_the_slot_waiter_wakes_the_round_when_the_watched_pool_frees_a_slot(tmp_path):
+    leases = FakeLeaseApi()
+    other = Slots(leases, "metax-operator", dm.VFNUM_SLOT_PREFIX, 1, "n2")
+    assert other.take()
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, kube=Recorder("n1", dict(VFNUM_4), leases))
+    leases.watch(mgr.slots)                         # what Kube.watch_slots feeds in the pod
+    mgr.slots.spread = 0.0
+    before = len(leases.calls)
+    assert mgr.round() and mgr.slot_wanted.is_set()
+    wake, stop = threading.Event(), threading.Event()
+    waiter = threading.Thread(target=dm.wait_for_slots, args=(mgr, wake, stop), daemon=True)
+    waiter.start()
+    assert not wake.wait(0.3)                       # the pool is full: no round woken, no API call
+    assert leases.calls[before:] == []              # chosen from the view: not even a list
+    other.release()
+    assert wake.wait(10.0) and not mgr.slot_wanted.is_set()
+    assert mgr.round() and numvfs(host) == [4, 4]
+    stop.set()
+    waiter.join(10.0)
+    assert not waiter.is_alive()
+
+
+def test_without_a_watch_a_waiting_node_retries_blindly_within_one_to_two_slot_retries():
+    assert dm.slot_retry(lambda: 0.0) == dm.SLOT_RETRY and dm.slot_retry(lambda: 0.99) < 2 * dm.SLOT_RETRY
 
 
 def test_the_cli_takes_the_vfnum_policy():
@@ -521,3 +550,23 @@ def test_the_watch_opens_from_a_cached_list_and_wakes_for_an_edit(monkeypatch):
     # listed from the cache ("0": no consistent read), watched from the list's version, woken by the edit
     assert lists[0]["resource_version"] == "0" and lists[0]["field_selector"] == "metadata.name=driver-config"
     assert _ServerWatch.opened[0]["resource_version"] == "11" and wake.is_set()
+
+
+def test_driver_config_is_parsed_again_only_when_its_resource_version_moved(tmp_path, monkeypatch):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "Never", data={"node-vfnums": "nodes:\n  n1: {vfnum: 0}\n"})
+    parsed = []
+    parse = dm.parse_config
+
+    def counted(data, name):
+        parsed.append(dict(data))
+        return parse(data, name)
+    monkeypatch.setattr(dm, "parse_config", counted)
+    kube.config_version = "7"
+    assert mgr.read_config().vfnum == 0 and mgr.read_config().vfnum == 0
+    assert len(parsed) == 1                          # the same version: the parse kept
+    kube.data = {"node-vfnums": "nodes:\n  n1: {vfnum: 4}\n"}
+    kube.config_version = "8"
+    assert mgr.read_config().vfnum == 4 and len(parsed) == 2
+    kube.config_version = None                       # no version known (a fake, or no ConfigMap): parsed
+    assert mgr.read_config().vfnum == 4 and len(parsed) == 3

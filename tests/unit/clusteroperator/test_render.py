@@ -223,4 +223,4 @@ def test_the_vfnum_policy_reaches_driver_managers_command_line_and_its_rbac():
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in cluster_rules
     leases = [r for r in objs[("Role", "driver-manager")]["rules"] if r["resources"] == ["leases"]]
     assert leases == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                       "verbs": ["list", "create", "update", "delete"]}]
+                       "verbs": ["list", "watch", "create", "update", "delete"]}]

@@ -114,3 +114,107 @@ def test_lease_times_as_the_client_returns_them():
                                                 lease_duration_seconds=15))
     assert sl.lease_state(item) == sl.LeaseState("x", "vm", stamp.timestamp(), 15, "7")
     assert sl._epoch(sl.micro_time(stamp.timestamp())) == pytest.approx(stamp.timestamp())
+
+
+# -- waiting for a slot: the watched view, the turn, the herd ------------------------------------
+def test_home_slots_spread_the_holders_and_the_home_slot_is_tried_first():
+    homes = [sl.home_slot(PREFIX, 10, "node-%04d" % i) for i in range(1000)]
+    per_slot = [homes.count("%s-%d" % (PREFIX, i)) for i in range(10)]
+    assert sum(per_slot) == 1000 and min(per_slot) > 60          # about 100 each, none left out
+    assert sl.home_slot(PREFIX, 10, "node-0001") == sl.home_slot(PREFIX, 10, "node-0001")
+    assert sl.turn_pause([PREFIX + "-3"], PREFIX + "-3", 2.0, lambda: 0.5) == 1.0
+    assert sl.turn_pause([PREFIX + "-4"], PREFIX + "-3", 2.0, lambda: 0.5) == 3.0    # after the home waiters
+
+
+def test_the_watched_view_says_which_slots_are_free_and_take_needs_no_list():
+    api = FakeLeaseApi()
+    now = [NOW]
+    holder, waiter = pool(api, "vm", clock=lambda: now[0]), pool(api, "me", clock=lambda: now[0])
+    assert waiter.free() == []                    # no view yet: nothing known, take() would list
+    holder.take()
+    api.watch(waiter)
+    assert waiter.free() == [PREFIX + "-1"]
+    other = pool(api, "vm-2", clock=lambda: now[0])
+    other.take()
+    assert waiter.free() == []                    # its ADDED filled the view
+    holder._stop.set()
+    other._stop.set()
+    now[0] += 31                                   # both stopped renewing: expired by the clock
+    assert waiter.free() == [PREFIX + "-0", PREFIX + "-1"]
+    calls = len(api.calls)
+    assert waiter.take() == PREFIX + "-0"
+    assert api.calls[calls:] == [("replace", PREFIX + "-0")]     # taken over from the view, no list
+    waiter._stop.set()
+    waiter.unwatched()
+    assert waiter.view is None and waiter.free() == []
+
+
+def test_without_a_view_the_wait_ends_at_the_timeout_for_a_blind_retry():
+    import threading
+    waiter = pool(FakeLeaseApi(), "me")
+    assert waiter.wait_turn(threading.Event(), 0.0) is True
+    api = FakeLeaseApi()
+    pool(api, "vm", size=1).take()
+    watched = pool(api, "me", size=1)
+    api.watch(watched)
+    assert watched.wait_turn(threading.Event(), 0.0) is False     # the view shows none free: keep waiting
+
+
+def test_one_freed_slot_draws_one_create_from_many_waiters():
+    import threading
+    api = FakeLeaseApi()
+    holders = [pool(api, "vm-%d" % i) for i in range(2)]
+    for holder in holders:
+        assert holder.take()
+    stop = threading.Event()
+    won = []
+    waiters = []
+    for i in range(8):
+        waiter = pool(api, "w-%d" % i)
+        waiter.spread = 0.2
+        waiter.rnd = lambda i=i: i / 8.0           # distinct pauses: the herd is not left to luck
+        api.watch(waiter)
+        waiters.append(waiter)
+
+    def wait(waiter):
+        while not stop.is_set():
+            if waiter.wait_turn(stop, 30.0) and waiter.take():
+                won.append(waiter.holder)
+                return
+    threads = [threading.Thread(target=wait, args=(w,), daemon=True) for w in waiters]
+    for thread in threads:
+        thread.start()
+    before = len(api.calls)
+    holders[0].release()
+    for _ in range(200):
+        if won:
+            break
+        threading.Event().wait(0.05)
+    threading.Event().wait(0.5)                  # past every waiter's pause: the losers rechecked
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    creates = [c for c in api.calls[before:] if c[0] == "create"]
+    assert len(won) == 1 and creates == [("create", PREFIX + "-0")], api.calls[before:]
+    assert not any(verb == "list" for verb, _n in api.calls[before:])     # the view, not lists
+    for slots in waiters + holders:
+        slots.release()
+
+
+def test_a_lost_race_counts_the_slot_held_in_the_view_until_the_winners_event():
+    api = FakeLeaseApi()
+    now = [NOW]
+    late = pool(api, "me", size=1, clock=lambda: now[0])
+    api.watch(late)
+    api.watchers.remove(late)              # its watch falls behind: the winner's ADDED not seen yet
+    winner = pool(api, "vm", size=1, clock=lambda: now[0])
+    assert winner.take() == PREFIX + "-0"
+    assert late.free() == [PREFIX + "-0"]  # stale
+    assert late.take() is None and api.calls[-1] == ("create", PREFIX + "-0")     # the 409
+    assert late.free() == []               # not woken again for it
+    late.seen("ADDED", api.leases[(NS, PREFIX + "-0")])
+    assert late.view[PREFIX + "-0"].holder == "vm"
+    now[0] += sl.LOST_HOLD + 1
+    late.seen("DELETED", api.leases[(NS, PREFIX + "-0")])
+    assert late.free() == [PREFIX + "-0"]
+    winner._stop.set()
