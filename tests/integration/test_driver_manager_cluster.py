@@ -185,6 +185,13 @@ def allocatable(cluster):
             for name, node in nodes(cluster).items()}
 
 
+def node_allocatable(cluster, name):
+    """One node's allocatable GPUs, read alone: the timed wait polls every 0.2 s, and a list of every
+    node takes seconds on a shared cluster that also carries another session's fake nodes."""
+    node = get_json(cluster, "node", name) or {}
+    return int((node.get("status") or {}).get("allocatable", {}).get(N.RESOURCE_NAME, "0"))
+
+
 def devices(name):
     state = generator.load_state(host(name))
     return sum(max(1, g.get("numvfs") or 0) for g in state["gpus"])
@@ -280,7 +287,8 @@ def vfnum_timeline(cluster, node, edit_wall, old_pod_uid):
     driver = pod_on(cluster, "metax-driver", node)
     device = pod_on(cluster, "gpu-device", node)
     for pod, container, words in ((driver, "metax-driver", ("",)),
-                                  (device, "gpu-device", ("gpu-device starting", "registered", "ListAndWatch"))):
+                                  (device, "gpu-device", ("Allocate mode", "gpu-device starting", "found",
+                                                          "registered", "ListAndWatch"))):
         if pod is None:
             continue
         logs = cluster.kubectl("logs", "-n", NS, pod["metadata"]["name"], "-c", container, "--timestamps",
@@ -295,6 +303,11 @@ def vfnum_timeline(cluster, node, edit_wall, old_pod_uid):
         for cond in (device.get("status") or {}).get("conditions") or []:
             steps.append((round(stamp(cond["lastTransitionTime"]) - edit_wall, 2),
                           "gpu-device: pod %s=%s (API, whole seconds)" % (cond["type"], cond["status"])))
+        for status in (device.get("status") or {}).get("containerStatuses") or []:
+            started = ((status.get("state") or {}).get("running") or {}).get("startedAt")
+            if started:
+                steps.append((round(stamp(started) - edit_wall, 2),
+                              "gpu-device: container %s started (API, whole seconds)" % status["name"]))
     return sorted(steps)
 
 
@@ -306,7 +319,8 @@ def test_driver_config_vfnum_0_to_4_reaches_capacity_8_recreating_only_that_node
         cluster.kubectl("get", "daemonsets", "-n", NS, "-o", "json", check=True).stdout)["items"]}
     start, edit_wall = time.monotonic(), time.time()
     set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 4\n" % SRIOV_NODE)
-    wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 8, 60, "%s allocatable 8" % SRIOV_NODE, interval=0.2)
+    wait(cluster, lambda: node_allocatable(cluster, SRIOV_NODE) == 8, 60, "%s allocatable 8" % SRIOV_NODE,
+         interval=0.2)
     seconds = time.monotonic() - start
     print("\nvfnum 0 -> 4 on %s: capacity 8 after %.1f s (target 15 s)" % (SRIOV_NODE, seconds))
     timeline = vfnum_timeline(cluster, SRIOV_NODE, edit_wall, pods_before[SRIOV_NODE])
