@@ -38,7 +38,6 @@ import os
 import shutil
 import subprocess
 import time
-import warnings
 
 import pytest
 from polling import wait_until
@@ -339,13 +338,12 @@ def test_driver_config_vfnum_0_to_4_reaches_capacity_8_recreating_only_that_node
     record["vfnum_0_to_4_timeline"] = timeline
     with open(path, "w") as fh:
         json.dump(record, fh)
-    # The 15 s target is a measurement, kept in the record and printed above: 7.9,
-    # 12.6 and 8.3 s in three loaded runs (docs/operator.md), too thin a margin for an
-    # assertion on CI's two cores; what the test holds is the manual's promise, within the
-    # wait above. The timeline goes with the warning so that a CI log says where the time went.
-    if seconds > 15:
-        warnings.warn("vfnum 0 -> 4 took %.1f s, over the 15 s target; from the edit:\n%s"
-                      % (seconds, "\n".join("  %+7.2f s  %s" % step for step in timeline)))
+    # The target, held since gpu-device registers before its API side and the images carry
+    # bytecode: 3.9 s with a core kept busy (the new pod's process 0.73 s to its start line, 2.4-4.5 s
+    # before); 12.6 s and 12.0 s were the worst loaded runs before (docs/operator.md "driver-config").
+    # On a miss the message says where the time went.
+    assert seconds <= 15, "vfnum 0 -> 4 took %.1f s, over the 15 s target; from the edit:\n%s" % (
+        seconds, "\n".join("  %+7.2f s  %s" % step for step in timeline))
 
 
 def test_an_invalid_entry_gives_an_event_and_a_degraded_condition_and_changes_nothing(cluster, installed):
