@@ -38,7 +38,6 @@ import os
 import shutil
 import subprocess
 import time
-import warnings
 
 import pytest
 from polling import wait_until
@@ -185,6 +184,13 @@ def allocatable(cluster):
             for name, node in nodes(cluster).items()}
 
 
+def node_allocatable(cluster, name):
+    """One node's allocatable GPUs, read alone: the timed wait polls every 0.2 s, and a list of every
+    node takes seconds on a shared cluster that also carries another session's fake nodes."""
+    node = get_json(cluster, "node", name) or {}
+    return int((node.get("status") or {}).get("allocatable", {}).get(N.RESOURCE_NAME, "0"))
+
+
 def devices(name):
     state = generator.load_state(host(name))
     return sum(max(1, g.get("numvfs") or 0) for g in state["gpus"])
@@ -280,7 +286,8 @@ def vfnum_timeline(cluster, node, edit_wall, old_pod_uid):
     driver = pod_on(cluster, "metax-driver", node)
     device = pod_on(cluster, "gpu-device", node)
     for pod, container, words in ((driver, "metax-driver", ("",)),
-                                  (device, "gpu-device", ("gpu-device starting", "registered", "ListAndWatch"))):
+                                  (device, "gpu-device", ("Allocate mode", "gpu-device starting", "found",
+                                                          "registered", "ListAndWatch"))):
         if pod is None:
             continue
         logs = cluster.kubectl("logs", "-n", NS, pod["metadata"]["name"], "-c", container, "--timestamps",
@@ -295,6 +302,11 @@ def vfnum_timeline(cluster, node, edit_wall, old_pod_uid):
         for cond in (device.get("status") or {}).get("conditions") or []:
             steps.append((round(stamp(cond["lastTransitionTime"]) - edit_wall, 2),
                           "gpu-device: pod %s=%s (API, whole seconds)" % (cond["type"], cond["status"])))
+        for status in (device.get("status") or {}).get("containerStatuses") or []:
+            started = ((status.get("state") or {}).get("running") or {}).get("startedAt")
+            if started:
+                steps.append((round(stamp(started) - edit_wall, 2),
+                              "gpu-device: container %s started (API, whole seconds)" % status["name"]))
     return sorted(steps)
 
 
@@ -306,7 +318,8 @@ def test_driver_config_vfnum_0_to_4_reaches_capacity_8_recreating_only_that_node
         cluster.kubectl("get", "daemonsets", "-n", NS, "-o", "json", check=True).stdout)["items"]}
     start, edit_wall = time.monotonic(), time.time()
     set_node_vfnums(cluster, "nodes:\n  %s:\n    vfnum: 4\n" % SRIOV_NODE)
-    wait(cluster, lambda: allocatable(cluster)[SRIOV_NODE] == 8, 60, "%s allocatable 8" % SRIOV_NODE, interval=0.2)
+    wait(cluster, lambda: node_allocatable(cluster, SRIOV_NODE) == 8, 60, "%s allocatable 8" % SRIOV_NODE,
+         interval=0.2)
     seconds = time.monotonic() - start
     print("\nvfnum 0 -> 4 on %s: capacity 8 after %.1f s (target 15 s)" % (SRIOV_NODE, seconds))
     timeline = vfnum_timeline(cluster, SRIOV_NODE, edit_wall, pods_before[SRIOV_NODE])
@@ -325,13 +338,12 @@ def test_driver_config_vfnum_0_to_4_reaches_capacity_8_recreating_only_that_node
     record["vfnum_0_to_4_timeline"] = timeline
     with open(path, "w") as fh:
         json.dump(record, fh)
-    # The issue's 15 s target is a measurement, kept in the record and printed above: 7.9,
-    # 12.6 and 8.3 s in three loaded runs (docs/operator.md), too thin a margin for an
-    # assertion on CI's two cores; what the test holds is the manual's promise, within the
-    # wait above. The timeline goes with the warning so that a CI log says where the time went.
-    if seconds > 15:
-        warnings.warn("vfnum 0 -> 4 took %.1f s, over the 15 s target; from the edit:\n%s"
-                      % (seconds, "\n".join("  %+7.2f s  %s" % step for step in timeline)))
+    # The issue's target, held since gpu-device registers before its API side and the images carry
+    # bytecode: 3.9 s with a core kept busy (the new pod's process 0.73 s to its start line, 2.4-4.5 s
+    # before); 12.6 s and 12.0 s were the worst loaded runs before (docs/operator.md "driver-config").
+    # On a miss the message says where the time went.
+    assert seconds <= 15, "vfnum 0 -> 4 took %.1f s, over the 15 s target; from the edit:\n%s" % (
+        seconds, "\n".join("  %+7.2f s  %s" % step for step in timeline))
 
 
 def test_an_invalid_entry_gives_an_event_and_a_degraded_condition_and_changes_nothing(cluster, installed):

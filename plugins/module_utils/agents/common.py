@@ -185,6 +185,25 @@ def node_runtime_version(client: Any, node_name: str, attempts: int = 5, delay: 
     return None
 
 
+def seconds_since_start(stat: str, uptime: str, hertz: int) -> float:
+    """How long ago a process began: ``/proc/<pid>/stat``'s start time (field 22, clock
+    ticks after boot; counted after the command name, which may hold spaces and
+    parentheses) against ``/proc/uptime``'s first number."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    return max(0.0, float(uptime.split()[0]) - int(fields[19]) / float(hertz))
+
+
+def process_age() -> Optional[float]:
+    """Seconds since this process began (None where /proc does not tell). An agent logs it
+    with its start: the interpreter and the imports, which the pod's API times (whole
+    seconds, the container's start) cannot tell apart from the container's own start."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            return seconds_since_start(stat.read(), uptime.read(), os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def stop_event() -> threading.Event:
     """An Event set on SIGTERM/SIGINT, for graceful shutdown loops."""
     event = threading.Event()

@@ -33,7 +33,8 @@ import os
 import sys
 import threading
 import time
-from typing import FrozenSet, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
 from ..deviceplugin import constants as C
 from ..deviceplugin.annotations import AnnotationPublisher, kube_node_annotations, kube_node_patcher, node_annotations
@@ -51,7 +52,7 @@ from ..host import HostRoot, HostRootError
 from ..names import CDI_SPEC_DIR
 from ..names import RESOURCE_NAME
 from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, node_runtime_version,
-                     non_negative_int, positive_float, run_main, setup_logging, stop_event, tcp_port)
+                     non_negative_int, positive_float, process_age, run_main, setup_logging, stop_event, tcp_port)
 
 COMPONENT = "gpu-device"
 LOG = logging.getLogger(COMPONENT)
@@ -120,14 +121,31 @@ def choose_mode(override: str, host: HostRoot, runtime_version: Optional[str]) -
     return decide(override, runtime_version, enabled)
 
 
+@dataclass(frozen=True)
+class ApiSide:
+    """What gpu-device needs the API server for, made after its first registration: the node
+    annotations' ``patch`` and ``read`` and, when the mode follows the Node's runtime, ``decide``,
+    which reads the Node and returns Allocate's mode (None: the mode was decided before)."""
+
+    patch: Optional[Callable[..., Any]] = None
+    read: Optional[Callable[..., Any]] = None
+    decide: Optional[Callable[[], str]] = None
+
+
 class GpuDeviceAgent:
-    """Every moving part of gpu-device; :meth:`run` until ``stop`` is set."""
+    """Every moving part of gpu-device; :meth:`run` until ``stop`` is set.
+
+    ``mode`` None: Allocate's mode comes from ``connect``, which :meth:`run` calls once
+    the first registration was tried, so the kubelet learns the devices before the
+    kubernetes client is set up and the Node read (seconds on a loaded node: a new pod
+    after a vfnum change, docs/operator.md "driver-config")."""
 
     def __init__(self, host: HostRoot, device_plugin_dir: str, healthy_interval: int = 5,
                  pod_resources_socket: Optional[str] = C.POD_RESOURCES_SOCKET,
                  pod_resources_interval: float = 2.0, patch=None, stop: Optional[threading.Event] = None,
                  resource_name: str = RESOURCE_NAME, metrics: Optional[DevicePluginMetrics] = None,
-                 mode: str = MODE_DEVICES, spec_sync: Optional[SpecSync] = None, read=None) -> None:
+                 mode: Optional[str] = MODE_DEVICES, spec_sync: Optional[SpecSync] = None, read=None,
+                 connect: Optional[Callable[[], ApiSide]] = None) -> None:
         self.host = host
         self.dir = device_plugin_dir
         self.kubelet_socket = os.path.join(device_plugin_dir, C.KUBELET_SOCKET_NAME)
@@ -150,10 +168,33 @@ class GpuDeviceAgent:
         self.last_registration: Optional[float] = None
         self.publisher: Optional[AnnotationPublisher] = None
         if patch is not None:
-            self.publisher = AnnotationPublisher(self.annotations, patch, self.stop,
-                                                 on_result=self._patch_result, read=read)
+            self._publish(patch, read)
+        self._connect = connect
         self._threads: List[threading.Thread] = []
         self._logged_warnings: FrozenSet[str] = frozenset()
+
+    def _publish(self, patch, read) -> None:
+        self.publisher = AnnotationPublisher(self.annotations, patch, self.stop,
+                                             on_result=self._patch_result, read=read)
+
+    def connect_api(self) -> None:
+        """The API side (:class:`ApiSide`), once: the annotation publisher, and the Allocate mode
+        decided in a thread of its own (the Node read waits for an apiserver that is away, while
+        the registration loop goes on and the publisher retries)."""
+        if self._connect is None:
+            return
+        side = self._connect()
+        self._connect = None
+        if side.patch is not None:
+            self._publish(side.patch, side.read)
+        if side.decide is not None:
+            decide = side.decide
+            self._start_thread(lambda: self.set_mode(decide()), "mode")
+
+    def set_mode(self, mode: str) -> None:
+        self.mode = mode
+        self.service.set_mode(mode)
+        self.sync_spec()
 
     # -- state shared with the annotation publisher ---------------------
     def annotations(self):
@@ -301,6 +342,11 @@ class GpuDeviceAgent:
         self._report_warnings()
         self._devices_changed(None)
         self.sync_spec()
+        backoff = Backoff(initial=1.0, cap=10.0)
+        why_waiting: list = []
+        # the kubelet first: the API side after (the client, the Node read)
+        delay = self.registration_step(backoff, why_waiting)
+        self.connect_api()
         if self.healthy_interval > 0:
             self._start_thread(self.health_loop, "health")
         else:
@@ -309,9 +355,6 @@ class GpuDeviceAgent:
             self._start_thread(self.pod_resources_loop, "pod-resources")
         if self.publisher:
             self.publisher.start()
-        backoff = Backoff(initial=1.0, cap=10.0)
-        why_waiting: list = []
-        delay = 0.0
         while not self.stop.wait(delay):
             delay = self.registration_step(backoff, why_waiting)
         LOG.info("stopping")
@@ -332,6 +375,12 @@ class GpuDeviceAgent:
         return True, "ok"
 
 
+def log_mode(decision: Decision, runtime_version: Optional[str]) -> str:
+    LOG.info("Allocate mode %s: %s", decision.mode, decision.reason,
+             extra={"fields": {"cdi_mode": decision.mode, "runtime": runtime_version}})
+    return decision.mode
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(COMPONENT, args)
@@ -341,23 +390,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if os.path.exists(args.device_plugin_dir) and not os.path.isdir(args.device_plugin_dir):
         raise UsageError("--device-plugin-dir %s is not a directory" % args.device_plugin_dir)
     stop = stop_event()
-    patch = read = None
-    runtime_version = None
+    client = None
     if args.node_name:
-        client = kube_api_client(args.kubeconfig)
-        patch = kube_node_patcher(client, args.node_name)
-        read = kube_node_annotations(client, args.node_name)
-        if args.cdi_mode == MODE_AUTO:
-            runtime_version = node_runtime_version(client, args.node_name)
+        client = kube_api_client(args.kubeconfig)    # a bad --kubeconfig still fails at once
     else:
         LOG.warning("no --node-name (or NODE_NAME): the node annotations are not published")
-    decision = choose_mode(args.cdi_mode, host, runtime_version)
-    LOG.info("Allocate mode %s: %s", decision.mode, decision.reason,
-             extra={"fields": {"cdi_mode": decision.mode, "runtime": runtime_version}})
+    mode: Optional[str] = None
+    if client is None or args.cdi_mode != MODE_AUTO:
+        mode = log_mode(choose_mode(args.cdi_mode, host, None), None)
+
+    def decide() -> str:
+        runtime_version = node_runtime_version(client, args.node_name)
+        return log_mode(choose_mode(args.cdi_mode, host, runtime_version), runtime_version)
+
+    def connect() -> ApiSide:
+        # after the first registration (GpuDeviceAgent.run): CoreV1Api alone imports seconds of
+        # kubernetes models on a loaded node, and the Node read may wait for the apiserver
+        return ApiSide(kube_node_patcher(client, args.node_name), kube_node_annotations(client, args.node_name),
+                       decide if mode is None else None)
     spec_sync = SpecSync(host, args.cdi_spec_dir, args.maca_root or None)
     agent = GpuDeviceAgent(host, args.device_plugin_dir, args.healthy_interval, args.pod_resources_socket,
-                           args.pod_resources_interval, patch=patch, stop=stop, resource_name=args.resource_name,
-                           mode=decision.mode, spec_sync=spec_sync, read=read)
+                           args.pod_resources_interval, stop=stop, resource_name=args.resource_name,
+                           mode=mode, spec_sync=spec_sync, connect=connect if client is not None else None)
     metrics_server = None
     if args.metrics_port:
         try:
@@ -366,9 +420,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise UsageError("--metrics-port %d: %s" % (args.metrics_port, exc.strerror or exc))
         metrics_server.start()
         LOG.info("serving /metrics and /healthz on %s:%d", args.metrics_address, metrics_server.port)
-    LOG.info("gpu-device starting", extra={"fields": {
-        "host_root": host.path, "host_prefix": host.host_prefix, "device_plugin_dir": args.device_plugin_dir,
-        "healthy_interval": args.healthy_interval, "node": args.node_name}})
+    # how long the process took to get here (interpreter, imports, the Node read): the part of a
+    # new pod's way to registration that the pod's API times cannot show (docs/operator.md)
+    age = process_age()
+    LOG.info("gpu-device starting%s", "" if age is None else ", %.2f s after its process began" % age,
+             extra={"fields": {
+                 "host_root": host.path, "host_prefix": host.host_prefix, "device_plugin_dir": args.device_plugin_dir,
+                 "healthy_interval": args.healthy_interval, "node": args.node_name, "since_start": age}})
     try:
         return agent.run()
     finally:

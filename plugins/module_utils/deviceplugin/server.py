@@ -58,6 +58,9 @@ LOG = logging.getLogger("gpu-device.server")
 
 # How often an idle ListAndWatch stream checks whether it should end.
 STREAM_POLL_SECONDS = 1.0
+# How long an Allocate waits for a mode decided after registration: past the Node read's own
+# worst case (5 tries of 10 s plus 2 s pauses), so only a read that never returns is refused.
+MODE_WAIT_SECONDS = 90.0
 
 
 class RequestError(MetaxGpuError, ValueError):
@@ -191,19 +194,28 @@ class DevicePluginService:
     """Implements the DevicePlugin service (method names are the RPC names)."""
 
     def __init__(self, state: DeviceState, host: HostRoot, metrics: Optional[DevicePluginMetrics] = None,
-                 mode: str = MODE_DEVICES, spec_sync: Optional[SpecSync] = None) -> None:
+                 mode: Optional[str] = MODE_DEVICES, spec_sync: Optional[SpecSync] = None) -> None:
         require_grpc()
-        if mode == MODE_CDI and spec_sync is None:
-            raise ValueError("CDI mode needs a SpecSync: the names it hands out must be in the node's spec")
         self.state = state
         self.host = host
-        self.mode = mode
         self.spec_sync = spec_sync
+        self.mode: Optional[str] = None
+        self._mode_set = threading.Event()
+        if mode is not None:
+            self.set_mode(mode)
         self.metrics = metrics or DevicePluginMetrics()
         self._stopping = threading.Event()
         self.streams = 0
         self.allocations = 0
         self._lock = threading.Lock()
+
+    def set_mode(self, mode: str) -> None:
+        """How Allocate answers. None at construction: decided later (gpu-device reads the Node
+        after it registered); only Allocate needs it, and waits for it."""
+        if mode == MODE_CDI and self.spec_sync is None:
+            raise ValueError("CDI mode needs a SpecSync: the names it hands out must be in the node's spec")
+        self.mode = mode
+        self._mode_set.set()
 
     def stop(self) -> None:
         """End every ListAndWatch stream."""
@@ -265,6 +277,9 @@ class DevicePluginService:
         try:
             if not request.container_requests:
                 raise RequestError("no container_requests")
+            # the mode follows the Node read, bounded by its own retries (agents/common.node_runtime_version)
+            if not self._mode_set.wait(MODE_WAIT_SECONDS):
+                raise RequestError("the Allocate mode is not decided yet (the Node not read): try again")
             snap, defined = self._snapshot_and_spec()
             maca = self.spec_sync.maca() if self.spec_sync is not None and self.mode != MODE_CDI else None
             for creq in request.container_requests:

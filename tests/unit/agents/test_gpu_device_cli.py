@@ -116,15 +116,24 @@ def test_serves_logs_json_and_stops_on_sigterm(make_node):
             assert time.monotonic() < deadline, "no failed annotation patch counted"
             time.sleep(0.3)
             metrics = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2).read().decode()
+        # registered before the Node read (auto mode): an Allocate waits for the mode, which the
+        # read's five failed tries (2 s apart) leave at devices
         peer.stub.Allocate(pb.AllocateRequest(container_requests=[
-            pb.ContainerAllocateRequest(devices_ids=["0000:03:00.0"])]), timeout=5)
+            pb.ContainerAllocateRequest(devices_ids=["0000:03:00.0"])]), timeout=40)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
         stderr = proc.stderr.read().decode()
         records = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
         assert any(r["msg"].startswith("registered metax-tech.com/gpu") for r in records)
+        # the start says how long the process took to get there (docs/operator.md's vfnum timeline)
+        starting = next(r for r in records if r["msg"].startswith("gpu-device starting"))
+        assert starting["since_start"] >= 0 and \
+            starting["msg"] == "gpu-device starting, %.2f s after its process began" % starting["since_start"]
         assert any(r["msg"].startswith("cannot patch the node annotations (retrying") for r in records)
         assert any(r["msg"].startswith("Allocate: 0000:03:00.0") for r in records)
+        assert any(r["msg"] == "Allocate mode devices: the node's container runtime is unknown" for r in records)
+        assert [r["msg"] for r in records].index("ListAndWatch: sending 8 devices (8 healthy)") < \
+            [r["msg"] for r in records].index("Allocate mode devices: the node's container runtime is unknown")
         assert all(r["component"] == "gpu-device" for r in records)
         assert os.path.getsize(os.path.join(logdir, "gpu-device.log")) > 0
         assert not [n for n in os.listdir(peer.dir) if n.startswith("metax-gpu")]   # removed on exit
