@@ -133,19 +133,22 @@ def fleet(cluster, no_extensions):
 def installed(cluster, images, payload, fleet):
     strip_ours(cluster)
     start = time.monotonic()
-    res = helm(cluster, "install", CHART, "--create-namespace", "-n", NS, "--generate-name", "--wait",
-               "--set", "registry=" + images["registry"], "--set-string", "imageTag=" + images["tag"],
-               "--set", "hostRoot.path=" + SIM_PARENT, "--set", "hostRoot.subPathExpr=$(NODE_NAME)",
-               "--set", "log.dir=", "--set", "gpuDevice.healthyInterval=2", "--set", "nodeAgentPolicy.enabled=true",
-               "--set", "driver.deploy=true", "--set", "driver.deployPolicy=IfNotPresent",
-               "--set", "driver.payload.registry=" + payload["registry"],
-               "--set", "driver.payload.name=" + payload["name"],
-               "--set-string", "driver.payload.version=" + payload["version"])
-    assert res.returncode == 0, "helm install failed:\n%s\n%s" % (res.stdout, res.stderr)
-    yield {"start": start}
-    subprocess.run(["bash", "-c", UNINSTALL_SCRIPT], env=cluster.env, capture_output=True, timeout=600,
-                   check=False)
-    cluster.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=120s")
+    # a failed install (helm timed out) is cleaned up too: the next module finds no release or namespace
+    try:
+        res = helm(cluster, "install", CHART, "--create-namespace", "-n", NS, "--generate-name", "--wait",
+                   "--set", "registry=" + images["registry"], "--set-string", "imageTag=" + images["tag"],
+                   "--set", "hostRoot.path=" + SIM_PARENT, "--set", "hostRoot.subPathExpr=$(NODE_NAME)",
+                   "--set", "log.dir=", "--set", "gpuDevice.healthyInterval=2", "--set", "nodeAgentPolicy.enabled=true",
+                   "--set", "driver.deploy=true", "--set", "driver.deployPolicy=IfNotPresent",
+                   "--set", "driver.payload.registry=" + payload["registry"],
+                   "--set", "driver.payload.name=" + payload["name"],
+                   "--set-string", "driver.payload.version=" + payload["version"])
+        assert res.returncode == 0, "helm install failed:\n%s\n%s" % (res.stdout, res.stderr)
+        yield {"start": start}
+    finally:
+        subprocess.run(["bash", "-c", UNINSTALL_SCRIPT], env=cluster.env, capture_output=True, timeout=600,
+                       check=False)
+        cluster.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=120s")
 
 
 def diagnose(cluster):
@@ -209,6 +212,14 @@ def condition(body, component, kind):
     return next(c for c in entry["conditions"] if c["type"] == kind)
 
 
+def condition_status(cluster, component, kind):
+    """The CR's condition status now, None while the status has no such condition."""
+    try:
+        return condition(cr(cluster), component, kind)["status"]
+    except (KeyError, TypeError, StopIteration):
+        return None
+
+
 def set_node_vfnums(cluster, text):
     patch = {"data": {"node-vfnums": text}}
     cluster.kubectl("patch", "configmap", N.DRIVER_CONFIGMAP, "-n", NS, "--type=merge", "-p", json.dumps(patch),
@@ -238,8 +249,9 @@ def test_if_not_present_installs_the_payload_where_no_driver_is_and_leaves_the_a
     # driver.ready has one writer: the controller; gpu-label is rendered without it
     args = get_json(cluster, "daemonset", "gpu-label", "-n", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--driver-labels=false" in args
-    body = cr(cluster)
-    assert condition(body, "metax-driver", "Ready")["status"] == "True"
+    # the controller writes the labels and the CR status in one round, the status after the labels
+    wait(cluster, lambda: condition_status(cluster, "metax-driver", "Ready") == "True", 30,
+         "the CR's metax-driver Ready condition True")
     print("\nIfNotPresent install: every node driver.ready and allocatable %.1f s after helm install started" % seconds)
     os.makedirs(OUTPUT, exist_ok=True)
     with open(os.path.join(OUTPUT, "driver-manager.json"), "w") as fh:
