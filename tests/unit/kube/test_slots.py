@@ -3,6 +3,9 @@ it makes against an in-memory API server with the real one's conflict rules (tes
 test_driver_manager_cluster.py takes the slots on the local cluster's API server."""
 from __future__ import annotations
 
+import datetime
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -107,7 +110,6 @@ def test_renew_moves_renew_time_and_a_restarted_holder_keeps_its_slot():
 
 
 def test_lease_times_as_the_client_returns_them():
-    import datetime
     stamp = datetime.datetime(2026, 11, 27, 10, 0, 0, 250000, tzinfo=datetime.timezone.utc)
     item = SimpleNamespace(metadata=SimpleNamespace(name="x", resource_version="7"),
                            spec=SimpleNamespace(holder_identity="vm", renew_time=stamp, acquire_time=None,
@@ -150,7 +152,6 @@ def test_the_watched_view_says_which_slots_are_free_and_take_needs_no_list():
 
 
 def test_without_a_view_the_wait_ends_at_the_timeout_for_a_blind_retry():
-    import threading
     waiter = pool(FakeLeaseApi(), "me")
     assert waiter.wait_turn(threading.Event(), 0.0) is True
     api = FakeLeaseApi()
@@ -161,7 +162,6 @@ def test_without_a_view_the_wait_ends_at_the_timeout_for_a_blind_retry():
 
 
 def test_one_freed_slot_draws_one_create_from_many_waiters():
-    import threading
     api = FakeLeaseApi()
     holders = [pool(api, "vm-%d" % i) for i in range(2)]
     for holder in holders:
@@ -186,9 +186,8 @@ def test_one_freed_slot_draws_one_create_from_many_waiters():
         thread.start()
     before = len(api.calls)
     holders[0].release()
-    for _ in range(200):
-        if won:
-            break
+    deadline = time.monotonic() + 10.0
+    while not won and time.monotonic() < deadline:
         threading.Event().wait(0.05)
     threading.Event().wait(0.5)                  # past every waiter's pause: the losers rechecked
     stop.set()
