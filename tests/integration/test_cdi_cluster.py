@@ -118,6 +118,15 @@ def cdi_agent(cluster, agent_images):  # noqa: F811
             agents.recreate_sim(agents.preset)
 
 
+def mode_logged(agents):
+    """gpu-device's log once it names Allocate's mode: the mode is decided after the first
+    registration, from the Node's runtime (docs/agents.md), so /healthz can come first."""
+    def named():
+        log = agents.logs("gpu-device")
+        return log if "Allocate mode" in log else None
+    return wait_for(named, 60, "gpu-device's log naming its Allocate mode")
+
+
 def node_spec(agents):
     """The node's CDI spec as its containerd reads it (through gpu-device's mount of the node's /var/run/cdi)."""
     pod = agents.pod_of("gpu-device")
@@ -171,7 +180,7 @@ def parse_report(log):
 def test_gpu_device_chooses_cdi_on_containerd_2_and_writes_the_spec(cdi_agent):
     agents = cdi_agent
     wait_registered(agents)
-    log = agents.logs("gpu-device")
+    log = mode_logged(agents)
     assert "Allocate mode cdi" in log and "containerd://2." in log, log[-2000:]
     spec = wait_for(lambda: node_spec(agents), 30, "the node's CDI spec")
     assert index_names(spec) == [str(i) for i in range(agents.gpus())]

@@ -35,7 +35,7 @@ from localcluster.nodes import NodePaths  # noqa: E402
 from localcluster.runtime import from_environ  # noqa: E402
 
 from test_cdi_cluster import (MACA_VERSION, NodeAgents, a_pair_pod_sees_exactly_its_devices_and_maca,  # noqa: E402
-                              node_spec, start_gpu_device_auto)
+                              mode_logged, node_spec, start_gpu_device_auto)
 from test_gpu_device_cluster import NS, wait_registered  # noqa: E402
 from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
@@ -82,7 +82,7 @@ def test_the_node_runs_containerd_1_6(cluster, containerd16_node):
 def test_gpu_device_falls_back_to_device_nodes_and_the_pod_sees_the_same(fallback_agent):
     agents = fallback_agent
     wait_registered(agents)
-    log = agents.logs("gpu-device")
+    log = mode_logged(agents)
     assert "Allocate mode devices" in log and "containerd://1.6." in log, log[-2000:]
     _pair, answer = a_pair_pod_sees_exactly_its_devices_and_maca(agents, "devices")
     # from the answer itself: device nodes and the mount, and no CDI name; and no spec on this node,
