@@ -706,7 +706,7 @@ class Manager:
         """driver-config for this node; parsed again only when its resourceVersion moved (a round
         of a node waiting for a slot, or a quiet one, reads the ConfigMap but does not re-parse it)."""
         data = self.kube.config()
-        version = getattr(self.kube, "config_version", None)
+        version = self.kube.config_version
         if version is None or version != self._config_version or self._config is None:
             self._config = parse_config(data, self.kube.node)
             self._config_version = version

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 from fake_leases import FakeLeaseApi
@@ -28,6 +28,7 @@ class Recorder:
     def __init__(self, node: str, data: Dict[str, str], leases=None) -> None:
         self.node = node
         self.data = data
+        self.config_version: Optional[str] = None   # Kube's: the resourceVersion config() read (None: unknown)
         self.pods: List[str] = []           # GPU pods on the node (namespace/name)
         self.refusals: Dict[str, str] = {}  # pod -> a PodDisruptionBudget's refusal of its eviction
         self.evictions: List[List[str]] = []
