@@ -156,7 +156,6 @@ class GpuDeviceAgent:
         self.stop = stop or threading.Event()
         self.metrics = metrics or DevicePluginMetrics()
         self.state = DeviceState(host, check_health=healthy_interval > 0)
-        self.mode = mode
         # devices mode still needs the host's MACA (its mount); only CDI mode writes the spec
         self.spec_sync = spec_sync or SpecSync(host, maca_root=None)
         self.service = DevicePluginService(self.state, host, self.metrics, mode, self.spec_sync)
@@ -191,8 +190,12 @@ class GpuDeviceAgent:
             decide = side.decide
             self._start_thread(lambda: self.set_mode(decide()), "mode")
 
+    @property
+    def mode(self) -> Optional[str]:
+        """Allocate's mode, as the service holds it (None until decided)."""
+        return self.service.mode
+
     def set_mode(self, mode: str) -> None:
-        self.mode = mode
         self.service.set_mode(mode)
         self.sync_spec()
 
