@@ -213,16 +213,21 @@ def test_http_level_errors(running):
     conn.close()
 
 
+def _read_to_close(sock):
+    """Everything the server sends on ``sock`` until it closes the connection."""
+    data = b""
+    while True:
+        piece = sock.recv(65536)
+        if not piece:
+            return data
+        data += piece
+
+
 def _raw_exchange(port, request):
     """The raw head lines and body of one answer to ``request`` (the server closes the connection after it)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(request)
-        data = b""
-        while True:
-            piece = sock.recv(65536)
-            if not piece:
-                break
-            data += piece
+        data = _read_to_close(sock)
     head, _sep, body = data.partition(b"\r\n\r\n")
     return head.decode("latin-1").split("\r\n"), body
 
@@ -311,12 +316,7 @@ def test_graceful_stop_finishes_requests_in_progress(running):
     stopper.start()
     time.sleep(0.3)
     sock.sendall(NODES_BODY[100:])
-    data = b""
-    while True:
-        piece = sock.recv(65536)
-        if not piece:
-            break
-        data += piece
+    data = _read_to_close(sock)
     sock.close()
     stopper.join(10)
     head, _sep, body = data.partition(b"\r\n\r\n")
