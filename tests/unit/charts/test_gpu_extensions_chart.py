@@ -286,3 +286,19 @@ def test_node_agents_stay_off_paused_nodes():
         terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert terms == [{"matchExpressions": [{"key": names.LABEL_AGENTS_PAUSED, "operator": "DoesNotExist"}]}]
+
+
+def test_gpu_aware_has_its_own_priority_class():
+    """Every GPU pod's scheduling waits on gpu-aware: cluster-critical by default, "" for none; the
+    node agents keep the global node-critical class."""
+    def pods(values):
+        rc, objects, err = render(HELM, values)
+        assert rc == 0, err
+        return {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in objects
+                if o["kind"] in ("Deployment", "DaemonSet")}
+    found = pods(VALUE_SETS["extender"])
+    assert found["gpu-aware"]["priorityClassName"] == "system-cluster-critical"
+    assert found["gpu-device"]["priorityClassName"] == found["gpu-label"]["priorityClassName"] == "system-node-critical"
+    unset = pods(dict(VALUE_SETS["extender"], gpuAware={"priorityClassName": ""}))
+    assert "priorityClassName" not in unset["gpu-aware"]
+    assert unset["gpu-device"]["priorityClassName"] == "system-node-critical"

@@ -129,6 +129,8 @@ def test_every_read_only_container_has_a_writable_tmp_and_a_peering_name():
             assert mounts.get("/tmp") in tmp_volumes, (kind, container["name"])
     controller_env = {e["name"] for e in pods["Deployment"]["containers"][0]["env"]}
     assert "POD_NAME" in controller_env
+    # it reconciles every agent: among the last pods evicted under node pressure
+    assert pods["Deployment"]["priorityClassName"] == "system-cluster-critical"
 
 
 def test_peering_identity_needs_no_passwd_entry():
