@@ -16,7 +16,10 @@ second one) and a GPU pod bound to every fourth node. Then:
 - the real driver_upgrade playbook with --check and
   driver_upgrade_check_nodes=false (the bastion side only: fake nodes have
   no host) plans every node of gpu_nodes in pages of 25 and prints, for
-  each node, exactly the GPU pods bound to it.
+  each node, exactly the GPU pods bound to it;
+- the real verify playbook reads every node in pages of 25 per attempt:
+  nodes carrying our agents' real output (the scale profile's) pass, and a
+  bare node and one missing from the cluster are each named.
 """
 
 from __future__ import annotations
@@ -157,3 +160,47 @@ def test_node_metadata_removes_our_keys_from_every_node_and_nothing_else(cp):
     finally:   # the fixture's labels back, for whatever runs after
         for name in labelled:
             core.patch_node(name, {"metadata": {"labels": {N.LABEL_GPU_INSTALLED: "true"}}})
+
+
+def test_verify_reads_every_node_in_pages_and_names_each_problem(cp, tmp_path):
+    """metax.gpu.verify waits on one paged list of every node (not a k8s_info per node): nodes with
+    the agents' real output pass; a bare node and a node missing from the cluster are each named."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from localcluster import fakenodes          # pylint: disable=import-outside-toplevel
+    from scale.agent_output import profiles     # pylint: disable=import-outside-toplevel
+
+    core = core_v1(api_client(cp.kubeconfig))
+    good = fakenodes.plan(6, profiles(), prefix="gpu-ok-")        # the three presets, free and in use
+    daemonsets = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": "metax-gpu"},
+                   "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
+                       "metadata": {"labels": {"app": name}},
+                       "spec": {"containers": [{"name": name, "image": "registry.invalid/%s:1" % name}]}}}}
+                  for name in ("gpu-device", "gpu-label")]
+    assert cp.kubectl("create", "namespace", "metax-gpu").returncode == 0
+    res = cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": daemonsets}))
+    assert res.returncode == 0, res.stderr
+
+    def verify(hosts):
+        inventory = tmp_path / "inventory.json"
+        inventory.write_text(json.dumps({"all": {"vars": {"ansible_connection": "local"},
+                                                 "children": {"gpu_nodes": {"hosts": hosts}}}}))
+        return subprocess.run(
+            [os.path.join(BIN, "ansible-playbook"), "-i", str(inventory), "metax.gpu.verify",
+             "-e", "metax_gpu_kubeconfig=" + cp.kubeconfig, "-e", "verify_page_size=25", "-e", "verify_retries=0"],
+            capture_output=True, text=True, env=_env(), timeout=600, check=False)
+    try:
+        for node in good:
+            core.create_node(fakenodes.node_manifest(node))
+        passed = verify({n.name: {} for n in good})
+        assert passed.returncode == 0, passed.stdout[-5000:] + passed.stderr[-3000:]
+        assert "6 GPU node(s) verified" in passed.stdout
+        failed = verify(dict({n.name: {} for n in good}, bare={"metax_gpu_node_name": "node-001"}, **{"node-gone": {}}))
+        assert failed.returncode != 0
+        report = failed.stdout[failed.stdout.index("Report what is wrong on each GPU node"):]
+        assert "node node-001: missing labels" in report and "node node-gone: not in the cluster" in report
+        assert "gpu-ok-" not in report
+    finally:
+        for node in good:
+            core.delete_node(node.name)

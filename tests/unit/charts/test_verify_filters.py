@@ -14,7 +14,7 @@ import json
 import pytest
 
 from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import (
-    REQUIRED_LABELS, FilterModule, daemonset_problems, gpu_node_problems, gpu_node_report)
+    REQUIRED_LABELS, FilterModule, daemonset_problems, gpu_node_problems, gpu_node_report, gpu_nodes_report)
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.labels import node_labels
@@ -81,9 +81,24 @@ def test_report_names_the_node(labels_8xc500):
     assert gpu_node_report({"item": "vm", "resources": [node_from(labels_8xc500, 1, 1)]}).startswith("node vm: capacity")
 
 
+def test_report_over_a_list_of_every_node_names_the_asked_ones_in_order(labels_8xc500):
+    """The verify role's one paged list: only the nodes asked about count, each missing or wrong one named."""
+    def named(name, node):
+        return dict(node, metadata=dict(node["metadata"], name=name))
+    nodes = [named("ok", node_from(labels_8xc500, 8, 8)), named("short", node_from(labels_8xc500, 6, 8)),
+             named("not-asked", node_from({}, 0, 0))]
+    assert gpu_nodes_report(nodes, ["ok"]) == []
+    report = gpu_nodes_report(nodes, ["gone", "ok", "short"])
+    assert [line.split(":", 1)[0] for line in report] == ["node gone", "node short"]
+    assert report[0] == "node gone: not in the cluster (check metax_gpu_node_name)"
+    assert report[1].startswith("node short: capacity")
+    assert gpu_nodes_report([], []) == []
+
+
 def test_daemonset_problems():
     ready = {"metadata": {"name": "gpu-label"}, "status": {"desiredNumberScheduled": 3, "numberReady": 3}}
     slow = {"metadata": {"name": "gpu-device"}, "status": {"desiredNumberScheduled": 3, "numberReady": 1}}
     assert daemonset_problems([ready]) == []
     assert daemonset_problems([ready, slow]) == ["gpu-device: 1 of 3 pods ready"]
-    assert set(FilterModule().filters()) == {"gpu_node_problems", "gpu_node_report", "daemonset_problems"}
+    assert set(FilterModule().filters()) == {"gpu_node_problems", "gpu_node_report", "gpu_nodes_report",
+                                            "daemonset_problems"}
