@@ -72,10 +72,6 @@ DRIVER_NAMES = ("driver-manager", "metax-gpu-driver-manager", N.DRIVER_CONFIGMAP
 SLOT_SELECTOR = "metax-tech.com/slot-pool=metax-vfnum-slot"
 
 
-def vfnums(names: List[str], vfnum: int) -> str:
-    return yaml.safe_dump({"nodes": {name: {"vfnum": vfnum} for name in names}})
-
-
 def driver_objects(cp: ControlPlane, names: List[str], max_parallel: int) -> List[Dict[str, Any]]:
     """The extensions chart's driver-manager RBAC and driver-config, every node at vfnum 0."""
     values = os.path.join(cp.dir, "values.yaml")
@@ -174,9 +170,12 @@ def requests(cp: ControlPlane) -> Dict[str, float]:
     return scale_common.apiserver_requests(cp.port, "admin-token", by_resource=True)
 
 
-def measure(size: int, max_parallel: int, collections: str, timeout: float) -> Dict[str, Any]:
+def measure(size: int, max_parallel: int, collections: str, timeout: float, own_watches: bool = False,
+            named: Optional[int] = None) -> Dict[str, Any]:
     cp = ControlPlane().start()
-    row: Dict[str, Any] = {"nodes": size, "max_parallel": max_parallel, "collections": collections}
+    named = size if named is None else min(named, size)
+    row: Dict[str, Any] = {"nodes": size, "named": named, "max_parallel": max_parallel, "collections": collections,
+                           "own_watches": own_watches}
     fleet: Optional[subprocess.Popen] = None
     roots = tempfile.mkdtemp(prefix="metax-vfnum-roots-")
     names = ["%s%05d" % (fakenodes.NAME_PREFIX, i) for i in range(size)]
@@ -198,7 +197,8 @@ def measure(size: int, max_parallel: int, collections: str, timeout: float) -> D
         fleet = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "vfnum_fleet.py"), "--collections", collections,
              "--kubeconfig", kubeconfig, "--names", os.path.join(cp.dir, "names"), "--roots", roots,
-             "--max-parallel", str(max_parallel), "--namespace", NS],
+             "--max-parallel", str(max_parallel), "--namespace", NS,
+             "--node-selector", "%s=%s" % fakenodes.FAKE_LABEL] + (["--own-watches"] if own_watches else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
             env=dict(os.environ, PYTHONPATH=collections, PYTHONWARNINGS="ignore"))
         assert fleet.stdout is not None and fleet.stdin is not None
@@ -207,10 +207,14 @@ def measure(size: int, max_parallel: int, collections: str, timeout: float) -> D
             raise RuntimeError("the fleet did not start: %r\n%s" % (line, cp.log("fleet", 40)))
         row["fleet_start_s"] = time.monotonic() - started
         time.sleep(5)               # past the first rounds' writes
-        watcher = Watcher(admin, size)
+        watcher = Watcher(admin, named)
         before = requests(cp)
         start = time.monotonic()
-        core.patch_namespaced_config_map(N.DRIVER_CONFIGMAP, NS, {"data": {"node-vfnums": vfnums(names, 4)}})
+        # the first ``named`` nodes to vfnum 4, the others named at 0 still: every stand-in is woken
+        # by the edit, and those not named run a round that changes nothing (the herd's cost)
+        core.patch_namespaced_config_map(N.DRIVER_CONFIGMAP, NS, {"data": {
+            "node-vfnums": yaml.safe_dump({"nodes": {name: {"vfnum": 4 if i < named else 0}
+                                                     for i, name in enumerate(names)}})}})
         watcher.done.wait(timeout)
         took = (watcher.done_at or time.monotonic()) - start
         after = requests(cp)
@@ -224,10 +228,11 @@ def measure(size: int, max_parallel: int, collections: str, timeout: float) -> D
         stats = json.loads(fleet.stdout.readline())
         holds = stats["holds_s"]
         row.update(max_holding=stats["max_holding"], rounds=stats["rounds"], holds=len(holds),
+                   events=stats.get("events", {}),
                    hold_median_s=holds[len(holds) // 2] if holds else None,
                    apply_median_s=stats["applies_s"][len(stats["applies_s"]) // 2] if stats["applies_s"] else None)
         if holds:
-            row["ideal_s"] = math.ceil(size / max_parallel) * row["hold_median_s"]
+            row["ideal_s"] = math.ceil(named / max_parallel) * row["hold_median_s"]
     finally:
         if fleet is not None and fleet.poll() is None:
             fleet.kill()
@@ -237,21 +242,22 @@ def measure(size: int, max_parallel: int, collections: str, timeout: float) -> D
 
 
 def report(rows: List[Dict[str, Any]]) -> None:
-    print("\n| nodes | maxParallel | code | every node success (s) | ideal (s) | pace / ideal | most Leases / "
+    print("\n| nodes | named | maxParallel | code | every named node success (s) | ideal (s) | pace / ideal | most Leases / "
           "in a slot at once | slot hold median (s) | POST leases | GET configmaps | LIST pods | PATCH nodes | "
           "all requests |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         req = row["requests"]
-        print("| %d | %d | %s | %s%.1f | %.1f | %.1fx | %d / %d | %.2f | %d | %d | %d | %d | %d |" % (
-            row["nodes"], row["max_parallel"], row["code"], "" if row["finished"] else ">",
+        print("| %d | %d | %d | %s | %s%.1f | %.1f | %.1fx | %d / %d | %.2f | %d | %d | %d | %d | %d |" % (
+            row["nodes"], row["named"], row["max_parallel"], row["code"] + (" (own watches)" if row["own_watches"] else ""),
+            "" if row["finished"] else ">",
             row["change_s"], row.get("ideal_s") or 0, row["change_s"] / (row.get("ideal_s") or 1),
             row["max_leases"], row["max_holding"], row.get("hold_median_s") or 0,
             req.get("POST leases", 0), req.get("GET configmaps", 0), req.get("LIST pods", 0),
             req.get("PATCH nodes", 0), sum(req.values())))
         if not row["finished"]:
-            print("|  |  |  | (%d of %d nodes done at the timeout) |  |  |  |  |  |  |  |  |  |"
-                  % (row["done"], row["nodes"]))
+            print("|  |  |  |  | (%d of %d nodes done at the timeout) |  |  |  |  |  |  |  |  |  |"
+                  % (row["done"], row["named"]))
     by = {(r["nodes"], r["max_parallel"], r["code"]): r for r in rows}
     for (size, parallel, code), row in sorted(by.items()):
         base = by.get((size, parallel, "baseline"))
@@ -270,6 +276,12 @@ def main() -> int:
                         help="also run the stand-ins from this collections tree (another checkout's "
                              ".build/collections), for before/after figures")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a change may take (default %(default)s)")
+    parser.add_argument("--named", type=int, default=None,
+                        help="nodes the edit names (vfnum 0 -> 4; default every one): the others run a round "
+                             "that changes nothing")
+    parser.add_argument("--own-watches", action="store_true",
+                        help="three watches per stand-in, as each pod has, not one shared per kind "
+                             "(the fleet before the shared watches)")
     args = parser.parse_args()
     urllib3.disable_warnings()          # the private control plane's self-signed certificate
     this = os.path.join(scale_common.REPO, ".build", "collections")
@@ -279,7 +291,7 @@ def main() -> int:
             for code, tree in (("this", this), ("baseline", args.baseline)):
                 if tree is None:
                     continue
-                row = measure(size, parallel, os.path.abspath(tree), args.timeout)
+                row = measure(size, parallel, os.path.abspath(tree), args.timeout, args.own_watches, args.named)
                 row["code"] = code
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -195,6 +195,115 @@ def node_upgrade(labels: Mapping[str, str], annotations: Mapping[str, str]) -> N
                        annotations.get(names.ANNOTATION_DRIVER_UPGRADE_TARGET) or None)
 
 
+class Watched:
+    """What a watch does with what it sees: ``opened`` with each (re)opening's list, ``changed`` with
+    each event (True: wake a round), ``broken`` when the watch breaks.
+
+    The decision is here, not in the watch loop, so that one piece of logic serves the pod's own
+    watches (:func:`watch_objects`) and a fleet of stand-ins fed from one shared watch per kind
+    (benchmarks/vfnum_fleet.py)."""
+
+    def opened(self, items: Sequence[Any]) -> bool:
+        """The listed objects as ADDED events through ``changed`` (none listed: one DELETED), so that
+        it keeps what it has seen and an object edited while a round ran wakes the next."""
+        opening = [{"type": "ADDED", "object": item} for item in items] or [{"type": "DELETED", "object": None}]
+        woken = False
+        for event in opening:          # every one through changed, not only up to the first wake
+            woken = self.changed(event) or woken
+        return woken
+
+    def changed(self, event: Mapping[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def broken(self) -> None:
+        """The watch broke (it is reopened after a pause)."""
+
+
+class ConfigWatched(Watched):
+    """driver-config: a change is any version other than the one ``kube``'s last round read."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    def changed(self, event: Mapping[str, Any]) -> bool:
+        if not event_changes_config(event, self.kube.config_version):
+            return False
+        meta = getattr(event.get("object"), "metadata", None)
+        # the start of a change's way to the node (docs/operator.md "driver-config" times it)
+        LOG.info("%s %s (resourceVersion %s): round woken", self.kube.config_map, str(event.get("type")).lower(),
+                 getattr(meta, "resource_version", None))
+        return True
+
+
+class NodeWatched(Watched):
+    """This node's Node: a change is another upgrade state or target than the last event's."""
+
+    def __init__(self) -> None:
+        self.seen: Optional[NodeUpgrade] = None
+
+    def changed(self, event: Mapping[str, Any]) -> bool:
+        meta = getattr(event.get("object"), "metadata", None)
+        now = node_upgrade(getattr(meta, "labels", None) or {}, getattr(meta, "annotations", None) or {})
+        if self.seen == now:
+            return False
+        self.seen = now
+        return True
+
+
+class SlotsWatched(Watched):
+    """The slot Leases: the view of ``slots`` kept; never a wake of its own (the slot waiter of
+    run_loop wakes the round, after its turn's pause)."""
+
+    def __init__(self, slots: Slots) -> None:
+        self.slots = slots
+
+    def opened(self, items: Sequence[Any]) -> bool:
+        self.slots.relisted(items)
+        return False
+
+    def changed(self, event: Mapping[str, Any]) -> bool:
+        self.slots.seen(str(event.get("type")), event.get("object"))
+        return False
+
+    def broken(self) -> None:
+        self.slots.unwatched()
+
+
+def watch_objects(wake: threading.Event, stop: threading.Event, lister: Callable[..., Any], args: Sequence[Any],
+                  selector: Mapping[str, str], watched: Watched) -> None:
+    """Until ``stop``: a watch of what ``selector`` picks, reopened when the server ends it, a broken
+    one after a pause; whatever ``watched`` says is a change wakes a round (sets ``wake``).
+
+    Each opening lists the objects from the API server's cache (resourceVersion "0") and watches
+    from that list's version. A watch without a version asks for a consistent read, which the
+    server answers with 504 "Too large resource version" after 3 s whenever the cache of this
+    kind lags behind etcd -- on a busy cluster, for a kind as quiet as a ConfigMap, every time:
+    the watch never opened and an edit waited for the interval (docs/operator.md "driver-config").
+    """
+    if k8s_watch is None:
+        return
+    while not stop.is_set():
+        stream = k8s_watch.Watch()
+        try:
+            found = lister(*args, resource_version="0", _request_timeout=WATCH_REQUEST_TIMEOUT, **selector)
+            if watched.opened(found.items or []):
+                wake.set()
+            for event in stream.stream(lister, *args, resource_version=found.metadata.resource_version,
+                                       timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT,
+                                       **selector):
+                if watched.changed(event):
+                    wake.set()
+                if stop.is_set():
+                    break
+        except Exception as exc:  # pylint: disable=broad-except  # a broken watch (a 410 too): reopened
+            LOG.warning("watch (%s) broken, reopened in 5 s: %s", ",".join(selector.values()),
+                        str(exc).replace("\n", " ")[:300])
+            watched.broken()
+            stop.wait(5.0)
+        finally:
+            stream.stop()
+
+
 class Kube:
     """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch, pods list and
     pods/eviction create cluster-wide; configmaps get/watch, pods delete, events create, leases
@@ -222,86 +331,19 @@ class Kube:
 
     def watch_config(self, wake: threading.Event, stop: threading.Event) -> None:
         """Until ``stop``: set ``wake`` whenever the ConfigMap differs from what the last round read."""
-        def changed(event: Mapping[str, Any]) -> bool:
-            if not event_changes_config(event, self.config_version):
-                return False
-            meta = getattr(event.get("object"), "metadata", None)
-            # the start of a change's way to the node (docs/operator.md "driver-config" times it)
-            LOG.info("%s %s (resourceVersion %s): round woken", self.config_map, str(event.get("type")).lower(),
-                     getattr(meta, "resource_version", None))
-            return True
-        self._watch(wake, stop, self.core.list_namespaced_config_map, (self.namespace,),
-                    {"field_selector": "metadata.name=" + self.config_map}, changed)
+        watch_objects(wake, stop, self.core.list_namespaced_config_map, (self.namespace,),
+                      {"field_selector": "metadata.name=" + self.config_map}, ConfigWatched(self))
 
     def watch_node(self, wake: threading.Event, stop: threading.Event) -> None:
         """Until ``stop``: set ``wake`` when the controller changes this node's upgrade state or target."""
-        seen: List[NodeUpgrade] = []
-
-        def changed(event: Mapping[str, Any]) -> bool:
-            meta = getattr(event.get("object"), "metadata", None)
-            now = node_upgrade(getattr(meta, "labels", None) or {}, getattr(meta, "annotations", None) or {})
-            if seen and seen[0] == now:
-                return False
-            seen[:] = [now]
-            return True
-        self._watch(wake, stop, self.core.list_node, (), {"field_selector": "metadata.name=" + self.node}, changed)
+        watch_objects(wake, stop, self.core.list_node, (), {"field_selector": "metadata.name=" + self.node},
+                      NodeWatched())
 
     def watch_slots(self, slots: Slots, stop: threading.Event) -> None:
         """Until ``stop``: keep ``slots``' view of its pool (every Lease of it: one label selector),
         from which a waiting node learns of a freed slot without an API call of its own."""
-        def changed(event: Mapping[str, Any]) -> bool:
-            slots.seen(str(event.get("type")), event.get("object"))
-            return False           # the slot waiter (run_loop) wakes the round, after its turn's pause
-        self._watch(threading.Event(), stop, coordination_v1(self.api).list_namespaced_lease, (self.namespace,),
-                    {"label_selector": "%s=%s" % (POOL_LABEL, slots.prefix)}, changed,
-                    listed=slots.relisted, broken=slots.unwatched)
-
-    @staticmethod
-    def _watch(wake: threading.Event, stop: threading.Event, lister: Callable[..., Any], args: Sequence[Any],
-               selector: Mapping[str, str], changed: Callable[[Mapping[str, Any]], bool],
-               listed: Optional[Callable[[Sequence[Any]], None]] = None,
-               broken: Optional[Callable[[], None]] = None) -> None:
-        """One object's watch, reopened when the server ends it, a broken one after a pause; an event
-        ``changed`` accepts wakes a round.
-
-        Each opening lists the object from the API server's cache (resourceVersion "0") and watches
-        from that list's version. A watch without a version asks for a consistent read, which the
-        server answers with 504 "Too large resource version" after 3 s whenever the cache of this
-        kind lags behind etcd -- on a busy cluster, for a kind as quiet as a ConfigMap, every time:
-        the watch never opened and an edit waited for the interval (docs/operator.md "driver-config").
-        The listed object goes through ``changed`` too: one edited while a round ran wakes the next.
-        A watch of several objects (``selector`` a label selector) hands ``listed`` each opening's
-        whole list first, and calls ``broken`` when the watch breaks.
-        """
-        if k8s_watch is None:
-            return
-        while not stop.is_set():
-            stream = k8s_watch.Watch()
-            try:
-                found = lister(*args, resource_version="0", _request_timeout=WATCH_REQUEST_TIMEOUT, **selector)
-                items = found.items or []
-                if listed is not None:
-                    listed(items)
-                else:
-                    opening = [{"type": "ADDED", "object": item} for item in items] or [{"type": "DELETED", "object": None}]
-                    for event in opening:        # every one through changed: it keeps what it has seen
-                        if changed(event):
-                            wake.set()
-                for event in stream.stream(lister, *args, resource_version=found.metadata.resource_version,
-                                           timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT,
-                                           **selector):
-                    if changed(event):
-                        wake.set()
-                    if stop.is_set():
-                        break
-            except Exception as exc:  # pylint: disable=broad-except  # a broken watch (a 410 too): reopened
-                LOG.warning("watch (%s) broken, reopened in 5 s: %s", ",".join(selector.values()),
-                            str(exc).replace("\n", " ")[:300])
-                if broken is not None:
-                    broken()
-                stop.wait(5.0)
-            finally:
-                stream.stop()
+        watch_objects(threading.Event(), stop, coordination_v1(self.api).list_namespaced_lease, (self.namespace,),
+                      {"label_selector": "%s=%s" % (POOL_LABEL, slots.prefix)}, SlotsWatched(slots))
 
     def labels(self) -> Mapping[str, str]:
         return self.core.read_node(self.node).metadata.labels or {}
@@ -756,7 +798,18 @@ def wait_for_slots(manager: Manager, wake: threading.Event, stop: threading.Even
             wake.set()
 
 
-def run_loop(manager: Manager, interval: float, stop: threading.Event, watch: bool = True) -> int:
+def open_watches(manager: Manager, wake: threading.Event, stop: threading.Event) -> None:
+    """The pod's own watches, each in a thread: driver-config edits and the controller's
+    upgrade-required wake a round at once; the slot Leases keep the view the slot waiter reads."""
+    for target in (manager.kube.watch_config, manager.kube.watch_node):
+        threading.Thread(target=target, args=(wake, stop), daemon=True).start()
+    threading.Thread(target=manager.kube.watch_slots, args=(manager.slots, stop), daemon=True).start()
+
+
+def run_loop(manager: Manager, interval: float, stop: threading.Event, watch: bool = True,
+             watches: Callable[[Manager, threading.Event, threading.Event], None] = open_watches) -> int:
+    """Rounds until ``stop``, woken early by the watches that ``watches`` opens (the pod's own,
+    :func:`open_watches`; the scale fleet's feed many stand-ins from one per kind)."""
     backoff = Backoff(initial=5.0, cap=300.0)
     wake = threading.Event()
 
@@ -766,11 +819,8 @@ def run_loop(manager: Manager, interval: float, stop: threading.Event, watch: bo
         wake.set()
     threading.Thread(target=stopped, daemon=True).start()
     if watch:
-        # driver-config edits and the controller's upgrade-required wake a round at once
-        for target in (manager.kube.watch_config, manager.kube.watch_node):
-            threading.Thread(target=target, args=(wake, stop), daemon=True).start()
-        # a freed vfnum slot wakes the round of a node waiting for one, at its turn
-        threading.Thread(target=manager.kube.watch_slots, args=(manager.slots, stop), daemon=True).start()
+        watches(manager, wake, stop)
+        # a freed vfnum slot (in the view the slot watch keeps) wakes the round of a node waiting for one
         threading.Thread(target=wait_for_slots, args=(manager, wake, stop), daemon=True).start()
     while not stop.is_set():
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from types import SimpleNamespace
 from typing import Dict, List, Optional
 
 import pytest
@@ -571,3 +572,81 @@ def test_driver_config_is_parsed_again_only_when_its_resource_version_moved(tmp_
     assert mgr.read_config().vfnum == 4 and len(parsed) == 2
     kube.config_version = None                       # no version known (a fake, or no ConfigMap): parsed
     assert mgr.read_config().vfnum == 4 and len(parsed) == 3
+
+
+def _node_event(kind, labels=None, annotations=None, name="n1"):
+    return {"type": kind, "object": SimpleNamespace(metadata=SimpleNamespace(
+        name=name, labels=labels, annotations=annotations))}
+
+
+def test_the_node_watch_wakes_only_when_the_upgrade_state_or_target_moves():
+    watched = dm.NodeWatched()
+    required = {N.LABEL_DRIVER_UPGRADE_STATE: N.DRIVER_UPGRADE_REQUIRED}
+    target = {N.ANNOTATION_DRIVER_UPGRADE_TARGET: PAYLOAD}
+    assert watched.opened([_node_event("ADDED")["object"]])          # the first sight of the node
+    assert not watched.changed(_node_event("MODIFIED", {N.LABEL_VFNUM_STATE: "pending"}))  # our own patch
+    assert watched.changed(_node_event("MODIFIED", required, target))      # the controller's start
+    assert not watched.changed(_node_event("MODIFIED", dict(required, other="x"), target))
+    assert watched.changed(_node_event("MODIFIED", {}, {}))                # cleared by the controller
+
+
+def test_an_opening_hands_every_listed_object_to_the_decision_and_none_listed_as_a_deletion():
+    kube = SimpleNamespace(config_map="driver-config", config_version="11")
+    watched = dm.ConfigWatched(kube)
+    assert not watched.opened([_ConfigMap("11")])       # what the last round read
+    assert watched.opened([_ConfigMap("12")])           # edited while the round ran
+    assert watched.opened([])                           # deleted: the round finds no ConfigMap
+    kube.config_version = None
+    assert not watched.opened([])
+
+
+def test_the_slot_watch_keeps_the_view_of_its_slots_and_never_wakes_a_round_itself():
+    leases = FakeLeaseApi()
+    other = Slots(leases, "metax-operator", dm.VFNUM_SLOT_PREFIX, 1, "n2")
+    assert other.take()
+    mine = Slots(leases, "metax-operator", dm.VFNUM_SLOT_PREFIX, 1, "n1")
+    watched = dm.SlotsWatched(mine)
+    listed = leases.list_namespaced_lease("metax-operator", "%s=%s" % (dm.POOL_LABEL, dm.VFNUM_SLOT_PREFIX)).items
+    assert not watched.opened(listed) and mine.free() == []          # the view: held by n2
+    held = leases.leases[("metax-operator", other.held)]
+    other.release()
+    assert not watched.changed({"type": "DELETED", "object": held})  # the slot waiter wakes the round
+    assert mine.free() == ["%s-0" % dm.VFNUM_SLOT_PREFIX]
+    watched.broken()
+    assert mine.view is None                                          # take() lists again
+
+
+def _until(done, limit=30.0):
+    waited = threading.Event()
+    for _ in range(int(limit / 0.05)):
+        if done() or waited.wait(0.05):
+            return
+
+
+def test_run_loop_opens_the_watches_it_is_given_and_their_wake_runs_a_round(tmp_path):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "Never", data={"node-vfnums": "nodes:\n  n1: {vfnum: 0}\n"})
+    mgr.driver_verified = True
+    rounds = []
+    real_round = mgr.round
+
+    def counted():
+        rounds.append(kube.config())
+        return real_round()
+    mgr.round = counted
+    opened = []
+
+    def watches(manager_, wake, stop_):
+        opened.append((manager_, wake))
+    stop_loop = threading.Event()
+    loop = threading.Thread(target=dm.run_loop, args=(mgr, 3600.0, stop_loop), kwargs={"watches": watches},
+                            daemon=True)
+    loop.start()
+    _until(lambda: rounds)
+    assert len(opened) == 1 and opened[0][0] is mgr and len(rounds) == 1
+    kube.data = dict(VFNUM_4)
+    opened[0][1].set()                          # what a watch's change does: the next round now, not in an hour
+    _until(lambda: len(rounds) >= 2)
+    stop_loop.set()
+    loop.join(10.0)
+    assert not loop.is_alive() and numvfs(host) == [4, 4]
