@@ -304,6 +304,16 @@ def watch_objects(wake: threading.Event, stop: threading.Event, lister: Callable
             stream.stop()
 
 
+def _raw_json(resp: Any, decode: bool = True) -> Any:
+    """A raw answer (``_preload_content=False``) read to its end, its connection given back to the
+    pool; its JSON when ``decode``."""
+    try:
+        body = resp.data
+        return json.loads(body) if decode and body else None
+    finally:
+        resp.release_conn()
+
+
 class Kube:
     """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch, pods list and
     pods/eviction create cluster-wide; configmaps get/watch, pods delete, events create, leases
@@ -345,12 +355,13 @@ class Kube:
         watch_objects(threading.Event(), stop, coordination_v1(self.api).list_namespaced_lease, (self.namespace,),
                       {"label_selector": "%s=%s" % (POOL_LABEL, slots.prefix)}, SlotsWatched(slots))
 
-    def labels(self) -> Mapping[str, str]:
-        return self.core.read_node(self.node).metadata.labels or {}
-
-    def upgrade(self) -> NodeUpgrade:
-        meta = self.core.read_node(self.node).metadata
-        return node_upgrade(meta.labels or {}, meta.annotations or {})
+    def node_metadata(self) -> Mapping[str, Any]:
+        """This node's ``metadata`` (labels, annotations) from the Node as raw JSON: a round needs
+        those two maps, not the client's V1Node models built for the whole object (status, images,
+        conditions), in every round of every node."""
+        found = _raw_json(self.core.read_node(self.node, _preload_content=False))
+        meta = found.get("metadata") if isinstance(found, dict) else None
+        return meta if isinstance(meta, dict) else {}
 
     def patch_node(self, labels: Mapping[str, Optional[str]], annotations: Mapping[str, Optional[str]]) -> None:
         meta: Dict[str, Any] = {}
@@ -359,7 +370,9 @@ class Kube:
         if annotations:
             meta["annotations"] = dict(annotations)
         if meta:
-            self.core.patch_node(self.node, {"metadata": meta}, _content_type="application/merge-patch+json")
+            # the answer (the whole Node) is not read: not built into models
+            _raw_json(self.core.patch_node(self.node, {"metadata": meta}, _content_type="application/merge-patch+json",
+                                           _preload_content=False), decode=False)
 
     def restart_gpu_device(self, selector: str = GPU_DEVICE_SELECTOR) -> List[str]:
         """Delete this node's gpu-device pod, or the pods ``selector`` picks (their DaemonSets
@@ -418,6 +431,7 @@ class Manager:
         # set by a round whose vfnum change waits for a slot (run_loop's slot waiter wakes the next)
         self.slot_wanted = threading.Event()
         self.vfnum_state: Optional[str] = None    # the state label this process wrote last
+        self.node_labels: Dict[str, str] = {}    # the Node's labels as this round read them (and wrote)
         self.policy = deploy_policy
         self.payload_dir = payload_dir
         self.payload_version = payload_version
@@ -488,7 +502,14 @@ class Manager:
             request = backend.Request(state="present", deploy_policy="IfNotPresent", load_command=load)
             out["result"] = backend.run(self.host, request, False, runner=self.cmds.runner)
         verified = self.verified(decision.target if decision.action != "none" else None)
-        self.kube.patch_node({names.LABEL_DRIVER_MODE: decision.mode}, {})
+        if self.node_labels.get(names.LABEL_DRIVER_MODE) != decision.mode:
+            # written when the Node (read at the round's start) says otherwise, not every round:
+            # a write per node per interval, at 2,000 nodes 4,000 node writes a minute doing nothing
+            self.kube.patch_node({names.LABEL_DRIVER_MODE: decision.mode}, {})
+            if decision.mode is None:
+                self.node_labels.pop(names.LABEL_DRIVER_MODE, None)
+            else:
+                self.node_labels[names.LABEL_DRIVER_MODE] = decision.mode
         out["verified"] = verified
         return out
 
@@ -723,7 +744,9 @@ class Manager:
         self.round_started = time.monotonic()
         config = self.read_config()
         params = config.params if config.error is None else []
-        upgrade = self.kube.upgrade()
+        meta = self.kube.node_metadata()
+        self.node_labels = dict(meta.get("labels") or {})
+        upgrade = node_upgrade(self.node_labels, meta.get("annotations") or {})
         target = upgrade.target if self.acts_on(upgrade) else None    # the version to upgrade to now
         vfnum_first = self.driver_verified and target is None
         vfnum_ok = self.vfnum_round(config) if vfnum_first else True

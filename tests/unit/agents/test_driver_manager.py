@@ -3,6 +3,7 @@ simulator, the real backend code of metax.gpu.driver and metax.gpu.vfnum; the AP
 (tests/integration/test_driver_manager_cluster.py runs them against the local cluster)."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 from types import SimpleNamespace
@@ -45,8 +46,8 @@ class Recorder:
     def config(self):
         return self.data
 
-    def upgrade(self):
-        return dm.node_upgrade(self.node_labels, self.node_annotations)
+    def node_metadata(self):
+        return {"labels": dict(self.node_labels), "annotations": dict(self.node_annotations)}
 
     def start_upgrade(self, target):
         """What the controller's start patch puts on the node (clusteroperator/driver_rollout.start_patch)."""
@@ -316,6 +317,7 @@ def test_with_the_driver_verified_a_round_applies_vfnum_before_the_driver_part(t
     assert mgr.round() and mgr.driver_verified       # the administrator's driver, verified
     first = len(kube.patches)
     kube.data["node-vfnums"] = "nodes:\n  n1: {vfnum: 4}\n"
+    del kube.node_labels[N.LABEL_DRIVER_MODE]        # removed by someone: the driver part writes it again
     assert mgr.round()
     this_round = kube.patches[first:]
     # the state label pending -> success and the restart come before the driver part's mode label
@@ -650,3 +652,63 @@ def test_run_loop_opens_the_watches_it_is_given_and_their_wake_runs_a_round(tmp_
     stop_loop.set()
     loop.join(10.0)
     assert not loop.is_alive() and numvfs(host) == [4, 4]
+
+
+def test_quiet_rounds_write_the_driver_mode_once_and_again_only_when_the_node_lost_it(tmp_path):
+    host = node(tmp_path)
+    mgr, kube = manager(tmp_path, host, "IfNotPresent")
+    assert mgr.round() and mgr.round() and mgr.round()
+    modes = [p["labels"] for p in kube.patches if N.LABEL_DRIVER_MODE in p["labels"]]
+    assert modes == [{N.LABEL_DRIVER_MODE: "native"}]          # not a write per round
+    del kube.node_labels[N.LABEL_DRIVER_MODE]
+    assert mgr.round()
+    assert kube.node_labels[N.LABEL_DRIVER_MODE] == "native" and len(kube.patches) == 2
+
+
+class _RawAnswer:
+    """urllib3's answer to a call with ``_preload_content=False``: the body, and a connection to give back."""
+
+    def __init__(self, body):
+        self.data = body
+        self.released = False
+
+    def release_conn(self):
+        self.released = True
+
+
+class _RawCore:
+    """CoreV1Api's two Node calls of a round; the client builds no model with ``_preload_content=False``."""
+
+    def __init__(self, node):
+        self.node = node
+        self.answers: List[_RawAnswer] = []
+        self.patches: List[dict] = []
+
+    def _answer(self, kwargs):
+        assert kwargs.get("_preload_content") is False
+        self.answers.append(_RawAnswer(json.dumps(self.node).encode()))
+        return self.answers[-1]
+
+    def read_node(self, name, **kwargs):
+        assert name == self.node["metadata"]["name"]
+        return self._answer(kwargs)
+
+    def patch_node(self, name, body, **kwargs):
+        assert kwargs["_content_type"] == "application/merge-patch+json"
+        self.patches.append(body)
+        return self._answer(kwargs)
+
+
+def test_the_round_reads_and_patches_its_node_as_raw_json_and_gives_every_connection_back():
+    kube = dm.Kube.__new__(dm.Kube)
+    kube.node = "n1"
+    kube.core = _RawCore({"kind": "Node", "metadata": {
+        "name": "n1", "labels": {N.LABEL_DRIVER_UPGRADE_STATE: N.DRIVER_UPGRADE_REQUIRED},
+        "annotations": {N.ANNOTATION_DRIVER_UPGRADE_TARGET: PAYLOAD}}, "status": {"images": []}})
+    meta = kube.node_metadata()
+    assert dm.node_upgrade(meta["labels"], meta["annotations"]) == dm.NodeUpgrade(N.DRIVER_UPGRADE_REQUIRED, PAYLOAD)
+    kube.patch_node({N.LABEL_VFNUM_STATE: "success"}, {N.ANNOTATION_VFNUM_MESSAGE: None})
+    kube.patch_node({}, {})                                            # nothing to write: no call
+    assert kube.core.patches == [{"metadata": {"labels": {N.LABEL_VFNUM_STATE: "success"},
+                                               "annotations": {N.ANNOTATION_VFNUM_MESSAGE: None}}}]
+    assert len(kube.core.answers) == 2 and all(answer.released for answer in kube.core.answers)
