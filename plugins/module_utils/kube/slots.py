@@ -274,8 +274,12 @@ class Slots:
         winner's event arrives (it replaces this), the view counts the slot held for LOST_HOLD
         seconds -- else the waiter, seeing it free still, would wake and lose again and again."""
         with self._seen:
-            if self.view is not None:
-                self.view[name] = LeaseState(name, "?", self.clock(), LOST_HOLD, "")
+            if self.view is None:
+                return
+            have = self.view.get(name)
+            if have is not None and have.version and not have.expired(self.clock()):
+                return     # the winner's event came before the 409: the view shows the slot held already
+            self.view[name] = LeaseState(name, "?", self.clock(), LOST_HOLD, "")
 
     def take(self) -> Optional[str]:
         """A slot's name, now held (renewed in the background until :meth:`release`); None when all
@@ -283,10 +287,13 @@ class Slots:
         With a watched view, chosen from it without a list (a stale view only costs a 409)."""
         if self.held:
             return self.held
+        now = self.clock()
         with self._seen:
-            view = list(self.view.values()) if self.view is not None else None
-        choice = choose(view if view is not None else self.leases(), self.prefix, self.size, self.holder,
-                        self.clock())
+            # a lost race's mark past its hold (no resourceVersion: no Lease read) is not a Lease to take
+            # over -- a replace without a version is refused (400) -- but a slot not known: tried as missing
+            view = [lease for lease in self.view.values() if lease.version or not lease.expired(now)] \
+                if self.view is not None else None
+        choice = choose(view if view is not None else self.leases(), self.prefix, self.size, self.holder, now)
         self.holders = choice.holders
         if choice.action == "none" or choice.name is None:
             return None

@@ -200,6 +200,32 @@ def test_one_freed_slot_draws_one_create_from_many_waiters():
         slots.release()
 
 
+def test_a_lost_race_after_the_winners_event_keeps_the_winner_and_never_takes_over_without_a_version():
+    api = FakeLeaseApi()
+    now = [NOW]
+    late = pool(api, "me", size=1, clock=lambda: now[0])
+    api.watch(late)
+    api.watchers.remove(late)
+    winner = pool(api, "vm", size=1, clock=lambda: now[0])
+    create = api.create_namespaced_lease
+
+    def winner_first(namespace, body):
+        """The winner's create and its ADDED reach the view between this taker's choice and its 409."""
+        api.create_namespaced_lease = create
+        assert winner.take() == PREFIX + "-0"
+        late.seen("ADDED", api.leases[(NS, PREFIX + "-0")])
+        return create(namespace, body)
+    api.create_namespaced_lease = winner_first
+    assert late.take() is None and api.calls[-1] == ("create", PREFIX + "-0")     # the 409
+    assert late.view[PREFIX + "-0"].holder == "vm"      # the winner's Lease, not a mark without a version
+    now[0] += sl.LOST_HOLD + 1                          # a mark would have expired by now
+    assert late.free() == [] and late.take() is None and late.holders == ("vm",)
+    late.view[PREFIX + "-0"] = sl.LeaseState(PREFIX + "-0", "?", NOW, sl.LOST_HOLD, "")     # an expired mark
+    assert late.take() is None and api.calls[-1] == ("create", PREFIX + "-0")     # tried as missing: 409
+    assert not any(verb == "replace" for verb, _n in api.calls)                   # never a blind takeover
+    winner._stop.set()
+
+
 def test_a_lost_race_counts_the_slot_held_in_the_view_until_the_winners_event():
     api = FakeLeaseApi()
     now = [NOW]
