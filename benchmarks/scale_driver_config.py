@@ -5,7 +5,7 @@
 
     flock -o /tmp/metax-heavy.lock env PYTHONPATH=.build/collections \\
         .venv/bin/python benchmarks/scale_driver_config.py [--sizes 500] [--parallel 10,50] \\
-        [--baseline OTHER/.build/collections] [--timeout 900]
+        [--baseline OTHER/.build/collections] [--timeout 900] [--named M] [--own-watches]
 
 For each N and each ``vfnumPolicy.maxParallel`` P, a private control plane
 (tests/integration/controlplane.py: etcd, kube-apiserver, garbage collector;
@@ -14,14 +14,18 @@ not the shared cluster) holds N Node objects of the 2xC550-sriov preset
 metax-gpu-extensions chart's driver-manager RBAC and its ``driver-config``
 ConfigMap naming every node with vfnum 0 -- the objects operator-controller
 applies. benchmarks/vfnum_fleet.py runs N stand-in driver-managers in one
-process: the real driver_manager code (its ``run_loop``, ConfigMap watch,
-vfnum path and Leases), each over a simulated root of its own, with the chart
-service account's token, so its RBAC is what the API server checks.
+process: the real driver_manager code (its ``run_loop``, each stand-in's own
+watch decisions fed from one shared watch per kind -- see its docstring for
+what that leaves out -- the vfnum path and Leases), each over a simulated
+root of its own, with the chart service account's token, so its RBAC is what
+the API server checks.
 
-Then one edit of ``node-vfnums`` sets every node to vfnum 4, and the benchmark
-measures
+Then one edit of ``node-vfnums`` sets every node to vfnum 4 (with
+``--named M``, the first M; the others stay at 0, but the edit wakes them too
+and each runs a round that changes nothing: the herd's requests are in the
+count), and the benchmark measures
 
-* the time until every node's ``metax-tech.com/gpu.vfnum.state`` says
+* the time until every named node's ``metax-tech.com/gpu.vfnum.state`` says
   ``success`` (a watch of the Nodes);
 * the budget: the most slot Leases alive at once (a watch of the Leases)
   and the most stand-ins inside a slot at once (the fleet's own count), both
