@@ -75,7 +75,7 @@ SCALE_SIZES ?= 500,1000,2000
 SCALE_NODES ?= 200
 # The driver-config benchmark runs every node's stand-in driver-manager in one
 # process on this machine's cores: 500 did not finish a round (docs/scale.md).
-SCALE_CONFIG_SIZES ?= 100,200
+SCALE_CONFIG_SIZES ?= 100,200,500
 SCALE_ENV := flock -o /tmp/metax-cluster.lock env PYTHONPATH=$(CURDIR)/$(COLLECTIONS):$(CURDIR)/tests
 bench-scale: deps venv
 	$(SCALE_ENV) $(BIN)/python benchmarks/scale_gpu_aware.py --sizes $(SCALE_SIZES)
