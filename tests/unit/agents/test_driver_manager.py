@@ -619,10 +619,12 @@ def test_the_slot_watch_keeps_the_view_of_its_slots_and_never_wakes_a_round_itse
 
 
 def _until(done, limit=30.0):
-    waited = threading.Event()
-    for _ in range(int(limit / 0.05)):
-        if done() or waited.wait(0.05):
-            return
+    """Poll ``done`` every 50 ms, at most ``limit`` seconds (the asserts after it say what it found)."""
+    never = threading.Event()
+    polls = int(limit / 0.05)
+    while polls and not done():
+        never.wait(0.05)
+        polls -= 1
 
 
 def test_run_loop_opens_the_watches_it_is_given_and_their_wake_runs_a_round(tmp_path):
