@@ -306,10 +306,13 @@ def watch_objects(wake: threading.Event, stop: threading.Event, lister: Callable
 
 def _raw_json(resp: Any, decode: bool = True) -> Any:
     """A raw answer (``_preload_content=False``) read to its end, its connection given back to the
-    pool; its JSON when ``decode``."""
+    pool; its JSON when ``decode`` (None for a body that is not JSON, as the client's own decoding
+    would not raise either: the round goes on with what it has)."""
     try:
         body = resp.data
         return json.loads(body) if decode and body else None
+    except ValueError:
+        return None
     finally:
         resp.release_conn()
 

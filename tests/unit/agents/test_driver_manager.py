@@ -683,12 +683,13 @@ class _RawCore:
 
     def __init__(self, node):
         self.node = node
+        self.body: Optional[bytes] = None      # an answer that is not the Node's JSON
         self.answers: List[_RawAnswer] = []
         self.patches: List[dict] = []
 
     def _answer(self, kwargs):
         assert kwargs.get("_preload_content") is False
-        self.answers.append(_RawAnswer(json.dumps(self.node).encode()))
+        self.answers.append(_RawAnswer(self.body if self.body is not None else json.dumps(self.node).encode()))
         return self.answers[-1]
 
     def read_node(self, name, **kwargs):
@@ -714,3 +715,5 @@ def test_the_round_reads_and_patches_its_node_as_raw_json_and_gives_every_connec
     assert kube.core.patches == [{"metadata": {"labels": {N.LABEL_VFNUM_STATE: "success"},
                                                "annotations": {N.ANNOTATION_VFNUM_MESSAGE: None}}}]
     assert len(kube.core.answers) == 2 and all(answer.released for answer in kube.core.answers)
+    kube.core.body = b"<html>a proxy's error page</html>"
+    assert kube.node_metadata() == {} and kube.core.answers[-1].released
