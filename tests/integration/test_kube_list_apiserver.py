@@ -19,7 +19,10 @@ second one) and a GPU pod bound to every fourth node. Then:
   each node, exactly the GPU pods bound to it;
 - the real verify playbook reads every node in pages of 25 per attempt:
   nodes carrying our agents' real output (the scale profile's) pass, and a
-  bare node and one missing from the cluster are each named.
+  bare node and one missing from the cluster are each named;
+- driver-manager's driver-config watch, run against it with the server
+  ending each watch after 1 s: listed once, then resumed from the last
+  version seen each time, and woken by an edit.
 """
 
 from __future__ import annotations
@@ -204,3 +207,48 @@ def test_verify_reads_every_node_in_pages_and_names_each_problem(cp, tmp_path):
     finally:
         for node in good:
             core.delete_node(node.name)
+
+
+def test_driver_manager_watch_is_resumed_from_its_version_not_listed_again(cp, monkeypatch):
+    """driver-manager's driver-config watch (the one every node runs): the first opening lists from
+    the cache, every watch the server ends is resumed from the last version seen (bookmarks asked
+    for), with no list; an edit still wakes a round. The server here ends a watch after 1 s, not 300."""
+    import functools
+    import threading
+    import time
+
+    from ansible_collections.metax.gpu.plugins.module_utils.agents import driver_manager as dm
+
+    monkeypatch.setattr(dm, "WATCH_SECONDS", 1)
+    api = api_client(cp.kubeconfig)
+    core = core_v1(api)
+    core.create_namespaced_config_map(NAMESPACE, {"metadata": {"name": "driver-config"}, "data": {"moduleParams": ""}})
+    kube = dm.Kube(api, "node-000", NAMESPACE, "driver-config")
+    kube.config()                                   # what the node's last round read
+    calls = []
+
+    @functools.wraps(core.list_namespaced_config_map)      # the watch reads the return type from its doc
+    def lister(*args, **kwargs):
+        calls.append(dict(kwargs))
+        return core.list_namespaced_config_map(*args, **kwargs)
+
+    wake, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=dm.watch_objects, daemon=True, args=(
+        wake, stop, lister, (NAMESPACE,), {"field_selector": "metadata.name=driver-config"}, dm.ConfigWatched(kube)))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while sum(1 for c in calls if c.get("watch")) < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not wake.is_set()                    # nothing changed since the round read it
+        core.patch_namespaced_config_map("driver-config", NAMESPACE, {"data": {"moduleParams": "x=1"}})
+        assert wake.wait(10), "the edit did not wake a round"
+    finally:
+        stop.set()
+        thread.join(5)
+    lists = [c for c in calls if not c.get("watch")]
+    watches = [c for c in calls if c.get("watch")]
+    assert len(lists) == 1 and lists[0]["resource_version"] == "0"
+    assert len(watches) >= 4
+    assert all(w["allow_watch_bookmarks"] and w["resource_version"] for w in watches)
+    assert int(watches[-1]["resource_version"]) >= int(watches[0]["resource_version"])

@@ -7,7 +7,7 @@ import json
 import os
 import threading
 from types import SimpleNamespace
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 from fake_leases import FakeLeaseApi
@@ -521,6 +521,7 @@ class _ServerWatch:
 
     def __init__(self):
         self.stopped = False
+        self.resource_version = None
 
     def stream(self, lister, *args, **kwargs):
         _ServerWatch.opened.append(kwargs)
@@ -717,3 +718,73 @@ def test_the_round_reads_and_patches_its_node_as_raw_json_and_gives_every_connec
     assert len(kube.core.answers) == 2 and all(answer.released for answer in kube.core.answers)
     kube.core.body = b"<html>a proxy's error page</html>"
     assert kube.node_metadata() == {} and kube.core.answers[-1].released
+
+
+class _ResumingWatch:
+    """kubernetes.watch.Watch as the client behaves: ``resource_version`` follows the events and the
+    bookmarks of the stream; each opening plays the next step of ``script`` (a list of events, after
+    which the server ends the watch, or an exception: the watch breaks)."""
+
+    openings: List[dict] = []
+    script: List[Any] = []
+
+    def __init__(self):
+        self.resource_version = None
+
+    def stream(self, lister, *args, **kwargs):
+        _ResumingWatch.openings.append(kwargs)
+        self.resource_version = kwargs["resource_version"]
+        step = _ResumingWatch.script.pop(0)
+        if not _ResumingWatch.script:
+            stop.set()                      # the last step: the loop ends after it
+        if isinstance(step, Exception):
+            raise step
+        for event in step:
+            obj = event["object"]
+            self.resource_version = obj["metadata"]["resourceVersion"] if event["type"] == "BOOKMARK" \
+                else obj.metadata.resource_version
+            yield event
+
+    def stop(self):
+        pass
+
+
+class _Recorded(dm.Watched):
+    def __init__(self):
+        self.events = []
+        self.openings = 0
+
+    def opened(self, items):
+        self.openings += 1
+        return False
+
+    def changed(self, event):
+        self.events.append((event["type"], event["object"].metadata.resource_version))
+        return event["type"] == "MODIFIED"
+
+
+def test_a_watch_the_server_ends_is_resumed_from_its_last_version_and_listed_again_only_after_a_break(monkeypatch):
+    monkeypatch.setattr(dm, "k8s_watch", type("W", (), {"Watch": _ResumingWatch}))
+    monkeypatch.setattr(dm, "WATCH_RETRY_PAUSE", 0.0)
+    bookmark = {"type": "BOOKMARK", "object": {"kind": "ConfigMap", "metadata": {"resourceVersion": "15"}}}
+    _ResumingWatch.openings.clear()
+    _ResumingWatch.script[:] = [
+        [{"type": "MODIFIED", "object": _ConfigMap("12")}, bookmark],    # ended by the server
+        [],                                                              # ended, nothing seen
+        dm.ApiException(status=410, reason="Gone"),                      # too old: broken
+        [{"type": "MODIFIED", "object": _ConfigMap("31")}],
+    ]
+    stop.clear()
+    lists = []
+
+    def lister(namespace, **kwargs):
+        lists.append(kwargs)
+        return _Listed([_ConfigMap(str(20 + len(lists)))], str(20 + len(lists)))
+    watched, wake = _Recorded(), threading.Event()
+    dm.watch_objects(wake, stop, lister, ("ns",), {"field_selector": "metadata.name=driver-config"}, watched)
+    # listed at the start and after the break only; resumed from the bookmark's version in between
+    assert [k["resource_version"] for k in lists] == ["0", "0"] and watched.openings == 2
+    assert [k["resource_version"] for k in _ResumingWatch.openings] == ["21", "15", "15", "22"]
+    assert all(k["allow_watch_bookmarks"] for k in _ResumingWatch.openings)
+    # a bookmark is not an event of the object: never handed to the decision
+    assert watched.events == [("MODIFIED", "12"), ("MODIFIED", "31")] and wake.is_set()
