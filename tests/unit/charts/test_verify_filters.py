@@ -100,5 +100,5 @@ def test_daemonset_problems():
     slow = {"metadata": {"name": "gpu-device"}, "status": {"desiredNumberScheduled": 3, "numberReady": 1}}
     assert daemonset_problems([ready]) == []
     assert daemonset_problems([ready, slow]) == ["gpu-device: 1 of 3 pods ready"]
-    assert set(FilterModule().filters()) == {"gpu_node_problems", "gpu_node_report", "gpu_nodes_report",
-                                            "daemonset_problems"}
+    assert set(FilterModule().filters()) == {
+        "gpu_node_problems", "gpu_node_report", "gpu_nodes_report", "daemonset_problems"}
