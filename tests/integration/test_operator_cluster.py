@@ -602,9 +602,14 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
                    "every GPU in its node's exporter")
         served = {p["spec"]["nodeName"]: exporter_gpus(p) for p in pods}
         assert {node: sorted(set(gpus.values())) for node, gpus in served.items()} == {n: [1.0] for n in counts}
-        wait_until(lambda: cr_ready(cluster), 120, "Ready with gpu-exporter")
-        entry = next(c for c in cr(cluster)["status"]["components"] if c["name"] == "gpu-exporter")
-        assert entry["deployed"] is True and entry["ready"] == len(counts)
+        # Ready was already True before the patch: wait for a status round that has seen it (the
+        # exporter can be serving before the next round, every 5 s, writes the status)
+        def exporter_entry():
+            body = cr(cluster) or {}
+            return next((c for c in (body.get("status") or {}).get("components") or []
+                         if c["name"] == "gpu-exporter" and c.get("deployed")), None)
+        wait_until(lambda: cr_ready(cluster) and (exporter_entry() or {}).get("ready") == len(counts), 120,
+                   "Ready with gpu-exporter", diagnose=[lambda: controller_logs(cluster, "")])
         assert not reconciling(cluster), "a reconcile is retried without the CRDs:\n" + controller_logs(cluster, "")
         print("\ndataExporter: gpu-exporter serves %s GPUs on %s" % (sum(counts.values()), sorted(counts)))
 
