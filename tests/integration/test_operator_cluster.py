@@ -602,6 +602,7 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
                    "every GPU in its node's exporter")
         served = {p["spec"]["nodeName"]: exporter_gpus(p) for p in pods}
         assert {node: sorted(set(gpus.values())) for node, gpus in served.items()} == {n: [1.0] for n in counts}
+
         # Ready was already True before the patch: wait for a status round that has seen it (the
         # exporter can be serving before the next round, every 5 s, writes the status)
         def exporter_entry():
