@@ -69,11 +69,16 @@ def test_waiting_nodes_name_the_missing_readiness_label():
              node("cpu")]
     assert waiting_nodes(components.GPU_DEVICE, FULL, {"maca": {"deploy": True}}, nodes) == {
         "vm": [names.LABEL_MACA_READY]}
-    # the MACA component off (its default): nothing sets maca.ready, so nothing waits for it
-    assert waiting_nodes(components.GPU_DEVICE, components.REGISTRY, {}, nodes) == {}
+    # the MACA component on (its default, as the real product's): vm waits for it
+    assert waiting_nodes(components.GPU_DEVICE, components.REGISTRY, {}, nodes) == {"vm": [names.LABEL_MACA_READY]}
+    # switched off: nothing sets maca.ready, so nothing waits for it
+    assert waiting_nodes(components.GPU_DEVICE, components.REGISTRY, {"maca": {"deploy": False}}, nodes) == {}
     entry = component_status(components.GPU_DEVICE, {}, ds(1, 1), [pod("vm-2", True)],
                              {"vm": [names.LABEL_MACA_READY]})
-    assert cond(entry, "Ready")["message"] == "1/1 pods ready; waiting for metax-tech.com/maca.ready on vm"
+    # ready where it runs, not on vm, which it targets: not Ready, naming the node and the label
+    assert cond(entry, "Ready") == {"type": "Ready", "status": "False", "reason": "WaitingForChain",
+                                    "message": "1/1 pods ready; waiting for metax-tech.com/maca.ready on vm"}
+    assert cond(entry, "Degraded")["status"] == "False"
 
 
 def test_transition_times_and_idle_writes():
