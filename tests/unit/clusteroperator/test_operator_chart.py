@@ -329,8 +329,8 @@ def test_driver_config_exists_from_the_install_as_driver_manager_would_create_it
     rc, objs, err = template(values)
     assert rc == 0, err
     ours = objs[("ConfigMap", "driver-config")]
-    annotations = ours["metadata"]["annotations"]
-    assert annotations["helm.sh/resource-policy"] == "keep"     # never deleted by an upgrade nor the uninstall
+    # the administrator's once created (the controller never puts it back)
+    assert ours["metadata"]["annotations"]["gpu.metax-tech.com/apply"] == "create-only"
     spec = objs[("ClusterOperator", "cluster-operator")]["spec"]
     rendered = render.helm_template(HELM, str(CHARTS / "metax-gpu-extensions"), render.chart_values(spec),
                                     "metax-operator")
