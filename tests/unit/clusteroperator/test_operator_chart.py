@@ -207,7 +207,8 @@ def test_the_manuals_flags_deploy_the_five_components():
     assert rc == 0, err
     spec = objs[("ClusterOperator", "cluster-operator")]["spec"]
     on = {c.name for c in components.REGISTRY if deployed(c, spec)}
-    assert on == {"gpu-label", "container-runtime", "metax-driver", "metax-maca", "gpu-device"}
+    assert on == {c.name for c in (components.GPU_LABEL, components.CONTAINER_RUNTIME, components.DRIVER,
+                                    components.MACA, components.GPU_DEVICE)}
     assert spec["driver"]["payload"] == {"name": "driver-image", "version": "2.29.0.13",
                                          "registry": "harbor.example.cn/mximages"}
     assert spec["maca"]["payload"] == {"registry": "harbor.example.cn/mximages",
@@ -220,10 +221,10 @@ def test_the_manuals_flags_deploy_the_five_components():
     daemonsets = {name: next(o for o in objs_ if o["kind"] == "DaemonSet")
                   for name, objs_ in desired.items() if any(o["kind"] == "DaemonSet" for o in objs_)}
     assert set(daemonsets) == on
-    driver_pod = daemonsets["metax-driver"]["spec"]["template"]["spec"]
+    driver_pod = daemonsets[components.DRIVER.name]["spec"]["template"]["spec"]
     assert driver_pod["initContainers"][0]["image"] == "harbor.example.cn/mximages/driver-image:2.29.0.13"
-    maca_volumes = [v["image"]["reference"] for v in daemonsets["metax-maca"]["spec"]["template"]["spec"]["volumes"]
-                    if "image" in v]
+    maca_volumes = [v["image"]["reference"] for v in
+                    daemonsets[components.MACA.name]["spec"]["template"]["spec"]["volumes"] if "image" in v]
     assert maca_volumes == ["harbor.example.cn/mximages/mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]
     assert spec["driver"]["upgradePolicy"] == real_cr()["spec"]["driver"]["upgradePolicy"]
 

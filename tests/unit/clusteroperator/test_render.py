@@ -13,7 +13,7 @@ import json
 
 from ansible_collections.metax.gpu.plugins.module_utils import names
 from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_device, gpu_exporter
-from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import components, render
 
 from charts.helm import CHART, find_helm, helm_required
 
@@ -212,15 +212,17 @@ def test_a_cr_without_deploy_members_deploys_the_whole_chain_as_the_real_product
     spec["driver"] = {"payload": {"registry": "r", "name": "driver-image", "version": "2.29.0.13"}}
     spec["maca"] = {"payload": {"registry": "r", "images": ["mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]}}
     objs = objects(spec)
-    for name in ("gpu-label", "container-runtime", "metax-driver", "metax-maca", "gpu-device"):
-        assert workload(objs, name)["kind"] == "DaemonSet", name
-    assert objs["gpu-aware"] == [] and objs["gpu-exporter"] == []
-    device = workload(objs, "gpu-device")["spec"]["template"]["spec"]["nodeSelector"]
+    chain = (components.GPU_LABEL, components.CONTAINER_RUNTIME, components.DRIVER, components.MACA,
+             components.GPU_DEVICE)
+    for component in chain:
+        assert workload(objs, component.name)["kind"] == "DaemonSet", component.name
+    assert objs[components.GPU_AWARE.name] == [] and objs[components.GPU_EXPORTER.name] == []
+    device = workload(objs, components.GPU_DEVICE.name)["spec"]["template"]["spec"]["nodeSelector"]
     assert device == {names.LABEL_GPU_INSTALLED: "true", names.LABEL_MACA_READY: "true",
                       names.LABEL_RUNTIME_READY: "true"}
     # the minimal mode, chosen explicitly, is gpu-label and gpu-device only
     minimal = objects(dict(spec, minimal=True))
-    assert [n for n, o in minimal.items() if o] == ["gpu-label", "gpu-device"]
+    assert [n for n, o in minimal.items() if o] == [components.GPU_LABEL.name, components.GPU_DEVICE.name]
 
 
 def test_the_vfnum_policy_reaches_driver_managers_command_line_and_its_rbac():

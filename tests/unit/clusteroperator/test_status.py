@@ -127,12 +127,13 @@ def test_the_cr_is_not_ready_while_any_component_is_not_ready_on_a_node_it_targe
     label = component_status(components.GPU_LABEL, {}, ds(3, 3), [], {})
     top = overall([label, driver, device])
     assert top[0]["status"] == "False" and top[0]["reason"] == "RollingOut"
-    assert top[0]["message"] == ("metax-driver: 2/3 pods ready, not ready on vm-3; gpu-device: 2/2 pods ready; "
-                                 "waiting for metax-tech.com/driver.ready, metax-tech.com/maca.ready on vm-3")
+    assert top[0]["message"] == ("%s: 2/3 pods ready, not ready on vm-3; %s: 2/2 pods ready; "
+                                 "waiting for metax-tech.com/driver.ready, metax-tech.com/maca.ready on vm-3"
+                                 % (components.DRIVER.name, components.GPU_DEVICE.name))
     # every pod ready and nothing waiting: Ready, naming the deployed components
     ready = overall([label, component_status(components.GPU_DEVICE, {}, ds(3, 3), [], {})])
     assert ready[0] == {"type": "Ready", "status": "True", "reason": "AllComponentsReady",
-                        "message": "gpu-label, gpu-device ready"}
+                        "message": "%s, %s ready" % (components.GPU_LABEL.name, components.GPU_DEVICE.name)}
     assert [c["type"] for c in ready] == ["Ready", "Progressing", "Degraded"]     # nothing ignored: no 4th
 
 
