@@ -35,6 +35,8 @@ Standard library only, Python 3.8: this runs on nodes.
 from __future__ import annotations
 
 import errno
+import gzip
+import lzma
 import os
 import re
 import shutil
@@ -45,7 +47,15 @@ from typing import IO, Callable, Iterator, List, Optional
 
 from .errors import MetaxGpuError
 
+try:
+    import bz2
+except ImportError:  # pragma: no cover - a Python built without it
+    bz2 = None  # type: ignore[assignment]
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+BZIP2_MAGIC = b"BZh"
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 MAX_NAME = 4096          # PATH_MAX: a longer member name is not a path a node can have
@@ -106,25 +116,33 @@ class Budget:
         self.limits = limits
         self.origin = origin
         self.members = 0
-        self.expanded = 0       # declared sizes of the regular members read past or through
+        self.expanded = 0       # declared sizes of a container's members (an image archive's layers)
         self.written = 0        # bytes written to the destination
 
     def _where(self, name: str) -> str:
         return "%s: member %s" % (self.origin, name) if self.origin else "member %s" % name
 
-    def member(self, info: tarfile.TarInfo) -> None:
+    def member(self, info: tarfile.TarInfo, container: bool = False) -> None:
+        """One more member read; ``container``: of an archive whose members are archives (not written
+        themselves), so their sizes count as what the archive expands to."""
         self.members += 1
         if self.members > self.limits.max_members:
             raise ArchiveError("%s: more than %d members (max_members); refused"
                                % (self._where(info.name), self.limits.max_members))
-        if info.isreg():
-            if info.size > self.limits.max_member_size:
-                raise ArchiveError("%s is %d bytes, above max_member_size (%d); refused"
-                                   % (self._where(info.name), info.size, self.limits.max_member_size))
+        if container and info.isreg():
             self.expanded += info.size
             if self.expanded > self.limits.max_total_size:
                 raise ArchiveError("%s: the archive expands to more than max_total_size (%d bytes); refused"
                                    % (self._where(info.name), self.limits.max_total_size))
+
+    def file(self, info: tarfile.TarInfo) -> None:
+        """A regular member about to be written: refused before a byte is, when too large."""
+        if info.size > self.limits.max_member_size:
+            raise ArchiveError("%s is %d bytes, above max_member_size (%d); refused"
+                               % (self._where(info.name), info.size, self.limits.max_member_size))
+        if self.written + info.size > self.limits.max_total_size:
+            raise ArchiveError("%s: the archive expands to more than max_total_size (%d bytes); refused"
+                               % (self._where(info.name), self.limits.max_total_size))
 
     def write(self, name: str, amount: int) -> None:
         self.written += amount
@@ -152,10 +170,49 @@ def _bounded_info(limits: Limits) -> type:
     return BoundedInfo
 
 
+class Prefixed:
+    """A stream with the bytes already read from it (to tell what it is) put back in front."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
+        self.head = head
+        self.rest = rest
+
+    def read(self, amount: int = -1) -> bytes:
+        if not self.head:
+            return self.rest.read(amount)
+        if amount is None or amount < 0:
+            data, self.head = self.head + self.rest.read(), b""
+            return data
+        data, self.head = self.head[:amount], self.head[amount:]
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+
+def decompressed(fileobj: IO[bytes]) -> IO[bytes]:
+    """``fileobj`` decompressed by its magic (gzip, xz, bzip2; else as it is), a bounded amount per read.
+
+    Not tarfile's own ``r|*``: it hands each compressed chunk to the decompressor whole, so 37 KiB of xz
+    became some 240 MiB in one call. The standard library's file classes decompress at most what is asked.
+    """
+    head = fileobj.read(len(XZ_MAGIC))
+    stream = Prefixed(head, fileobj)
+    if head.startswith(GZIP_MAGIC):
+        return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[arg-type,return-value]
+    if head.startswith(XZ_MAGIC):
+        return lzma.LZMAFile(stream)  # type: ignore[arg-type,return-value]
+    if head.startswith(BZIP2_MAGIC):
+        if bz2 is None:  # pragma: no cover - a Python built without bz2
+            raise ArchiveError("a bzip2-compressed archive needs Python's bz2 module")
+        return bz2.BZ2File(stream)  # type: ignore[arg-type,return-value]
+    return stream  # type: ignore[return-value]
+
+
 def open_stream(fileobj: IO[bytes], limits: Limits = DEFAULT_LIMITS) -> tarfile.TarFile:
-    """A tar read forward only, compressed or not (gzip, bzip2, xz: by their magic)."""
-    return tarfile.open(fileobj=fileobj, mode="r|*", tarinfo=_bounded_info(limits),  # type: ignore[call-overload]
-                        bufsize=_COPY)
+    """A tar read forward only, compressed or not (gzip, xz, bzip2: by their magic)."""
+    return tarfile.open(fileobj=decompressed(fileobj), mode="r|",  # type: ignore[call-overload]
+                        tarinfo=_bounded_info(limits), bufsize=_COPY)
 
 
 def open_seekable(fileobj: IO[bytes], limits: Limits = DEFAULT_LIMITS) -> tarfile.TarFile:
@@ -163,8 +220,9 @@ def open_seekable(fileobj: IO[bytes], limits: Limits = DEFAULT_LIMITS) -> tarfil
     return tarfile.open(fileobj=fileobj, mode="r:", tarinfo=_bounded_info(limits))  # type: ignore[call-overload]
 
 
-def members(tar: tarfile.TarFile, budget: Budget) -> Iterator[tarfile.TarInfo]:
-    """Each member once, counted against ``budget``; none is kept by ``tar``."""
+def members(tar: tarfile.TarFile, budget: Budget, container: bool = False) -> Iterator[tarfile.TarInfo]:
+    """Each member once, counted against ``budget`` (``container``: see :meth:`Budget.member`);
+    none is kept by ``tar``."""
     while True:
         setattr(tar, "_metax_chain", 0)
         info = tar.next()
@@ -173,7 +231,7 @@ def members(tar: tarfile.TarFile, budget: Budget) -> Iterator[tarfile.TarInfo]:
         tar.members = []
         if info is None:
             return
-        budget.member(info)
+        budget.member(info, container)
         yield info
 
 
@@ -331,6 +389,7 @@ class Extractor:
             os.close(fd)
 
     def _file(self, parent: int, name: str, info: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
+        self.budget.file(info)
         source = tar.extractfile(info)
         _clear_at(parent, name)
         # O_EXCL|O_NOFOLLOW: a new inode, even if something raced a link in
@@ -386,7 +445,11 @@ def extract_members(tar: tarfile.TarFile, root: str, budget: Budget,
                 parts = mapped
             link_parts = None
             if info.islnk():
-                link_parts = member_parts(info.linkname)
+                try:
+                    link_parts = member_parts(info.linkname)
+                except ArchiveError:
+                    raise ArchiveError("member %s: a hard link to %s, outside the archive; refused"
+                                       % (info.name, info.linkname)) from None
                 if select is not None:
                     link_parts = select("/".join(link_parts))
                     if link_parts is None:
@@ -416,12 +479,12 @@ def extract(path: str, dest: str, limits: Limits = DEFAULT_LIMITS,
     stage = staging_for(dest)
     shutil.rmtree(stage, ignore_errors=True)
     os.mkdir(stage, 0o700)
-    budget = Budget(limits, path)
+    budget = Budget(limits)
     try:
         try:
             with open(path, "rb") as raw, open_stream(raw, limits) as tar:
                 skipped = extract_members(tar, stage, budget, select)
-        except (tarfile.TarError, EOFError, OSError) as exc:
+        except (tarfile.TarError, EOFError, OSError, lzma.LZMAError) as exc:
             raise ArchiveError("%s: cannot extract (%s)" % (path, exc)) from exc
         except ArchiveError as exc:
             raise ArchiveError("%s: %s" % (path, exc)) from exc
@@ -547,6 +610,7 @@ def _copy_at(src_fd: int, dst_fd: int, rel: str, budget: Budget, depth: int) -> 
             finally:
                 os.close(sub_src)
         elif stat.S_ISREG(st.st_mode):
+            budget.file(info)
             _copy_file_at(src_fd, dst_fd, name, st, budget, shown)
         # devices, FIFOs, sockets: skipped (a FIFO would block the copy, /dev/zero's twin fill the disk)
 

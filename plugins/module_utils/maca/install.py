@@ -42,10 +42,9 @@ from ..host import HostRoot
 from .layout import MACA_LINK, PREFIX, MacaLayoutError, MacaPlan, dir_name, installed_versions, plan
 
 SUBTREE = ["opt", "maca"]
-XZ_MAGIC = b"\xfd7zXZ\x00"
-METADATA = 4 << 20        # a non-layer member up to this size is kept in memory (manifest.json, configs) ...
-METADATA_TOTAL = 64 << 20  # ... up to this much in all
-_COMPRESSED = (b"\x1f\x8b", XZ_MAGIC, b"BZh")
+METADATA = 4 << 20        # a JSON member up to this size is kept in memory (manifest.json, configs) ...
+METADATA_TOTAL = 16 << 20  # ... up to this much in all; nothing else is
+_COMPRESSED = (archive.GZIP_MAGIC, archive.XZ_MAGIC, archive.BZIP2_MAGIC)
 _LINK_HOPS = 8
 
 
@@ -53,23 +52,6 @@ def _select(name: str) -> Optional[List[str]]:
     """The path under opt/maca of a layer entry (None: outside it)."""
     parts = name.split("/") if name else []
     return parts[len(SUBTREE):] if parts[:len(SUBTREE)] == SUBTREE else None
-
-
-class _Prefixed:
-    """A member's stream with its first block, already read to tell a layer from JSON, put back."""
-
-    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
-        self.head = head
-        self.rest = rest
-
-    def read(self, amount: int = -1) -> bytes:
-        if not self.head:
-            return self.rest.read(amount)
-        if amount is None or amount < 0:
-            data, self.head = self.head + self.rest.read(), b""
-            return data
-        data, self.head = self.head[:amount], self.head[amount:]
-        return data
 
 
 def _layer_kind(head: bytes) -> Optional[str]:
@@ -91,7 +73,7 @@ def _stage_layer(head: bytes, handle: IO[bytes], stage: str, budget: archive.Bud
     if _layer_kind(head) == "empty":
         return True
     try:
-        with archive.open_stream(_Prefixed(head, handle), budget.limits) as layer:  # type: ignore[arg-type]
+        with archive.open_stream(archive.Prefixed(head, handle), budget.limits) as layer:  # type: ignore[arg-type]
             skipped = archive.extract_members(layer, stage, budget, _select)
     except ArchiveError as exc:
         raise ArchiveError("layer %s: %s" % (member, exc)) from exc
@@ -135,14 +117,14 @@ def extract_maca(archive_path: str, dest: str, limits: Limits = archive.DEFAULT_
     staging = dest + ".layers"
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
-    budget = archive.Budget(limits, archive_path)
+    budget = archive.Budget(limits)
     small: Dict[str, bytes] = {}
     small_total = 0
     staged: Dict[str, str] = {}
     links: Dict[str, str] = {}
     try:
         with open(archive_path, "rb") as raw, archive.open_stream(raw, limits) as outer:
-            for member in archive.members(outer, budget):
+            for member in archive.members(outer, budget, container=True):
                 name = "/".join(archive.member_parts(member.name))
                 if member.issym() or member.islnk():
                     base = name.rsplit("/", 1)[0] + "/" if member.issym() and "/" in name else ""
@@ -160,7 +142,8 @@ def extract_maca(archive_path: str, dest: str, limits: Limits = archive.DEFAULT_
                     if _stage_layer(head, handle, stage, budget, member.name):
                         staged[name] = stage
                         continue
-                if member.size <= METADATA and small_total + member.size <= METADATA_TOTAL:
+                if member.size <= METADATA and small_total + member.size <= METADATA_TOTAL \
+                        and head.lstrip()[:1] in (b"{", b"["):
                     small[name] = head + handle.read()
                     small_total += member.size
                 # anything else (a large non-layer blob) is read past, never held
