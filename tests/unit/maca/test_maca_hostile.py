@@ -236,7 +236,7 @@ def test_a_small_xz_that_expands_hugely_is_refused_before_it_is_written(node, tm
 def test_the_payload_is_streamed_not_held_in_memory(node, tmp_path):
     host, _victim = node
     # 24 layers of 4 MiB each (compressed to a few KiB): the old reader kept every member up to 4 MiB
-    layers = [layer(entry("opt/maca/lib/f%d" % i, data=bytes(4 << 20) [:(4 << 20) - 2048])) for i in range(24)]
+    layers = [layer(entry("opt/maca/lib/f%d" % i, data=bytes((4 << 20) - (16 << 10)))) for i in range(24)]
     archive = payload(tmp_path / "p.xz", BASE, *layers)
     tracemalloc.start()
     try:
