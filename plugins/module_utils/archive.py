@@ -109,6 +109,15 @@ def parse_size(value) -> int:
     return number
 
 
+def limits_from(max_members=None, max_member_size=None, max_total_size=None) -> Limits:
+    """Limits from an administrator's options (sizes as ``parse_size`` reads them); None keeps the default."""
+    default = DEFAULT_LIMITS
+    return Limits(max_members=default.max_members if max_members is None else int(max_members),
+                  max_member_size=default.max_member_size if max_member_size is None else parse_size(max_member_size),
+                  max_total_size=default.max_total_size if max_total_size is None else parse_size(max_total_size),
+                  max_header_size=default.max_header_size)
+
+
 class Budget:
     """What has been spent of :class:`Limits` so far (one per archive, shared by its layers)."""
 
