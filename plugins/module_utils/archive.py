@@ -43,7 +43,7 @@ import shutil
 import stat
 import tarfile
 from dataclasses import dataclass
-from typing import IO, Callable, Iterator, List, Optional
+from typing import IO, Any, Callable, Iterator, List, Optional
 
 from .errors import MetaxGpuError
 
@@ -160,12 +160,12 @@ class Budget:
                                % (self._where(name), self.limits.max_total_size))
 
 
-def _bounded_info(limits: Limits) -> type:
+def _bounded_info(limits: Limits) -> Any:
     """A TarInfo class that refuses an oversized extended header before ``tarfile`` reads it into memory,
     and a chain of them (each is one level of recursion in ``tarfile``)."""
 
     class BoundedInfo(tarfile.TarInfo):
-        def _proc_member(self, tar):  # type: ignore[no-untyped-def]  # tarfile's hook for each header
+        def _proc_member(self, tar):  # tarfile's hook for each header
             if self.type in _EXTENDED:
                 depth = getattr(tar, "_metax_chain", 0) + 1
                 setattr(tar, "_metax_chain", depth)
@@ -174,7 +174,7 @@ def _bounded_info(limits: Limits) -> type:
                                        "refused" % (self.size, self.offset, limits.max_header_size))
                 if depth > MAX_HEADER_CHAIN:
                     raise ArchiveError("%d extended tar headers in a row at offset %d; refused" % (depth, self.offset))
-            return super()._proc_member(tar)  # type: ignore[misc]
+            return super()._proc_member(tar)
 
     return BoundedInfo
 
@@ -199,34 +199,33 @@ class Prefixed:
         return True
 
 
-def decompressed(fileobj: IO[bytes]) -> IO[bytes]:
+def decompressed(fileobj: IO[bytes]) -> Any:
     """``fileobj`` decompressed by its magic (gzip, xz, bzip2; else as it is), a bounded amount per read.
 
     Not tarfile's own ``r|*``: it hands each compressed chunk to the decompressor whole, so 37 KiB of xz
     became some 240 MiB in one call. The standard library's file classes decompress at most what is asked.
     """
     head = fileobj.read(len(XZ_MAGIC))
-    stream = Prefixed(head, fileobj)
+    stream: Any = Prefixed(head, fileobj)
     if head.startswith(GZIP_MAGIC):
-        return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[arg-type,return-value]
+        return gzip.GzipFile(fileobj=stream, mode="rb")
     if head.startswith(XZ_MAGIC):
-        return lzma.LZMAFile(stream)  # type: ignore[arg-type,return-value]
+        return lzma.LZMAFile(stream)
     if head.startswith(BZIP2_MAGIC):
         if bz2 is None:  # pragma: no cover - a Python built without bz2
             raise ArchiveError("a bzip2-compressed archive needs Python's bz2 module")
-        return bz2.BZ2File(stream)  # type: ignore[arg-type,return-value]
-    return stream  # type: ignore[return-value]
+        return bz2.BZ2File(stream)
+    return stream
 
 
 def open_stream(fileobj: IO[bytes], limits: Limits = DEFAULT_LIMITS) -> tarfile.TarFile:
     """A tar read forward only, compressed or not (gzip, xz, bzip2: by their magic)."""
-    return tarfile.open(fileobj=decompressed(fileobj), mode="r|",  # type: ignore[call-overload]
-                        tarinfo=_bounded_info(limits), bufsize=_COPY)
+    return tarfile.open(fileobj=decompressed(fileobj), mode="r|", tarinfo=_bounded_info(limits), bufsize=_COPY)
 
 
 def open_seekable(fileobj: IO[bytes], limits: Limits = DEFAULT_LIMITS) -> tarfile.TarFile:
     """An uncompressed tar that may be seeked (member offsets stay valid: the registry pushes slices)."""
-    return tarfile.open(fileobj=fileobj, mode="r:", tarinfo=_bounded_info(limits))  # type: ignore[call-overload]
+    return tarfile.open(fileobj=fileobj, mode="r:", tarinfo=_bounded_info(limits))
 
 
 def members(tar: tarfile.TarFile, budget: Budget, container: bool = False) -> Iterator[tarfile.TarInfo]:
@@ -237,7 +236,7 @@ def members(tar: tarfile.TarFile, budget: Budget, container: bool = False) -> It
         info = tar.next()
         # tarfile appends every header to tar.members (getmembers, and extractfile's link lookups);
         # nothing here needs them, and 200k members were +110 to +190 MiB
-        tar.members = []
+        tar.members = []  # type: ignore[attr-defined]
         if info is None:
             return
         budget.member(info, container)

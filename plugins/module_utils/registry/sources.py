@@ -28,11 +28,11 @@ except ImportError:  # pragma: no cover
     HAS_YAML = False
 
 if HAS_YAML:
-    class NoAliasLoader(yaml.SafeLoader):  # type: ignore[name-defined,misc]
+    class NoAliasLoader(yaml.SafeLoader):
         """SafeLoader that refuses aliases: Chart.yaml needs none, and 520 bytes of nested aliases
         became 32 MiB of chart config (issue 39, the "billion laughs")."""
 
-        def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
                 raise yaml.composer.ComposerError(None, None, "found the alias *%s: Chart.yaml may not use aliases"
@@ -167,7 +167,7 @@ class _TarStore:
         try:
             with open(path, "rb") as handle:
                 handle.seek(offset)
-                with A.open_seekable(handle, limits) as tar:  # type: ignore[arg-type]
+                with A.open_seekable(handle, limits) as tar:
                     for member in A.members(tar, A.Budget(limits, path)):
                         if member.isfile():
                             self.members[_norm(member.name)] = (_FILE, member.offset_data, member.size)
@@ -348,7 +348,7 @@ def read_chart(path: str) -> Artifact:
     chart_yaml = None
     budget = A.Budget(A.CHART_LIMITS, path)
     try:
-        with open(path, "rb") as raw, A.open_stream(raw, A.CHART_LIMITS) as tar:  # type: ignore[arg-type]
+        with open(path, "rb") as raw, A.open_stream(raw, A.CHART_LIMITS) as tar:
             for member in A.members(tar, budget, container=True):
                 parts = member.name.split("/")
                 if len(parts) == 2 and parts[1] == "Chart.yaml" and member.isfile():
