@@ -34,6 +34,7 @@ import lzma
 import os
 import shutil
 import tarfile
+import zlib
 from typing import IO, Dict, List, Optional
 
 from .. import archive
@@ -73,14 +74,16 @@ def _stage_layer(head: bytes, handle: IO[bytes], stage: str, budget: archive.Bud
     if _layer_kind(head) == "empty":
         return True
     try:
-        with archive.open_stream(archive.Prefixed(head, handle), budget.limits) as layer:  # type: ignore[arg-type]
-            skipped = archive.extract_members(layer, stage, budget, _select)
-    except ArchiveError as exc:
-        raise ArchiveError("layer %s: %s" % (member, exc)) from exc
-    except (tarfile.ReadError, tarfile.CompressionError, lzma.LZMAError, EOFError):
+        layer = archive.open_stream(archive.Prefixed(head, handle), budget.limits)  # type: ignore[arg-type]
+    except (tarfile.TarError, lzma.LZMAError, EOFError, OSError, zlib.error):
+        # compressed, but not a tar (a blob of an OCI layout that is no layer): read past
         shutil.rmtree(stage, ignore_errors=True)
         return False
-    del skipped  # devices and FIFOs: not part of an SDK
+    try:
+        with layer:
+            archive.extract_members(layer, stage, budget, _select)  # devices and FIFOs skipped: not part of an SDK
+    except ArchiveError as exc:
+        raise ArchiveError("layer %s: %s" % (member, exc)) from exc
     return True
 
 
@@ -158,8 +161,10 @@ def extract_maca(archive_path: str, dest: str, limits: Limits = archive.DEFAULT_
             raise MacaLayoutError("the payload image has no /opt/maca")
     except ArchiveError as exc:
         raise MacaLayoutError("the payload %s was refused: %s" % (archive_path, exc)) from exc
-    except (tarfile.TarError, lzma.LZMAError, EOFError, ValueError, KeyError, IndexError, TypeError) as exc:
+    except (tarfile.TarError, lzma.LZMAError, zlib.error, EOFError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise MacaLayoutError("cannot read the payload %s: %s" % (archive_path, exc)) from exc
+    except OSError as exc:  # a damaged gzip layer, or the node's disk
+        raise MacaLayoutError("cannot extract the payload %s: %s" % (archive_path, exc)) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -246,3 +246,41 @@ def test_the_payload_is_streamed_not_held_in_memory(node, tmp_path):
         tracemalloc.stop()
     assert len(os.listdir(host.join("opt/maca-%s/lib" % VERSION))) == 24
     assert peak < 24 << 20, "peak %d MiB" % (peak >> 20)
+
+
+# -- what the streamed reader must still read ------------------------------------------------------
+
+def test_a_truncated_layer_is_a_clear_error_and_leaves_nothing(node, tmp_path):
+    host, _victim = node
+    whole = layer(entry("opt/maca/lib/big", data=bytes(100000)))
+    refused(host, payload(tmp_path / "p.xz", BASE, whole[:20000]), "cannot read the payload .*unexpected end of data")
+
+
+def test_an_oci_archive_with_gzip_layers_and_an_empty_layer(node, tmp_path):
+    import gzip
+    import hashlib
+    host, _victim = node
+    blobs = {}
+
+    def blob(data):
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs["blobs/sha256/" + digest[7:]] = data
+        return digest
+
+    layers = [blob(gzip.compress(BASE)), blob(bytes(1024)),   # docker's empty layer: two zero blocks
+              blob(gzip.compress(layer(entry("opt/maca/bin/", "dir", mode=0o755),
+                                       entry("opt/maca/bin/mxcc", data=b"#!/bin/sh\n", mode=0o755))))]
+    config = blob(b'{"rootfs": {"type": "layers"}}')
+    manifest = blob(json.dumps({"schemaVersion": 2, "config": {"digest": config},
+                                "layers": [{"digest": d} for d in layers]}).encode())
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.addfile(*entry("oci-layout", data=b'{"imageLayoutVersion":"1.0.0"}'))
+        for name, data in blobs.items():
+            tar.addfile(*entry(name, data=data))
+        tar.addfile(*entry("index.json", data=json.dumps({"manifests": [{"digest": manifest}]}).encode()))
+    (tmp_path / "oci.tar").write_bytes(buf.getvalue())
+    mi.install(host, str(tmp_path / "oci.tar"), VERSION)
+    installed = host.join("opt/maca-%s" % VERSION)
+    assert sorted(os.listdir(installed)) == ["Version.txt", "bin", "lib"]
+    assert open(installed + "/bin/mxcc", "rb").read() == b"#!/bin/sh\n"
