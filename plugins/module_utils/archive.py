@@ -592,6 +592,33 @@ def copy_tree(src: str, dest: str, limits: Limits = DEFAULT_LIMITS) -> None:
         os.close(src_fd)
 
 
+def copy_files(src: str, dest: str, budget: Budget) -> List[str]:
+    """The regular files directly in ``src`` into the existing directory ``dest`` (a payload's package
+    directory into a node's cache); links, directories, devices and FIFOs in ``src`` are skipped, a link
+    in ``dest`` is replaced, never written through. Returns the names copied, sorted."""
+    copied = []
+    src_fd = os.open(src, _DIR_FLAGS)
+    try:
+        dst_fd = os.open(dest, _DIR_FLAGS)
+        try:
+            for name in sorted(os.listdir(src_fd)):
+                st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                info = tarfile.TarInfo(name)
+                info.size = st.st_size
+                budget.member(info)
+                budget.file(info)
+                _clear_at(dst_fd, name)
+                _copy_file_at(src_fd, dst_fd, name, st, budget, name)
+                copied.append(name)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
+    return copied
+
+
 def _copy_at(src_fd: int, dst_fd: int, rel: str, budget: Budget, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise ArchiveError("%s: %s is more than %d levels deep; refused" % (budget.origin, rel, MAX_DEPTH))

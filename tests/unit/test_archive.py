@@ -343,3 +343,23 @@ def test_parse_size_refuses_nonsense(text):
 def test_limits_must_be_positive():
     with pytest.raises(A.ArchiveError, match="max_members must be at least 1"):
         A.Limits(max_members=0)
+
+
+def test_copy_files_copies_only_regular_files_and_never_writes_through_a_link(tmp_path, victim):
+    before = state(victim)
+    src = tmp_path / "payload" / "deb"
+    src.mkdir(parents=True)
+    (src / "metax-driver_2.14.3_amd64.deb").write_bytes(b"!<arch>\n")
+    os.symlink(str(victim / "secret"), str(src / "leak.deb"))     # would read a file of the pod's image
+    os.mkfifo(str(src / "pipe.deb"))                              # would block the copy
+    (src / "sub").mkdir()
+    dest = tmp_path / "cache"
+    dest.mkdir()
+    os.symlink(str(victim / "secret"), str(dest / "metax-driver_2.14.3_amd64.deb"))  # a link left in the cache
+    copied = A.copy_files(str(src), str(dest), A.Budget())
+    assert copied == ["metax-driver_2.14.3_amd64.deb"]
+    assert not (dest / copied[0]).is_symlink() and (dest / copied[0]).read_bytes() == b"!<arch>\n"
+    assert sorted(os.listdir(str(dest))) == copied
+    assert state(victim) == before
+    with pytest.raises(A.ArchiveError, match="above max_member_size"):
+        A.copy_files(str(src), str(dest), A.Budget(A.Limits(max_member_size=4)))
