@@ -118,3 +118,22 @@ def test_a_docker_archive_with_too_many_members_is_refused(tmp_path):
     path = docker_archive(tmp_path / "img.tar", junk=50)
     with pytest.raises(ArtifactError, match="more than 20 members"):
         S._TarStore(path, limits=A.Limits(max_members=20))
+
+
+@pytest.mark.parametrize("tool", ["python", "auto"])
+def test_the_xz_pusher_reads_its_archive_without_keeping_headers(tmp_path, tool):
+    import lzma
+    from ansible_collections.metax.gpu.plugins.module_utils.registry import xzsource as X
+    plain = tmp_path / "img.tar"
+    docker_archive(plain, junk=20000)
+    (tmp_path / "img.tar.xz").write_bytes(lzma.compress(plain.read_bytes(), preset=0))
+    budget = A.Budget()
+    tracemalloc.start()
+    try:
+        with X.XzReader(str(tmp_path / "img.tar.xz"), tool) as reader:
+            names = [m.name for m in A.members(X.open_tar(reader), budget, container=True) if m.isfile()]
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert names == ["abc/layer.tar", "config.json", "manifest.json"] and budget.members == 20003
+    assert peak < 6 << 20, "peak %d MiB" % (peak >> 20)   # every header kept: some 20 MiB
