@@ -137,3 +137,34 @@ def test_the_xz_pusher_reads_its_archive_without_keeping_headers(tmp_path, tool)
         tracemalloc.stop()
     assert names == ["abc/layer.tar", "config.json", "manifest.json"] and budget.members == 20003
     assert peak < 6 << 20, "peak %d MiB" % (peak >> 20)   # every header kept: some 20 MiB
+
+
+def test_a_gzip_layer_is_inflated_a_chunk_at_a_time(tmp_path):
+    import gzip
+    from ansible_collections.metax.gpu.plugins.module_utils.registry import layerstream as LS
+    plain = bytes(64 << 20)
+    reader = LS._PlainReader(io.BytesIO(gzip.compress(plain, 9)))   # some 64 KiB: one read of the source
+    sizes = []
+    while True:
+        block = reader.read()
+        if not block:
+            break
+        sizes.append(len(block))
+    assert sum(sizes) == len(plain)
+    assert max(sizes) <= LS.CHUNK   # before: all 64 MiB out of one call
+
+
+def test_a_zstd_layer_is_inflated_a_chunk_at_a_time():
+    zstandard = pytest.importorskip("zstandard")
+    from ansible_collections.metax.gpu.plugins.module_utils.registry import layerstream as LS
+    plain = bytes(16 << 20) + b"end"
+    packed = zstandard.ZstdCompressor().compress(plain[:8 << 20]) + zstandard.ZstdCompressor().compress(plain[8 << 20:])
+    reader = LS._PlainReader(io.BytesIO(packed))
+    blocks = []
+    while True:
+        block = reader.read()
+        if not block:
+            break
+        blocks.append(block)
+    assert b"".join(blocks) == plain   # both frames
+    assert max(len(b) for b in blocks) <= LS.CHUNK
