@@ -58,6 +58,8 @@ def test_the_module_refuses_a_payload_above_its_bounds_and_installs_nothing(tmp_
     assert failed and "max_total_size (1024 bytes)" in result["msg"]
     failed, result = run_module(maca, dict(args, max_member_size="12 parsecs"))
     assert failed and "'12 parsecs' is not a size" in result["msg"]
+    failed, result = run_module(maca, dict(args, max_members=0), check_mode=True)
+    assert failed and "max_members must be at least 1" in result["msg"]
     assert os.listdir(host.join("opt")) == []
     failed, result = run_module(maca, dict(args, max_members=100, max_total_size="1MiB"))
     assert not failed and result["installed"]
