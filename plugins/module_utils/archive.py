@@ -16,7 +16,8 @@ a directory, file or link entry of the same name replaces it (the link, not
 what it points at). Hard links may only name a regular file already
 extracted into the same tree. Modes lose setuid, setgid and sticky (nothing
 in an SDK needs them on the host) and are set through the descriptor of
-what was created (``fchmod``), never through a path. Device nodes and FIFOs
+what was created (``fchmod``), never through a path; group and others never
+get write: the tree is loaded by every container on the node. Device nodes and FIFOs
 are skipped: an SDK ships none, and ``mknod`` as root is what an attacker
 would want.
 
@@ -316,8 +317,9 @@ def _open_dir_at(dir_fd: int, name: str, shown: str, create: bool) -> int:
 
 
 def _mode(mode: int) -> int:
-    # rwx for owner, group, others: setuid, setgid and sticky never reach the host from an archive
-    return mode & 0o777
+    # no setuid, setgid, sticky, and no write for group and others: what is unpacked as root is a tree
+    # every container on the node loads (an SDK's libraries), so root alone may change it
+    return mode & 0o755
 
 
 class Extractor:

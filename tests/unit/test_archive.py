@@ -81,10 +81,10 @@ def test_a_plain_archive_is_extracted_whole(tmp_path, compress):
     assert left_over(tmp_path) == []
 
 
-def test_setuid_setgid_and_sticky_are_stripped(tmp_path):
-    src = write_tar(tmp_path / "a.tar", entry("d/", "dir", mode=0o1777), entry("d/su", data=b"x", mode=0o6755))
+def test_setuid_setgid_sticky_and_write_for_others_are_stripped(tmp_path):
+    src = write_tar(tmp_path / "a.tar", entry("d/", "dir", mode=0o1777), entry("d/su", data=b"x", mode=0o6777))
     A.extract(src, str(tmp_path / "out"))
-    assert stat.S_IMODE((tmp_path / "out" / "d").stat().st_mode) == 0o777
+    assert stat.S_IMODE((tmp_path / "out" / "d").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "out" / "d" / "su").stat().st_mode) == 0o755
 
 
