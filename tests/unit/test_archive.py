@@ -363,3 +363,19 @@ def test_copy_files_copies_only_regular_files_and_never_writes_through_a_link(tm
     assert state(victim) == before
     with pytest.raises(A.ArchiveError, match="above max_member_size"):
         A.copy_files(str(src), str(dest), A.Budget(A.Limits(max_member_size=4)))
+
+
+def test_a_negative_size_is_refused_not_looped_on(tmp_path):
+    info, data = entry("f", data=b"x" * 600)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(info, data)
+        tar.addfile(*entry("g", data=b"y"))
+    raw = bytearray(buf.getvalue())
+    raw[124:136] = b"\xff" * 12            # base-256: -1 (seeks back to this header for ever)
+    raw[148:156] = b"        "
+    raw[148:155] = b"%06o\x00" % sum(raw[:512])   # the header checksum again
+    (tmp_path / "neg.tar").write_bytes(bytes(raw))
+    with open(str(tmp_path / "neg.tar"), "rb") as handle, A.open_seekable(handle) as tar:
+        with pytest.raises(A.ArchiveError, match="member f: a negative size"):
+            list(A.members(tar, A.Budget()))
