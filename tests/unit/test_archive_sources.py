@@ -168,3 +168,36 @@ def test_a_zstd_layer_is_inflated_a_chunk_at_a_time():
         blocks.append(block)
     assert b"".join(blocks) == plain   # both frames
     assert max(len(b) for b in blocks) <= LS.CHUNK
+
+
+def test_an_xz_archive_is_pushed_without_keeping_its_headers(tmp_path):
+    """The xz pusher against a real docker-registry: 30,000 member headers before the image cost no memory."""
+    import lzma
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "registry"))
+    from registry_fixtures import layer_tar, make_docker_archive, start_registry
+    from ansible_collections.metax.gpu.plugins.module_utils.registry import api
+    image = tmp_path / "image.tar"
+    make_docker_archive(str(image), "cr.metax-tech.com/library/maca-c500:2.23.0.4", [layer_tar({"a": b"a" * 1000})])
+    with tarfile.open(str(image)) as src, tarfile.open(str(tmp_path / "padded.tar"), "w") as out:
+        for i in range(30000):
+            add(out, "junk/%d" % i, kind=tarfile.DIRTYPE)
+        for member in src.getmembers():
+            out.addfile(member, src.extractfile(member))
+    path = tmp_path / "maca-c500-container-2.23.0.4-ubuntu18.04-amd64.xz"
+    path.write_bytes(lzma.compress((tmp_path / "padded.tar").read_bytes(), preset=0))
+    registry = start_registry(str(tmp_path / "registry"))
+    try:
+        req = api.PushRequest(src=str(path), registry=registry.host + "/metax", plain_http=True, compression="gzip",
+                              cache_dir=str(tmp_path / "cache"), xz_tool="python")
+        tracemalloc.start()
+        try:
+            result = api.push(req)
+            _current, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    finally:
+        registry.stop()
+    assert result["changed"] and result["artifacts"][0]["ref"].endswith("/metax/maca-c500:2.23.0.4")
+    assert peak < 10 << 20, "peak %d MiB" % (peak >> 20)   # about 5 MiB; every header kept: 19 MiB
