@@ -27,6 +27,7 @@ import tarfile
 import tempfile
 from typing import Any, Dict, List
 
+from ansible_collections.metax.gpu.plugins.module_utils import archive as _archive
 from ansible_collections.metax.gpu.plugins.module_utils import backoff as _backoff
 from ansible_collections.metax.gpu.plugins.module_utils import errors as _errors
 from ansible_collections.metax.gpu.plugins.module_utils.registry import api as _api
@@ -45,7 +46,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.registry.sources import 
 
 FORMAT = 2  # 2: blobs shared between images are hard links
 DEFAULT_REGISTRY = "cr.metax-tech.com/cloud"
-_PUSHER_MODULES = (_errors, _backoff, _api, B, _cli, _client, _rerrors, _push, _sources, _layerstream, _xzpush,
+_PUSHER_MODULES = (_errors, _archive, _backoff, _api, B, _cli, _client, _rerrors, _push, _sources, _layerstream, _xzpush,
                    _xzsource)
 _MU = "ansible_collections/metax/gpu/plugins/module_utils/"
 

@@ -16,6 +16,7 @@ import tarfile
 from dataclasses import dataclass, field
 from typing import IO, Any, Dict, List, Optional, Tuple
 
+from ansible_collections.metax.gpu.plugins.module_utils import archive as A
 from ansible_collections.metax.gpu.plugins.module_utils.registry import blobs as B
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import ArtifactError
 
@@ -25,6 +26,18 @@ try:
 except ImportError:  # pragma: no cover
     yaml = None
     HAS_YAML = False
+
+if HAS_YAML:
+    class NoAliasLoader(yaml.SafeLoader):
+        """SafeLoader that refuses aliases: Chart.yaml needs none, and 520 bytes of nested aliases
+        became 32 MiB of chart config (issue 39, the "billion laughs")."""
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(None, None, "found the alias *%s: Chart.yaml may not use aliases"
+                                                  % event.anchor, event.start_mark)
+            return super().compose_node(parent, index)
 
 HELM_CONFIG = "application/vnd.cncf.helm.config.v1+json"
 HELM_LAYER = "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
@@ -139,17 +152,31 @@ class _DirStore:
         return Slice(size=os.path.getsize(path), path=path)
 
 
+# an archive's index entry: (kind, file offset of the data or the link's target, size); a TarInfo is ~1 KiB
+_FILE, _HARD, _SYM = 0, 1, 2
+# an image archive or bundle holds a few members per image (layers, configs, manifests): 100,000 is plenty,
+# and keeps the index under some 20 MiB (issue 39: 200k headers kept were +110 to +190 MiB)
+ARCHIVE_LIMITS = A.Limits(max_members=100000)
+
+
 class _TarStore:
-    def __init__(self, path: str, offset: int = 0, prefix: str = "") -> None:
+    def __init__(self, path: str, offset: int = 0, prefix: str = "", limits: A.Limits = ARCHIVE_LIMITS) -> None:
         self.path = path
         self.prefix = prefix
-        self.members: Dict[str, tarfile.TarInfo] = {}
+        self.members: Dict[str, Tuple[int, Any, int]] = {}
         try:
             with open(path, "rb") as handle:
                 handle.seek(offset)
-                with tarfile.open(fileobj=handle, mode="r:") as tar:
-                    for member in tar.getmembers():
-                        self.members[_norm(member.name)] = member
+                with A.open_seekable(handle, limits) as tar:
+                    for member in A.members(tar, A.Budget(limits, path)):
+                        if member.isfile():
+                            self.members[_norm(member.name)] = (_FILE, member.offset_data, member.size)
+                        elif member.islnk():
+                            self.members[_norm(member.name)] = (_HARD, _norm(member.linkname), 0)
+                        elif member.issym():
+                            self.members[_norm(member.name)] = (_SYM, member.linkname, 0)
+        except A.ArchiveError as exc:
+            raise ArtifactError(str(exc)) from exc
         except (OSError, tarfile.TarError, EOFError) as exc:
             raise ArtifactError("%s: not a readable tar archive (%s)" % (path, exc)) from exc
 
@@ -165,14 +192,13 @@ class _TarStore:
             member = self.members.get(key)
             if member is None:
                 return None
-            if member.islnk():
-                key = _norm(member.linkname)
-            elif member.issym():
-                key = _norm(os.path.join(os.path.dirname(key), member.linkname))
-            elif member.isfile():
-                return Slice(size=member.size, path=self.path, offset=member.offset_data)
+            kind, where, size = member
+            if kind == _HARD:
+                key = where
+            elif kind == _SYM:
+                key = _norm(os.path.join(os.path.dirname(key), where))
             else:
-                return None
+                return Slice(size=size, path=self.path, offset=where)
         return None
 
 
@@ -317,14 +343,20 @@ def _collect_verbatim(path: str, store, raw: bytes, media_type: str, art: Artifa
 
 
 def read_chart(path: str) -> Artifact:
+    """A packaged Helm chart (``<chart>/Chart.yaml`` inside a .tgz): read forward until Chart.yaml, within
+    Helm's own bounds (:data:`archive.CHART_LIMITS`), no header kept, no YAML alias expanded."""
+    chart_yaml = None
+    budget = A.Budget(A.CHART_LIMITS, path)
     try:
-        with tarfile.open(path, "r:gz") as tar:
-            chart_yaml = None
-            for member in tar.getmembers():
+        with open(path, "rb") as raw, A.open_stream(raw, A.CHART_LIMITS) as tar:
+            for member in A.members(tar, budget, container=True):
                 parts = member.name.split("/")
                 if len(parts) == 2 and parts[1] == "Chart.yaml" and member.isfile():
+                    budget.file(member)
                     chart_yaml = tar.extractfile(member).read()  # type: ignore[union-attr]
                     break
+    except A.ArchiveError as exc:
+        raise ArtifactError(str(exc)) from exc
     except (OSError, tarfile.TarError, EOFError) as exc:
         raise ArtifactError("%s: not a readable Helm chart archive (%s)" % (path, exc)) from exc
     if chart_yaml is None:
@@ -332,9 +364,11 @@ def read_chart(path: str) -> Artifact:
     if not HAS_YAML:
         raise ArtifactError("pushing a Helm chart needs the Python package PyYAML")
     try:
-        meta = yaml.safe_load(chart_yaml) or {}
+        meta = yaml.load(chart_yaml, Loader=NoAliasLoader) or {}
     except yaml.YAMLError as exc:
         raise ArtifactError("%s: Chart.yaml is not valid YAML (%s)" % (path, exc)) from exc
+    if not isinstance(meta, dict):
+        raise ArtifactError("%s: Chart.yaml is not a mapping" % path)
     if not meta.get("name") or not meta.get("version"):
         raise ArtifactError("%s: Chart.yaml lacks name or version" % path)
     config = helm_config(meta)

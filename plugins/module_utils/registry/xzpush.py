@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.metax.gpu.plugins.module_utils import archive as A
 from ansible_collections.metax.gpu.plugins.module_utils.backoff import Backoff
 from ansible_collections.metax.gpu.plugins.module_utils.registry import blobs as B
 from ansible_collections.metax.gpu.plugins.module_utils.registry import layerstream as LS
@@ -168,7 +169,7 @@ class XzPusher:
         with X.XzReader(self.path, self.opts.xz_tool) as reader:
             try:
                 tar = X.open_tar(reader)
-                for member in tar:
+                for member in A.members(tar, A.Budget(A.DEFAULT_LIMITS, self.path), container=True):
                     name = X.norm(member.name)
                     if member.issym() or member.islnk():
                         target = member.linkname if member.islnk() else \
@@ -190,6 +191,8 @@ class XzPusher:
                         continue
                     found.layers[name] = self._stream_layer(staging, tar, member, found)
                 reader.drain()
+            except A.ArchiveError as exc:
+                raise ArtifactError(str(exc)) from exc
             except (tarfile.TarError, EOFError) as exc:
                 raise X.corrupt(self.path, exc) from exc
 
