@@ -95,7 +95,7 @@ except ImportError:  # with the kubernetes client (requirements/agents.txt); kub
 COMPONENT = "driver-manager"
 LOG = logging.getLogger(COMPONENT)
 DEFAULT_READY_FILE = "/run/driver-manager/ready"
-GPU_DEVICE_SELECTOR = "app.kubernetes.io/name=gpu-device"
+GPU_DEVICE_SELECTOR = "app.kubernetes.io/name=" + names.DAEMONSET_GPU_DEVICE
 # the node agents that read the driver: restarted after an upgrade so that the
 # devices are registered and the version labels published at once (gpu-label's
 # own round is a minute)

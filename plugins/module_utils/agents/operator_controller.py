@@ -312,7 +312,7 @@ class Operator:
                     self.cluster.patch_node_metadata(node, {"labels": labels})
         gpu_nodes = [n for n in nodes
                      if (n["metadata"].get("labels") or {}).get(names.LABEL_GPU_INSTALLED) == "true"]
-        device = next((e for e in entries if e["name"] == "gpu-device"), None)
+        device = next((e for e in entries if e["name"] == names.DAEMONSET_GPU_DEVICE), None)
         out = {
             "observedGeneration": body["metadata"].get("generation", 0),
             "conditions": with_transition_times(overall(entries), old.get("conditions"), now),

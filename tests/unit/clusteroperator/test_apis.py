@@ -112,7 +112,7 @@ def test_a_failed_discovery_is_not_cached():
 def exporter_objects(served):
     rendered = render.helm_template(HELM, str(CHART), render.chart_values(EXPORTER), names.OPERATOR_NAMESPACE,
                                     api_versions=apis.helm_api_versions(served))
-    return render.desired_objects(rendered, EXPORTER, OWNER)["gpu-exporter"]
+    return render.desired_objects(rendered, EXPORTER, OWNER)["metax-gpu-exporter"]
 
 
 @helm_required(HELM)
@@ -143,7 +143,7 @@ def test_the_chart_renders_the_monitoring_objects_only_with_their_api_versions()
     # not deployed: nothing, whatever the cluster serves
     rendered = render.helm_template(HELM, str(CHART), render.chart_values({}), names.OPERATOR_NAMESPACE,
                                     api_versions=apis.helm_api_versions(BOTH))
-    assert render.desired_objects(rendered, {}, OWNER)["gpu-exporter"] == []
+    assert render.desired_objects(rendered, {}, OWNER)["metax-gpu-exporter"] == []
 
 
 @helm_required(HELM)
