@@ -38,8 +38,10 @@ OWNED_KINDS: Tuple[Kind, ...] = (
     ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+    # container-runtime's RuntimeClass metax (issue 38)
+    ("node.k8s.io/v1", "RuntimeClass"),
 )
-CLUSTER_KINDS = frozenset(("ClusterRole", "ClusterRoleBinding"))
+CLUSTER_KINDS = frozenset(("ClusterRole", "ClusterRoleBinding", "RuntimeClass"))
 # Objects per list request of the status round's node and pod lists (docs/scale.md).
 LIST_PAGE = 500
 

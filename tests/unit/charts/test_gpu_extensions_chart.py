@@ -309,3 +309,45 @@ def test_gpu_aware_has_its_own_priority_class():
     unset = pods(dict(VALUE_SETS["extender"], gpuAware={"priorityClassName": ""}))
     assert "priorityClassName" not in unset["gpu-aware"]
     assert unset["metax-gpu-device"]["priorityClassName"] == "system-node-critical"
+
+
+def test_the_daemonsets_carry_the_real_products_names_and_the_components_too():
+    """MetaX operator 0.9.2's names (samples/kubernetes/operator-0.9.2-daemonsets.txt), in both schemes:
+    the DaemonSet, its pods' app.kubernetes.io/name and its container; the operator's components the same."""
+    from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import components
+    rc, objects, err = render(HELM, {"containerRuntime": {"enabled": True}, "gpuExporter": {"enabled": True}})
+    assert rc == 0, err
+    daemonsets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DaemonSet"}
+    assert sorted(daemonsets) == ["metax-container-runtime", "metax-gpu-device", "metax-gpu-exporter",
+                                  "metax-gpu-label"]
+    for name, ds in daemonsets.items():
+        assert ds["metadata"]["labels"]["app.kubernetes.io/name"] == name
+        assert ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == name
+        assert ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == name
+        assert [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]] == [name]
+        assert components.BY_NAME[name].kind == "DaemonSet"
+    assert {c.name for c in components.REGISTRY} >= set(daemonsets) | {"metax-driver", "metax-maca"}
+    # the images keep the agents' names, as the real ClusterOperator's image.name shows
+    images = {name: ds["spec"]["template"]["spec"]["containers"][0]["image"].rsplit("/", 1)[1].split(":")[0]
+              for name, ds in daemonsets.items()}
+    assert images == {"metax-container-runtime": "container-runtime", "metax-gpu-device": "gpu-device",
+                      "metax-gpu-exporter": "gpu-exporter", "metax-gpu-label": "gpu-label"}
+    # gpu-exporter's Service selects the renamed pods
+    service = by_kind_name(objects)[("Service", "gpu-exporter")]
+    assert service["spec"]["selector"]["app.kubernetes.io/name"] == "metax-gpu-exporter"
+
+
+def test_the_runtime_class_metax_comes_with_container_runtime_only():
+    rc, off, err = render(HELM, {})
+    assert rc == 0, err
+    assert not [o for o in off if o["kind"] == "RuntimeClass"]
+    rc, on, err = render(HELM, {"containerRuntime": {"enabled": True}})
+    assert rc == 0, err
+    (runtime_class,) = [o for o in on if o["kind"] == "RuntimeClass"]
+    assert runtime_class["apiVersion"] == "node.k8s.io/v1"
+    assert runtime_class["metadata"]["name"] == names.RUNTIME_CLASS == "metax"
+    assert runtime_class["handler"] == names.RUNTIME_HANDLER == "metax"
+    assert "namespace" not in runtime_class["metadata"]          # cluster-scoped
+    # no scheduling constraint and no overhead: a pod naming it is placed as without it
+    assert set(runtime_class) == {"apiVersion", "kind", "metadata", "handler"}
+    assert runtime_class["metadata"]["labels"]["app.kubernetes.io/name"] == "metax-container-runtime"

@@ -164,7 +164,7 @@ def test_the_operator_chart_grants_every_verb_on_every_owned_kind():
     watched = {(group, plural) for group, _version, plural in DRIFT_WATCHED}
     for api_version, kind in OWNED_KINDS:
         group = api_version.rpartition("/")[0]
-        plural = kind.lower() + "s"
+        plural = kind.lower() + ("es" if kind.endswith("s") else "s")   # runtimeclasses
         role = "ClusterRole" if kind in CLUSTER_KINDS else "Role"
         # server-side apply creates or patches; prune lists and deletes; drift watches
         needed = {"list", "create", "patch", "delete"} | ({"watch"} if (group, plural) in watched else set())

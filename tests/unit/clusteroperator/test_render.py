@@ -159,7 +159,12 @@ def test_runtime_deploys_container_runtime_and_gates_gpu_device_on_runtime_ready
     spec = dict(SPEC, runtime={"deploy": True, "image": dict(IMAGE, name="container-runtime")})
     objs = objects(spec)
     assert sorted(o["kind"] for o in objs["metax-container-runtime"]) == [
-        "ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+        "ClusterRole", "ClusterRoleBinding", "DaemonSet", "RuntimeClass", "ServiceAccount"]
+    # the RuntimeClass metax of real MetaX clusters: cluster-scoped, found again by the owner label
+    runtime_class = next(o for o in objs["metax-container-runtime"] if o["kind"] == "RuntimeClass")
+    assert runtime_class["metadata"]["name"] == names.RUNTIME_CLASS and runtime_class["handler"] == names.RUNTIME_HANDLER
+    assert "namespace" not in runtime_class["metadata"] and "ownerReferences" not in runtime_class["metadata"]
+    assert runtime_class["metadata"]["labels"][names.LABEL_OPERATOR_OWNER]
     role = next(o for o in objs["metax-container-runtime"] if o["kind"] == "ClusterRole")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
     pod = workload(objs, "metax-container-runtime")["spec"]["template"]["spec"]
