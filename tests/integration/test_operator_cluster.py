@@ -32,8 +32,9 @@ from the checkout, not yet from oci://) shared by the module's tests, in order:
   CRDs removed again, it carries on without a restart.
 - runtime.deploy: true (issue 26) puts a container-runtime pod on every GPU
   node and runtime.ready on it; the nodes' containerd configs (a copy of
-  each node's own, and of a vendor-rewritten one) are unchanged while it
-  runs and byte-identical, mode included, after deploy: false.
+  each node's own, and of a vendor-rewritten one) get only the runtime
+  handler metax while it runs (none on the vendor's, which has its own),
+  and are byte-identical, mode included, after deploy: false.
 
 A GPU Extensions release found on the cluster is uninstalled first (two device
 plugins must never register the same resource) and installed again afterwards
@@ -50,6 +51,7 @@ import signal
 import subprocess
 import threading
 import time
+import tomllib
 import urllib.request
 
 import pytest
@@ -723,10 +725,11 @@ def runtime_pods(cluster):
 
 def test_container_runtime_installs_gets_ready_and_leaves_the_configs_byte_identical(
         cluster, installed, runtime_configs):
-    """The runtime component (issue 26) through the operator: every GPU node gets runtime.ready, no config
-    of the node's runtime changes (containerd 2.4 reads CDI by default; a vendor config's default runtime is
-    left alone), gpu-device (which requires runtime.ready) still serves every GPU, and after `deploy: false`
-    the nodes' roots are byte-identical, mode included, with nothing of the component's left."""
+    """The runtime component (issue 26) through the operator: every GPU node gets runtime.ready; containerd 2.4
+    reads CDI by default, so its config gets only the runtime handler metax of the RuntimeClass metax (issue 38),
+    a copy of runc, and a vendor config's own metax (its default runtime) is left alone; gpu-device (which
+    requires runtime.ready) still serves every GPU, and after `deploy: false` the nodes' roots are
+    byte-identical, mode included, with nothing of the component's left (the RuntimeClass neither)."""
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
     # run alone, the CR can be Ready before gpu-label has labelled every node: wait for the chain's end
     gpu_nodes = sorted(runtime_configs)
@@ -754,8 +757,30 @@ def test_container_runtime_installs_gets_ready_and_leaves_the_configs_byte_ident
         for pod in runtime_pods(cluster):
             log = cluster.kubectl("logs", "-n", NS, pod["metadata"]["name"]).stdout
             assert "containerd://2." in log and "reads CDI" in log, log[-2000:]
-        # while it runs: nothing written to the runtime's config, the vendor's default runtime untouched
-        assert {n: tree(r) for n, r in ((x["name"], x["sim_root"]) for x in cluster.nodes)} == runtime_configs
+        # while it runs: on the nodes whose default runtime is runc, the runtime handler metax (issue 38) beside
+        # it in a drop-in, and its import, nothing else; the vendor's node, whose own metax is its default,
+        # untouched
+        vendor_node = cluster.nodes[-1]["name"]
+        for node in cluster.nodes:
+            during = tree(node["sim_root"])
+            if node["name"] == vendor_node:
+                assert during == runtime_configs[vendor_node]
+                continue
+            changed = {p for p in set(during) | set(runtime_configs[node["name"]])
+                       if during.get(p) != runtime_configs[node["name"]].get(p)}
+            assert changed <= {"etc/containerd/config.toml", "etc/containerd/conf.d",
+                               "etc/containerd/conf.d/99-metax-gpu-cdi.toml"} | {
+                p for p in during if p.startswith("var/lib/metax-gpu")}, changed
+            dropin = tomllib.loads(during["etc/containerd/conf.d/99-metax-gpu-cdi.toml"][1].decode())
+            config = tomllib.loads(during["etc/containerd/config.toml"][1].decode())
+            runtimes = config["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+            assert dropin["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"] == {
+                "metax": runtimes["runc"]}
+            assert config["imports"] == ["/etc/containerd/conf.d/99-metax-gpu-cdi.toml"]
+        # the chart's RuntimeClass metax, the operator's (cluster-scoped, found by the owner label)
+        runtime_class = get_json(cluster, "runtimeclass", N.RUNTIME_CLASS)
+        assert runtime_class["handler"] == N.RUNTIME_HANDLER
+        assert runtime_class["metadata"]["labels"][N.LABEL_OPERATOR_OWNER] == cr(cluster)["metadata"]["uid"]
         wait_until(lambda: all(have == want for have, want in gpu_nodes_allocatable(cluster).values()), 120,
                    "gpu-device serving every GPU with runtime.ready")
         wait_until(lambda: cr_ready(cluster), 120, "Ready with container-runtime")
@@ -770,6 +795,7 @@ def test_container_runtime_installs_gets_ready_and_leaves_the_configs_byte_ident
                                for n in nodes(cluster).values()), 60, "runtime.ready removed")
     after = {n["name"]: tree(n["sim_root"]) for n in cluster.nodes}
     assert after == runtime_configs
+    assert get_json(cluster, "runtimeclass", N.RUNTIME_CLASS) is None
     with open(os.path.join(cluster.nodes[-1]["sim_root"], "etc", "containerd", "config.toml"), "rb") as handle:
         assert b'default_runtime_name = "metax"' in handle.read()
     wait_until(lambda: all(have == want for have, want in gpu_nodes_allocatable(cluster).values()), 120,
