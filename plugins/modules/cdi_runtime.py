@@ -194,8 +194,7 @@ def main():
         version = runtime_config.runtime_version_of(params["runtime"], out) if rc == 0 else None
         if version is None:
             module.fail_json(msg="cannot tell the %s version: %s" % (params["runtime"], (err or out).strip()))
-    files = {path: _text(host, path) for path in (runtime_config.CONTAINERD_CONFIG,
-                                                  runtime_config.DOCKER_DAEMON_JSON)}
+    files = runtime_state.config_files(host)
     plan = runtime_config.plan(version, files)
     result = {"changed": False, "runtime_version": version, "reason": plan.reason, "files": [], "kept": [],
               "restart": plan.restart, "restart_safe": plan.restart_safe}

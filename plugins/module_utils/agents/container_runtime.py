@@ -43,8 +43,8 @@ import sys
 from typing import Dict, Optional, Sequence, Tuple
 
 from ..cdi.mode import parse_runtime
-from ..cdi.runtime_config import CONTAINERD_CONFIG, DOCKER_DAEMON_JSON, Plan, plan
-from ..cdi.runtime_state import STATE_FILE, apply, revert
+from ..cdi.runtime_config import Plan, plan
+from ..cdi.runtime_state import STATE_FILE, apply, config_files, revert
 from ..cdi.writer import MACA_ROOT, refresh
 from ..host import HostRoot
 from ..names import CDI_SPEC_DIR, RUNTIME_HANDLER
@@ -83,10 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_texts(host: HostRoot) -> Dict[str, Optional[str]]:
     """The runtime config files a plan reads, from the node (None: absent)."""
-    out: Dict[str, Optional[str]] = {}
-    for path in (CONTAINERD_CONFIG, DOCKER_DAEMON_JSON):
-        out[path] = host.read_text(path) if host.exists(path) else None
-    return out
+    return config_files(host)
 
 
 # Runs a command in the host's namespaces (the pod has hostPID and is privileged).

@@ -218,17 +218,36 @@ def _mentions_runtime(text: str, name: str) -> bool:
         re.search(r"""(^|[{,\s])["']?%s["']?\s*=\s*\{""" % re.escape(name), text, re.MULTILINE) is not None
 
 
-def runtime_handler(text: str, version: int, with_builtin: bool = False) -> Tuple[Optional[List[str]], str]:
+def imports_of(config: str) -> List[str]:
+    """The top-level ``imports`` of a containerd config, as node paths or globs (relative ones resolved
+    against the config's directory, as containerd does)."""
+    base = CONTAINERD_CONFIG.rsplit("/", 1)[0]
+    for line in config.split("\n"):
+        if _HEADER.match(line):
+            break
+        match = _IMPORTS.match(line)
+        if match:
+            return [p if p.startswith("/") else base + "/" + p for p in _parse_imports(match.group(2))]
+    return []
+
+
+def runtime_handler(text: str, version: int, with_builtin: bool = False,
+                    imported: Optional[Dict[str, str]] = None) -> Tuple[Optional[List[str]], str]:
     """The tables of the runtime handler ``metax`` for a config of ``version``, a copy of its default
     runtime's, and why; None (with the reason) when it is not to be added. ``with_builtin``: also the
     built-in default runtime's table when the config relies on it (containerd 1.x, whose imported CRI
-    section replaces the main one, would lose it)."""
+    section replaces the main one, would lose it). ``imported``: the texts of the files the config
+    imports (not ours), by path: a metax defined there is the node's too."""
     if version not in RUNTIMES:
         return None, "config version %d: no runtime handler %s (versions 2 and 3 are supported)" % (
             version, RUNTIME_HANDLER)
     if _mentions_runtime(text, RUNTIME_HANDLER):
         return None, "its own runtime %s is kept as it is (the RuntimeClass %s runs on it)" % (
             RUNTIME_HANDLER, RUNTIME_HANDLER)
+    for name, other in sorted((imported or {}).items()):
+        if _mentions_runtime(other, RUNTIME_HANDLER):
+            return None, "its own runtime %s (%s) is kept as it is (the RuntimeClass %s runs on it)" % (
+                RUNTIME_HANDLER, name, RUNTIME_HANDLER)
     runtimes = RUNTIMES[version]
     default = default_runtime(text, version)
     own = runtimes + (default,)
@@ -281,7 +300,8 @@ def with_import(config: str, path: str = CONTAINERD_DROPIN) -> Optional[str]:
     return "\n".join(lines)
 
 
-def containerd_plan(runtime: Runtime, config: Optional[str]) -> Plan:
+def containerd_plan(runtime: Runtime, config: Optional[str], imported: Optional[Dict[str, str]] = None) -> Plan:
+    """``imported``: the texts of the other files the config imports, by node path (see :func:`imported_paths`)."""
     major, minor = runtime.version[0], runtime.version[1]
     text = config if config is not None else ("version = 3\n" if major >= 2 else "version = 2\n")
     version = _config_version(text)
@@ -306,7 +326,7 @@ def containerd_plan(runtime: Runtime, config: Optional[str]) -> Plan:
     elif major < 2 and version != 2:
         handler, handler_why = None, "config version %d: no runtime handler %s" % (version, RUNTIME_HANDLER)
     else:
-        handler, handler_why = runtime_handler(text, version, with_builtin=major < 2)
+        handler, handler_why = runtime_handler(text, version, with_builtin=major < 2, imported=imported)
     why = "%s; %s" % (why, handler_why)
     if not cdi and not handler:
         return Plan((), why)
@@ -315,9 +335,9 @@ def containerd_plan(runtime: Runtime, config: Optional[str]) -> Plan:
     else:
         dropin = containerd_dropin(text, cdi=cdi, handler=handler or ())
     edits = [Edit(CONTAINERD_DROPIN, dropin.encode("utf-8"))]
-    imported = with_import(text)
-    if imported is not None:
-        edits.insert(0, Edit(CONTAINERD_CONFIG, imported.encode("utf-8")))
+    main = with_import(text)
+    if main is not None:
+        edits.insert(0, Edit(CONTAINERD_CONFIG, main.encode("utf-8")))
     return Plan(tuple(edits), why, restart="containerd", restart_for_cdi=cdi)
 
 
@@ -356,12 +376,16 @@ def runtime_version_of(name: str, version_output: str) -> Optional[str]:
 
 
 def plan(runtime_version: str, files: Dict[str, Optional[str]]) -> Plan:
-    """The plan for the runtime ``runtime_version`` names, given its config files' texts (None: absent)."""
+    """The plan for the runtime ``runtime_version`` names, given its config files' texts (None: absent):
+    containerd's config.toml, Docker's daemon.json, and the files config.toml imports other than ours
+    (:func:`cdi.runtime_state.config_files` reads them all)."""
     runtime = parse_runtime(runtime_version)
     if runtime is None:
         return Plan((), "cannot read the runtime version %r" % runtime_version)
     if runtime.name == "containerd":
-        return containerd_plan(runtime, files.get(CONTAINERD_CONFIG))
+        imported = {p: t for p, t in files.items()
+                    if p not in (CONTAINERD_CONFIG, CONTAINERD_DROPIN, DOCKER_DAEMON_JSON) and t is not None}
+        return containerd_plan(runtime, files.get(CONTAINERD_CONFIG), imported)
     if runtime.name == "docker":
         return docker_plan(runtime, files.get(DOCKER_DAEMON_JSON))
     if runtime.name == "cri-o":

@@ -360,3 +360,28 @@ def test_the_handler_comes_out_byte_identical(tmp_path, version, text):
     outcome = rs.revert(host)
     assert sorted(outcome.changed) == sorted(plan.paths) and outcome.kept == []
     assert snapshot(host.path) == before
+
+
+def test_a_metax_runtime_in_an_imported_file_is_the_nodes_too(tmp_path):
+    """A drop-in of another tool (conf.d, imported by a glob or by name, relative or absolute) that defines
+    metax: ours would merge over it on containerd 2.x, so nothing is written; the files are found by the same
+    reading the agent and the module do (runtime_state.config_files)."""
+    other = ('[plugins."%s".containerd.runtimes.metax]\n  runtime_type = "io.containerd.runc.v2"\n'
+             '[plugins."%s".containerd.runtimes.metax.options]\n  BinaryName = "/opt/vendor/bin/runc"\n'
+             % (RUNTIME_V3, RUNTIME_V3))
+    for imports in ('imports = ["/etc/containerd/conf.d/*.toml"]', 'imports = ["conf.d/vendor.toml"]'):
+        config = V3.replace("version = 3\n", "version = 3\n%s\n" % imports, 1)
+        host = node_with(tmp_path / str(len(imports)), {rc.CONTAINERD_CONFIG: (config.encode(), 0o644),
+                                                        "/etc/containerd/conf.d/vendor.toml": (other.encode(), 0o644),
+                                                        "/etc/containerd/unrelated.toml": (b"x = {", 0o644)})
+        files = rs.config_files(host)
+        assert files["/etc/containerd/conf.d/vendor.toml"] == other and "/etc/containerd/unrelated.toml" not in files
+        plan = rc.plan("containerd://2.4.2", files)
+        assert plan.edits == () and "/etc/containerd/conf.d/vendor.toml" in plan.reason, plan.reason
+    # without it, the handler is added; our own drop-in is never read as another's
+    host = node_with(tmp_path / "ours", {rc.CONTAINERD_CONFIG: (V3.encode(), 0o644)})
+    plan = rc.plan("containerd://2.4.2", rs.config_files(host))
+    rs.apply(host, plan)
+    assert rc.CONTAINERD_DROPIN not in rs.config_files(host)
+    assert rs.pending(host, rc.plan("containerd://2.4.2", rs.config_files(host))) == []
+    rs.revert(host)
