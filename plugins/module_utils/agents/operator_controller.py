@@ -180,6 +180,8 @@ class Operator:
             counts["deleted"] += self.cluster.prune(uid, component, keep, served)
             if not deployed(component, spec):
                 self.cleanup_nodes([component], uid)
+        # objects of ours under an earlier version's component names (an upgraded operator)
+        counts["deleted"] += self.cluster.prune_former(uid, [c.name for c in self.registry], served)
         return counts
 
     def repair(self, event_type: Optional[str], live: Mapping[str, Any],

@@ -164,6 +164,29 @@ class Cluster:
                     raise
         return deleted
 
+    def prune_former(self, owner_uid: str, components: Iterable[str],
+                     served: Optional[FrozenSet[Kind]] = None) -> int:
+        """Delete the owner's objects whose component (``app.kubernetes.io/name``) is none of ``components``.
+
+        An earlier version of ours named them otherwise (issue 38: ``gpu-device`` became
+        ``metax-gpu-device``, MetaX's name): no component's :meth:`prune` lists them, and an old
+        device-plugin DaemonSet left running beside the new one would register the same resource twice.
+        """
+        current = set(components)
+        deleted = 0
+        for resource, item in self._owned(owner_uid, None, served):
+            meta = item["metadata"]
+            if (meta.get("labels") or {}).get("app.kubernetes.io/name") in current:
+                continue
+            try:
+                resource.delete(name=meta["name"], namespace=meta.get("namespace"),
+                                body={"propagationPolicy": delete_policy((resource.group_version, resource.kind))})
+                deleted += 1
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        return deleted
+
     def pods(self, owner_uid: str, component: Optional[Component] = None) -> List[Dict[str, Any]]:
         selector = "%s=%s" % (names.LABEL_OPERATOR_OWNER, owner_uid)
         if component is not None:
