@@ -40,7 +40,8 @@ from ..clusteroperator.contract import Component, deployed
 from ..vfnum import config as vfnum_config
 from ..vfnum.plan import VfnumError
 from ..clusteroperator.status import (
-    component_status, node_messages, overall, readiness_labels, same_status, waiting_nodes, with_transition_times)
+    component_status, ignored_fields, node_messages, overall, readiness_labels, same_status, waiting_nodes,
+    with_transition_times)
 from .common import UsageError, add_common_flags, kube_api_client, run_main, setup_logging, tcp_port
 
 try:
@@ -317,7 +318,7 @@ class Operator:
         device = next((e for e in entries if e["name"] == names.DAEMONSET_GPU_DEVICE), None)
         out = {
             "observedGeneration": body["metadata"].get("generation", 0),
-            "conditions": with_transition_times(overall(entries), old.get("conditions"), now),
+            "conditions": with_transition_times(overall(entries, ignored_fields(body)), old.get("conditions"), now),
             "nodes": {"total": len(nodes), "gpu": len(gpu_nodes), "ready": device["ready"] if device else 0},
             "components": entries,
         }
