@@ -298,6 +298,32 @@ def test_deploy_false_removes_the_component_and_its_node_labels(env):
     wait(lambda: "metax-gpu-label" in env.daemonsets(), 15, "gpu-label back")
 
 
+def test_an_upgraded_controller_deletes_its_objects_under_former_names(env):
+    """Issue 38 renamed the DaemonSets (gpu-device -> metax-gpu-device): objects an earlier version applied,
+    with this CR's owner label and an earlier component name, go at the next reconcile (a device plugin
+    left beside the new one would register the resource twice); nothing current is touched."""
+    cr = env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)
+    current = {n: d["metadata"]["uid"] for n, d in env.daemonsets().items()}
+    labels = {N.LABEL_OPERATOR_OWNER: cr["metadata"]["uid"], "app.kubernetes.io/name": "gpu-device"}
+    former = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "former-gpu-device", "namespace": NS,
+                                                                     "labels": labels}},
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "gpu-device", "namespace": NS,
+                                                                     "labels": labels},
+         "spec": {"selector": {"matchLabels": {"app": "former-gpu-device"}}, "template": {
+             "metadata": {"labels": {"app": "former-gpu-device"}},
+             "spec": {"nodeSelector": {"former": "none"},
+                      "containers": [{"name": "gpu-device", "image": "registry.invalid/gpu-device:0"}]}}}},
+    ]
+    res = env.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": former}))
+    assert res.returncode == 0, res.stderr
+    assert "gpu-device" in env.daemonsets()
+    assert env.patch({"devicePlugin": {"healthyInterval": 6}}).returncode == 0
+    wait(lambda: "gpu-device" not in env.daemonsets(), 15, "the former gpu-device DaemonSet deleted")
+    wait(lambda: not env.get("serviceaccount", "former-gpu-device", "-n", NS), 15, "its ServiceAccount deleted")
+    assert {n: d["metadata"]["uid"] for n, d in env.daemonsets().items()} == current
+
+
 def test_data_exporter_deploys_gpu_exporter_and_removes_it(env):
     # the real product's field (ClusterOperator dataExporter), off by default
     assert "metax-gpu-exporter" not in env.daemonsets()
