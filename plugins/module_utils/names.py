@@ -152,5 +152,28 @@ MACA_CONTAINER_PATH = "/opt/maca"
 # The charts of the two schemes (files/charts/), as their helm releases name them.
 EXTENSIONS_CHART = "metax-gpu-extensions"
 OPERATOR_CHART = "metax-operator"
-# Device-plugin DaemonSets: ours, and MetaX operator 0.9.2's (samples/kubernetes).
-DEVICE_PLUGIN_DAEMONSETS = ("gpu-device", "metax-gpu-device")
+# The node agents' workloads: their DaemonSets, and the pods' app.kubernetes.io/name,
+# as MetaX's operator 0.9.2 names them (samples/kubernetes/operator-0.9.2-daemonsets.txt),
+# so `kubectl rollout restart ds/metax-gpu-device` and the manual's metax-gpu-device-*
+# pods work on ours. Both schemes share them (one chart). The images and service
+# accounts keep the agents' own names (gpu-device, ...), as metax-driver runs
+# driver-manager (docs/design-decisions.md). The Component of each
+# (clusteroperator/components.py) carries the same name; the chart writes it.
+DAEMONSET_GPU_LABEL = "metax-gpu-label"
+DAEMONSET_GPU_DEVICE = "metax-gpu-device"
+DAEMONSET_CONTAINER_RUNTIME = "metax-container-runtime"
+DAEMONSET_GPU_EXPORTER = "metax-gpu-exporter"
+DAEMONSET_DRIVER = "metax-driver"
+DAEMONSET_MACA = "metax-maca"
+# The pods of the two agents that read the GPUs directly (set_vfnum and the
+# driver upgrade wait for them to leave a node); the names before issue 38 too,
+# for a cluster whose chart is not upgraded yet.
+NODE_AGENT_POD_SELECTOR = "app.kubernetes.io/name in (%s, %s, gpu-device, gpu-label)" % (
+    DAEMONSET_GPU_DEVICE, DAEMONSET_GPU_LABEL)
+# Device-plugin DaemonSets: ours (and MetaX operator 0.9.2's), and ours before issue 38.
+DEVICE_PLUGIN_DAEMONSETS = (DAEMONSET_GPU_DEVICE, "gpu-device")
+# The RuntimeClass of real MetaX clusters (workloads name runtimeClassName: metax),
+# and the containerd runtime handler container-runtime adds for it beside the
+# others, never as the default: a copy of the default runtime (docs/runtime.md).
+RUNTIME_CLASS = "metax"
+RUNTIME_HANDLER = "metax"

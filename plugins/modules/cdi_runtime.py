@@ -18,6 +18,12 @@ description:
     and an C(imports) entry naming it in C(/etc/containerd/config.toml) unless an import covers it already.
     Docker 25 and later gets C(features.cdi=true) in C(/etc/docker/daemon.json). Older runtimes cannot
     read CDI - nothing changes, and gpu-device or metax-docker hand over device nodes instead.
+  - containerd also gets the runtime handler C(metax), which the RuntimeClass C(metax) of real MetaX clusters
+    names, beside its other runtimes - a copy of the default runtime's tables (runc on a stock node), never
+    the default. containerd 2.x gets a drop-in (same path) with only that handler (it merges imported tables key
+    by key); containerd 1.x gets it in the drop-in's copy of the CRI tables. A C(metax) runtime the node has
+    already (MetaX's own runtime defines one) is left as it is. Without C(/etc/containerd/config.toml) it is not
+    added (containerd 1.7 excepted, which gets a config for CDI anyway).
   - It never sets or changes a default runtime.
   - Before a file is first changed its original bytes (or its absence) and mode are kept in O(state_file);
     V(absent) puts every file back byte-identical, unless it was changed by someone else since (it is then
@@ -188,8 +194,7 @@ def main():
         version = runtime_config.runtime_version_of(params["runtime"], out) if rc == 0 else None
         if version is None:
             module.fail_json(msg="cannot tell the %s version: %s" % (params["runtime"], (err or out).strip()))
-    files = {path: _text(host, path) for path in (runtime_config.CONTAINERD_CONFIG,
-                                                  runtime_config.DOCKER_DAEMON_JSON)}
+    files = runtime_state.config_files(host)
     plan = runtime_config.plan(version, files)
     result = {"changed": False, "runtime_version": version, "reason": plan.reason, "files": [], "kept": [],
               "restart": plan.restart, "restart_safe": plan.restart_safe}

@@ -202,7 +202,7 @@ def devices(name):
 
 
 def gpu_device_pods(cluster):
-    out = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpu-device",
+    out = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=" + N.DAEMONSET_GPU_DEVICE,
                                      "-o", "json", check=True).stdout)["items"]
     # a pod not bound yet has no nodeName (another session's short-lived nodes on the shared cluster)
     return {p["spec"]["nodeName"]: p["metadata"]["uid"] for p in out
@@ -249,7 +249,7 @@ def test_if_not_present_installs_the_payload_where_no_driver_is_and_leaves_the_a
     kinds = {n: json.load(open(host(n).join(pkgtool.PKGDB_FILE)))["metax-driver"]["kind"] for n in ("vm-2", "vm-3")}
     assert kinds == {"vm-2": "deb", "vm-3": "rpm"}
     # driver.ready has one writer: the controller; gpu-label is rendered without it
-    args = get_json(cluster, "daemonset", "gpu-label", "-n", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = get_json(cluster, "daemonset", N.DAEMONSET_GPU_LABEL, "-n", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--driver-labels=false" in args
     # the controller writes the labels and the CR status in one round, the status after the labels
     wait(cluster, lambda: condition_status(cluster, "metax-driver", "Ready") == "True", 30,
@@ -298,9 +298,9 @@ def vfnum_timeline(cluster, node, edit_wall, old_pod_uid):
     the new gpu-device's own logs and the API's pod times: where the time goes (docs/operator.md)."""
     steps = []
     driver = pod_on(cluster, "metax-driver", node)
-    device = pod_on(cluster, "gpu-device", node)
+    device = pod_on(cluster, N.DAEMONSET_GPU_DEVICE, node)
     for pod, container, words in ((driver, "metax-driver", ("",)),
-                                  (device, "gpu-device", ("Allocate mode", "gpu-device starting", "found",
+                                  (device, N.DAEMONSET_GPU_DEVICE, ("Allocate mode", "gpu-device starting", "found",
                                                           "registered", "ListAndWatch"))):
         if pod is None:
             continue

@@ -95,11 +95,11 @@ except ImportError:  # with the kubernetes client (requirements/agents.txt); kub
 COMPONENT = "driver-manager"
 LOG = logging.getLogger(COMPONENT)
 DEFAULT_READY_FILE = "/run/driver-manager/ready"
-GPU_DEVICE_SELECTOR = "app.kubernetes.io/name=gpu-device"
+GPU_DEVICE_SELECTOR = "app.kubernetes.io/name=" + names.DAEMONSET_GPU_DEVICE
 # the node agents that read the driver: restarted after an upgrade so that the
 # devices are registered and the version labels published at once (gpu-label's
 # own round is a minute)
-DRIVER_READERS_SELECTOR = "app.kubernetes.io/name in (gpu-device, gpu-label)"
+DRIVER_READERS_SELECTOR = "app.kubernetes.io/name in (%s, %s)" % (names.DAEMONSET_GPU_DEVICE, names.DAEMONSET_GPU_LABEL)
 # The version an upgrade started from (node path): a pod restarted half-way
 # through still knows what to roll back to.
 UPGRADE_RECORD = "var/lib/metax-gpu/driver-upgrade.json"

@@ -250,7 +250,7 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
     rendered = operator_render.helm_template(HELM, str(CHART), operator_render.chart_values(cr["spec"]), namespace)
     deployed = [o for objs in operator_render.desired_objects(rendered, cr["spec"], owner).values() for o in objs]
     assert {c for c, objs in operator_render.desired_objects(rendered, cr["spec"], owner).items() if objs} == {
-        "gpu-device", "gpu-label", "gpu-aware", "metax-driver"}
+        "metax-gpu-device", "metax-gpu-label", "gpu-aware", "metax-driver"}
     writers = node_writers(deployed)
     agent_of = agent_map(policy)
     assert set(agent_of) == writers

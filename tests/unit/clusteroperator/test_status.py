@@ -50,7 +50,7 @@ def test_rolling_out_and_degraded_name_the_nodes():
     assert cond(entry, "Degraded") == {"type": "Degraded", "status": "True", "reason": "ImagePullBackOff",
                                        "message": "pods failing on vm-2"}
     top = overall([entry, component_status(components.GPU_LABEL, {}, ds(3, 3), [], {})])
-    assert top[0]["status"] == "False" and top[0]["message"].startswith("gpu-device: ")
+    assert top[0]["status"] == "False" and top[0]["message"].startswith("metax-gpu-device: ")
     assert top[2]["status"] == "True"
 
 
@@ -62,7 +62,7 @@ def test_not_deployed_and_missing_workload():
     creating = component_status(components.GPU_DEVICE, {}, None, [], {})
     assert cond(creating, "Ready")["reason"] == "Creating"
     top = overall([off, component_status(components.GPU_LABEL, {}, ds(1, 1), [], {})])
-    assert top[0] == {"type": "Ready", "status": "True", "reason": "AllComponentsReady", "message": "gpu-label ready"}
+    assert top[0] == {"type": "Ready", "status": "True", "reason": "AllComponentsReady", "message": "metax-gpu-label ready"}
 
 
 def test_waiting_nodes_name_the_missing_readiness_label():
