@@ -251,6 +251,15 @@ def _run_record(host: HostRoot) -> Optional[dict]:
     return _record(host, RUN_RECORD)
 
 
+def declared_driver(host: HostRoot, version: Optional[str]) -> Optional[str]:
+    """The kernel driver the installed payload ``version`` declared when it was installed
+    (:data:`DRIVER_RECORD`); ``version`` itself when the record is of another (our numbering)."""
+    record = _record(host, DRIVER_RECORD) or {}
+    if version is not None and record.get("version") == version and record.get("driver_version"):
+        return str(record["driver_version"])
+    return version
+
+
 def kernel_release(host: HostRoot) -> Optional[str]:
     """The running kernel's release: the root's procfs, else this machine's (a container on the
     node, or a chroot into it, runs the node's kernel)."""

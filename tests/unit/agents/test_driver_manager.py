@@ -663,9 +663,12 @@ def test_quiet_rounds_write_the_driver_mode_once_and_again_only_when_the_node_lo
     assert mgr.round() and mgr.round() and mgr.round()
     modes = [p["labels"] for p in kube.patches if N.LABEL_DRIVER_MODE in p["labels"]]
     assert modes == [{N.LABEL_DRIVER_MODE: "native"}]          # not a write per round
+    # the payload's declaration too: once, not a write per round
+    declared = [p["annotations"] for p in kube.patches if p["annotations"]]
+    assert declared == [{N.ANNOTATION_DRIVER_PAYLOAD_VERSION: PAYLOAD, N.ANNOTATION_DRIVER_PAYLOAD_DRIVER: PAYLOAD}]
     del kube.node_labels[N.LABEL_DRIVER_MODE]
     assert mgr.round()
-    assert kube.node_labels[N.LABEL_DRIVER_MODE] == "native" and len(kube.patches) == 2
+    assert kube.node_labels[N.LABEL_DRIVER_MODE] == "native" and len(kube.patches) == 3
 
 
 class _RawAnswer:
