@@ -4,7 +4,7 @@
 """Driver payloads: layouts, file names, versions (pure functions).
 
 One interface, :class:`Package`, for the four layouts the kernel driver comes in
-(docs/driver.md "Payload layouts" says where each is detected):
+(docs/day-two.md "Driver payloads" says where each is detected):
 
 * ``deb`` (dpkg nodes), ``rpm`` (rpm nodes) and the vendor's self-extracting
   ``.run`` (any node): one file, whose version is read from its name, whose
