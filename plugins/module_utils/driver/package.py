@@ -101,9 +101,9 @@ def parse_declaration(text: str, where: str = "declaration") -> Declaration:
         fields[key.strip()] = value
     version = fields.get("version", "")
     driver = fields.get("driver") or None
-    for key, value in (("version", version), ("driver", driver)):
-        if value is not None and not _DOTTED.match(value):
-            raise DriverPackageError("%s: %s=%r is not a dotted version (e.g. 2.12.13)" % (where, key, value))
+    for key, found in (("version", version), ("driver", driver)):
+        if found is not None and not _DOTTED.match(found):
+            raise DriverPackageError("%s: %s=%r is not a dotted version (e.g. 2.12.13)" % (where, key, found))
     return Declaration(version=version, driver=driver)
 
 

@@ -327,10 +327,10 @@ def _choose(census: _Census, limits: _Limits, policy: Policy, now: float,
     if not policy.enabled:
         # no rolling upgrade: every candidate in place, in its order; nothing is made
         # unavailable by us, so neither the budget nor maxParallel nor the steps apply
-        start = sorted(list(census.free) + list(census.fresh))
+        in_place = sorted(list(census.free) + list(census.fresh))
         census.free.clear()
         census.fresh.clear()
-        return _Choice(tuple(name for _order, name in start), None, "", True, budget, None, step_pause, False, "")
+        return _Choice(tuple(name for _order, name in in_place), None, "", True, budget, None, step_pause, False, "")
     done = len(census.done)
     step: Optional[int] = next((i for i, cap in enumerate(limits.caps) if done < cap), None)
     last_over = (len(limits.caps) if step is None else step) - 1
