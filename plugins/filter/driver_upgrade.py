@@ -18,7 +18,8 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import gpu_node_problems
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
-from ansible_collections.metax.gpu.plugins.module_utils.driver.package import driver_matches
+from ansible_collections.metax.gpu.plugins.module_utils.driver.package import (
+    DriverPackageError, driver_matches, parse_declaration)
 from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout import (
     WAIT_NOT_READY, WAIT_SKIP, Policy, PolicyError, count_of, plan_batches)
 from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout_node import label_version, node_ready, rollout_node
@@ -26,7 +27,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import select
 
 __all__ = ["budget", "node_ready", "driver_upgrade_plan", "driver_upgrade_validation", "driver_upgrade_failures",
            "driver_upgrade_host_map", "driver_upgrade_evictions", "driver_upgrade_node_plan",
-           "metax_label_removal", "driver_version_parts", "FilterModule"]
+           "metax_label_removal", "driver_version_parts", "driver_payload_declaration", "FilterModule"]
 
 DOCUMENTATION = ""  # filters are documented in docs/day-two.md
 
@@ -195,6 +196,16 @@ def driver_upgrade_validation(node: Mapping[str, Any], version: Optional[str] = 
     return sorted(set(problems))
 
 
+def driver_payload_declaration(text: str) -> Dict[str, Optional[str]]:
+    """A payload's declaration (``version=``, ``driver=`` lines) as ``{"version", "driver"}``: the driver
+    module's own parser, so the role names the copied file by the version the nodes will read."""
+    try:
+        found = parse_declaration(str(text), "driver_upgrade_declaration")
+    except DriverPackageError as exc:
+        raise AnsibleFilterError(str(exc))
+    return {"version": found.version, "driver": found.driver_version}
+
+
 def driver_upgrade_failures(nodes: Sequence[Mapping[str, Any]], node_plan: Mapping[str, Mapping[str, Any]]) -> List[str]:
     """Names of the nodes (of ``node_plan``) that do not validate against their planned kernel driver."""
     out: List[str] = []
@@ -219,4 +230,5 @@ class FilterModule:
             "driver_upgrade_node_plan": driver_upgrade_node_plan,
             "metax_label_removal": metax_label_removal,
             "driver_version_parts": driver_version_parts,
+            "driver_payload_declaration": driver_payload_declaration,
         }

@@ -145,3 +145,12 @@ def test_a_vendor_payload_validates_against_the_kernel_driver_it_declares():
     assert driver_upgrade_validation(real, "2.29.0.13") == ["driver labels say 2.12.13, expected 2.29.0"]
     # a plan from before to_driver existed still validates against its payload version
     assert driver_upgrade_failures([real], {"a": {"to": "2.12.13"}}) == []
+
+
+def test_the_roles_declaration_filter_is_the_driver_modules_parser():
+    from ansible_collections.metax.gpu.plugins.filter.driver_upgrade import driver_payload_declaration
+    assert driver_payload_declaration("# MetaX\nversion=2.29.0.13\ndriver=2.12.13\n") == {
+        "version": "2.29.0.13", "driver": "2.12.13"}
+    assert driver_payload_declaration('version="2.40.1"') == {"version": "2.40.1", "driver": "2.40.1"}
+    with pytest.raises(AnsibleFilterError, match="driver_upgrade_declaration"):
+        driver_payload_declaration("driver=2.12.13\n")        # no version: the copy could not be named
