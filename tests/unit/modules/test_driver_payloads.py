@@ -148,3 +148,26 @@ def test_a_bad_declaration_is_an_error_that_names_the_file(deb_node):
     failed, result = run_module(driver, {"host_root": host.path, "version": VENDOR, "src": "/" + CACHE})
     assert failed and "metax-driver-bad.version" in result["msg"] and "driver='latest'" in result["msg"]
     assert tree(host.path) == before
+
+
+def test_a_broken_prebuilt_driver_fails_verification_and_says_why(deb_node):
+    host = deb_node
+    pkgtool.make_prebuilt(host.join(CACHE + "/image"), VENDOR, VENDOR_KMD, broken=True)
+    failed, result = run_module(driver, {"host_root": host.path, "version": VENDOR, "src": "/" + CACHE})
+    assert failed and "/dev/mxcd missing" in result["msg"]
+    assert _loaded(host) == VENDOR_KMD          # loaded (wrong kernel build), probing nothing
+
+
+def test_the_simulators_depmod_follows_the_modules_on_disk(deb_node):
+    host = deb_node
+    old = _loaded(host)
+    tree_dir = pkgtool.make_prebuilt(host.join("tmp/tree"), VENDOR, VENDOR_KMD)
+    module = "lib/modules/%s/extra/metax/metax.ko" % pkgtool.SIM_KERNEL_RELEASE
+    os.makedirs(os.path.dirname(host.join(module)))
+    with open(os.path.join(tree_dir, module)) as src, open(host.join(module), "w") as dst:
+        dst.write(src.read())
+    assert pkgtool.main("depmod", ["-a"], host.path) == 0
+    assert generator.load_state(host)["disk_driver"]["version"] == VENDOR_KMD
+    os.unlink(host.join(module))
+    assert pkgtool.main("depmod", ["-a", pkgtool.SIM_KERNEL_RELEASE], host.path) == 0
+    assert generator.load_state(host)["disk_driver"]["version"] == old      # the deb's module again
