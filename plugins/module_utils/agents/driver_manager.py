@@ -998,8 +998,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
     parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", names.OPERATOR_NAMESPACE))
     parser.add_argument("--deploy-policy", choices=policy.DEPLOY_POLICIES, default="IfNotPresent")
-    parser.add_argument("--payload-dir", default="/payload", help="the payload image's packages (deb/, rpm/, run/)")
-    parser.add_argument("--payload-version", default="", help="the driver version the payload carries")
+    parser.add_argument("--payload-dir", default="/payload",
+                        help="the payload image's packages (deb/, rpm/, run/), or its prebuilt tree, and its "
+                             "declaration metax-driver.version")
+    parser.add_argument("--payload-version", default="",
+                        help="the payload's own version (the kernel driver it installs is its declaration's, "
+                             "else the same)")
     parser.add_argument("--config-map", default=names.DRIVER_CONFIGMAP)
     parser.add_argument("--ready-file", default=DEFAULT_READY_FILE)
     parser.add_argument("--interval", type=positive_float, default=30.0, help="seconds between rounds")
