@@ -29,7 +29,11 @@ vm-3 (rpm tools, openEuler) start without any driver:
 - MetaX's own payload as it is: payload 2.29.0.13 whose prebuilt tree (no
   packages) installs kernel driver 2.17.13 finishes a rolling upgrade on all
   three nodes, each on target by its labels 2/17/13, and no node stays
-  cordoned.
+  cordoned;
+- the real CR's default (``upgradePolicy`` unset: ``enableRollout: false``):
+  the next payload is installed in place, never a cordon or an eviction; vm-3,
+  whose GPU a pod holds, says ``pending: in use`` and takes it once the pod
+  is gone.
 
 The nodes' roots are put back as found (driver, tools, VFs), the operator
 uninstalled, and a GPU Extensions release found at the start installed again.
@@ -494,7 +498,7 @@ UPGRADE_VERSION = "2.16.0"      # rolled to every node
 BROKEN_VERSION = "2.16.1"       # its deb driver loads but never comes up: vm (Debian, first by name) fails
 ADMIN_CORDONED = "vm-2"
 UPGRADE_KEYS = (N.LABEL_DRIVER_UPGRADE_STATE, N.ANNOTATION_DRIVER_UPGRADE_MESSAGE, N.ANNOTATION_PRE_CORDONED,
-                N.ANNOTATION_DRIVER_UPGRADE_TARGET)
+                N.ANNOTATION_DRIVER_UPGRADE_TARGET, N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE)
 
 
 def upgrade_marks(node):
@@ -696,3 +700,57 @@ def test_a_payload_whose_version_differs_from_its_kernel_drivers_finishes_a_roll
     quiet = follow_rollout(cluster, lambda _current: time.monotonic() >= hold_until, 30, "two quiet status rounds")
     assert quiet["started"] == {}, quiet
     assert all(loaded(n) == VENDOR_KMD for n in FLEET)
+
+
+IN_PLACE_VERSION, IN_PLACE_KMD = "2.29.0.14", "2.17.14"
+IN_PLACE_HOLDER = "upgrade-holder"
+
+
+def test_an_unset_upgrade_policy_upgrades_in_place_never_cordons_and_a_busy_node_waits_saying_so(
+        cluster, installed, fleet):
+    """The real CR's default (enableRollout false): a new payload reaches every node without a cordon or
+    an eviction; vm-3, whose GPU a pod holds, says "pending: in use" and takes it once the pod is gone."""
+    build_payload(cluster, IN_PLACE_VERSION, driver=IN_PLACE_KMD, layouts="prebuilt")
+    wait(cluster, lambda: all(loaded(n) == VENDOR_KMD for n in FLEET) and not any(
+        upgrade_marks(node) or cordoned(node) for name, node in nodes(cluster).items() if name in FLEET),
+        120, "every node on %s, nothing of the previous rollout left" % VENDOR_KMD)
+    pod, _pdb = holder_objects(cluster)
+    pod["metadata"]["name"] = IN_PLACE_HOLDER
+    pod["metadata"]["labels"] = {"app": IN_PLACE_HOLDER}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod), check=True)
+    try:
+        wait(cluster, lambda: ((get_json(cluster, "pod", IN_PLACE_HOLDER, "-n", "default") or {}).get("status") or {})
+             .get("phase") == "Running", 60, "the holder pod running on %s" % SRIOV_NODE)
+        # upgradePolicy removed from the CR: its defaults, the real CR's
+        assert patch_cr(cluster, {"driver": {"payload": {"version": IN_PLACE_VERSION},
+                                             "upgradePolicy": None}}).returncode == 0
+        idle = [n for n in FLEET if n != SRIOV_NODE]
+
+        def idle_done(current):
+            return all(loaded(n) == IN_PLACE_KMD and not upgrade_marks(current[n]) for n in idle) and \
+                (current[SRIOV_NODE]["metadata"].get("annotations") or {}).get(
+                    N.ANNOTATION_DRIVER_UPGRADE_MESSAGE, "").startswith("pending: in use (pod default/" + IN_PLACE_HOLDER)
+        track = follow_rollout(cluster, idle_done, 240, "the idle nodes upgraded in place, %s pending" % SRIOV_NODE)
+        assert track["max_cordoned"] == 0, track                    # never a cordon
+        current = nodes(cluster)
+        assert upgrade_state(current[SRIOV_NODE]) == N.DRIVER_UPGRADE_REQUIRED and not cordoned(current[SRIOV_NODE])
+        assert loaded(SRIOV_NODE) == VENDOR_KMD                     # untouched while in use
+        assert (get_json(cluster, "pod", IN_PLACE_HOLDER, "-n", "default") or {}).get("status", {}).get(
+            "phase") == "Running"                                    # never evicted
+        assert driver_upgrade_status(cluster).get("message", "").startswith("in place (enableRollout false")
+        cluster.kubectl("delete", "pod", IN_PLACE_HOLDER, "-n", "default", "--wait=true", "--timeout=60s", check=True)
+
+        def all_done(current):
+            return all(loaded(n) == IN_PLACE_KMD and not upgrade_marks(current[n]) for n in FLEET)
+        after = follow_rollout(cluster, all_done, 120, "%s upgraded once idle" % SRIOV_NODE)
+        assert after["max_cordoned"] == 0, after
+        wait(cluster, lambda: driver_upgrade_status(cluster).get("message", "").endswith("every node is at the target"),
+             30, "status.driverUpgrade: every node at the target")
+        lab = labels(cluster)
+        for name in FLEET:
+            assert [lab[name][N.LABEL_DRIVER_MAJOR], lab[name][N.LABEL_DRIVER_MINOR],
+                    lab[name][N.LABEL_DRIVER_PATCH]] == IN_PLACE_KMD.split("."), name
+            assert N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE not in (nodes(cluster)[name]["metadata"].get("annotations") or {})
+    finally:
+        cluster.kubectl("delete", "pod", IN_PLACE_HOLDER, "-n", "default", "--ignore-not-found", "--grace-period=0",
+                        "--force")
