@@ -75,6 +75,8 @@ ANNOTATION_DRIVER_UPGRADE_TARGET = PREFIX + "driver.upgrade.target"
 # false): never cordoned, never evicted; its driver-manager installs only while the GPUs
 # are idle, else it says "pending: in use" in driver.upgrade.message.
 ANNOTATION_DRIVER_UPGRADE_IN_PLACE = PREFIX + "driver.upgrade.in-place"
+# How such a wait begins in driver.upgrade.message: a wait, not a failure (no Degraded)
+PENDING_MESSAGE_PREFIX = "pending: "
 # What the node's driver-manager's payload is and which kernel driver it installs (the
 # payload's declaration: MetaX's payload 2.29.0.13 installs 2.12.13). The controller
 # compares the node's gpu.driver.* labels with the declared version, never with the

@@ -633,7 +633,7 @@ class Manager:
 
     def upgrade_pending(self, target: str, reasons: Sequence[str]) -> str:
         """An in-place upgrade that waits for idle GPUs: said on the node (once per reason), retried next round."""
-        message = ("pending: in use (%s); the upgrade to %s waits until the node's GPUs are idle "
+        message = (names.PENDING_MESSAGE_PREFIX + "in use (%s); the upgrade to %s waits until the node's GPUs are idle "
                    "(upgradePolicy.enableRollout false: no cordon, no eviction)" % ("; ".join(reasons), target))[:900]
         if self.node_annotations.get(names.ANNOTATION_DRIVER_UPGRADE_MESSAGE) != message:
             LOG.info("upgrade: %s", message)

@@ -227,9 +227,12 @@ def test_the_driver_component_switched_off_mid_rollout_hands_the_nodes_back():
     assert failed["labels"][N.LABEL_DRIVER_UPGRADE_STATE] == "failed"
     assert failed["annotations"][N.ANNOTATION_DRIVER_UPGRADE_MESSAGE] == "driver verification failed"
     assert "c" not in [name for _call, name, _body in api.calls]
-    # a node outside the rollout: only the component's own labels go (driver.mode, driver.ready), never its cordon
+    # a node outside the rollout: only the component's own keys go (driver.mode, driver.ready, its
+    # driver-manager's payload declaration), never its cordon
     assert [body for _call, name, body in api.calls if name == "d"] == [
-        {"metadata": {"labels": {N.LABEL_DRIVER_MODE: None, N.LABEL_DRIVER_READY: None}}}]
+        {"metadata": {"labels": {N.LABEL_DRIVER_MODE: None, N.LABEL_DRIVER_READY: None},
+                      "annotations": {N.ANNOTATION_DRIVER_PAYLOAD_VERSION: None,
+                                      N.ANNOTATION_DRIVER_PAYLOAD_DRIVER: None}}}]
 
 
 def test_an_unset_upgrade_policy_upgrades_in_place_and_never_cordons():

@@ -110,3 +110,11 @@ def test_driver_manager_reports_on_a_node_make_the_driver_component_degraded_nam
                                    "vm-3: vfnum 3 is not one of 0, 1, 2, 4, 8")
     assert cond(entry, "Ready")["status"] == "True"       # the driver itself is fine
     assert node_messages(components.GPU_DEVICE, nodes) == {}
+
+
+def test_an_in_place_upgrade_waiting_for_idle_gpus_is_no_failure():
+    waiting = {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: names.PENDING_MESSAGE_PREFIX + "in use (pod ml/train-0 "
+               "requests metax-tech.com/gpu); the upgrade to 2.29.0.13 waits until the node's GPUs are idle"}
+    failed = {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: "driver verification failed; rolled back to 2.14.6"}
+    nodes = [{"metadata": {"name": "vm", "annotations": waiting}}, {"metadata": {"name": "vm-2", "annotations": failed}}]
+    assert node_messages(components.DRIVER, nodes) == {"vm-2": "driver verification failed; rolled back to 2.14.6"}
