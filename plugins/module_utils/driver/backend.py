@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -529,10 +531,21 @@ def copy_payload_file(source: str, host: HostRoot, rel: str, mode: Optional[int]
     (driver-manager's staging, the prebuilt install): an archive extraction
     replacing it later changes this function only.
     """
-    with open(source, "rb") as handle:
-        content = handle.read()
-    os.makedirs(os.path.dirname(host.join(rel)), exist_ok=True)
-    host.write_file_atomic(rel, content, mode=stat.S_IMODE(os.stat(source).st_mode) if mode is None else mode)
+    dest = host.join(rel)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    # streamed (a vendor .run is hundreds of MB) into a temporary file beside it, then renamed
+    handle, tmp = tempfile.mkstemp(prefix=".metax-copy-", dir=os.path.dirname(dest))
+    try:
+        with os.fdopen(handle, "wb") as out, open(source, "rb") as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, stat.S_IMODE(os.stat(source).st_mode) if mode is None else mode)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _install_prebuilt(host: HostRoot, cmds: NodeCommands, package: Package, kernel: Optional[str]) -> None:
