@@ -60,6 +60,8 @@ RUN_RECORD = "var/lib/metax-gpu/driver-run.json"
 PREBUILT_RECORD = "var/lib/metax-gpu/driver-prebuilt.json"
 # Every install: the payload's own version and the kernel driver it declared (what the module says).
 DRIVER_RECORD = "var/lib/metax-gpu/driver-payload.json"
+# What a prebuilt tree's install copies from lib/modules/<release>/ (compressed modules too).
+KERNEL_OBJECTS = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
 # The running kernel's release (a prebuilt tree is usable only with modules for it).
 KERNEL_RELEASE = "proc/sys/kernel/osrelease"
 TOOL_DIRS = ("usr/bin", "bin", "usr/sbin", "sbin", "usr/local/bin", "usr/local/sbin")
@@ -560,12 +562,18 @@ def _install_prebuilt(host: HostRoot, cmds: NodeCommands, package: Package, kern
     for dirpath, _dirs, names in os.walk(modules):
         for name in sorted(names):
             source = os.path.join(dirpath, name)
+            # kernel objects only: a tree's modules.dep & co. would replace the node's (depmod
+            # writes those), and a recorded one would be deleted from the node on removal
+            if os.path.islink(source) or not name.endswith(KERNEL_OBJECTS):
+                continue
             rel = "lib/modules/%s/%s" % (kernel, os.path.relpath(source, modules))
             copy_payload_file(source, host, rel, 0o644)
             files.append(rel)
     tools = os.path.join(tree, "usr", "bin")
     for name in sorted(os.listdir(tools)) if os.path.isdir(tools) else ():
         rel = "usr/bin/" + name
+        if not os.path.isfile(os.path.join(tools, name)) or os.path.islink(os.path.join(tools, name)):
+            continue
         if os.path.lexists(host.join(rel)):
             continue                 # the node's own mx-smi (MXMACA's, the administrator's) is never replaced
         copy_payload_file(os.path.join(tools, name), host, rel, 0o755)

@@ -76,6 +76,13 @@ def test_a_prebuilt_tree_installs_for_the_running_kernel_and_rolls_back_to_a_pac
     host = deb_node
     old = _loaded(host)
     tree_dir = pkgtool.make_prebuilt(host.join(CACHE + "/driver-image-" + VENDOR), VENDOR, VENDOR_KMD)
+    # an index the image was built with: never copied over the node's (depmod writes the node's own)
+    for release in (pkgtool.SIM_KERNEL_RELEASE, os.uname().release):
+        with open(os.path.join(tree_dir, "lib", "modules", release, "modules.dep"), "w") as handle:
+            handle.write("extra/metax/metax.ko:\n")
+    os.makedirs(host.join("lib/modules/%s" % pkgtool.SIM_KERNEL_RELEASE))
+    with open(host.join("lib/modules/%s/modules.dep" % pkgtool.SIM_KERNEL_RELEASE), "w") as handle:
+        handle.write("kernel/drivers/node-own.ko:\n")
     args = {"host_root": host.path, "version": VENDOR, "src": "/" + CACHE}
     failed, result = run_module(driver, args)
     assert not failed, result
@@ -96,6 +103,7 @@ def test_a_prebuilt_tree_installs_for_the_running_kernel_and_rolls_back_to_a_pac
     assert back["plan"]["steps"] == ["unload", "remove", "install", "load"] and _loaded(host) == old
     assert not host.exists(module) and not host.exists("lib/modules/%s/extra" % pkgtool.SIM_KERNEL_RELEASE)
     assert not host.exists(backend.PREBUILT_RECORD)
+    assert host.read_text("lib/modules/%s/modules.dep" % pkgtool.SIM_KERNEL_RELEASE) == "kernel/drivers/node-own.ko:\n"
 
 
 def test_prebuilt_mx_smi_is_installed_where_the_node_has_none_and_removed_with_it(deb_node):
