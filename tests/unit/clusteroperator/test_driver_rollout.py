@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 import yaml
+from hypothesis import given, settings, strategies as st
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.driver_rollout import (
@@ -203,3 +204,24 @@ def test_a_payload_number_in_the_labels_is_not_on_target_when_the_payload_declar
     nodes = [gpu_node("a", version="2.29.0", payload=("2.29.0.13", "2.12.13"))]
     plan = driver_rollout(spec("2.29.0.13", policy={"maxParallel": 1, "maxUnavailable": 1}), nodes, T0)
     assert [(p.node, p.action) for p in plan.patches] == [("a", "start")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(("2.14.6", "2.40.1", "2.12.13")), st.booleans(), st.booleans(),
+                          st.sampled_from((None, None, "upgrade-required", "done", "failed")), st.booleans(),
+                          st.sampled_from((("2.40.1", None), ("2.40.1", "2.12.13"), ("2.39.0", None), None))),
+                max_size=12),
+       st.sampled_from(({}, {"upgradePolicy": {}}, {"upgradePolicy": {"maxParallel": 1, "pause": False}})))
+def test_an_unset_enable_rollout_never_patches_a_nodes_schedulability(fleet, extra):
+    """Whatever the nodes, a changed payload under enableRollout unset never cordons; the only uncordon is
+    the finish of a node an earlier rolling upgrade (no in-place mark) had cordoned."""
+    nodes = [gpu_node("n%02d" % i, version=version, cordoned=cordoned, ready=ready, state=state, payload=payload,
+                      annotations={N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE: "true"} if state and in_place else None)
+             for i, (version, cordoned, ready, state, in_place, payload) in enumerate(fleet)]
+    cr = {"driver": dict({"payload": {"version": "2.40.1"}}, **extra)}
+    plan = driver_rollout(cr, nodes, T0)
+    assert not plan.error
+    for patch in plan.patches:
+        assert "spec" not in patch.body or patch.action == "finish" and \
+            N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE not in dict(nodes[int(patch.node[1:])]["metadata"]["annotations"])
+    assert not any("spec" in p.body for p in plan.patches if p.action == "start")
