@@ -71,6 +71,18 @@ ANNOTATION_DRIVER_UPGRADE_MESSAGE = PREFIX + "driver.upgrade.message"   # why a 
 # node's driver-manager acts only when its payload is that version (a pod of
 # the previous payload, not yet replaced by the DaemonSet's rollout, waits).
 ANNOTATION_DRIVER_UPGRADE_TARGET = PREFIX + "driver.upgrade.target"
+# "true": the controller started the node's upgrade in place (upgradePolicy.enableRollout
+# false): never cordoned, never evicted; its driver-manager installs only while the GPUs
+# are idle, else it says "pending: in use" in driver.upgrade.message.
+ANNOTATION_DRIVER_UPGRADE_IN_PLACE = PREFIX + "driver.upgrade.in-place"
+# How such a wait begins in driver.upgrade.message: a wait, not a failure (no Degraded)
+PENDING_MESSAGE_PREFIX = "pending: "
+# What the node's driver-manager's payload is and which kernel driver it installs (the
+# payload's declaration: MetaX's payload 2.29.0.13 installs 2.12.13). The controller
+# compares the node's gpu.driver.* labels with the declared version, never with the
+# payload's own version (docs/operator.md "driver upgradePolicy").
+ANNOTATION_DRIVER_PAYLOAD_VERSION = PREFIX + "driver.payload.version"
+ANNOTATION_DRIVER_PAYLOAD_DRIVER = PREFIX + "driver.payload.driver-version"
 # set_vfnum.yml node state (issue 16), the MIG manager's vocabulary: pending
 # while the node is being changed, then success or failed (with the reason in
 # the message annotation). Ours, not gpu-label's.
@@ -105,7 +117,8 @@ NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
     # gpu.driver.mode is shared with gpu-label (SHARED_NODE_KEYS).
     "driver-manager": {"labels": (LABEL_DRIVER_MODE, LABEL_VFNUM_STATE, LABEL_DRIVER_UPGRADE_STATE),
                        "annotations": (ANNOTATION_DRIVER_MESSAGE, ANNOTATION_VFNUM_MESSAGE,
-                                       ANNOTATION_DRIVER_UPGRADE_MESSAGE)},
+                                       ANNOTATION_DRIVER_UPGRADE_MESSAGE, ANNOTATION_DRIVER_PAYLOAD_VERSION,
+                                       ANNOTATION_DRIVER_PAYLOAD_DRIVER)},
 }
 
 # Keys two node agents may write, each with its one writer at run time: the

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MetaxGpuError
+from .package import driver_matches, kernel_driver_version
 
 DEPLOY_POLICIES = ("IfNotPresent", "Always", "Never", "PreferCloud")
 MODE_NATIVE = "native"
@@ -82,8 +83,10 @@ class Decision:
         return self.action == "converge"
 
 
-def decide(policy: str, node: NodeDriver, payload_version: Optional[str]) -> Decision:
-    """The decision for ``policy`` on ``node`` given the payload's version."""
+def decide(policy: str, node: NodeDriver, payload_version: Optional[str],
+           driver_version: Optional[str] = None) -> Decision:
+    """The decision for ``policy`` on ``node`` given the payload's version and the kernel driver it
+    declares (``driver_version``; None: the same number). The loaded module is compared with the latter."""
     if policy not in DEPLOY_POLICIES:
         raise PolicyError("deployPolicy %r: expected one of %s" % (policy, ", ".join(DEPLOY_POLICIES)))
     current_mode = (MODE_CLOUD if node.ours else MODE_NATIVE) if node.present else None
@@ -104,7 +107,8 @@ def decide(policy: str, node: NodeDriver, payload_version: Optional[str]) -> Dec
         return Decision("none", MODE_NATIVE, None, "deployPolicy PreferCloud: the administrator's driver %s "
                         "is in use; the payload's %s replaces it once the GPUs are idle"
                         % (node.loaded_version or node.installed_version, payload_version), retry=True)
-    on_target = node.installed_version == payload_version and node.loaded_version == payload_version
+    on_target = node.installed_version == payload_version and \
+        driver_matches(node.loaded_version, kernel_driver_version(payload_version, driver_version))
     if on_target and node.ours:
         return Decision("keep", MODE_CLOUD, payload_version, "driver %s = payload" % payload_version)
     return Decision("converge", MODE_CLOUD, payload_version, "deployPolicy %s: %s -> %s" % (

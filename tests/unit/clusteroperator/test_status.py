@@ -156,3 +156,11 @@ def test_ignored_fields_name_what_the_cr_and_the_values_carry_and_we_do_not_act_
     # one condition for all, with a stable transition time while the list stays
     first = with_transition_times([extra], None, "t1")
     assert with_transition_times([extra], first, "t2")[0]["lastTransitionTime"] == "t1"
+
+
+def test_an_in_place_upgrade_waiting_for_idle_gpus_is_no_failure():
+    waiting = {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: names.PENDING_MESSAGE_PREFIX + "in use (pod ml/train-0 "
+               "requests metax-tech.com/gpu); the upgrade to 2.29.0.13 waits until the node's GPUs are idle"}
+    failed = {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: "driver verification failed; rolled back to 2.14.6"}
+    nodes = [{"metadata": {"name": "vm", "annotations": waiting}}, {"metadata": {"name": "vm-2", "annotations": failed}}]
+    assert node_messages(components.DRIVER, nodes) == {"vm-2": "driver verification failed; rolled back to 2.14.6"}
