@@ -77,7 +77,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from .. import names
 from ..backoff import Backoff
 from ..driver import backend, inuse, policy
-from ..driver.package import DECLARATION_SUFFIX, DriverPackageError, kernel_driver_version, parse_declaration
+from ..driver.package import (DECLARATION_SUFFIX, DriverPackageError, check_payload_version, kernel_driver_version,
+                              parse_declaration)
 from ..errors import MetaxGpuError
 from ..host import HostRoot, HostRootError
 from ..kube import evict as kube_evict
@@ -538,7 +539,8 @@ class Manager:
         if self.host.exists("etc/os-release"):
             release = policy.parse_os_release(self.host.read_text("etc/os-release"))
         kinds = policy.payload_kinds(policy.os_family(release, backend.node_kind(self.cmds)))
-        target = "%s/%s" % (policy.NODE_CACHE, version)
+        # the version names a directory removed below: never a path of its own (../x)
+        target = "%s/%s" % (policy.NODE_CACHE, check_payload_version(version))
         local = self.host.join(target)
         shutil.rmtree(local, ignore_errors=True)
         os.makedirs(local)

@@ -533,16 +533,30 @@ def copy_payload_file(source: str, host: HostRoot, rel: str, mode: Optional[int]
     (driver-manager's staging, the prebuilt install): an archive extraction
     replacing it later changes this function only.
     """
+    # only a regular file, opened without following a link: a payload's link, FIFO or device node
+    # would make root read (or block on) whatever it points at
+    try:
+        src_fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise DriverError("payload file %s refused: %s (only regular files are copied)" % (source, exc)) from exc
+    with os.fdopen(src_fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            raise DriverError("payload file %s refused: not a regular file" % source)
+        _copy_payload_stream(src, host, rel, stat.S_IMODE(os.fstat(src.fileno()).st_mode) if mode is None else mode)
+
+
+def _copy_payload_stream(src, host: HostRoot, rel: str, mode: int) -> None:
     dest = host.join(rel)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     # streamed (a vendor .run is hundreds of MB) into a temporary file beside it, then renamed
     handle, tmp = tempfile.mkstemp(prefix=".metax-copy-", dir=os.path.dirname(dest))
     try:
-        with os.fdopen(handle, "wb") as out, open(source, "rb") as src:
+        with os.fdopen(handle, "wb") as out:
             shutil.copyfileobj(src, out, 1 << 20)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(tmp, stat.S_IMODE(os.stat(source).st_mode) if mode is None else mode)
+        # never setuid/setgid/sticky from a payload (the archive routine's rule)
+        os.chmod(tmp, mode & 0o777)
         os.replace(tmp, dest)
     except BaseException:
         if os.path.lexists(tmp):

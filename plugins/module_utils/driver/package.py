@@ -45,10 +45,23 @@ DECLARATION_SUFFIX = ".version"
 MODULE_FILES = ("metax.ko", "metax.ko.xz", "metax.ko.zst", "metax.ko.gz")
 _VERSION = re.compile(r"(\d+(?:\.\d+)+)")
 _DOTTED = re.compile(r"^\d+(?:\.\d+)+$")
+# What a payload version may be before it becomes part of a node path (the cache
+# directory that a new staging removes first): the operator chart's schema has
+# the same pattern for driver.payload.version.
+PAYLOAD_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*(-[A-Za-z0-9._-]+)?$")
 
 
 class DriverPackageError(MetaxGpuError):
     """A package file that cannot be used (unknown kind, no version in its name, bad declaration)."""
+
+
+def check_payload_version(version: str) -> str:
+    """``version`` when it is a payload version (digits and dots, an optional ``-suffix``), else an error:
+    it names a directory on the node that is removed and written as root."""
+    if not PAYLOAD_VERSION.match(version or "") or ".." in version:
+        raise DriverPackageError("%r is not a driver payload version (digits and dots with an optional "
+                                 "-suffix, such as 2.29.0.13 or 2.12.13-1)" % (version,))
+    return version
 
 
 @dataclass(frozen=True)
