@@ -578,6 +578,12 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         with self._lock:
             return self._connections
 
+    @property
+    def busy_connections(self) -> int:
+        """Connections in a request (their head is being read, or later)."""
+        with self._lock:
+            return sum(1 for handler in self._handlers.values() if handler.busy)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A connection that breaks (client gone, timeout, TLS garbage) is routine, not a traceback."""
         exc = sys.exc_info()[1]
