@@ -41,6 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import compress
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
+from ..httpbounds import DeadlineReader, abort, refuse
 from .cache import NodeCache, WeightsHolder
 from .demand import PodSpecError, pod_demand
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -207,44 +208,11 @@ def _http_date() -> str:
     return text
 
 
-class _DeadlineReader(io.RawIOBase):
-    """The connection's bytes, with the request deadline on every read.
-
-    A socket timeout bounds one read only; a client sending a byte at a time
-    would renew it forever. Before a request starts, a read waits up to the
-    idle timeout; the first byte of a request starts its deadline, and each
-    later read waits at most what is left of it (and never more than the read
-    timeout).
-    """
-
-    def __init__(self, sock: socket.socket, server: "ExtenderHTTPServer") -> None:
-        super().__init__()
-        self._sock = sock
-        self._server = server
-        self.deadline: Optional[float] = None
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self.deadline is None:
-            timeout = self._server.idle_timeout
-        else:
-            timeout = min(self._server.read_timeout, self.deadline - time.monotonic())
-            if timeout <= 0:
-                raise socket.timeout("request not received within %ss" % self._server.request_timeout)
-        self._sock.settimeout(timeout)
-        count = self._sock.recv_into(buffer)
-        if self.deadline is None and count:
-            self.deadline = time.monotonic() + self._server.request_timeout
-        return count
-
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "gpu-aware"
     disable_nagle_algorithm = True
-    timeout = DEFAULT_READ_TIMEOUT        # replaced read by read by _DeadlineReader
+    timeout = DEFAULT_READ_TIMEOUT        # replaced read by read by DeadlineReader
     server: "ExtenderHTTPServer"
 
     def setup(self) -> None:
@@ -253,7 +221,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.request.do_handshake()
         super().setup()
         self.reserved = 0
-        self.reader = _DeadlineReader(self.connection, self.server)
+        self.reader = DeadlineReader(self.connection, self.server)
         self.rfile = io.BufferedReader(self.reader, 65536)
         self.busy = False
         self.evicted = False
@@ -267,7 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.unregister(self)
 
     def handle_one_request(self) -> None:
-        self.reader.deadline = None
+        self.reader.next_request()
         self.server.set_busy(self, False)
         if self.server.stopping:
             self.close_connection = True
@@ -517,7 +485,7 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         victim = min(idle, key=lambda h: h.idle_since)
         victim.evicted = True
         victim.close_connection = True
-        _abort(victim.connection)
+        abort(victim.connection)
         # Its thread ends at once (its read returns): it is counted out now, not when the thread is gone.
         if id(victim.request) in self._counted:
             self._counted.discard(id(victim.request))
@@ -529,12 +497,7 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         if self._refused in (1, 10, 100) or self._refused % 1000 == 0:
             self.log.warning("%d connections refused: all %d are in a request (--max-connections); latest from %s",
                              self._refused, self.max_connections, client_address)
-        try:
-            request.setblocking(False)
-            request.send(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-        except (OSError, ValueError):
-            pass
-        self.shutdown_request(request)
+        refuse(request)
 
     def reserve(self, amount: int, large: bool) -> bool:
         """Take ``amount`` bytes of body from the large or the small pool; False when it is full."""
@@ -600,12 +563,12 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
             self.stopping = True
             for handler in self._handlers.values():
                 if not handler.busy:
-                    _abort(handler.connection)
+                    abort(handler.connection)
             while self._handlers and time.monotonic() < deadline:
                 self._lock.wait(max(0.01, min(0.5, deadline - time.monotonic())))
                 for handler in self._handlers.values():
                     if not handler.busy:
-                        _abort(handler.connection)
+                        abort(handler.connection)
             clean = not self._handlers
         self.server_close()
         return clean
@@ -620,13 +583,6 @@ class _NoLock:
 
 
 _NO_LOCK = _NoLock()
-
-
-def _abort(sock: Any) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
