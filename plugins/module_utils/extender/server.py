@@ -39,7 +39,7 @@ import time
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import compress
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..httpbounds import DeadlineReader, abort, refuse
 from .cache import NodeCache, WeightsHolder
@@ -444,7 +444,8 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         self._lock = threading.Condition()
         self._handlers: Dict[int, _Handler] = {}
         self._connections = 0
-        self._counted: Set[int] = set()     # ids of the accepted sockets within the count
+        # the accepted sockets within the count: id -> (socket, when accepted)
+        self._counted: Dict[int, Tuple[Any, float]] = {}
         # bytes of request bodies reserved, per pool: (large, small) -> (used, capacity)
         self._pools = {True: [0, max_body_bytes], False: [0, small_bodies_bytes]}
         self._deciding_large = threading.Lock()
@@ -458,7 +459,7 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
                 self._refuse(request, client_address)
                 return
             self._connections += 1
-            self._counted.add(id(request))
+            self._counted[id(request)] = (request, time.monotonic())
         try:
             super().process_request(request, client_address)
         except BaseException:
@@ -473,23 +474,37 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
 
     def _count_out(self, request: Any) -> None:
         with self._lock:
-            if id(request) in self._counted:
-                self._counted.discard(id(request))
+            if self._counted.get(id(request), (None, 0.0))[0] is request:
+                del self._counted[id(request)]
                 self._connections -= 1
 
     def _evict_idle(self) -> bool:
-        """Close the connection idle the longest (it waits for a request; its client reconnects). Lock held."""
-        idle = [h for h in self._handlers.values() if not h.busy and not h.evicted]
-        if not idle:
+        """Close the connection idle the longest (it waits for a request; its client reconnects). Lock held.
+
+        A connection whose thread has not started yet counts as idle since it was accepted: a burst of
+        connections must not find the cap full of threads still starting.
+        """
+        handlers = {id(h.request): h for h in self._handlers.values()}
+        best: Optional[Tuple[float, int]] = None
+        for key, (_sock, accepted) in self._counted.items():
+            handler = handlers.get(key)
+            if handler is None:
+                since = accepted
+            elif handler.busy or handler.evicted:
+                continue
+            else:
+                since = handler.idle_since
+            if best is None or since < best[0]:
+                best = (since, key)
+        if best is None:
             return False
-        victim = min(idle, key=lambda h: h.idle_since)
-        victim.evicted = True
-        victim.close_connection = True
-        abort(victim.connection)
-        # Its thread ends at once (its read returns): it is counted out now, not when the thread is gone.
-        if id(victim.request) in self._counted:
-            self._counted.discard(id(victim.request))
-            self._connections -= 1
+        sock, _accepted = self._counted.pop(best[1])
+        self._connections -= 1          # its read returns at once: counted out now, not when its thread ends
+        victim = handlers.get(best[1])
+        if victim is not None:
+            victim.evicted = True
+            victim.close_connection = True
+        abort(sock)
         return True
 
     def _refuse(self, request: Any, client_address: Any) -> None:

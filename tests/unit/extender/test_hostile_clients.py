@@ -286,3 +286,48 @@ def test_an_idle_connection_waits_the_idle_timeout_only(serve):
     server = serve(idle_timeout=1.0)
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         assert closed_by_server(sock, time.monotonic() + 30)
+
+
+def test_a_chunked_body_moves_to_the_large_pool_as_it_grows(serve):
+    server = serve(max_body_bytes=4 * MIB, small_bodies_bytes=2 * MIB)
+    held = _head_only(server.port, 3 * MIB)                        # 3 of the 4 MiB large pool
+    polling.wait_until(lambda: server.busy_connections == 1, 10, "a connection in a request", interval=0.05)
+    time.sleep(0.2)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"x" * (512 * 1024)
+        answer = b""
+        try:
+            for _index in range(6):                                # 3 MiB in all: past 1 MiB it needs the large pool
+                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        except OSError:
+            pass
+        sock.settimeout(10)
+        try:
+            answer = sock.recv(200)
+        except OSError:
+            pass
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+    held.close()
+    # both pools are empty again: a small and a pool-sized body are taken
+    polling.wait_until(lambda: server.reserve(4 * MIB, large=True), 10, "the large pool to empty", interval=0.05)
+    server.release(4 * MIB, large=True)
+    assert server.reserve(2 * MIB, large=False)
+    server.release(2 * MIB, large=False)
+
+
+def test_an_answer_to_a_real_request_after_hostile_ones_is_the_same(serve):
+    server = serve(max_connections=4, request_timeout=1.0)
+    expected = post(server.port, "filter", NODES_BODY)
+    junk = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _index in range(10)]
+    for sock in junk[:3]:
+        try:
+            sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 99999\r\n\r\n{")
+        except OSError:
+            pass
+    try:
+        assert post(server.port, "filter", NODES_BODY) == expected
+        assert server.connections <= 4
+    finally:
+        for sock in junk:
+            sock.close()
