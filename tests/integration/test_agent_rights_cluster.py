@@ -29,7 +29,7 @@ pytestmark = pytest.mark.cluster
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from node_policy import CHART, OPERATOR_CHART, apply, apply_policy, policy_name, pods_policy_name, render  # noqa: E402
+from node_policy import OPERATOR_CHART, apply, apply_policy, policy_name, pods_policy_name, render  # noqa: E402
 from polling import wait_until  # noqa: E402
 
 NAMESPACE = "metax-rights-it"
