@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_flags(parser)
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
                         help="the node label of every series (default: $NODE_NAME, from the downward API)")
-    parser.add_argument("--address", default="0.0.0.0", help="listen address (default %(default)s)")
+    parser.add_argument("--address", default="0.0.0.0",
+                        help="listen address (default %(default)s: every address of the pod's own network "
+                             "namespace, its pod IP and loopback; docs/security.md)")
     parser.add_argument("--port", type=tcp_port, default=DEFAULT_PORT,
                         help="port of /metrics and /healthz (default %(default)s)")
     parser.add_argument("--interval", type=positive_float, default=DEFAULT_INTERVAL,
