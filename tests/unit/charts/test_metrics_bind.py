@@ -8,6 +8,8 @@ network; a chart that put them there would have to bind the pod IP instead.
 """
 from __future__ import annotations
 
+from ansible_collections.metax.gpu.plugins.module_utils import names
+
 from .helm import find_helm, helm_required, render
 
 HELM = find_helm()
@@ -20,7 +22,7 @@ def test_the_metrics_servers_run_in_their_own_network_namespace():
     pods = {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in objects if o["kind"] == "DaemonSet"}
     serving = [name for name, spec in pods.items()
                if any(p.get("name") == "metrics" for c in spec["containers"] for p in c.get("ports") or [])]
-    assert sorted(serving) == ["gpu-device", "gpu-exporter"]
+    assert sorted(serving) == sorted([names.DAEMONSET_GPU_DEVICE, names.DAEMONSET_GPU_EXPORTER])
     for name in serving:
         spec = pods[name]
         assert not spec.get("hostNetwork"), name

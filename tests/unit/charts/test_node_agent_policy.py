@@ -265,7 +265,7 @@ def pod_deleters(objects: List[Dict[str, Any]]) -> set:
 def test_pods_policy_shape(chart):
     """The pods an agent deletes are its own node's: DELETE of pods by the node agents, checked on the old object."""
     values = {"driverManager": {"enabled": True, "payload": {"version": "2.14.3"}}} if chart == CHART else {}
-    rc, objects, err = render(HELM, values, extra=SUPPORTED, chart=chart)
+    rc, objects, err = render(HELM, chart_values(chart, values), extra=SUPPORTED, chart=chart)
     assert rc == 0, err
     node_policy, _binding = policy_objects(objects)
     policy, binding = policy_objects(objects, pods=True)
