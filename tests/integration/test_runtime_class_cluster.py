@@ -108,7 +108,15 @@ class NodeContainerd:
         """containerd started again on its config (the local cluster restarts it when the file changed)."""
         spec = containerd.process(self.rt.settings, self.node, self.rt.tools.containerd_bin + "/containerd",
                                   self.holder)
-        self.rt.host.start(spec)
+        # containerd finds its shim on PATH: cluster.sh starts it with its own build's bin first, and
+        # without that it runs Debian's 1.x shim, which cannot start a 2.x task ("type with url ...
+        # not found") and leaves the node unable to start any pod
+        saved = os.environ["PATH"]
+        os.environ["PATH"] = self.rt.tools.containerd_bin + os.pathsep + saved
+        try:
+            self.rt.host.start(spec)
+        finally:
+            os.environ["PATH"] = saved
         sock = NodePaths(self.rt.settings, self.node).socket
         wait_for(lambda: subprocess.run([self.rt.tools.containerd_bin + "/ctr", "--address", sock, "version"],
                                         capture_output=True, timeout=30, check=False).returncode == 0,
