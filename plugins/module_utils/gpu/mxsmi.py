@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import MetaxGpuError
-from .model import LinkClass
+from .model import LinkClass, chip_name
 from .pci import normalize_bdf
 
 _LEADING_INDEX = re.compile(r"^\s*(\d+)(?:\s+(.*?))?\s*$")
@@ -40,8 +40,10 @@ _VERSION_LINE = re.compile(r"^\s*mx-smi\s+version\s*:", re.IGNORECASE)
 _DRIVER = re.compile(r"Kernel Mode Driver Version:\s*(\S+)")
 _MACA = re.compile(r"MACA Version:\s*(\S+)")
 _ATTACHED = re.compile(r"^\s*Attached GPUs\s*:\s*(\d+)\s*$")
-_VENDOR_PREFIX = re.compile(r"^\s*metax\s+", re.IGNORECASE)
-_MX_PRODUCT = re.compile(r"^MX([A-Z]\d+[A-Z0-9]*)$", re.IGNORECASE)
+# a persistence mode printed in the name cell (2.2.8: ``0  MetaX N260  OFF`` under
+# ``GPU  NAME  Persistence-M``): a word of its own after the name
+_PERSISTENCE_HEADER = re.compile(r"\bpersist", re.IGNORECASE)
+_PERSISTENCE_VALUE = re.compile(r"\s+(on|off|enabled?|disabled?|n/?a)$", re.IGNORECASE)
 _UNHEALTHY_STATES = ("unavailable", "fault", "error", "lost", "offline")
 # Words of a second table after the GPU table (processes): it ends the GPU table.
 _OTHER_TABLE = re.compile(r"\b(process|pid)\b", re.IGNORECASE)
@@ -63,10 +65,8 @@ def _problem(what: str, message: str, lineno: int, line: str) -> str:
 
 
 def product_of(name: str) -> str:
-    """The product as the manual names it: ``MetaX C500`` / ``MXC500`` -> ``C500``."""
-    text = _VENDOR_PREFIX.sub("", name.strip()).strip()
-    found = _MX_PRODUCT.match(text)
-    return (found.group(1) if found else text).upper()
+    """The chip name MetaX's tools and labels use: ``MetaX C500`` / ``MXC500`` -> ``MXC500``."""
+    return chip_name(name)
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,7 @@ class _Layout:
     where: Dict[str, Tuple[int, int]]              # field -> (row, cell)
     widths: Tuple[int, ...]                        # cells per header row
     readings: Dict[str, Tuple[int, int]] = field(default_factory=dict)   # reading -> (row, cell)
+    name_persistence: bool = False                 # the name's header cell also names Persistence-M
 
 
 def _find_layout(rows: List[Tuple[int, str, bool]]) -> Tuple[Optional[_Layout], int]:
@@ -190,6 +191,7 @@ def _find_layout(rows: List[Tuple[int, str, bool]]) -> Tuple[Optional[_Layout], 
         where: Dict[str, Tuple[int, int]] = {}
         readings: Dict[str, Tuple[int, int]] = {}
         widths: List[int] = []
+        persistence = False
         end = pos
         while end < len(rows) and not rows[end][2]:
             cells = _cells(rows[end][1])
@@ -200,12 +202,14 @@ def _find_layout(rows: List[Tuple[int, str, bool]]) -> Tuple[Optional[_Layout], 
                 break
             for name, cell in fields.items():
                 where.setdefault(name, (len(widths), cell))
+                if name == "name" and where[name] == (len(widths), cell) and _PERSISTENCE_HEADER.search(cells[cell]):
+                    persistence = True
             for name, cell in _reading_fields(cells).items():
                 readings.setdefault(name, (len(widths), cell))
             widths.append(len(cells))
             end += 1
         if "bdf" in where:
-            return _Layout(len(widths), where, tuple(widths), readings), end
+            return _Layout(len(widths), where, tuple(widths), readings, persistence), end
     return None, len(rows)
 
 
@@ -268,6 +272,7 @@ def _read_record(record: List[Optional[Tuple[int, str]]], layout: _Layout, ordin
             index, name = int(found.group(1)), found.group(2) or ""
         else:
             name = named[0]
+        name = _without_persistence(name, layout.name_persistence)
     if index is None:
         numbered = _field(record, layout, "index")
         found = _LEADING_INDEX.match(numbered[0]) if numbered else None
@@ -286,6 +291,19 @@ def _read_record(record: List[Optional[Tuple[int, str]]], layout: _Layout, ordin
         problems.append(_problem(TABLE_COMMAND, "GPU %d has no %s cell" % (index, " or ".join(missing)),
                                  bus[1], bus[2]))
     return MxSmiGpu(index, name, bdf, memory, state[0] if state else "")
+
+
+_SPACED_ON_OFF = re.compile(r"\s{2,}(on|off)$", re.IGNORECASE)
+
+
+def _without_persistence(name: str, header_says_so: bool) -> str:
+    """The board name without a persistence mode printed in its cell (``MetaX N260  OFF``).
+
+    When the header cell names Persistence-M, its value is the last word; without
+    such a header only a column-spaced ``On``/``Off`` is taken for one.
+    """
+    found = (_PERSISTENCE_VALUE if header_says_so else _SPACED_ON_OFF).search(name)
+    return name[:found.start()].rstrip() if found and found.start() > 0 else name
 
 
 def _number(pattern: "re.Pattern[str]", cell: Optional[Tuple[str, int, str]]) -> Optional[float]:

@@ -175,7 +175,69 @@ def test_real_table_sample():
     assert table.problems == ("`mx-smi` output not understood: 8 GPUs attached, 1 read from the table "
                               "(line 2: 'Attached GPUs                                     : 8')",)
     assert table.gpus == (mxsmi.MxSmiGpu(0, "MetaX C500", "0000:0e:00.0", 65536, "Available"),)
-    assert table.gpus[0].product == "C500" and table.gpus[0].available
+    assert table.gpus[0].product == "MXC500" and table.gpus[0].available
+
+
+# Every real table layout gives its product exactly, as the chip name MetaX's -L, -j and labels use.
+@pytest.mark.parametrize("name, count, printed, product", [
+    ("table-2.1.6-4xMXC500-processes.txt", 4, "MXC500", "MXC500"),
+    ("table-2.2.4-8xC550.txt", 8, "MetaX C550", "MXC550"),
+    ("table-2.2.9-8xC500.txt", 8, "MetaX C500", "MXC500"),
+])
+def test_every_real_table_layout_gives_its_product_exactly(name, count, printed, product):
+    table = mxsmi.parse_table(sample(name))
+    assert table.problems == ()
+    assert [g.index for g in table.gpus] == list(range(count))
+    assert {g.name for g in table.gpus} == {printed}
+    assert {g.product for g in table.gpus} == {product}
+
+
+# The shape issue 38 describes for 2.2.8 (no capture of it is available): the name
+# cell also carries the persistence mode, under a header cell naming both.
+TABLE_228 = """mx-smi  version: 2.2.8
+
+Attached GPUs                                     : 3
++---------------------------------------------------------------------------------+
+| MX-SMI 2.2.8                        Kernel Mode Driver Version: 2.14.6          |
+| MACA Version: 2.31.0.4              BIOS Version: 1.24.0.0                      |
+|------------------------------------+---------------------+----------------------+
+| GPU         NAME       Persistence-M | Bus-id              | GPU-Util             |
+| Temp        Pwr:Usage/Cap          | Memory-Usage        | GPU-State            |
+|====================================+=====================+======================|
+| 0           MetaX N260         OFF | 0000:0f:00.0        | 0%                   |
+| 29C         53W / 225W             | 858/65536 MiB       | Available            |
++------------------------------------+---------------------+----------------------+
+| 1           MetaX N260  On         | 0000:34:00.0        | 3%                   |
+| 29C         53W / 225W             | 858/65536 MiB       | Available            |
++------------------------------------+---------------------+----------------------+
+| 2           MetaX N260  N/A        | 0000:48:00.0        | 0%                   |
+| 29C         53W / 225W             | 858/65536 MiB       | Available            |
++------------------------------------+---------------------+----------------------+
+"""
+
+
+def test_a_name_cell_that_also_carries_persistence_m_gives_the_product():
+    table = mxsmi.parse_table(TABLE_228)
+    assert table.problems == ()
+    assert [(g.index, g.name, g.product) for g in table.gpus] == [
+        (0, "MetaX N260", "MXN260"), (1, "MetaX N260", "MXN260"), (2, "MetaX N260", "MXN260")]
+
+
+def test_a_column_spaced_on_off_after_the_name_is_not_part_of_it_even_without_the_header():
+    text = TABLE_228.replace("NAME       Persistence-M", "NAME                   ")
+    assert [g.product for g in mxsmi.parse_table(text).gpus] == ["MXN260", "MXN260", "N260 N/A"]
+
+
+def test_list_sample_gives_the_chip_name():
+    parsed = mxsmi.parse_list(sample("list-2.2.9-MXC500-excerpt.txt"))
+    assert {mxsmi.product_of(f["name"]) for f in parsed.values()} == {"MXC500"}
+
+
+def test_real_topology_2_2_9_sample_with_affinity_columns():
+    links = mxsmi.parse_topology(sample("topo-m-2.2.9-8xC500.txt"))
+    assert len(links) == 28
+    for (a, b), link in links.items():
+        assert link == (LinkClass.MX if a // 4 == b // 4 else LinkClass.NODE), (a, b)
 
 
 def test_real_topology_sample():
@@ -186,10 +248,11 @@ def test_real_topology_sample():
 
 
 @pytest.mark.parametrize("name, product", [
-    ("MetaX C500", "C500"), ("MXC550", "C550"), ("metax   N100", "N100"), ("C500", "C500"),
-    ("MetaX MXC500", "C500"), ("MetaX X201 Pro", "X201 PRO"), ("", ""),
+    ("MetaX C500", "MXC500"), ("MXC550", "MXC550"), ("metax   N100", "MXN100"), ("C500", "MXC500"),
+    ("MetaX MXC500", "MXC500"), ("MXC550-PL", "MXC550-PL"), ("MetaX N260", "MXN260"),
+    ("MetaX X201 Pro", "MXX201 PRO"), ("Moffett S4", "MOFFETT S4"), ("", ""),
 ])
-def test_product_names_are_the_manuals(name, product):
+def test_product_names_are_the_chip_names(name, product):
     assert mxsmi.product_of(name) == product
 
 
