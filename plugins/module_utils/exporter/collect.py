@@ -24,7 +24,7 @@ from ..gpu import mxsmi, mxsmi_json, pci
 from ..gpu.discovery import DRIVER_MODULE, MX_SMI, DiscoveryError, discover
 from ..gpu.model import Inventory
 from ..host import HostRoot, HostRootError
-from .readings import Owner, Reading, device_metrics
+from .readings import Owner, Reading, device_metrics, driver_version
 
 LOG = logging.getLogger("gpu-exporter.collect")
 # parser bugs degrade a reading like odd output does (as in discovery)
@@ -193,7 +193,8 @@ class NodeReader:
         self._log(problems)
         return Reading(taken_at=self.clock(), devices=devices, mx_smi_ok=ok, source=source,
                        duration_seconds=time.monotonic() - started, pod_resources_ok=pod_resources_ok,
-                       problems=tuple(dict.fromkeys(problems)))
+                       problems=tuple(dict.fromkeys(problems)),
+                       driver_version=driver_version(inventory, smi_json, table))
 
     def _log(self, problems: List[str]) -> None:
         """Each problem once when it appears, and once when all are gone."""

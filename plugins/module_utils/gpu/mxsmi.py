@@ -39,6 +39,7 @@ _LIST_DETAILS = re.compile(r"^(.*?)\s*\(([^()]*:[^()]*)\)$")
 _VERSION_LINE = re.compile(r"^\s*mx-smi\s+version\s*:", re.IGNORECASE)
 _DRIVER = re.compile(r"Kernel Mode Driver Version:\s*(\S+)")
 _MACA = re.compile(r"MACA Version:\s*(\S+)")
+_BIOS = re.compile(r"BIOS Version:\s*([^\s|]+)")
 _ATTACHED = re.compile(r"^\s*Attached GPUs\s*:\s*(\d+)\s*$")
 # a persistence mode printed in the name cell (2.2.8: ``0  MetaX N260  OFF`` under
 # ``GPU  NAME  Persistence-M``): a word of its own after the name
@@ -110,6 +111,7 @@ class MxSmiTable:
     # GPU index -> processes listed in the process table; None when the
     # output has no process table (then the count is unknown, not zero)
     processes: Optional[Dict[int, int]] = field(default=None, hash=False)
+    bios_version: Optional[str] = None
 
 
 def _cells(line: str) -> List[str]:
@@ -342,7 +344,7 @@ def _count_processes(rows: List[Tuple[int, str, bool]]) -> Dict[int, int]:
 def parse_table(text: str) -> MxSmiTable:
     """Parse the default ``mx-smi`` output (one record of header-many rows per GPU)."""
     lines = text.splitlines()
-    driver = maca = None
+    driver = maca = bios = None
     rows: List[Tuple[int, str, bool]] = []
     attached: Optional[Tuple[int, int, str]] = None
     for lineno, line in enumerate(lines, start=1):
@@ -355,6 +357,9 @@ def parse_table(text: str) -> MxSmiTable:
         found = _MACA.search(line) if maca is None else None
         if found:
             maca = found.group(1)
+        found = _BIOS.search(line) if bios is None else None
+        if found:
+            bios = found.group(1)
         stripped = line.strip()
         if stripped.startswith("|") or stripped.startswith("+"):
             rows.append((lineno, stripped, _is_separator(stripped)))
@@ -425,7 +430,7 @@ def parse_table(text: str) -> MxSmiTable:
         # we did not follow (or elided), which says nothing about their health
         problems.append(_problem(TABLE_COMMAND, "%d GPUs attached, %d read from the table"
                                  % (attached[0], len(gpus)), attached[1], attached[2]))
-    return MxSmiTable(driver, maca, tuple(gpus), tuple(problems), tuple(samples), processes)
+    return MxSmiTable(driver, maca, tuple(gpus), tuple(problems), tuple(samples), processes, bios)
 
 
 def _list_record(line: str) -> Tuple[Optional[Tuple[int, Dict[str, str]]], str]:

@@ -131,6 +131,7 @@ def _version_tuple(text):
 
 
 LAYOUTS = ("real", "legacy")
+BIOS_VERSION = "1.22.3.0"
 BANNER = "=================== MetaX System Management Interface Log ==================="
 
 
@@ -192,10 +193,13 @@ def _json(state):
         r = _gpu_readings(state, gpu, loads, now)
         rails = (0.42, 0.43, 0.15)     # the real capture's split of board power over three rails
         doc[gpu["bdf"]] = {
-            "device_id": pos, "vbios_version": "1.33.5.0",
+            "device_id": pos, "vbios_version": BIOS_VERSION,
             "unavailable_reason": "GPU is unavailable" if gpu["failed"] else "",
             "hotspot": "%.3f" % (r["temp"] + 3.5), "utilization": int(round(r["util"] * 100)),
+            # the capture's idle clocks; the core clock rises with the load
+            "clocks": {"XCORE": int(round(1125 + 475 * r["util"])), "MC": 1800, "VPUE": 535, "VPUD": 525},
             "board_power": {"power": {"Way%d" % i: "%.3f" % (r["power"] * share) for i, share in enumerate(rails)}},
+            "pci_event_info": {"aer_ue": [], "aer_ce": [], "synfld": [], "dbe": [], "mmio": []},
             "sgpu_count": 0, "sgpu_info": [],
         }
         for k, vf in enumerate(_vf_bdfs(gpu)):
@@ -216,7 +220,7 @@ def _table_legacy(state):
     out.append("+---------------------------------------------------------------------------------+")
     versions = ("MX-SMI %s" % state["mx_smi_version"], "Kernel Mode Driver Version: %s" % state["driver_version"])
     out.append("| %-35s %-43s |" % versions)
-    out.append("| %-35s %-43s |" % ("MACA Version: %s" % state["maca_version"], "BIOS Version: 1.22.3.0"))
+    out.append("| %-35s %-43s |" % ("MACA Version: %s" % state["maca_version"], "BIOS Version: %s" % BIOS_VERSION))
     out.append("|------------------------------------+---------------------+----------------------|")
     out.append("| GPU         NAME                   | Bus-id              | GPU-Util             |")
     out.append("| Temp        Pwr:Usage/Cap          | Memory-Usage        | GPU-State            |")
