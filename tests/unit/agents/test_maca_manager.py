@@ -86,4 +86,4 @@ def test_a_node_no_payload_fits_is_not_ready_and_retried_with_backoff(make_node,
         stop(proc)
     err = log.read_text()
     # retried with backoff (2 s, 4 s, ...), not every --interval (0.2 s: some 15 times in 3 s)
-    assert 1 <= err.count("no MXMACA payload for N100") < 5, err
+    assert 1 <= err.count("no MXMACA payload for MXN100") < 5, err
