@@ -155,6 +155,7 @@ def test_topology_round_trips_through_the_printed_matrix(case, layout):
     n, cells = case
     matrix = [[None if a == b else cells[min(a, b) * n + max(a, b)] for b in range(n)] for a in range(n)]
     state = {"gpus": [{"index": i, "failed": None, "numa_node": i % 2} for i in range(n)], "links": matrix,
+             "mx_smi_version": "2.2.12",
              "mx_smi_layout": layout}
     parsed = mxsmi.parse_topology(fake._topo(state))
     assert parsed == {(a, b): LinkClass.from_legend(matrix[a][b]) for a in range(n) for b in range(a + 1, n)}
