@@ -83,7 +83,7 @@ def test_uuids_from_the_real_list_form_and_serials_from_sysfs(make_node):
         real = handle.read().splitlines()
     listing = [real[0], real[2].replace("0000:3c:00.0", BDFS_8XC500[7]).replace("GPU#7", "GPU#0"),
                real[1].replace("0000:08:00.0", BDFS_8XC500[0]).replace("GPU#0", "GPU#7")]
-    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+    with open(os.path.join(SAMPLES, REAL_TOPO)) as handle:
         fake_mx_smi_printing(host, real_table_for(BDFS_8XC500), handle.read(), "\n".join(listing))
     inv = discover(host)
     assert inv.warnings == ()
@@ -246,17 +246,21 @@ BDFS_8XC500 = ["0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0",
                "0000:43:00.0", "0000:44:00.0", "0000:45:00.0", "0000:46:00.0"]
 
 
+REAL_TABLE = "table-2.2.9-8xC500.txt"
+REAL_TOPO = "topo-m-2.2.9-8xC500.txt"      # two MetaXLink groups of four, NODE across
+
+
 def real_table_for(bdfs):
-    """The real table sample (GPU 0 only), extended to ``bdfs`` the way the guide elides it."""
-    with open(os.path.join(SAMPLES, "table-C500-excerpt.txt")) as handle:
-        lines = handle.read().splitlines()
-    head, row1, row2 = lines[:6], lines[6], lines[7]
-    out = list(head)
-    for index, bdf in enumerate(bdfs):
-        out.append(row1.replace("| 0  MetaX", "| %d  MetaX" % index).replace("| 0  Off", "| %d  Off" % index)
-                   .replace("0000:0e:00.0", bdf))
-        out.append(row2)
-    return "\n".join(out)
+    """The real 2.2.9 capture of 8 x C500, its PCI addresses replaced by ``bdfs`` (in order)."""
+    with open(os.path.join(SAMPLES, REAL_TABLE)) as handle:
+        text = handle.read()
+    from ansible_collections.metax.gpu.plugins.module_utils.gpu.mxsmi import parse_table as parse
+    printed = [g.bdf for g in parse(text).gpus]
+    assert len(printed) == len(bdfs)
+    for old, new in zip(printed, bdfs):
+        text = text.replace(old, new)
+    # the simulated node's driver (else discovery rightly warns that mx-smi reports another one)
+    return text.replace("Kernel Mode Driver Version: 3.4.4 ", "Kernel Mode Driver Version: 2.14.6")
 
 
 def fake_mx_smi_printing(host, table, topo, listing=""):
@@ -270,13 +274,13 @@ def fake_mx_smi_printing(host, table, topo, listing=""):
 def test_real_samples_discovered_on_8xc500(make_node):
     host = make_node("8xC500")
     assert [g.bdf for g in discover(host).gpus] == BDFS_8XC500
-    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+    with open(os.path.join(SAMPLES, REAL_TOPO)) as handle:
         fake_mx_smi_printing(host, real_table_for(BDFS_8XC500), handle.read())
     inv = discover(host)
     assert inv.warnings == () and inv.mx_smi_available and inv.topology.metaxlink_known
     assert all(g.healthy and g.product == "MXC500" and g.family == "MXC" and g.memory_gib == 64 for g in inv.gpus)
     assert groups(inv) == [("metaxlink", (0, 1, 2, 3)), ("metaxlink", (4, 5, 6, 7))]
-    assert inv.topology.link(0, 3) == LinkClass.MX and inv.topology.link(3, 4) == LinkClass.SYS
+    assert inv.topology.link(0, 3) == LinkClass.MX and inv.topology.link(3, 4) == LinkClass.NODE
 
 
 def test_legacy_layout_is_discovered_alike(make_node):
@@ -290,11 +294,11 @@ def test_legacy_layout_is_discovered_alike(make_node):
 def test_one_unreadable_record_keeps_that_gpu_healthy_from_pci(make_node):
     host = make_node("8xC500")
     table = real_table_for(BDFS_8XC500).replace("0000:05:00.0", "0000:zz:00.0")
-    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+    with open(os.path.join(SAMPLES, REAL_TOPO)) as handle:
         fake_mx_smi_printing(host, table, handle.read())
     inv = discover(host)
     assert inv.gpu_count == 8 and all(g.healthy for g in inv.gpus)
-    assert len(inv.unparsed) >= 1 and "0000:zz:00.0" in inv.unparsed[0] and "(line 11:" in inv.unparsed[0]
+    assert len(inv.unparsed) >= 1 and "0000:zz:00.0" in inv.unparsed[0] and "(line 18:" in inv.unparsed[0]
     # topo -m now names a GPU the table lost: MetaXLink unknown rather than guessed
     assert not inv.topology.metaxlink_known and any("topo -m" in w for w in inv.unparsed)
 
@@ -327,12 +331,13 @@ def test_garbage_from_mx_smi_never_leaves_discovery(tmp_path_factory, table, top
 def test_metaxlink_known_only_when_topo_covers_every_gpu(make_node):
     host = make_node("8xC500")
     table = real_table_for(BDFS_8XC500).replace("0000:05:00.0", "0000:zz:00.0")
-    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+    with open(os.path.join(SAMPLES, REAL_TOPO)) as handle:
         rows = [line.split() for line in handle.read().splitlines()]
     # GPU2's row and column taken out: topo -m agrees with the table that GPU2 is not there
     keep = [i for i in range(8) if i != 2]
     topo = ["\t" + "\t".join("GPU%d" % i for i in keep)]
-    topo += ["GPU%d\t" % i + "\t".join(rows[3 + i][1 + j] for j in keep) for i in keep]
+    first = next(n for n, row in enumerate(rows) if row[:2] == ["GPU0", "X"])
+    topo += ["GPU%d\t" % i + "\t".join(rows[first + i][1 + j] for j in keep) for i in keep]
     fake_mx_smi_printing(host, table, "\n".join(topo))
     inv = discover(host)
     assert all(g.healthy for g in inv.gpus) and inv.topology.link(0, 1) == LinkClass.MX
@@ -356,7 +361,7 @@ def test_mx_smi_that_cannot_run_degrades_like_one_that_fails(make_node):
 @given(data=st.data())
 def test_mutated_real_layouts_never_leave_discovery_nor_fail_a_gpu(tmp_path_factory, data):
     host = generator.create(str(tmp_path_factory.mktemp("node")), preset("8xC500"))
-    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+    with open(os.path.join(SAMPLES, REAL_TOPO)) as handle:
         texts = [real_table_for(BDFS_8XC500).splitlines(), handle.read().splitlines()]
     for lines in texts:
         for _step in range(data.draw(st.integers(0, 3))):
