@@ -49,6 +49,7 @@ class DeviceMetrics:
     memory_clock_mhz: Optional[float] = None
     bios_version: Optional[str] = None
     pci_events: Tuple[Tuple[str, int], ...] = ()
+    ecc_errors: Optional[int] = None           # ``--count-ecc``: SRAM and DRAM, correctable and not
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ def _mib(value: Optional[int]) -> Optional[int]:
 
 
 def device_metrics(inventory: Inventory, smi_json: Optional[MxSmiJson], table: Optional[MxSmiTable],
-                   owners: Mapping[str, Owner]) -> Tuple[DeviceMetrics, ...]:
+                   owners: Mapping[str, Owner],
+                   ecc: Optional[Mapping[str, Mapping[str, int]]] = None) -> Tuple[DeviceMetrics, ...]:
     """One entry per GPU and per VF of ``inventory``, PF first then its VFs, in discovery order.
 
     A GPU that a complete mx-smi answer does not list, or lists as
@@ -133,7 +135,8 @@ def device_metrics(inventory: Inventory, smi_json: Optional[MxSmiJson], table: O
             memory_clock_mhz=js.memory_clock_mhz if js is not None else None,
             bios_version=(js.vbios_version if js is not None and js.vbios_version else
                           (table.bios_version if table is not None else None)),
-            pci_events=js.pci_events if js is not None else ()))
+            pci_events=js.pci_events if js is not None else (),
+            ecc_errors=sum((ecc or {})[gpu.bdf].values()) if gpu.bdf in (ecc or {}) else None))
         for device in inventory.devices:
             if device.gpu_index != gpu.index or not device.is_vf:
                 continue

@@ -60,7 +60,7 @@ EXPORTER_METRICS: Tuple[MetricDef, ...] = (
     MetricDef("metax_gpu_exporter_mx_smi_up", "gauge",
               "1 when the latest reading got an answer from mx-smi that was understood", "boolean"),
     MetricDef("metax_gpu_exporter_mx_smi_runs_total", "counter",
-              "mx-smi runs by command (json, table) and result (ok, error, timeout, unparsed)", "runs"),
+              "mx-smi runs by command (json, table, ecc) and result (ok, error, timeout, unparsed)", "runs"),
     MetricDef("metax_gpu_exporter_reading_duration_seconds", "gauge",
               "Time the latest reading took (mx-smi and pod-resources)", "seconds"),
     MetricDef("metax_gpu_exporter_reading_age_seconds", "gauge",

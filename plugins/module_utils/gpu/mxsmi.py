@@ -541,3 +541,39 @@ def parse_topology(text: str) -> Dict[Tuple[int, int], LinkClass]:
         raise MxSmiParseError("mx-smi topo -m", "rows %s do not match columns %s"
                               % (sorted(rows_seen), columns))
     return links
+
+
+ECC_COMMAND = "mx-smi --count-ecc"
+_ECC_GPU = re.compile(r"^GPU#(\d+)\s+(.*?)\s+([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s*$")
+_ECC_COUNT = re.compile(r"^\s+(SRAM|DRAM)\s+(Correctable|Uncorrectable)\s*:\s*(\S+)\s*$", re.IGNORECASE)
+
+
+def parse_count_ecc(text: str, problems: Optional[List[str]] = None) -> Dict[str, Dict[str, int]]:
+    """Parse ``mx-smi --count-ecc``: PCI address -> {"sram_correctable": n, ..., "dram_uncorrectable": n}.
+
+    The real form (samples/mx-smi/count-ecc-2.2.12-1xC500.txt): per GPU a
+    ``GPU#<n>  <chip>  <BDF>`` line, then indented ``ECC Errors`` lines
+    ``SRAM Correctable : 0`` ... (and ``Retired Pages``, not read). A count
+    that is not a number is reported (with ``problems``; else it raises) and
+    that GPU left out; lines of other kinds are ignored.
+    """
+    out: Dict[str, Dict[str, int]] = {}
+    current: Optional[str] = None
+    bad = set()
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        head = _ECC_GPU.match(line.strip()) if not line[:1].isspace() else None
+        if head:
+            current = normalize_bdf(head.group(3))
+            out.setdefault(current, {})
+            continue
+        found = _ECC_COUNT.match(line)
+        if found and current is not None:
+            key = "%s_%s" % (found.group(1).lower(), found.group(2).lower())
+            if found.group(3).isdigit():
+                out[current][key] = int(found.group(3))
+            else:
+                if problems is None:
+                    raise MxSmiParseError(ECC_COMMAND, "%s is %r" % (key, found.group(3)), lineno, line)
+                problems.append(_problem(ECC_COMMAND, "%s of %s is %r" % (key, current, found.group(3)), lineno, line))
+                bad.add(current)
+    return {bdf: counts for bdf, counts in out.items() if counts and bdf not in bad}

@@ -308,6 +308,27 @@ def _topo_legacy(state):
     return "\n".join(lines)
 
 
+ECC_KEYS = (("SRAM Correctable", "sram_correctable"), ("SRAM Uncorrectable", "sram_uncorrectable"),
+            ("DRAM Correctable", "dram_correctable"), ("DRAM Uncorrectable", "dram_uncorrectable"))
+
+
+def _count_ecc(state):
+    """``mx-smi --count-ecc`` as 2.2.12 prints it (samples/mx-smi/count-ecc-2.2.12-1xC500.txt)."""
+    gpus = _visible(state)
+    out = ["mx-smi  version: %s" % state["mx_smi_version"], "", BANNER,
+           "Timestamp                                         : %s" % time.strftime("%a %b %d %H:%M:%S %Y",
+                                                                                     time.gmtime(_now())),
+           "", "Attached GPUs                                     : %d" % len(gpus)]
+    for pos, gpu in enumerate(gpus):
+        counts = gpu.get("ecc") or {}
+        out.append("GPU#%d  MX%s  %s" % (pos, gpu["product"], gpu["bdf"]))
+        out.append("    ECC Errors")
+        out += ["        %-42s: %d " % (label, counts.get(key, 0)) for label, key in ECC_KEYS]
+        out += ["    Retired Pages", "        %-42s: %d " % ("Double Bit ECC", counts.get("retired_dbe", 0))]
+    out += ["", "End of Log"]
+    return "\n".join(out)
+
+
 def main(argv):
     try:
         state = _state()
@@ -329,6 +350,11 @@ def main(argv):
             sys.stderr.write("mx-smi: unrecognized option '%s'\n" % args[0])
             return 2
         sys.stdout.write(_json(state) + "\n")
+    elif args[0] == "--count-ecc":
+        if _version_tuple(state["mx_smi_version"]) < JSON_SINCE:
+            sys.stderr.write("mx-smi: unrecognized option '%s'\n" % args[0])
+            return 2
+        sys.stdout.write(_count_ecc(state) + "\n")
     elif args[0] in ("-v", "--version"):
         sys.stdout.write("mx-smi version: %s\n" % state["mx_smi_version"])
     else:

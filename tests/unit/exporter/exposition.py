@@ -38,9 +38,10 @@ def promtool_check(text):
 
 
 # promtool's lint of mx-exporter's own names and labels (deviceId, modelName, Hostname;
-# mx_memory_total is a gauge): kept as they are, since dashboards made for the real product query them
+# mx_memory_total and mx_ecc_error_count are gauges): kept as they are, since dashboards made for the real product query them
 _MX_LINT = re.compile(r"^mx_[a-z_]+ (label names should be written in 'snake_case' not 'camelCase'|"
-                      r"non-counter metrics should not have \"_total\" suffix)$")
+                      r"non-counter metrics should not have \"_total\" suffix|"
+                      r"non-histogram and non-summary metrics should not have \"_count\" suffix)$")
 
 
 def promtool_check_mx(text):

@@ -130,3 +130,42 @@ def test_an_mx_smi_that_fails_leaves_only_the_state_it_can_tell(make_node):
     assert by_device(found, "mx_gpu_state") == {"0": 1.0}      # driver bound: as metax_gpu_healthy
     # the driver's version from sysfs when mx-smi cannot say
     assert found["mx_gpu_state"][0][0]["driver_version"] == generator.load_state(host)["driver_version"]
+
+
+def test_ecc_errors_from_count_ecc_every_fourth_reading(make_node):
+    from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import ECC_EVERY_READINGS
+    host = make_node("1xC500")
+    reader = NodeReader(host, timeout=20.0)
+    found = families(scrape(reader))
+    assert by_device(found, "mx_ecc_error_count") == {"0": 0.0}
+    state = generator.load_state(host)
+    bdf = state["gpus"][0]["bdf"]
+    with open(os.path.join(SAMPLES, "count-ecc-2.2.12-1xC500.txt")) as handle:
+        ecc = handle.read().replace("0000:37:00.0", bdf).replace(
+            "SRAM Correctable                          : 0", "SRAM Correctable                          : 3").replace(
+            "DRAM Uncorrectable                        : 0", "DRAM Uncorrectable                        : 1")
+    real = host.join(generator.MX_SMI_PATH) + ".sim"
+    os.rename(host.join(generator.MX_SMI_PATH), real)
+    with open(host.join("usr/bin/mx-smi.ecc"), "w") as handle:
+        handle.write(ecc)
+    _replace_mx_smi(host, 'd=$(dirname "$0")\nif [ "$1" = --count-ecc ]; then cat "$d/mx-smi.ecc"; '
+                          'else exec "%s" "$@"; fi' % real)
+    runs = reader.runs.snapshot()[("ecc", "ok")]
+    for _reading in range(ECC_EVERY_READINGS - 1):
+        reader.read()
+    assert reader.runs.snapshot()[("ecc", "ok")] == runs       # not on every reading
+    reader.read()
+    assert reader.runs.snapshot()[("ecc", "ok")] == runs + 1
+    found = families(scrape(reader))
+    assert by_device(found, "mx_ecc_error_count") == {"0": 4.0}
+
+
+def test_an_mx_smi_without_count_ecc_serves_the_rest(make_node):
+    host = make_node("1xC500")
+    generator.set_mx_smi_version(host, "2.2.9")
+    reader = NodeReader(host, timeout=20.0)
+    found = families(scrape(reader))
+    assert "mx_ecc_error_count" not in found and by_device(found, "mx_gpu_usage") == {"0": 0.0}
+    for _reading in range(5):
+        reader.read()
+    assert reader.runs.snapshot()[("ecc", "error")] == 1        # tried again only after a while
