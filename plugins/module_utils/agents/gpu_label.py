@@ -106,11 +106,11 @@ class Labeller:
         is written) or ApiUnavailable.
         """
         desired = self.desired()
+        current = dict(self.read_labels())
+        desired = keep_known_product(current, desired)
         if desired != self.last_desired:
             LOG.info("computed %d labels", len(desired), extra={"fields": {"labels": desired}})
         self.last_desired = desired
-        current = dict(self.read_labels())
-        desired = keep_known_product(current, desired)
         patch = {k: v for k, v in label_changes(current, desired).items() if k not in self.foreign}
         if patch:
             self.patch_labels(patch)
