@@ -18,8 +18,9 @@ description:
   - C(mx-smi) output is read by its header names (the layout real MetaX machines print and older ones).
     Output that is not understood never fails the module, it becomes a warning naming the command and
     the line, and the facts fall back to PCI for what could not be read.
-  - O(ignore:product) values are the manual's (V(C500), V(C550), V(N100)); C(mx-smi)'s V(MetaX C500)
-    and V(MXC500) are reduced to them.
+  - O(ignore:product) values are the chip names MetaX's tools and node labels use (V(MXC500), V(MXC550),
+    V(MXN100)); C(mx-smi)'s V(MetaX C500) is read as V(MXC500). Without C(mx-smi), a PCI device id that
+    more than one product shows gives only the family (V(MXC)).
 author:
   - MetaX GPU collection maintainers (@metax-gpu)
 extends_documentation_fragment:
@@ -96,7 +97,7 @@ ansible_facts:
           sample:
             - index: 0
               bdf: "0000:03:00.0"
-              product: C500
+              product: MXC500
               family: MXC
               memory_gib: 64
               numa_node: 0

@@ -545,16 +545,37 @@ def test_node_without_gpus_gets_gpu_label_only(cluster, installed, gpu_less_node
     assert N.LABEL_GPU_INSTALLED not in (nodes(cluster)[gpu_less_node]["metadata"].get("labels") or {})
 
 
-def exporter_gpus(pod):
-    """{bdf: healthy} of the PFs a gpu-exporter pod serves (its /metrics, as Prometheus would read it)."""
+# dataExporter.service.port of a real 0.9.2 install (samples/kubernetes/clusteroperator-0.9.2.txt): the CR's
+# port is the exporter's and its Service's
+EXPORTER_PORT = 30445
+
+
+def exporter_text(pod):
+    """A gpu-exporter pod's /metrics, as Prometheus would read it ("" while it is not listening)."""
     try:
-        text = urllib.request.urlopen("http://%s:9401/metrics" % pod["status"]["podIP"], timeout=10).read().decode()
+        return urllib.request.urlopen("http://%s:%d/metrics" % (pod["status"]["podIP"], EXPORTER_PORT),
+                                      timeout=10).read().decode()
     except OSError:
-        return {}       # not listening yet
+        return ""       # not listening yet
+
+
+def exporter_gpus(pod):
+    """{bdf: healthy} of the PFs a gpu-exporter pod serves."""
     out = {}
-    for line in text.splitlines():
+    for line in exporter_text(pod).splitlines():
         if line.startswith("metax_gpu_healthy{") and 'function="pf"' in line:
             out[line.split('bdf="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def mx_exporter_series(text):
+    """{family: [labels]} of the mx-exporter families dashboards made for MetaX's operator query."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("mx_gpu_usage", "mx_memory_used"):
+                out.setdefault(sample.name, []).append(dict(sample.labels))
     return out
 
 
@@ -586,7 +607,7 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
     assert cluster.kubectl("get", *crds).returncode != 0, "Prometheus operator CRDs already on the cluster"
     restarts = controller_restarts(cluster)
     res = cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
-                          "-p", '{"spec":{"dataExporter":{"deploy":true}}}')
+                          "-p", '{"spec":{"dataExporter":{"deploy":true,"service":{"port":%d}}}}' % EXPORTER_PORT)
     assert res.returncode == 0, res.stderr
     counts = {name: int((n["metadata"].get("labels") or {}).get(N.LABEL_GPU_COUNT, "0"))
               for name, n in nodes(cluster).items()}
@@ -607,6 +628,13 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
                    "every GPU in its node's exporter")
         served = {p["spec"]["nodeName"]: exporter_gpus(p) for p in pods}
         assert {node: sorted(set(gpus.values())) for node, gpus in served.items()} == {n: [1.0] for n in counts}
+        # mx-exporter's names beside ours, one series per GPU: what dashboards built for the real product query
+        for pod in pods:
+            mx = mx_exporter_series(exporter_text(pod))
+            gpus = counts[pod["spec"]["nodeName"]]
+            assert len(mx.get("mx_gpu_usage", [])) == gpus, pod["spec"]["nodeName"]
+            assert len([lab for lab in mx.get("mx_memory_used", []) if lab.get("type") == "vram"]) == gpus
+            assert {lab["Hostname"] for lab in mx["mx_gpu_usage"]} == {pod["spec"]["nodeName"]}
 
         # Ready was already True before the patch: wait for a status round that has seen it (the
         # exporter can be serving before the next round, every 5 s, writes the status)
@@ -632,6 +660,7 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
             assert obj["metadata"]["labels"][N.LABEL_OPERATOR_OWNER] == uid
             assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
         service = get_json(cluster, "service", "gpu-exporter", "-n", NS)
+        assert [p["port"] for p in service["spec"]["ports"]] == [EXPORTER_PORT]
         selector = objs["ServiceMonitor"]["spec"]["selector"]["matchLabels"]
         assert selector.items() <= service["metadata"]["labels"].items()
         assert "MetaxGpuUnhealthy" in json.dumps(objs["PrometheusRule"]["spec"])

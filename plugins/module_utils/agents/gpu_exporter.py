@@ -8,7 +8,10 @@ Run as::
     python -m ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_exporter \\
         --host-root /host [--interval 15] [--port 9401] [--node-name NODE]
 
-Serves ``/metrics`` (docs/metrics.md lists every metric) and ``/healthz``.
+Serves ``/metrics`` (docs/metrics.md lists every metric: ``metax_gpu_*`` and,
+beside them, the families of MetaX's own mx-exporter, ``mx_gpu_usage``,
+``mx_memory_used{type="vram"}`` ..., for dashboards made for the real
+product) and ``/healthz``.
 A scrape is answered from the latest reading; when that is older than
 ``--interval`` the scrape starts the next one (mx-smi ``-j`` where the
 version has it, the ``mx-smi`` table, and the kubelet's pod-resources API
