@@ -74,6 +74,26 @@ def reference(value: str, what: str = "reference") -> str:
     return digest(value, what) if ":" in value else tag(value, what)
 
 
+def image_reference(value: str, what: str = "image reference") -> Tuple[str, str, str]:
+    """``[DOMAIN[:port]/]PATH[:TAG]`` (a RepoTags entry, an image name annotation) -> (domain, path, tag),
+    each part checked; the tag defaults to ``latest``. A digest suffix (``@sha256:...``) is not taken."""
+    if not isinstance(value, str) or not value:
+        raise InvalidReference("%s %r is empty or not a string" % (what, value))
+    rest, tag_value = value, "latest"
+    last_slash = value.rfind("/")
+    colon = value.rfind(":")
+    if colon > last_slash:
+        rest, tag_value = value[:colon], value[colon + 1:]
+    domain, sep, path = rest.partition("/")
+    if not sep or not ("." in domain or ":" in domain or domain == "localhost" or domain.startswith("[")):
+        domain, path = "", rest
+    if domain:
+        host(domain, what)
+    repository(path, what)
+    tag(tag_value, what)
+    return domain, path, tag_value
+
+
 def version(value: str, what: str = "version") -> str:
     """A release version as it goes into file names and the bundle's shell header (no quoting needed)."""
     if not isinstance(value, str) or not _VERSION.match(value):

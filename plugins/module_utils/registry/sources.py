@@ -235,8 +235,7 @@ def read_docker_archive(path: str, store: _TarStore) -> List[Artifact]:
         tags = entry.get("RepoTags") or []
         name, tag = _split_ref(tags[0]) if tags else ("", "latest")
         if tags:
-            R.repository(name, "%s: RepoTags %r: name" % (path, tags[0]))
-            R.tag(tag, "%s: RepoTags %r: tag" % (path, tags[0]))
+            R.image_reference(tags[0], "%s: RepoTags" % path)
         result.append(Artifact(kind="image", name=name or _stem(path), tag=tag, origin=path,
                                config=_bytes_slice(raw), config_media_type=B.DOCKER_CONFIG,
                                config_digest=B.sha256_digest(raw), layers=layers, docker=True))
@@ -256,9 +255,10 @@ def read_oci_layout(path: str, store, default_name: str) -> List[Artifact]:
         name, tag = _split_ref(ref) if ref else ("", "latest")
         if ref and "/" not in ref and ":" not in ref:
             tag = ref
-        if name:
-            R.repository(name, "%s: annotation %r: name" % (path, ref))
-        R.tag(tag, "%s: annotation %r: tag" % (path, ref))
+        if ref and ("/" in ref or ":" in ref):
+            R.image_reference(ref, "%s: annotation" % path)
+        else:
+            R.tag(tag, "%s: annotation" % path)
         artifact = _read_oci_manifest(path, store, desc, name or default_name, tag)
         result.append(artifact)
     if not result:

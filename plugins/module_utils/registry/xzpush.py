@@ -277,8 +277,7 @@ class XzPusher:
             tags = entry.get("RepoTags") or []
             name, tag = _split_ref(tags[0]) if tags else (X.guess_name(self.path), "latest")
             if tags:    # RepoTags is the archive's word: checked before it names anything
-                R.repository(name, "%s: RepoTags %r: name" % (self.path, tags[0]))
-                R.tag(tag, "%s: RepoTags %r: tag" % (self.path, tags[0]))
+                R.image_reference(tags[0], "%s: RepoTags" % self.path)
             images.append(X.ImageRef(name=name, tag=tag, config=config, layers=layers))
         if (self.opts.repository or self.opts.tag) and len(images) != 1:
             raise ArtifactError("%s holds %d images: repository/tag overrides need exactly one" % (self.path, len(images)))
