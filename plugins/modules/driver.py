@@ -206,10 +206,9 @@ verify:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, checked_host_root, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.driver import backend
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": list(backend.STATES), "default": "present"},
@@ -254,7 +253,7 @@ def main():
 
     try:
         pods = _node_pods(params["node_name"], params["kubeconfig"]) if params["node_name"] else []
-        result = backend.run(HostRoot(root), request, module.check_mode, runner=runner, pods=pods)
+        result = backend.run(checked_host_root(root), request, module.check_mode, runner=runner, pods=pods)
     except backend.DriverVerifyError as exc:
         module.fail_json(msg=str(exc), changed=True, verify=exc.checks)
     except backend.DriverCommandError as exc:

@@ -55,7 +55,9 @@ options:
         (the GPU Operator's C(maca.payload.images) form); its tag gives the version when O(version) is not set.
     type: str
   keep:
-    description: How many other versions stay besides the active one (the previous first, for running containers).
+    description:
+      - How many other versions stay besides the active one (the previous first, for running containers).
+      - A negative value is refused.
     type: int
     default: 1
 """
@@ -104,9 +106,8 @@ removed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, InvalidOption, checked_host_root, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.maca import install as maca_install
 from ansible_collections.metax.gpu.plugins.module_utils.maca import layout
 
@@ -123,8 +124,11 @@ def main():
     module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True,
                            required_if=[("state", "present", ("version", "image"), True)])
     params = module.params
-    host = HostRoot(params["host_root"])
     try:
+        host = checked_host_root(params["host_root"])
+        if params["keep"] < 0:
+            # was read as 0: every other version removed, the running containers' too
+            raise InvalidOption("keep must be 0 or more (versions kept besides the active one), not %d" % params["keep"])
         if params["state"] == "absent":
             removed = maca_install.uninstall(host, check_mode=module.check_mode)
             module.exit_json(changed=bool(removed), version=None, previous=None, installed=False, removed=removed)
