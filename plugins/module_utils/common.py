@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, Dict
 
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
@@ -52,3 +53,13 @@ def node_path(value: str, option: str) -> str:
     if not value or not value.startswith("/") or ".." in value.split("/") or "\0" in value:
         raise InvalidOption("%s %r must be an absolute node path without '..'" % (option, value))
     return value
+
+
+def local_path(value: str, option: str, must_exist: bool = False) -> str:
+    """A path on the machine the module runs on, made absolute: refused when empty or holding a NUL
+    byte (the operating system would raise in the middle of the work), or when it must exist and does not."""
+    if not value or "\0" in value:
+        raise InvalidOption("%s %r is not a path" % (option, value))
+    if must_exist and not os.path.exists(value):
+        raise InvalidOption("%s %s: no such file or directory" % (option, value))
+    return os.path.abspath(value)

@@ -106,7 +106,8 @@ removed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, InvalidOption, checked_host_root, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import (
+    HOST_ROOT_ARGSPEC, InvalidOption, checked_host_root, local_path, merged_spec)
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.maca import install as maca_install
 from ansible_collections.metax.gpu.plugins.module_utils.maca import layout
@@ -132,8 +133,11 @@ def main():
         if params["state"] == "absent":
             removed = maca_install.uninstall(host, check_mode=module.check_mode)
             module.exit_json(changed=bool(removed), version=None, previous=None, installed=False, removed=removed)
-        version = params["version"] or layout.version_of_image(params["image"])
-        plan = maca_install.install(host, params["src"], version, params["keep"], check_mode=module.check_mode)
+        version = params["version"] or (layout.version_of_image(params["image"]) if params["image"] else None)
+        if not version:
+            raise InvalidOption("version (or an image whose tag gives it) is empty")
+        src = local_path(params["src"], "src", must_exist=True) if params["src"] is not None else None
+        plan = maca_install.install(host, src, version, params["keep"], check_mode=module.check_mode)
     except MetaxGpuError as exc:
         module.fail_json(msg=str(exc))
     result = {"changed": plan.install or plan.switch or bool(plan.remove), "version": version,

@@ -136,6 +136,7 @@ charts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.metax.gpu.plugins.module_utils.common import local_path
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.registry import bundle
 
@@ -158,10 +159,15 @@ def main() -> None:
     module = AnsibleModule(argument_spec=ARGSPEC, supports_check_mode=True)
     p = module.params
     try:
+        path = local_path(p["path"], "path")
         if p["state"] == "absent":
-            result = bundle.remove(p["path"], module.check_mode)
+            result = bundle.remove(path, module.check_mode)
         else:
-            result = bundle.build(p["path"], p["version"], p["images"], p["charts"], registry=p["registry"],
+            bundle.check_values(p["version"], p["registry"])   # before any archive is read
+            for image in p["images"]:
+                local_path(image["archive"], "images[].archive", must_exist=True)
+            charts = [local_path(c, "charts[]", must_exist=True) for c in p["charts"]]
+            result = bundle.build(path, p["version"], p["images"], charts, registry=p["registry"],
                                   check_mode=module.check_mode, cache_dir=p["cache_dir"])
     except MetaxGpuError as exc:
         module.fail_json(msg=str(exc))
