@@ -488,7 +488,18 @@ class Manager:
                                       % (version, "/".join(kinds), self.payload_dir))
         return "/" + target
 
+    def known_params(self, params: Sequence[str]) -> List[str]:
+        """``params`` checked against ``modinfo -p metax`` on the node (skipped while no module is on disk)."""
+        if not params:
+            return []
+        try:
+            rc, out, _err = self.cmds.run(["modinfo", "-p", "metax"])
+        except (backend.DriverError, HostRootError):
+            rc, out = 1, ""             # no modinfo on the node: the grammar check alone
+        return policy.check_known(params, policy.parse_modinfo_params(out) if rc == 0 else None)
+
     def reconcile_driver(self, params: Sequence[str]) -> Dict[str, object]:
+        params = self.known_params(params)
         node = self.observe()
         decision = policy.decide(self.policy, node, self.payload_version)
         if decision.changes_driver and node.loaded_version is not None and policy.rolled(self.policy, node.ours):
@@ -550,6 +561,7 @@ class Manager:
         A driver in use is refused (DriverInUseError, the state stays ``upgrade-required``
         and the round reports it): the node is cordoned, so its GPU pods end or are evicted.
         """
+        params = self.known_params(params)
         node = self.observe()
         record = self.read_record(UPGRADE_RECORD)
         if record.get("to") != target:

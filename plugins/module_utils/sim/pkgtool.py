@@ -45,7 +45,15 @@ TOOL_PATHS = {
     "dpkg-query": "usr/bin/dpkg-query",
     "rpm": "usr/bin/rpm",
     "modprobe": "usr/sbin/modprobe",
+    "modinfo": "usr/sbin/modinfo",
 }
+# The simulated metax module's parameters, as ``modinfo -p metax`` lists them. The simulator's own
+# list (what the tests use), not the vendor driver's: driver-manager checks driver-config against
+# whatever the node's module says.
+MODULE_PARAMS = (
+    ("vf_mode", "SR-IOV mode of the physical functions (int)"),
+    ("dbg", "Debug message level (int)"),
+)
 KIND_TOOLS = {"deb": ("dpkg", "dpkg-query"), "rpm": ("rpm",)}
 
 TOOL_TEMPLATE = """#!/usr/bin/env python3
@@ -86,7 +94,7 @@ def install_tools(root: str, kind: str = "deb", package: str = DEFAULT_PACKAGE) 
     host = HostRoot(root)
     state = generator.load_state(host)
     written = []
-    for tool in KIND_TOOLS[kind] + ("modprobe",):
+    for tool in KIND_TOOLS[kind] + ("modprobe", "modinfo"):
         _write_tool(host, TOOL_PATHS[tool], tool)
         written.append(TOOL_PATHS[tool])
     _write_tool(host, TOOL_HOOK, "run")
@@ -259,11 +267,24 @@ def _modprobe(host: HostRoot, args: List[str]) -> int:
     return 0
 
 
+def _modinfo(host: HostRoot, args: List[str]) -> int:
+    """``modinfo -p metax``: the parameters of the module on disk (kmod's format, name:description)."""
+    names = [a for a in args if not a.startswith("-")]
+    if names != ["metax"] or generator.load_state(host).get("disk_driver", {"version": None}) is None:
+        sys.stderr.write("modinfo: ERROR: Module %s not found.\n" % (names[0] if names else ""))
+        return 1
+    if "-p" in args or "--parameters" in args:
+        sys.stdout.write("".join("%s:%s\n" % item for item in MODULE_PARAMS))
+    return 0
+
+
 def main(tool: str, argv: List[str], root: str) -> int:
     host = HostRoot(root)
     try:
         if tool == "modprobe":
             return _modprobe(host, argv)
+        if tool == "modinfo":
+            return _modinfo(host, argv)
         if tool == "dpkg":
             if len(argv) == 2 and argv[0] in ("-i", "--install"):
                 return _install(host, argv[1], "deb")
