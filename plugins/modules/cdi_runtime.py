@@ -59,6 +59,8 @@ options:
     description:
       - The runtime and version as a Kubernetes Node reports them (C(containerd://1.7.24), C(docker://26.1.3)),
         instead of asking the runtime's tool.
+      - Unset, the tool is asked; under a O(host_root) other than C(/) the node's own binary under that root
+        (through C(chroot)), never the one of the machine the module runs on. Without it there, the module fails.
     type: str
   state_file:
     description: Where the originals of changed files are kept, on the node (under O(host_root)).

@@ -33,7 +33,10 @@ attributes:
     description: Runs where the cluster's API server is reachable (the bastion).
 options:
   node_name:
-    description: The Kubernetes node whose pods are evicted.
+    description:
+      - The Kubernetes node whose pods are evicted.
+      - Must be a node name (a DNS subdomain); an empty name, which would select the unscheduled pods of the
+        whole cluster, is refused.
     type: str
     required: true
   drain:

@@ -56,7 +56,7 @@ options:
     elements: str
     default: []
   page_size:
-    description: Objects per list request (the C(limit) parameter).
+    description: Objects per list request (the C(limit) parameter); at least 1.
     type: int
     default: 500
 seealso:

@@ -47,7 +47,7 @@ options:
     elements: str
     default: []
   page_size:
-    description: Nodes per list request.
+    description: Nodes per list request; at least 1.
     type: int
     default: 500
 seealso:

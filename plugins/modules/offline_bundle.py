@@ -39,7 +39,10 @@ options:
     type: path
     required: true
   version:
-    description: Bundle version (the collection version), shown by C(help).
+    description:
+      - Bundle version (the collection version), shown by C(help).
+      - Letters, digits, C(.), C(_), C(+) and C(-), starting with a letter or digit (it is written into the C(.run)
+        script); anything else is refused.
     type: str
     required: true
   images:
@@ -57,7 +60,7 @@ options:
         type: str
         required: true
       tag:
-        description: Image tag.
+        description: Image tag (OCI tag grammar, C([A-Za-z0-9_][A-Za-z0-9._-]{0,127})).
         type: str
         required: true
   charts:
@@ -68,6 +71,8 @@ options:
   registry:
     description:
       - DOMAIN/PROJECT under which C(load) names the images when it is given no other (the chart's C(registry)).
+      - C(DOMAIN[:port][/PROJECT]) with a port of 1-65535 and a project of OCI repository path components;
+        anything else is refused.
     type: str
     default: cr.metax-tech.com/cloud
   cache_dir:

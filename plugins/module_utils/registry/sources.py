@@ -410,15 +410,15 @@ def _check_bundle_header(path: str, header: Dict[str, Any]) -> None:
     for image in header.get("images") or []:
         if not isinstance(image, dict):
             raise ArtifactError("%s: the bundle header lists an image that is not an object: %r" % (path, image))
-        R.repository(image.get("name"), "%s: bundle image name" % path)
-        R.tag(image.get("tag"), "%s: bundle image %s: tag" % (path, image.get("name")))
+        R.repository(image.get("name"), "%s: bundle image name" % path)  # type: ignore[arg-type]
+        R.tag(image.get("tag"), "%s: bundle image %s: tag" % (path, image.get("name")))  # type: ignore[arg-type]
     for chart in header.get("charts") or []:
         if not isinstance(chart, dict) or not isinstance(chart.get("file"), str) or not isinstance(chart.get("metadata"), dict):
             raise ArtifactError("%s: the bundle header lists a chart without file or metadata: %r" % (path, chart))
         if "/" in chart["file"] or chart["file"] in ("", ".", ".."):
             raise ArtifactError("%s: bundle chart file %r is not a plain file name" % (path, chart["file"]))
-        R.repository(chart.get("name"), "%s: bundle chart name" % path)
-        R.digest(chart.get("digest"), "%s: bundle chart %s: digest" % (path, chart.get("name")))
+        R.repository(chart.get("name"), "%s: bundle chart name" % path)  # type: ignore[arg-type]
+        R.digest(chart.get("digest"), "%s: bundle chart %s: digest" % (path, chart.get("name")))  # type: ignore[arg-type]
 
 
 def read_bundle(path: str, header: Dict[str, Any]) -> List[Artifact]:
