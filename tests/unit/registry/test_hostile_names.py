@@ -268,3 +268,14 @@ def test_image_references(value, expected):
 def test_hostile_image_references(value):
     with pytest.raises(ArtifactError):
         R.image_reference(value)
+
+
+def test_the_layer_cache_does_not_take_a_diff_id_as_a_path(tmp_path):
+    from ansible_collections.metax.gpu.plugins.module_utils.registry import blobs as B
+
+    cache = B.LayerCache(str(tmp_path / "cache" / "layers"))
+    (tmp_path / "x.json").write_text('{"digest": "sha256:%s", "size": 1}' % HEX)     # what a traversal would read
+    assert cache.lookup("gzip", "sha256:../../../x") is None
+    with pytest.raises(ArtifactError, match="not a valid digest"):
+        cache.record("gzip", "sha256:../../../y", "sha256:" + HEX, 1)
+    assert not (tmp_path / "y.json").exists()
