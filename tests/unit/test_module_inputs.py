@@ -66,6 +66,9 @@ STR_VALUES = ["", " ", "a b", "../../escape", "-x", "--config=/etc/shadow", "x\n
               "x" * 5000]
 
 
+LIST_VALUES = ["", "../../escape", "-x", "a\x00b", "a,b=c"]
+
+
 def _path_values(tmp: str) -> List[str]:
     # relative values resolve under the test's cwd (tmp/a/cwd); absolute ones stay under tmp
     return ["", "relative/p", "../../escape", os.path.join(tmp, "a", "b", "..", "..", "escape"), "a\x00b"]
@@ -149,12 +152,14 @@ def _cases() -> List[Tuple[str, str, str, Any]]:
                 out += [(name, option, kind, v) for v in STR_VALUES]
             elif kind == "path":
                 out += [(name, option, kind, i) for i in range(5)]
+            elif kind == "list" and desc.get("elements", "str") in ("str", "path") and not desc.get("options"):
+                out += [(name, option, kind, [v]) for v in LIST_VALUES]
     return out
 
 
 def _id(case) -> str:
     name, option, kind, value = case
-    shown = value if kind != "str" else (repr(value)[:12])
+    shown = value if kind not in ("str", "list") else (repr(value)[:12])
     return "%s-%s-%s" % (name, option, shown)
 
 
