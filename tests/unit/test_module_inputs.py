@@ -237,6 +237,47 @@ def test_an_unreachable_api_server_is_one_line(env, name):
     assert kubeconfig in result["msg"] and "127.0.0.1" in result["msg"], result["msg"]
 
 
+@pytest.fixture
+def refusing_api():
+    """An API server that answers every request 401, as one does to a revoked token."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "Unauthorized",
+                               "reason": "Unauthorized", "code": 401}).encode()
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_PATCH = do_POST = do_DELETE = do_GET  # noqa: N815
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield "http://127.0.0.1:%d" % server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)
+def test_a_refusing_api_server_is_one_line(env, name, refusing_api):
+    tmp = env[0]
+    path = os.path.join(tmp, "refused-kubeconfig")
+    with open(path, "w") as handle:
+        handle.write(_kubeconfig(refusing_api))
+    module, args = _kube_args(name, env)
+    args["kubeconfig"] = path
+    failed, result = _run(module, args, check_mode=True)
+    assert failed, result
+    assert "\n" not in result["msg"] and "401" in result["msg"], result["msg"]
+
+
 @pytest.mark.parametrize("content", ["not: [valid", "apiVersion: v1\nkind: Config\n", "- a list\n",
                                      "apiVersion: v1\nkind: Config\ncurrent-context: nowhere\ncontexts: []\n"])
 @pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)

@@ -15,6 +15,7 @@ docs/development.md.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 from typing import Any, Iterator, Optional
@@ -36,7 +37,7 @@ except ImportError:
         status = 0
         reason = ""
 
-__all__ = ["ApiException", "HAS_KUBERNETES", "KubeClientError", "KubeConnectionError", "api_client", "coordination_v1",
+__all__ = ["ApiException", "HAS_KUBERNETES", "KubeClientError", "KubeApiError", "KubeConnectionError", "api_client", "coordination_v1",
            "core_v1", "reaching"]
 
 MISSING = "the 'kubernetes' Python package is required (requirements/agents.txt)"
@@ -70,6 +71,10 @@ class KubeConnectionError(KubeClientError):
     """The API server could not be reached (refused, unresolvable, timed out, TLS failed)."""
 
 
+class KubeApiError(KubeClientError):
+    """The API server answered with an error the caller did not handle (401, 403, 404...)."""
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """An exception as one short line: the Kubernetes client's own messages run over several."""
     text = re.sub(r"\s+", " ", str(exc) or type(exc).__name__).strip()
@@ -83,20 +88,38 @@ def reaching(client: Any, kubeconfig: Optional[str] = None) -> Iterator[None]:
     try:
         yield
     except ApiException as exc:
-        if getattr(exc, "status", None):
-            raise       # the server answered: the caller reports its answer
-        raise _connection_error(client, kubeconfig, exc) from exc
+        if not getattr(exc, "status", None):
+            raise _connection_error(client, kubeconfig, exc) from exc
+        # the server answered (401 with a bad token, 403, 404...): its answer in one line, not the
+        # client's multi-line dump of headers and body
+        raise KubeApiError("the Kubernetes API server %s (%s) answered %s %s: %s" % (
+            _host(client), _source(kubeconfig), exc.status, exc.reason or "", _api_message(exc))) from exc
     except Exception as exc:  # pylint: disable=broad-except
         if (urllib3 is not None and isinstance(exc, urllib3.exceptions.HTTPError)) or isinstance(exc, OSError):
             raise _connection_error(client, kubeconfig, exc) from exc
         raise
 
 
+def _host(client: Any) -> str:
+    return getattr(getattr(client, "configuration", None), "host", None) or "?"
+
+
+def _source(kubeconfig: Optional[str]) -> str:
+    return "kubeconfig %s" % kubeconfig if kubeconfig else "in-cluster service account"
+
+
+def _api_message(exc: Any) -> str:
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (TypeError, ValueError, AttributeError):
+        message = None
+    return one_line(message or exc.body or "")
+
+
 def _connection_error(client: Any, kubeconfig: Optional[str], exc: BaseException) -> KubeConnectionError:
-    host = getattr(getattr(client, "configuration", None), "host", None) or "?"
     reason = getattr(exc, "reason", None) or exc    # MaxRetryError: the cause, not the URL and retry count
-    source = "kubeconfig %s" % kubeconfig if kubeconfig else "in-cluster service account"
-    return KubeConnectionError("cannot reach the Kubernetes API server %s (%s): %s" % (host, source, one_line(reason)))
+    return KubeConnectionError("cannot reach the Kubernetes API server %s (%s): %s"
+                               % (_host(client), _source(kubeconfig), one_line(reason)))
 
 
 def core_v1(client: Any) -> Any:
