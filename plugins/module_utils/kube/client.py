@@ -75,7 +75,7 @@ class KubeApiError(KubeClientError):
     """The API server answered with an error the caller did not handle (401, 403, 404...)."""
 
 
-def one_line(exc: BaseException, limit: int = 300) -> str:
+def one_line(exc: object, limit: int = 300) -> str:
     """An exception as one short line: the Kubernetes client's own messages run over several."""
     text = re.sub(r"\s+", " ", str(exc) or type(exc).__name__).strip()
     return text if len(text) <= limit else text[:limit - 3] + "..."
