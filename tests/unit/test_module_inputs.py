@@ -384,3 +384,40 @@ def test_scheduler_extender_key_is_masked_and_its_files_are_0600(env):
         assert key.decode() in handle.read()      # the file itself holds the key, for kube-scheduler
     backups = [os.path.join(d, f) for d, _s, fs in os.walk(os.path.join(root, "etc/kubernetes/metax-backup")) for f in fs]
     assert backups and all(stat.S_IMODE(os.stat(b).st_mode) == 0o600 for b in backups)
+
+
+# ---------------------------------------------------------------------------------------------
+# documentation
+
+def _documented(module) -> Dict[str, Any]:
+    """The options a module documents, its doc fragments' included."""
+    import yaml
+
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    options = dict(doc.get("options") or {})
+    for fragment in doc.get("extends_documentation_fragment") or []:
+        namespace, _sep, name = fragment.rpartition(".")
+        assert namespace == "metax.gpu", fragment
+        frag = importlib.import_module("ansible_collections.metax.gpu.plugins.doc_fragments." + name)
+        options.update(yaml.safe_load(frag.ModuleDocFragment.DOCUMENTATION).get("options") or {})
+    return options
+
+
+def _compare(documented: Dict[str, Any], spec: Dict[str, Any], where: str) -> List[str]:
+    problems = []
+    if sorted(documented) != sorted(spec):
+        problems.append("%s: documented %s, argument spec %s" % (where, sorted(documented), sorted(spec)))
+    for option in set(documented) & set(spec):
+        doc, arg = documented[option] or {}, spec[option]
+        if doc.get("type", "str") != arg.get("type", "str"):
+            problems.append("%s%s: documented type %s, spec %s" % (where, option, doc.get("type"), arg.get("type")))
+        if doc.get("suboptions") or arg.get("options"):
+            problems += _compare(doc.get("suboptions") or {}, arg.get("options") or {}, "%s%s." % (where, option))
+    return problems
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_documented_options_are_the_argument_spec(name):
+    """Suboptions too: a secret suboption (tls_config.keyData) is documented where its no_log is."""
+    module, kwargs = argspec(name)
+    assert _compare(_documented(module), kwargs["argument_spec"], "") == []
