@@ -65,6 +65,8 @@ options:
     description:
       - The runtime and version as a Kubernetes Node reports them (C(containerd://1.7.24), C(docker://26.1.3)),
         instead of asking the runtime's tool.
+      - Unset, the tool is asked; under a O(host_root) other than C(/) the node's own binary under that root
+        (through C(chroot)), never the one of the machine the module runs on. Without it there, the module fails.
     type: str
   state_file:
     description: Where the originals of changed files are kept, on the node (under O(host_root)).
@@ -156,8 +158,9 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.metax.gpu.plugins.module_utils.cdi import runtime_config, runtime_state
 from ansible_collections.metax.gpu.plugins.module_utils.cdi.writer import refresh
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
+from ansible_collections.metax.gpu.plugins.module_utils.common import (
+    HOST_ROOT_ARGSPEC, InvalidOption, checked_host_root, merged_spec, node_path)
+from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
@@ -167,6 +170,8 @@ ARGUMENT_SPEC = {
     "write_spec": {"type": "bool", "default": False},
     "spec_dir": {"type": "path", "default": "/var/run/cdi"},
 }
+# where the node's runtime binary is looked for under a host root
+TOOL_DIRS = ("usr/bin", "bin", "usr/sbin", "sbin", "usr/local/bin", "usr/local/sbin")
 VERSION_COMMANDS = {"containerd": ["containerd", "--version"],
                     "docker": ["docker", "version", "--format", "{{.Server.Version}}"]}
 
@@ -184,13 +189,32 @@ def _diff(host, edits):
     return out
 
 
+def _version_command(host, runtime):
+    """The runtime's own version command on the node: under a host root, the node's binary, never
+    the one of the machine the module runs on."""
+    argv = VERSION_COMMANDS[runtime]
+    if host.path == "/":
+        return argv
+    local = host.which(argv[0], TOOL_DIRS)
+    if local is None:
+        raise InvalidOption("%s is not installed under host_root %s (looked in %s); set runtime_version"
+                            % (argv[0], host.path, ", ".join("/" + d for d in TOOL_DIRS)))
+    return [local] + argv[1:] if host.is_simulated() else ["chroot", host.path] + argv
+
+
 def main():
     module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     params = module.params
-    host = HostRoot(params["host_root"])
+    try:
+        host = checked_host_root(params["host_root"])
+        node_path(params["state_file"], "state_file")
+        node_path(params["spec_dir"], "spec_dir")
+        command = None if params["runtime_version"] else _version_command(host, params["runtime"])
+    except MetaxGpuError as exc:
+        module.fail_json(msg=str(exc))
     version = params["runtime_version"]
     if not version:
-        rc, out, err = module.run_command(VERSION_COMMANDS[params["runtime"]])
+        rc, out, err = module.run_command(command)
         version = runtime_config.runtime_version_of(params["runtime"], out) if rc == 0 else None
         if version is None:
             module.fail_json(msg="cannot tell the %s version: %s" % (params["runtime"], (err or out).strip()))

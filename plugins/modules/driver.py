@@ -234,10 +234,9 @@ verify:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, checked_host_root, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.driver import backend
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": list(backend.STATES), "default": "present"},
@@ -258,10 +257,13 @@ ARGUMENT_SPEC = {
 
 def _node_pods(node_name, kubeconfig):
     # imported here: only a run with node_name needs the kubernetes package on the node
-    from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client, core_v1
+    from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client, core_v1, reaching
+    from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import check_node_name
 
+    check_node_name(node_name)
     client = api_client(kubeconfig)
-    pods = core_v1(client).list_pod_for_all_namespaces(field_selector="spec.nodeName=%s" % node_name)
+    with reaching(client, kubeconfig):
+        pods = core_v1(client).list_pod_for_all_namespaces(field_selector="spec.nodeName=%s" % node_name)
     return [client.sanitize_for_serialization(pod) for pod in pods.items]
 
 
@@ -281,8 +283,8 @@ def main():
         return module.run_command(argv, environ_update={"METAX_HOST_ROOT": root, "LC_ALL": "C"})
 
     try:
-        pods = _node_pods(params["node_name"], params["kubeconfig"]) if params["node_name"] else []
-        result = backend.run(HostRoot(root), request, module.check_mode, runner=runner, pods=pods)
+        pods = _node_pods(params["node_name"], params["kubeconfig"]) if params["node_name"] is not None else []
+        result = backend.run(checked_host_root(root), request, module.check_mode, runner=runner, pods=pods)
     except backend.DriverVerifyError as exc:
         module.fail_json(msg=str(exc), changed=True, verify=exc.checks)
     except backend.DriverCommandError as exc:

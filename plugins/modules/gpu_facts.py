@@ -160,10 +160,9 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, checked_host_root, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 
 # The module's own options; shared ones come from module_utils specs paired
 # with doc fragments of the same name (docs/development.md).
@@ -175,7 +174,7 @@ ARGUMENT_SPEC = {
 def main():
     module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     try:
-        inventory = discover(HostRoot(module.params["host_root"]), topology=module.params["topology"])
+        inventory = discover(checked_host_root(module.params["host_root"]), topology=module.params["topology"])
     except MetaxGpuError as exc:
         module.fail_json(msg=str(exc))
     facts = inventory.to_dict()

@@ -571,7 +571,18 @@ class Manager:
                                       "tree) under %s" % (version, "/".join(kinds), self.payload_dir))
         return "/" + target
 
+    def known_params(self, params: Sequence[str]) -> List[str]:
+        """``params`` checked against ``modinfo -p metax`` on the node (skipped while no module is on disk)."""
+        if not params:
+            return []
+        try:
+            rc, out, _err = self.cmds.run(["modinfo", "-p", "metax"])
+        except (backend.DriverError, HostRootError):
+            rc, out = 1, ""             # no modinfo on the node: the grammar check alone
+        return policy.check_known(params, policy.parse_modinfo_params(out) if rc == 0 else None)
+
     def reconcile_driver(self, params: Sequence[str]) -> Dict[str, object]:
+        params = self.known_params(params)
         node = self.observe()
         decision = policy.decide(self.policy, node, self.payload_version,
                                  self.payload_driver() if self.policy != "Never" else None)
@@ -653,6 +664,7 @@ class Manager:
         In place (``in_place``, enableRollout false): nothing is done while the GPUs are in use;
         the node says ``pending: in use`` and the next round looks again (:meth:`upgrade_pending`).
         """
+        params = self.known_params(params)
         if in_place:
             reasons = self.in_use_reasons()
             if reasons:

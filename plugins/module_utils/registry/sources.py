@@ -18,6 +18,7 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 
 from ansible_collections.metax.gpu.plugins.module_utils import archive as A
 from ansible_collections.metax.gpu.plugins.module_utils.registry import blobs as B
+from ansible_collections.metax.gpu.plugins.module_utils.registry import reference as R
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import ArtifactError
 
 try:
@@ -217,7 +218,8 @@ def _json(store, name: str, origin: str) -> Any:
 
 
 def _blob_path(digest: str) -> str:
-    algo, _sep, hexdigest = digest.partition(":")
+    # a descriptor's digest becomes a path: only the digest grammar's characters (no '/', no '..')
+    algo, _sep, hexdigest = R.digest(digest, "blob digest").partition(":")
     return "blobs/%s/%s" % (algo, hexdigest)
 
 
@@ -258,6 +260,8 @@ def read_docker_archive(path: str, store: _TarStore) -> List[Artifact]:
             layers.append(Layer(media_type="", source=blob, diff_id=diff_id))
         tags = entry.get("RepoTags") or []
         name, tag = _split_ref(tags[0]) if tags else ("", "latest")
+        if tags:
+            R.image_reference(tags[0], "%s: RepoTags" % path)
         result.append(Artifact(kind="image", name=name or _stem(path), tag=tag, origin=path,
                                config=_bytes_slice(raw), config_media_type=B.DOCKER_CONFIG,
                                config_digest=B.sha256_digest(raw), layers=layers, docker=True))
@@ -277,6 +281,10 @@ def read_oci_layout(path: str, store, default_name: str) -> List[Artifact]:
         name, tag = _split_ref(ref) if ref else ("", "latest")
         if ref and "/" not in ref and ":" not in ref:
             tag = ref
+        if ref and ("/" in ref or ":" in ref):
+            R.image_reference(ref, "%s: annotation" % path)
+        else:
+            R.tag(tag, "%s: annotation" % path)
         artifact = _read_oci_manifest(path, store, desc, name or default_name, tag)
         result.append(artifact)
     if not result:
@@ -414,14 +422,42 @@ def read_bundle_header(path: str) -> Optional[Dict[str, Any]]:
         text = line.decode("utf-8", "replace")
         if text.startswith(BUNDLE_MAGIC):
             try:
-                return json.loads(text[len(BUNDLE_MAGIC):])
+                doc = json.loads(text[len(BUNDLE_MAGIC):])
             except ValueError:
                 return None
+            if not isinstance(doc, dict):
+                raise ArtifactError("%s: the bundle header's JSON is not an object" % path)
+            return doc
     return None
 
 
+def _bundle_offset(path: str, header: Dict[str, Any]) -> int:
+    offset = header.get("offset")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or offset % 512:
+        raise ArtifactError("%s: the bundle header's offset is %s, not a non-negative multiple of 512: "
+                            "a damaged or foreign header" % (path, "missing" if offset is None else repr(offset)))
+    return offset
+
+
+def _check_bundle_header(path: str, header: Dict[str, Any]) -> None:
+    """Every name the header gives becomes a member path or a repository: checked before either."""
+    for image in header.get("images") or []:
+        if not isinstance(image, dict):
+            raise ArtifactError("%s: the bundle header lists an image that is not an object: %r" % (path, image))
+        R.repository(image.get("name"), "%s: bundle image name" % path)  # type: ignore[arg-type]
+        R.tag(image.get("tag"), "%s: bundle image %s: tag" % (path, image.get("name")))  # type: ignore[arg-type]
+    for chart in header.get("charts") or []:
+        if not isinstance(chart, dict) or not isinstance(chart.get("file"), str) or not isinstance(chart.get("metadata"), dict):
+            raise ArtifactError("%s: the bundle header lists a chart without file or metadata: %r" % (path, chart))
+        if "/" in chart["file"] or chart["file"] in ("", ".", ".."):
+            raise ArtifactError("%s: bundle chart file %r is not a plain file name" % (path, chart["file"]))
+        R.repository(chart.get("name"), "%s: bundle chart name" % path)  # type: ignore[arg-type]
+        R.digest(chart.get("digest"), "%s: bundle chart %s: digest" % (path, chart.get("name")))  # type: ignore[arg-type]
+
+
 def read_bundle(path: str, header: Dict[str, Any]) -> List[Artifact]:
-    offset = int(header["offset"])
+    offset = _bundle_offset(path, header)
+    _check_bundle_header(path, header)
     store = _TarStore(path, offset=offset)
     result: List[Artifact] = []
     for image in header.get("images") or []:

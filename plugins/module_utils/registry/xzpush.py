@@ -38,6 +38,7 @@ from ansible_collections.metax.gpu.plugins.module_utils import archive as A
 from ansible_collections.metax.gpu.plugins.module_utils.backoff import Backoff
 from ansible_collections.metax.gpu.plugins.module_utils.registry import blobs as B
 from ansible_collections.metax.gpu.plugins.module_utils.registry import layerstream as LS
+from ansible_collections.metax.gpu.plugins.module_utils.registry import reference as R
 from ansible_collections.metax.gpu.plugins.module_utils.registry import xzsource as X
 from ansible_collections.metax.gpu.plugins.module_utils.registry.client import Registry
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import (
@@ -124,6 +125,8 @@ class XzPusher:
         return results
 
     def _named(self, image: X.ImageRef) -> X.ImageRef:
+        R.repository(repo_of(self.opts.project, self.opts.repository or image.name), "%s: repository" % self.path)
+        R.tag(self.opts.tag or image.tag, "%s: tag" % self.path)
         return X.ImageRef(name=self.opts.repository or image.name, tag=self.opts.tag or image.tag,
                           config=image.config, layers=image.layers)
 
@@ -276,6 +279,8 @@ class XzPusher:
                 layers.append(layer)
             tags = entry.get("RepoTags") or []
             name, tag = _split_ref(tags[0]) if tags else (X.guess_name(self.path), "latest")
+            if tags:    # RepoTags is the archive's word: checked before it names anything
+                R.image_reference(tags[0], "%s: RepoTags" % self.path)
             images.append(X.ImageRef(name=name, tag=tag, config=config, layers=layers))
         if (self.opts.repository or self.opts.tag) and len(images) != 1:
             raise ArtifactError("%s holds %d images: repository/tag overrides need exactly one" % (self.path, len(images)))

@@ -54,12 +54,20 @@ TOOL_PATHS = {
     "rpm": "usr/bin/rpm",
     "modprobe": "usr/sbin/modprobe",
     "depmod": "usr/sbin/depmod",
+    "modinfo": "usr/sbin/modinfo",
 }
 # The kernel release a simulated node reports (proc/sys/kernel/osrelease), written by install_tools
 # when the root has none; a simulated prebuilt payload carries modules for it and for this machine's.
 SIM_KERNEL_RELEASE = "5.15.0-105-generic"
 KERNEL_RELEASE = "proc/sys/kernel/osrelease"
 LAYOUTS = ("deb", "rpm", "run", PREBUILT)
+# The simulated metax module's parameters, as ``modinfo -p metax`` lists them. The simulator's own
+# list (what the tests use), not the vendor driver's: driver-manager checks driver-config against
+# whatever the node's module says.
+MODULE_PARAMS = (
+    ("vf_mode", "SR-IOV mode of the physical functions (int)"),
+    ("dbg", "Debug message level (int)"),
+)
 KIND_TOOLS = {"deb": ("dpkg", "dpkg-query"), "rpm": ("rpm",)}
 
 TOOL_TEMPLATE = """#!/usr/bin/env python3
@@ -100,7 +108,7 @@ def install_tools(root: str, kind: str = "deb", package: str = DEFAULT_PACKAGE) 
     host = HostRoot(root)
     state = generator.load_state(host)
     written = []
-    for tool in KIND_TOOLS[kind] + ("modprobe", "depmod"):
+    for tool in KIND_TOOLS[kind] + ("modprobe", "depmod", "modinfo"):
         _write_tool(host, TOOL_PATHS[tool], tool)
         written.append(TOOL_PATHS[tool])
     _write_tool(host, TOOL_HOOK, "run")
@@ -382,6 +390,17 @@ def _depmod(host: HostRoot, args: List[str]) -> int:
     return 0
 
 
+def _modinfo(host: HostRoot, args: List[str]) -> int:
+    """``modinfo -p metax``: the parameters of the module on disk (kmod's format, name:description)."""
+    names = [a for a in args if not a.startswith("-")]
+    if names != ["metax"] or generator.load_state(host).get("disk_driver", {"version": None}) is None:
+        sys.stderr.write("modinfo: ERROR: Module %s not found.\n" % (names[0] if names else ""))
+        return 1
+    if "-p" in args or "--parameters" in args:
+        sys.stdout.write("".join("%s:%s\n" % item for item in MODULE_PARAMS))
+    return 0
+
+
 def main(tool: str, argv: List[str], root: str) -> int:
     host = HostRoot(root)
     try:
@@ -389,6 +408,8 @@ def main(tool: str, argv: List[str], root: str) -> int:
             return _modprobe(host, argv)
         if tool == "depmod":
             return _depmod(host, argv)
+        if tool == "modinfo":
+            return _modinfo(host, argv)
         if tool == "dpkg":
             if len(argv) == 2 and argv[0] in ("-i", "--install"):
                 return _install(host, argv[1], "deb")
