@@ -283,14 +283,21 @@ def test_cli_errors(make_node, capsys):
 
 
 def test_cli_preset_and_module_entry_point():
+    """Presets come from the simulator's entry point (the library's CLI imports no simulator)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     proc = subprocess.run(
-        [sys.executable, "-m", "ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator_cli",
+        [sys.executable, "-m", "ansible_collections.metax.gpu.plugins.module_utils.sim.allocator_cli",
          "--preset", "2xC550-sriov", "--vfs", "4", "--exclude", "0", "--size", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, check=False, universal_newlines=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["devices"] == [1, 2]
+    # the library's own entry point still runs, and offers no --preset
+    proc = subprocess.run(
+        [sys.executable, "-m", "ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator_cli",
+         "--preset", "2xC550-sriov", "--size", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, check=False, universal_newlines=True)
+    assert proc.returncode == 2 and "--preset" in proc.stderr
 
 
 # -- properties ----------------------------------------------------------------
