@@ -297,7 +297,7 @@ def test_cli_preset_and_module_entry_point():
         [sys.executable, "-m", "ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator_cli",
          "--preset", "2xC550-sriov", "--size", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, check=False, universal_newlines=True)
-    assert proc.returncode == 2 and "--preset" in proc.stderr
+    assert proc.returncode == 2 and "--host-root is required" in proc.stderr
 
 
 # -- properties ----------------------------------------------------------------
