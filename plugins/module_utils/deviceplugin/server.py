@@ -33,20 +33,14 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from concurrent import futures
 
-try:
-    import grpc
-    from .api import deviceplugin_v1beta1_pb2 as pb
-    from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-    HAS_GRPC = True
-except ImportError:
-    grpc = pb = pb_grpc = None
-    HAS_GRPC = False
-
 from ..cdi.mode import MODE_CDI, MODE_DEVICES
 from ..cdi.spec import Maca, maca_env
 from ..errors import MetaxGpuError
 from ..gpu.allocator import AllocationError, preferred_allocation
 from ..host import HostRoot
+from ..kubelet.grpc_api import HAS_GRPC, REQUIRED, grpc
+from ..kubelet.grpc_api import dp_grpc as pb_grpc
+from ..kubelet.grpc_api import dp_pb as pb
 from . import constants as C
 from ..gpu.model import Device
 from ..names import MACA_CONTAINER_PATH
@@ -69,7 +63,7 @@ class RequestError(MetaxGpuError, ValueError):
 
 def require_grpc() -> None:
     if not HAS_GRPC:
-        raise RuntimeError("grpcio and protobuf are required (requirements/agents.txt)")
+        raise RuntimeError(REQUIRED)
 
 
 # -- pure request handling (no gRPC objects) ---------------------------------

@@ -21,7 +21,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.devices imp
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.metrics import (
     DevicePluginMetrics, MetricsServer,
 )
-from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.podresources import (
+from ansible_collections.metax.gpu.plugins.module_utils.kubelet.podresources import (
     PodResourcesClient, PodResourcesError,
 )
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import MAX_LOSS, bounded_loss, per_count_tables
