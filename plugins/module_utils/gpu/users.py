@@ -36,7 +36,7 @@ def open_device_users(host: HostRoot, nodes: Collection[str]) -> List[DeviceUser
             fds = host.listdir("proc/%s/fd" % pid)
         except HostRootError:
             continue     # the process ended, or is not ours to read
-        held = sorted({t for t in (host.readlink("proc/%s/fd/%s" % (pid, fd)) for fd in fds) if t in nodes})
+        held = sorted({t for t in (host.readlink("proc/%s/fd/%s" % (pid, fd)) for fd in fds) if t is not None and t in nodes})
         if held:
             comm = host.read_attribute("proc/%s/comm" % pid, default="?")
             users.extend(DeviceUser(pid, comm, node) for node in held)
