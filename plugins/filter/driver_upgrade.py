@@ -16,7 +16,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import gpu_node_problems
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.driver.package import (
     DriverPackageError, driver_matches, parse_declaration)
@@ -24,6 +23,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout import (
     WAIT_NOT_READY, WAIT_SKIP, Policy, PolicyError, count_of, plan_batches)
 from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout_node import label_version, node_ready, rollout_node
 from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import select as eviction_select
+from ansible_collections.metax.gpu.plugins.module_utils.node_checks import gpu_node_problems
 
 __all__ = ["budget", "node_ready", "driver_upgrade_plan", "driver_upgrade_validation", "driver_upgrade_failures",
            "driver_upgrade_host_map", "driver_upgrade_evictions", "driver_upgrade_node_plan",

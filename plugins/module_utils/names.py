@@ -44,6 +44,9 @@ ANNOTATION_LOSSES = PREFIX + "gpu.topology.losses"
 ANNOTATION_DEVICES = PREFIX + "gpu.devices"
 ANNOTATION_KEYS = (ANNOTATION_SCORES, ANNOTATION_LOSSES, ANNOTATION_DEVICES)
 
+# Label on every Lease of a slot pool (kube/slots.py): one list call sees the pool.
+LABEL_SLOT_POOL = PREFIX + "slot-pool"
+
 # Namespace the collection installs its components into (charts, agents).
 NAMESPACE = "metax-gpu"
 

@@ -40,8 +40,8 @@ from ..deviceplugin import constants as C
 from ..deviceplugin.annotations import AnnotationPublisher, kube_node_annotations, kube_node_patcher, node_annotations
 from ..deviceplugin.devices import DeviceState, Snapshot, health_transitions
 from ..deviceplugin.metrics import DevicePluginMetrics, MetricsServer
-from ..deviceplugin.podresources import PodResourcesClient, PodResourcesError
-from ..deviceplugin.registration import RegistrationError, register, socket_identity
+from ..kubelet.podresources import PodResourcesClient, PodResourcesError
+from ..kubelet.registration import RegistrationError, register, socket_identity
 from ..deviceplugin.server import HAS_GRPC, DevicePluginService, PluginServer
 from ..deviceplugin.cdi import SpecSync
 from ..backoff import Backoff

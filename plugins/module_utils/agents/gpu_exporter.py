@@ -33,9 +33,9 @@ import sys
 import threading
 from typing import Callable, Mapping, Optional, Sequence, Tuple
 
-from ..deviceplugin import constants as C
+from ..kubelet import constants as C
 from ..deviceplugin.metrics import MetricsServer
-from ..deviceplugin.podresources import HAS_GRPC, PodResourcesClient
+from ..kubelet.podresources import HAS_GRPC, PodResourcesClient
 from ..exporter.cache import SharedReading
 from ..exporter.collect import NodeReader
 from ..exporter.readings import Owner, Reading

@@ -17,9 +17,9 @@ import re
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from ..driver.inuse import TERMINAL_PHASES, gpu_pods
 from ..errors import MetaxGpuError
 from .client import ApiException
+from .pods import TERMINAL_PHASES, gpu_pods
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 # a Node's name is a DNS subdomain (apimachinery IsDNS1123Subdomain)
