@@ -222,3 +222,35 @@ def test_the_galaxy_artifact_carries_context_py():
     for rel in ("files/images/agent/context.py", "files/images/agent/Containerfile", "files/images/agent/entrypoint"):
         for part in [rel] + [os.path.basename(rel)] + rel.split("/")[:-1]:
             assert not any(fnmatch.fnmatch(part, pattern) for pattern in ignored), (rel, part)
+
+
+def test_build_sh_print_is_the_name_ref_lines_the_integration_tests_read(tmp_path):
+    """build.sh --print: one NAME=REF line per image of context.py, tagged with context.py's hash.
+
+    The container engine is the one stand-in (a podman that has the base image, with a fixed ID);
+    the names, the context and the tag are build.sh's and context.py's own.
+    """
+    cache = tmp_path / "cache"
+    env = dict(os.environ, METAX_CACHE_DIR=str(cache), METAX_REGISTRY="127.0.0.1:5000")
+    env.pop("METAX_AGENT_REPO_PREFIX", None)
+    lib = os.path.join(ROOT, "scripts", "cluster", "lib.sh")
+    helm_dir = subprocess.run(["bash", "-c", 'source "$1" && helm_bin_dir', "-", lib], env=env, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    os.makedirs(helm_dir)
+    helm = os.path.join(helm_dir, "helm")
+    with open(helm, "w") as handle:
+        handle.write("#!/bin/sh\necho fake helm\n")
+    os.chmod(helm, 0o755)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "podman").write_text('#!/bin/sh\ncase "$1 $2" in\n  "image exists") exit 0 ;;\n'
+                                 '  "image inspect") echo sha256:0123 ;;\n  *) exit 3 ;;\nesac\n')
+    os.chmod(str(fake / "podman"), 0o755)
+    env["PATH"] = "%s:%s" % (fake, env["PATH"])
+    res = subprocess.run([BUILD_SH, "--print"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    tag = _run([sys.executable, SCRIPT, "--root", ROOT, "tag", "--helm", helm, "--base-id", "sha256:0123"]).strip()
+    assert res.stdout.splitlines() == ["%s=127.0.0.1:5000/metax-gpu/%s:%s" % (name, name, tag) for name in context.IMAGES]
+    # what tests/integration's agent_images fixtures do with it
+    refs = dict(line.split("=", 1) for line in res.stdout.split() if "=" in line)
+    assert list(refs) == list(context.IMAGES)
