@@ -5,6 +5,7 @@ image names and for the context; neither holds a list or a copy step of its own.
 """
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import json
 import os
@@ -218,7 +219,6 @@ def test_the_galaxy_artifact_carries_context_py():
     """The installed role runs it: galaxy.yml's build_ignore must not drop it."""
     with open(os.path.join(ROOT, "galaxy.yml")) as handle:
         ignored = yaml.safe_load(handle)["build_ignore"]
-    import fnmatch
     for rel in ("files/images/agent/context.py", "files/images/agent/Containerfile", "files/images/agent/entrypoint"):
         for part in [rel] + [os.path.basename(rel)] + rel.split("/")[:-1]:
             assert not any(fnmatch.fnmatch(part, pattern) for pattern in ignored), (rel, part)
