@@ -144,7 +144,7 @@ def assemble(entries, directory):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--root", default=ROOT, help="the collection root (default: the one holding this file)")
     commands = parser.add_subparsers(dest="command")
     names = commands.add_parser("names", help="the images, one a line")

@@ -80,7 +80,7 @@ def test_slug_is_githubs():
 def test_relative_links_resolve(path):
     broken = []
     for number, target in _links(path):
-        where, _, anchor = target.partition("#")
+        where, _hash, anchor = target.partition("#")
         dest = os.path.normpath(os.path.join(os.path.dirname(path), where)) if where else path
         if not os.path.exists(dest):
             broken.append("%d: %s (no such file)" % (number, target))
