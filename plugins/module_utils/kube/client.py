@@ -1,15 +1,16 @@
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""The one place the in-cluster agents build a Kubernetes client.
+"""The one place the collection builds a Kubernetes client.
 
-Below both the library (``deviceplugin``, ``extender``) and the agent
-entrypoints, so neither imports the other for it. The ``kubernetes``
-package is optional for everything else in plugins/: the import is
-guarded and :func:`api_client` fails with a clear message when it is
-missing. Modules that run on the controller do not use this: they reuse
-kubernetes.core's client (``get_api_client``) and auth options, see
-docs/development.md.
+The in-cluster agents (the service account, or a kubeconfig) and the modules
+that talk to the API server from the controller (``kube_list``,
+``node_metadata``, ``evict_gpu_pods``, ``driver``: their connection options)
+both build it here. Below both the library (``deviceplugin``, ``extender``)
+and the agent entrypoints, so neither imports the other for it. The
+``kubernetes`` package is optional for everything else in plugins/: the
+import is guarded and :func:`api_client` fails with a clear message when it
+is missing.
 """
 
 from __future__ import annotations
