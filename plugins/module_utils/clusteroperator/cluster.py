@@ -151,7 +151,7 @@ class Cluster:
         event = event_for(owner, event_type, reason, message, now)
         name, namespace = event["metadata"]["name"], event["metadata"]["namespace"]
         try:
-            self.core.create_namespaced_event(namespace, event)
+            self.core.create_namespaced_event(namespace, event)  # type: ignore[arg-type]  # a dict serializes as is
             return
         except ApiException as exc:
             if exc.status != 409:

@@ -111,10 +111,10 @@ def test_crd_refuses_bad_values(path, value):
         jsonschema.validate({"spec": spec}, crd_schema())
 
 
-def test_every_read_only_container_has_a_writable_tmp_and_a_peering_name():
+def test_every_read_only_container_has_a_writable_tmp_and_a_leader_identity():
     """The controller and the cleanup hook run with a read-only root as a uid
     without a passwd entry: Python's tempfile and helm need a writable /tmp,
-    and kopf's default peering name (the passwd user) would fail."""
+    and the Lease's holderIdentity is the pod's name (POD_NAME)."""
     proc = subprocess.run([HELM, "template", "x", str(CHART), "-n", "metax-operator",
                            "--show-only", "templates/controller.yaml"],
                           capture_output=True, text=True, check=True, timeout=60)
@@ -133,8 +133,8 @@ def test_every_read_only_container_has_a_writable_tmp_and_a_peering_name():
     assert pods["Deployment"]["priorityClassName"] == "system-cluster-critical"
 
 
-def test_peering_identity_needs_no_passwd_entry():
-    from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import peering_identity
+def test_leader_identity_is_the_pod_name():
+    from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import leader_identity
 
-    assert peering_identity("operator-controller-abc", "host", 7) == "operator-controller-abc/7"
-    assert peering_identity(None, "host", 7) == "host/7"
+    assert leader_identity("operator-controller-abc", "host", 7) == "operator-controller-abc"
+    assert leader_identity(None, "host", 7) == "host_7"
