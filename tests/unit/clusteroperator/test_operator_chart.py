@@ -138,3 +138,32 @@ def test_leader_identity_is_the_pod_name():
 
     assert leader_identity("operator-controller-abc", "host", 7) == "operator-controller-abc"
     assert leader_identity(None, "host", 7) == "host_7"
+
+
+def test_the_crd_is_cluster_scoped_and_no_foreign_crd_ships():
+    """As the real product (clusteroperator-0.9.2.txt: no namespace); kopf's peering CRD is gone
+    (leader election through a Lease, docs/design-decisions.md)."""
+    crd = yaml.safe_load((CHART / "crds" / "clusteroperator.yaml").read_text())
+    assert crd["spec"]["scope"] == "Cluster"
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == ["clusteroperator.yaml"]
+    cr = rendered_cr({})
+    assert "namespace" not in cr["metadata"]
+
+
+def test_the_crd_keeps_keys_it_does_not_know_and_defaults_upgrade_policy_as_the_real_cr():
+    schema = crd_schema()
+    spec = schema["properties"]["spec"]
+    assert spec["x-kubernetes-preserve-unknown-fields"] is True
+    for section in ("labelgen", "devicePlugin", "driver", "maca", "runtime", "vfioManager", "dataExporter"):
+        assert spec["properties"][section]["x-kubernetes-preserve-unknown-fields"] is True, section
+    policy = spec["properties"]["driver"]["properties"]["upgradePolicy"]
+    defaults = {k: v.get("default") for k, v in policy["properties"].items()}
+    assert policy["default"] == {} and defaults == {
+        "enableRollout": False, "fallback": "pause", "maxFailureThreshold": 5, "maxParallel": "100%",
+        "maxUnavailable": "0%", "pause": False,
+        "upgradeSteps": [{"replicas": 1, "pauseDuration": 30000}, {"replicas": "100%", "pauseDuration": 0}]}
+    # the kubectl patch of the sample, and a real values file's vfnumsConfig.nodes level
+    jsonschema.validate({"spec": {"vfioManager": {"deploy": False}}}, schema)
+    jsonschema.validate({"spec": {"driver": {"vfnumsConfig": {"nodes": {"gpu-a": {"vfnum": 2}}}}}}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"spec": {"driver": {"vfnumsConfig": {"nodes": {"gpu-a": {"vfnum": 3}}}}}}, schema)
