@@ -4,7 +4,7 @@
 """Leader election through a coordination.k8s.io Lease, as Kubernetes' own controllers do.
 
 The rules are client-go's ``leaderelection`` (kube-controller-manager,
-kube-scheduler), with their defaults:
+kube-scheduler), with shorter durations (below):
 
 * acquire: the Lease is absent (create it: the API server's create is the
   lock), or its holder has not renewed it for ``leaseDurationSeconds`` *as
@@ -38,9 +38,12 @@ from .client import ApiException
 from .slots import micro_time
 
 LOG = logging.getLogger("metax-gpu.leader")
-LEASE_DURATION = 15     # seconds a standby waits after the last renewal it saw (client-go's default)
-RENEW_DEADLINE = 10     # seconds the leader keeps acting without a successful renewal
-RETRY_PERIOD = 2        # seconds between tries (acquire and renew)
+# client-go's defaults are 15 / 10 / 2 s; the operator's failover bound is 15 s from the
+# leader's death to the standby's reconcile (docs/operator.md), so shorter: a standby
+# takes over at most LEASE_DURATION + 1.2 * RETRY_PERIOD after the last renewal it saw.
+LEASE_DURATION = 8      # seconds a standby waits after the last renewal it saw
+RENEW_DEADLINE = 6      # seconds the leader keeps acting without a successful renewal (< LEASE_DURATION)
+RETRY_PERIOD = 1.5      # seconds between tries (acquire and renew)
 
 
 class LeaderError(MetaxGpuError):

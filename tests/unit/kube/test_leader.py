@@ -127,7 +127,9 @@ class Clock:
 
 
 def electors(store: LeaseStore, clock: Clock) -> tuple:
-    return tuple(LeaderElector(store, NS, NAME, who, clock=clock, wall=lambda: 1_790_000_000.0) for who in "ab")
+    """Two candidates with client-go's durations (15 s, renew deadline 10 s, retry 2 s)."""
+    return tuple(LeaderElector(store, NS, NAME, who, lease_duration=15, renew_deadline=10, retry_period=2,
+                               clock=clock, wall=lambda: 1_790_000_000.0) for who in "ab")
 
 
 def test_one_of_two_candidates_leads_and_the_other_takes_over_after_the_duration():
@@ -223,6 +225,13 @@ def test_acquire_returns_false_when_stopped():
     stop = threading.Event()
     stop.set()
     assert not b.acquire(stop)
+
+
+def test_the_defaults_fail_over_within_the_operators_bound():
+    """A standby takes over at most LEASE_DURATION + 1.2 * RETRY_PERIOD after the leader's last renewal
+    (its jittered tries), leaving kopf's start and the reconcile the rest of the 15 s (docs/operator.md)."""
+    assert leader.RENEW_DEADLINE < leader.LEASE_DURATION
+    assert leader.LEASE_DURATION + 1.2 * leader.RETRY_PERIOD <= 10
 
 
 def test_a_renew_deadline_not_shorter_than_the_duration_is_refused():
