@@ -718,6 +718,8 @@ def wait_for_cluster_scope(cluster: Cluster, stop: threading.Event, pause: float
     logged = False
     while not stop.is_set():
         if cluster.crd_scope(OPERATOR_CRD) != "Namespaced":
+            if logged:   # migrated meanwhile: discovery's cache (on disk) may still say namespaced
+                cluster.dynamic.resources.invalidate_cache()
             return True
         if not logged:
             LOG.warning("the ClusterOperator CRD is still namespaced: waiting for the chart's migration Job "

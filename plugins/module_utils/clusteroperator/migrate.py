@@ -122,6 +122,9 @@ class Migration:
             raise
 
     def run(self) -> int:
+        # the dynamic client's discovery is cached on disk across processes: a cache from before
+        # the CRD changed would still say "namespaced" (and refuse a create without a namespace)
+        self.cluster.dynamic.resources.invalidate_cache()
         scope = self.cluster.crd_scope(CRD_NAME)
         if scope == "Namespaced":
             self.wait_for_old_controllers()

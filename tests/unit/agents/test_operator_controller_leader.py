@@ -70,6 +70,12 @@ class Scopes:
     def __init__(self, answers: List[Any]) -> None:
         self.answers = answers
         self.asked: List[str] = []
+        self.invalidated = 0
+        self.dynamic = self
+        self.resources = self
+
+    def invalidate_cache(self) -> None:
+        self.invalidated += 1
 
     def crd_scope(self, name: str) -> Any:
         self.asked.append(name)
@@ -80,6 +86,7 @@ def test_the_leader_waits_while_the_crd_is_still_namespaced():
     cluster = Scopes(["Namespaced", "Namespaced", "Cluster"])
     assert oc.wait_for_cluster_scope(cluster, threading.Event(), pause=0.0)     # type: ignore[arg-type]
     assert cluster.asked == ["clusteroperators.gpu.metax-tech.com"] * 3
+    assert cluster.invalidated == 1      # discovery asked afresh once the CRD changed
     assert oc.wait_for_cluster_scope(Scopes([None]), threading.Event(), pause=0.0)   # type: ignore[arg-type]
     stop = threading.Event()
     stop.set()
