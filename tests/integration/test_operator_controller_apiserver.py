@@ -166,7 +166,8 @@ def env():
             e.ok("create", "-f", "-", input=json.dumps(node))
         wait(lambda: e.cp.kubectl("get", "crd", "clusteroperators.gpu.metax-tech.com").returncode == 0, 30, "CRD")
         objects = e.chart_objects("registry=127.0.0.1:5000/metax-gpu", "imageTag=test")
-        e.ok("apply", "-n", NS, "-f", "-", input=yaml.safe_dump_all(objects))
+        # no -n: the events Role is in namespace default, the ClusterOperator in none
+        e.ok("apply", "-f", "-", input=yaml.safe_dump_all(objects))
         for name in ("a", "b"):
             e.start_controller(name)
         yield e
