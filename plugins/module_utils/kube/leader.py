@@ -192,10 +192,13 @@ class LeaderElector:
         return True
 
     def _try(self) -> bool:
+        """One round that never raises: an API server restarting (an ApiException, or a connection
+        error of the HTTP library) is a failed try, so the renewal loop counts it against the
+        renew deadline instead of dying and leaving a leader that never learns it lost the Lease."""
         try:
             return self.try_acquire_or_renew()
-        except LeaderError as exc:   # an API server restarting: try again at the next period
-            LOG.warning("%s", exc)
+        except Exception as exc:  # pylint: disable=broad-except
+            LOG.warning("Lease %s/%s: %s", self.namespace, self.name, exc)
             return False
 
     def acquire(self, stop: threading.Event) -> bool:

@@ -237,3 +237,23 @@ def test_the_defaults_fail_over_within_the_operators_bound():
 def test_a_renew_deadline_not_shorter_than_the_duration_is_refused():
     with pytest.raises(LeaderError):
         LeaderElector(LeaseStore(), NS, NAME, "a", lease_duration=10, renew_deadline=10)
+
+
+def test_a_connection_error_is_a_failed_try_not_a_dead_renewal_loop():
+    store, clock = LeaseStore(), Clock()
+    a, _b = electors(store, clock)
+    assert a.try_acquire_or_renew()
+
+    def refused(*_args, **_kwargs):
+        raise ConnectionRefusedError("connection refused")
+
+    store.read_namespaced_lease = refused  # type: ignore[method-assign]
+    stop, lost = threading.Event(), []
+
+    def tick(_timeout: float) -> bool:
+        clock.now += a.retry_period
+        return False
+
+    stop.wait = tick  # type: ignore[method-assign]
+    a.keep(stop, lambda: lost.append(clock.now))
+    assert lost == [1000.0 + 10.0]
