@@ -749,28 +749,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     health = Health(elector)
     if args.health_port:
         health.serve(args.health_port)
-    # SIGTERM while a standby: stop trying (kopf handles the signals once it runs)
-    waiting = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: waiting.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    if not elector.acquire(waiting) or not wait_for_cluster_scope(cluster, waiting):
-        elector.release()
-        return 0
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
-    health.leading = True
-    LOG.info("%s leads (Lease %s/%s): starting the handlers", elector.identity, args.namespace, args.lease)
-    stop = threading.Event()   # kopf's stop flag: set on a lost Lease, or after kopf ended
+    # One flag stops everything: SIGTERM before kopf runs (kopf handles the signals once it
+    # does), a lost Lease, kopf's end. kopf gets it as its stop flag.
+    stop = threading.Event()
     lost = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if not elector.acquire(stop):
+        return 0
 
     def on_lost() -> None:
         lost.set()
         stop.set()
 
+    # renewed from now on, also while the leader waits for a migration
     keeper = threading.Thread(target=elector.keep, args=(stop, on_lost), name="lease", daemon=True)
     keeper.start()
-    register(operator, args)
+    health.leading = True
     try:
-        kopf.run(namespaces=[args.namespace], standalone=True, stop_flag=stop, liveness_endpoint=None)
+        if wait_for_cluster_scope(cluster, stop):
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            LOG.info("%s leads (Lease %s/%s): starting the handlers", elector.identity, args.namespace, args.lease)
+            register(operator, args)
+            kopf.run(namespaces=[args.namespace], standalone=True, stop_flag=stop, liveness_endpoint=None)
     finally:
         stop.set()
         keeper.join(timeout=args.retry_period * 2)
