@@ -7,8 +7,11 @@ A private control plane (controlplane.py: etcd, kube-apiserver, garbage
 collector) gets what an install before issue 38 left: the namespaced CRD,
 kopf's peering CRD and object, the CR `metax-operator/cluster-operator` with
 its finalizer, and the objects its controller applied (the Extensions chart
-rendered by the controller's own code, owned by the CR's uid). Then
-`operator-controller --migrate` (the chart's migration Job) runs, and:
+rendered by the controller's own code, owned by the CR's uid). The
+pre-upgrade step (`--migrate --migrate-phase pre-upgrade`) gives the namespaced
+CRD this release's schema (a `vfnumsConfig.nodes` the older one refused is
+then accepted); then `operator-controller --migrate` (the post-upgrade Job)
+runs, and:
 
 - the CRD is cluster-scoped, the CR exists without a namespace with the same
   spec, labels and Helm annotations, and the old uid as its owner id;
@@ -53,10 +56,16 @@ PEERING_CRD = {
 
 
 def namespaced_crd():
-    """The CRD of an install before issue 38: today's schema, namespaced."""
+    """The CRD of an install before issue 38: namespaced, and its driver.vfnumsConfig without the
+    real chart's `nodes` level (each key a node that requires `vfnum`)."""
     with open(CRD) as fh:
         crd = yaml.safe_load(fh)
     crd["spec"]["scope"] = "Namespaced"
+    driver = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["driver"]
+    driver["properties"]["vfnumsConfig"] = {
+        "type": "object", "additionalProperties": {
+            "type": "object", "required": ["vfnum"],
+            "properties": {"vfnum": {"type": "integer", "enum": [0, 1, 2, 4, 8]}}}}
     return crd
 
 
@@ -120,6 +129,19 @@ def test_a_namespaced_cr_is_carried_over_without_touching_its_objects(env):
     before = {n: (d["metadata"]["uid"], d["metadata"]["generation"]) for n, d in daemonsets(cp).items()}
     assert all(d["metadata"]["ownerReferences"][0]["uid"] == old_uid for d in daemonsets(cp).values())
 
+    # before the upgrade: the older schema refuses a real values file's vfnumsConfig.nodes; the
+    # pre-upgrade step gives the namespaced CRD this release's schema, scope kept, nothing else changed
+    nodes = {"spec": {"driver": {"vfnumsConfig": {"nodes": {"gpu-a": {"vfnum": 2}}}}}}
+    refused = cp.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
+                         "-p", json.dumps(nodes))
+    assert refused.returncode != 0 and "vfnum" in refused.stderr, refused.stderr
+    res = run(cp, "--migrate", "--migrate-phase", "pre-upgrade")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert get(cp, "crd", "clusteroperators.gpu.metax-tech.com")["spec"]["scope"] == "Namespaced"
+    assert get(cp, "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["uid"] == old_uid
+    wait_until(lambda: cp.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
+                                  "-p", json.dumps(nodes)).returncode == 0, 30, "the new schema served")
+
     res = run(cp, "--migrate", "--migrate-timeout", "120")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
@@ -128,6 +150,7 @@ def test_a_namespaced_cr_is_carried_over_without_touching_its_objects(env):
     new = get(cp, "clusteroperator", N.OPERATOR_CR_NAME)
     assert "namespace" not in new["metadata"] and new["metadata"]["uid"] != old_uid
     assert new["spec"]["devicePlugin"]["healthyInterval"] == 3 and new["spec"]["devicePluginExtra"] == "kept"
+    assert new["spec"]["driver"]["vfnumsConfig"] == {"nodes": {"gpu-a": {"vfnum": 2}}}
     assert new["spec"]["driver"]["upgradePolicy"]["enableRollout"] is False   # the new CRD's defaults
     assert new["metadata"]["annotations"][N.ANNOTATION_OPERATOR_OWNER_ID] == old_uid
     assert new["metadata"]["annotations"]["meta.helm.sh/release-name"] == "metax-operator-1"

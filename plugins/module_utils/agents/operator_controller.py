@@ -449,6 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--migrate", action="store_true",
                         help="carry a namespaced ClusterOperator (an older install's CRD) over to the "
                              "cluster-scoped CRD of --crd, and exit (the chart's migration Job)")
+    parser.add_argument("--migrate-phase", choices=("pre-upgrade", "post-upgrade"), default="post-upgrade",
+                        help="pre-upgrade: only give the namespaced CRD this release's schema (scope kept)")
     parser.add_argument("--migrate-timeout", type=float, default=600.0,
                         help="seconds --migrate waits for the older controller's pods to go")
     add_common_flags(parser, host_root=False)
@@ -739,7 +741,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.cleanup:
         return run_cleanup(operator)
     if args.migrate:
-        return migrate.run(cluster, args.crd, args.migrate_timeout)
+        return migrate.run(cluster, args.crd, args.migrate_timeout, args.migrate_phase)
     if args.metrics_port:
         start_http_server(args.metrics_port)
     elector = LeaderElector(k8s_client.CoordinationV1Api(cluster.api), args.namespace, args.lease,

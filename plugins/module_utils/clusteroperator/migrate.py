@@ -4,8 +4,10 @@
 """From the namespaced ClusterOperator of an older install to the cluster-scoped one, in place.
 
 A CRD's scope cannot change, and Helm never upgrades a chart's crds/, so an
-upgrade carries the CR over itself (the chart's migration Job runs
-``operator-controller --migrate`` after the upgrade, docs/operator.md):
+upgrade carries the CR over itself (the chart's migration Jobs run
+``operator-controller --migrate``, docs/operator.md). Before the upgrade
+(:meth:`Migration.run_before_upgrade`) the namespaced CRD only gets this
+release's schema, so that Helm's update of the CR is validated by it. After:
 
 1. wait until no controller of the older release runs (every pod of the
    operator-controller Deployment is of its newest ReplicaSet; the new
@@ -84,6 +86,13 @@ def old_controllers(deployment: Mapping[str, Any], replica_sets: Sequence[Mappin
                   if (p["metadata"].get("labels") or {}).get("pod-template-hash") != current)
 
 
+def with_scope(crd: Mapping[str, Any], scope: str) -> Dict[str, Any]:
+    """``crd`` (as the chart ships it) with ``scope`` (pure)."""
+    out = json.loads(json.dumps(crd))
+    out["spec"]["scope"] = scope
+    return out
+
+
 def without_owner(refs: Sequence[Mapping[str, Any]], uid: str) -> Optional[List[Dict[str, Any]]]:
     """ownerReferences without those to ``uid`` (None: there were none to remove)."""
     kept = [dict(r) for r in refs if r.get("uid") != uid]
@@ -120,6 +129,29 @@ class Migration:
             if exc.status == 404:
                 return None
             raise
+
+    def run_before_upgrade(self) -> int:
+        """The pre-upgrade step: the older namespaced CRD gets this release's schema, scope kept, so
+        that Helm's update of the CR (still namespaced until the post-upgrade step) is validated by
+        the new schema (a real 0.9.2 values file's `vfnumsConfig.nodes` level, the kept keys) and not
+        refused or pruned by the old one. A scope change here would break Helm's update instead: Helm
+        maps the release's objects before the pre-upgrade hooks run."""
+        self.cluster.dynamic.resources.invalidate_cache()
+        live = self._get("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME)
+        if live is None or live["spec"]["scope"] != "Namespaced":
+            return 0
+        live["spec"] = with_scope(self._crd_file(), "Namespaced")["spec"]
+        for key in ("managedFields",):
+            live["metadata"].pop(key, None)
+        self._resource("apiextensions.k8s.io/v1", "CustomResourceDefinition").replace(body=live)
+        LOG.info("CRD %s: this release's schema, still namespaced until the upgrade's last step", CRD_NAME)
+        return 0
+
+    def _crd_file(self) -> Dict[str, Any]:
+        import yaml   # the controller image has PyYAML (requirements/agents.txt)
+        with open(self.crd_path) as stream:
+            docs = [d for d in yaml.safe_load_all(stream) if d]
+        return next(d for d in docs if d["metadata"]["name"] == CRD_NAME)
 
     def run(self) -> int:
         # the dynamic client's discovery is cached on disk across processes: a cache from before
@@ -237,11 +269,7 @@ class Migration:
             if exc.status != 404:
                 raise
         self._wait("the namespaced CRD to go", lambda: self.cluster.crd_scope(CRD_NAME) is None)
-        import yaml   # the controller image has PyYAML (requirements/agents.txt)
-        with open(self.crd_path) as stream:
-            for doc in yaml.safe_load_all(stream):
-                if doc:
-                    self.cluster.apply(doc)
+        self.cluster.apply(self._crd_file())
 
         def established() -> bool:
             crd = self._get("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME)
@@ -285,6 +313,7 @@ class Migration:
             LOG.info("CRD %s deleted (no peering object left)", PEERING_CRD)
 
 
-def run(cluster: Cluster, crd_path: str, timeout: float = 600.0) -> int:
-    """``operator-controller --migrate``."""
-    return Migration(cluster, crd_path, timeout).run()
+def run(cluster: Cluster, crd_path: str, timeout: float = 600.0, phase: str = "post-upgrade") -> int:
+    """``operator-controller --migrate [--migrate-phase pre-upgrade]``."""
+    migration = Migration(cluster, crd_path, timeout)
+    return migration.run_before_upgrade() if phase == "pre-upgrade" else migration.run()

@@ -69,3 +69,10 @@ def test_without_owner_drops_only_the_old_crs_reference():
     assert migrate.without_owner(refs, "old-uid") == [{"uid": "other", "kind": "Something"}]
     assert migrate.without_owner(refs[:1], "old-uid") == []
     assert migrate.without_owner(refs[1:], "old-uid") is None      # nothing to patch
+
+
+def test_with_scope_changes_only_the_scope_of_a_copy():
+    crd = {"metadata": {"name": migrate.CRD_NAME}, "spec": {"scope": "Cluster", "group": "g", "versions": [{}]}}
+    out = migrate.with_scope(crd, "Namespaced")
+    assert out == {"metadata": {"name": migrate.CRD_NAME}, "spec": {"scope": "Namespaced", "group": "g", "versions": [{}]}}
+    assert crd["spec"]["scope"] == "Cluster"

@@ -44,16 +44,23 @@ def test_the_forced_migration_is_a_post_upgrade_job_with_rights_of_its_own(tmp_p
     docs = {(d["kind"], d["metadata"]["name"]): d for d in render(copy)}
     assert set(docs) == {("ServiceAccount", "operator-migration"), ("ClusterRole", "metax-operator-migration"),
                          ("ClusterRoleBinding", "metax-operator-migration"), ("Role", "operator-migration"),
-                         ("RoleBinding", "operator-migration"), ("Job", "operator-migration")}
+                         ("RoleBinding", "operator-migration"), ("Job", "operator-migration"),
+                         ("Job", "operator-migration-schema")}
+    hooks = {key: doc["metadata"]["annotations"]["helm.sh/hook"] for key, doc in docs.items()}
+    assert hooks.pop(("Job", "operator-migration-schema")) == "pre-upgrade"      # the schema, scope kept
+    assert hooks.pop(("Job", "operator-migration")) == "post-install,post-upgrade"  # the scope change
+    assert set(hooks.values()) == {"pre-upgrade,post-install,post-upgrade"}         # the rights, for both
     for doc in docs.values():
         annotations = doc["metadata"]["annotations"]
-        assert annotations["helm.sh/hook"] == "post-install,post-upgrade"
         assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
-        # the rights exist before the Job runs
+        # the rights exist before a Job runs
         assert int(annotations.get("helm.sh/hook-weight", "0")) < 0 or doc["kind"] == "Job"
     pod = docs[("Job", "operator-migration")]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "operator-migration"
     assert pod["containers"][0]["args"][:2] == ["--migrate", "--namespace=metax-operator"]
+    schema = docs[("Job", "operator-migration-schema")]["spec"]["template"]["spec"]
+    assert schema["serviceAccountName"] == "operator-migration"
+    assert "--migrate-phase=pre-upgrade" in schema["containers"][0]["args"]
     rules = docs[("ClusterRole", "metax-operator-migration")]["rules"]
     deletes = [r for r in rules if "delete" in r["verbs"] and r["resources"] == ["customresourcedefinitions"]]
     assert deletes and all(r.get("resourceNames") == ["clusteroperators.gpu.metax-tech.com", "kopfpeerings.kopf.dev"]
