@@ -43,7 +43,7 @@ import scale_common  # noqa: E402  (first: puts the collection and tests/ on sys
 import yaml  # noqa: E402
 from controlplane import ControlPlane  # noqa: E402
 from polling import wait_until  # noqa: E402
-from test_operator_controller_apiserver import CHART, GPU_LABELS, NS, Env  # noqa: E402
+from test_operator_controller_apiserver import CHAIN_OFF, CHART, GPU_LABELS, NS, Env  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client, core_v1  # noqa: E402
@@ -102,7 +102,7 @@ def measure(size: int, idle: float) -> Dict[str, Any]:
         create_nodes(cp, size)
         wait_until(lambda: env.cp.kubectl("get", "crd", "clusteroperators.gpu.metax-tech.com").returncode == 0,
                    30, "CRD")
-        objects = env.chart_objects("registry=127.0.0.1:5000/metax-gpu", "imageTag=test")
+        objects = env.chart_objects("registry=127.0.0.1:5000/metax-gpu", "imageTag=test", *CHAIN_OFF)
         env.ok("apply", "-n", NS, "-f", "-", input=yaml.safe_dump_all(objects))
         start = time.monotonic()
         proc = env.start_controller("a")

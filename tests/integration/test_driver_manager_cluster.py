@@ -142,7 +142,9 @@ def installed(cluster, images, payload, fleet):
                    "--set", "driver.deploy=true", "--set", "driver.deployPolicy=IfNotPresent",
                    "--set", "driver.payload.registry=" + payload["registry"],
                    "--set", "driver.payload.name=" + payload["name"],
-                   "--set-string", "driver.payload.version=" + payload["version"])
+                   "--set-string", "driver.payload.version=" + payload["version"],
+                   # the driver component alone (MACA and container-runtime are on by default since issue 38)
+                   "--set", "maca.deploy=false", "--set", "runtime.deploy=false")
         assert res.returncode == 0, "helm install failed:\n%s\n%s" % (res.stdout, res.stderr)
         yield {"start": start}
     finally:

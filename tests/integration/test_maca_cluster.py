@@ -91,7 +91,10 @@ def opt_as_found(cluster):
 @pytest.fixture(scope="module")
 def installed(cluster, images, payloads, opt_as_found, no_extensions):
     strip_ours(cluster)
-    args = ["--set", "maca.deploy=true", "--set", "maca.payload.images={%s}" % ",".join(payloads[VERSIONS[0]])]
+    # the MACA component alone (the driver and container-runtime, on by default since issue 38, are off here:
+    # the simulated nodes carry their driver)
+    args = ["--set", "maca.deploy=true", "--set", "maca.payload.images={%s}" % ",".join(payloads[VERSIONS[0]]),
+            "--set", "driver.deploy=false", "--set", "runtime.deploy=false"]
     res = helm(cluster, "install", CHART, "--create-namespace", "-n", NS, "--generate-name", "--wait",
                "--set", "registry=" + images["registry"], "--set-string", "imageTag=" + images["tag"],
                "--set", "hostRoot.path=" + SIM_PARENT, "--set", "hostRoot.subPathExpr=$(NODE_NAME)",

@@ -9,8 +9,8 @@ kopf's peering CRD and object, the CR `metax-operator/cluster-operator` with
 its finalizer, and the objects its controller applied (the Extensions chart
 rendered by the controller's own code, owned by the CR's uid). The
 pre-upgrade step (`--migrate --migrate-phase pre-upgrade`) gives the namespaced
-CRD this release's schema (a `vfnumsConfig.nodes` the older one refused is
-then accepted); then `operator-controller --migrate` (the post-upgrade Job)
+CRD this release's schema (a field the older one refused is then accepted);
+then `operator-controller --migrate` (the post-upgrade Job)
 runs, and:
 
 - the CRD is cluster-scoped, the CR exists without a namespace with the same
@@ -44,8 +44,10 @@ CRD = os.path.join(CHART, "crds", "clusteroperator.yaml")
 EXTENSIONS = os.path.join(ROOT, "files", "charts", "metax-gpu-extensions")
 NS = N.OPERATOR_NAMESPACE
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller"
+# gpu-label and gpu-device only (the chain components, on by default, need payloads)
 SPEC = {"registry": "127.0.0.1:5000/metax-gpu", "devicePlugin": {"healthyInterval": 3},
-        "labelgen": {"image": {"version": "test"}}, "devicePluginExtra": "kept"}
+        "labelgen": {"image": {"version": "test"}}, "driver": {"deploy": False}, "maca": {"deploy": False},
+        "runtime": {"deploy": False}}
 PEERING_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
     "metadata": {"name": "kopfpeerings.kopf.dev"},
@@ -56,16 +58,12 @@ PEERING_CRD = {
 
 
 def namespaced_crd():
-    """The CRD of an install before issue 38: namespaced, and its driver.vfnumsConfig without the
-    real chart's `nodes` level (each key a node that requires `vfnum`)."""
+    """The CRD of an older install: namespaced, and (to see the pre-upgrade step's schema) without a
+    field this release knows (vfioManager)."""
     with open(CRD) as fh:
         crd = yaml.safe_load(fh)
     crd["spec"]["scope"] = "Namespaced"
-    driver = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["driver"]
-    driver["properties"]["vfnumsConfig"] = {
-        "type": "object", "additionalProperties": {
-            "type": "object", "required": ["vfnum"],
-            "properties": {"vfnum": {"type": "integer", "enum": [0, 1, 2, 4, 8]}}}}
+    del crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["vfioManager"]
     return crd
 
 
@@ -129,12 +127,12 @@ def test_a_namespaced_cr_is_carried_over_without_touching_its_objects(env):
     before = {n: (d["metadata"]["uid"], d["metadata"]["generation"]) for n, d in daemonsets(cp).items()}
     assert all(d["metadata"]["ownerReferences"][0]["uid"] == old_uid for d in daemonsets(cp).values())
 
-    # before the upgrade: the older schema refuses a real values file's vfnumsConfig.nodes; the
-    # pre-upgrade step gives the namespaced CRD this release's schema, scope kept, nothing else changed
-    nodes = {"spec": {"driver": {"vfnumsConfig": {"nodes": {"gpu-a": {"vfnum": 2}}}}}}
+    # before the upgrade: the older schema refuses (strict) or prunes (Helm) a field this release knows;
+    # the pre-upgrade step gives the namespaced CRD this release's schema, scope kept, nothing else changed
+    nodes = {"spec": {"vfioManager": {"deploy": False}}}
     refused = cp.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
                          "-p", json.dumps(nodes))
-    assert refused.returncode != 0 and "vfnum" in refused.stderr, refused.stderr
+    assert refused.returncode != 0 and "vfioManager" in refused.stderr, refused.stderr
     res = run(cp, "--migrate", "--migrate-phase", "pre-upgrade")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert get(cp, "crd", "clusteroperators.gpu.metax-tech.com")["spec"]["scope"] == "Namespaced"
@@ -149,8 +147,8 @@ def test_a_namespaced_cr_is_carried_over_without_touching_its_objects(env):
     assert crd["spec"]["scope"] == "Cluster"
     new = get(cp, "clusteroperator", N.OPERATOR_CR_NAME)
     assert "namespace" not in new["metadata"] and new["metadata"]["uid"] != old_uid
-    assert new["spec"]["devicePlugin"]["healthyInterval"] == 3 and new["spec"]["devicePluginExtra"] == "kept"
-    assert new["spec"]["driver"]["vfnumsConfig"] == {"nodes": {"gpu-a": {"vfnum": 2}}}
+    assert new["spec"]["devicePlugin"]["healthyInterval"] == 3
+    assert new["spec"]["vfioManager"]["deploy"] is False
     assert new["spec"]["driver"]["upgradePolicy"]["enableRollout"] is False   # the new CRD's defaults
     assert new["metadata"]["annotations"][N.ANNOTATION_OPERATOR_OWNER_ID] == old_uid
     assert new["metadata"]["annotations"]["meta.helm.sh/release-name"] == "metax-operator-1"

@@ -236,8 +236,13 @@ def test_uninstall_leaves_nothing_of_ours(cluster, site):
 def test_manual_install_command_as_written_from_the_local_registry(cluster, site):
     """Manual 3.2.1 word for word, DOMAIN/PROJECT = the local registry the playbooks pushed to; then 3.2.5."""
     domain_project = "%s/%s" % (cluster.registry, PROJECT)
+    # with the payload flags of the manual (and of helm-install-operator-0.9.2.txt): the driver and MACA
+    # components are on by default (issue 38) and refuse an install without them. These nodes' real root
+    # has no MetaX GPU, so no payload is pulled here (the payloads' own tests pull theirs).
     command = ("helm install oci://%s/metax-operator --create-namespace -n metax-operator --generate-name --wait "
-               "--set registry=%s" % (domain_project, domain_project))
+               "--set registry=%s --set driver.payload.version=2.29.0.13 --set maca.payload.registry=%s "
+               "--set maca.payload.images={mxc500-maca:2.29.0.7-ubuntu22.04-amd64}"
+               % (domain_project, domain_project, domain_project))
     start = time.monotonic()
     res = subprocess.run(["bash", "-c", command], env=cluster.env, capture_output=True, text=True, timeout=600,
                          check=False)
@@ -248,6 +253,12 @@ def test_manual_install_command_as_written_from_the_local_registry(cluster, site
         assert len(release) == 1 and release[0][1].startswith("metax-operator-"), release
         body = cr(cluster)
         assert body["spec"]["devicePlugin"]["image"]["registry"] == domain_project
+        # the whole product: the chain components on, with the flags' payloads, and driver-config at once
+        assert body["spec"]["driver"]["payload"]["version"] == "2.29.0.13"
+        assert body["spec"]["maca"]["payload"] == {"registry": domain_project,
+                                                   "images": ["mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]}
+        assert all(body["spec"][key]["deploy"] for key in ("driver", "maca", "runtime"))
+        assert get_json(cluster, "configmap", "driver-config", "-n", NS) is not None
         ctrl = get_json(cluster, "deployment", "operator-controller", "-n", NS)
         assert ctrl["status"].get("readyReplicas") == ctrl["spec"]["replicas"]
         # the controller deploys gpu-label everywhere (default hostRoot: these nodes' real root has no MetaX GPU)

@@ -50,8 +50,8 @@ from ..clusteroperator.contract import ADMINISTRATOR_OWNED, Component, administr
 from ..vfnum import config as vfnum_config
 from ..vfnum.plan import VfnumError
 from ..clusteroperator.status import (
-    component_status, condition, node_messages, overall, readiness_labels, same_status, waiting_nodes,
-    with_transition_times)
+    component_status, condition, ignored_fields, node_messages, overall, readiness_labels, same_status,
+    waiting_nodes, with_transition_times)
 from .common import UsageError, add_common_flags, kube_api_client, run_main, setup_logging, tcp_port
 
 try:
@@ -337,7 +337,8 @@ class Operator:
         device = next((e for e in entries if e["name"] == "gpu-device"), None)
         out = {
             "observedGeneration": body["metadata"].get("generation", 0),
-            "conditions": with_transition_times(overall(entries) + self.not_applied(body), old.get("conditions"), now),
+            "conditions": with_transition_times(overall(entries, ignored_fields(body)) + self.not_applied(body),
+                                                old.get("conditions"), now),
             "nodes": {"total": len(nodes), "gpu": len(gpu_nodes), "ready": device["ready"] if device else 0},
             "components": entries,
         }

@@ -33,7 +33,7 @@ GPU_LABEL = Component(
 
 CONTAINER_RUNTIME = Component(
     name="container-runtime", spec_key="runtime", values_key="runtime", chart=EXTENSIONS_CHART,
-    image="container-runtime", gpu_nodes_only=True, default_deploy=False,
+    image="container-runtime", gpu_nodes_only=True, default_deploy=True,  # on by default, as the real product (issue 38)
     # makes the node's runtime read CDI; gpu-device (which requires it) then answers with CDI names
     ready_label=names.LABEL_RUNTIME_READY,
     enable_values={"containerRuntime": {"enabled": True}},
@@ -66,7 +66,7 @@ GPU_EXPORTER = Component(
 DRIVER = Component(
     name="metax-driver", spec_key="driver", values_key="driver", chart=EXTENSIONS_CHART,
     image="driver-manager", ready_label=names.LABEL_DRIVER_READY, requires=(names.LABEL_RUNTIME_READY,),
-    gpu_nodes_only=True, default_deploy=False,
+    gpu_nodes_only=True, default_deploy=True,  # on by default, as the real product (issue 38)
     # the rolling upgrade's marks (driver-manager's and the controller's) go with the component
     cleanup_labels=(names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE, names.LABEL_DRIVER_UPGRADE_STATE),
     cleanup_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE,
@@ -85,7 +85,7 @@ DRIVER = Component(
 MACA = Component(
     name="metax-maca", spec_key="maca", values_key="maca", chart=EXTENSIONS_CHART,
     image="driver-manager", ready_label=names.LABEL_MACA_READY, requires=(names.LABEL_RUNTIME_READY,),
-    gpu_nodes_only=True, default_deploy=False,
+    gpu_nodes_only=True, default_deploy=True,  # on by default, as the real product (issue 38)
 )
 
 # Chain order: a component comes after every component owning a label it requires.

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from .. import names
 from .components import DRIVER as DRIVER_COMPONENT
 from .components import REGISTRY
 from .contract import Component, deployed
@@ -52,17 +53,36 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
     # extra (the real product's CR has it, the manual not): gpu-exporter, default off
     {"spec": "dataExporter", "values": "dataExporter", "image": "gpu-exporter", "deployValue": None,
      "fields": ["deploy", "interval", "service", "resources", "podTemplateSpec"], "registryDefaults": []},
+    # fw* are the real product's firmware options: carried into the CR as it has them, not acted
+    # on (status.ignored_fields names them); vfnumsConfig is read in both shapes (vfnums_entries)
     {"spec": "driver", "values": "driver", "image": "driver-manager", "deployValue": None,
      "fields": ["deploy", "deployPolicy", "payload", "upgradePolicy", "vfnumPolicy", "vfnumsConfig", "moduleParams",
-                "nodeModuleParams", "resources", "podTemplateSpec"],
+                "nodeModuleParams", "fwEffectPolicy", "fwEnableVirt", "fwUpgradePolicy", "resources", "podTemplateSpec"],
      "registryDefaults": ["payload"]},
     {"spec": "maca", "values": "maca", "image": "driver-manager", "deployValue": None,
      "fields": ["deploy", "payload", "resources", "podTemplateSpec"], "registryDefaults": ["payload"]},
     {"spec": "runtime", "values": "runtime", "image": "container-runtime", "deployValue": None,
      "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
+    # the real product's vfio-manager: in the CR as in 0.9.2's, not built (a later issue)
+    {"spec": "vfioManager", "values": "vfioManager", "image": "vfio-manager", "deployValue": None,
+     "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
 )
 
-MAPPING: Dict[str, Any] = {"globals": GLOBALS, "sections": list(SECTIONS)}
+# Values of a real 0.9.2 install that have no place in our CR and that we do not act on: the
+# schema accepts them, and the chart names the ones set in the CR's annotation
+# IGNORED_VALUES_ANNOTATION, from which the status condition IgnoredFields reports them
+# (status.ignored_fields). "any": reported when set at all; "map": only when a map (a string
+# there is ours: controller.image). Nothing of a real values file is refused or dropped unsaid.
+_COMPONENT_VALUES = ("gpuLabel", "gpuDevice", "gpuAware", "dataExporter", "driver", "maca", "runtime", "vfioManager")
+IGNORED_VALUES: Dict[str, str] = dict(
+    [("serviceAccount", "any"), ("cmInit", "any"), ("topoDiscovery", "any"), ("gpuScheduler", "any"),
+     ("podTemplateSpecFile", "any"), ("controller.image", "map")]
+    + [("%s.%s" % (section, member), "any") for section in _COMPONENT_VALUES
+       for member in ("image", "podTemplateSpecFile", "cmInit")])
+IGNORED_VALUES_ANNOTATION = names.OPERATOR_GROUP + "/ignored-values"
+
+MAPPING: Dict[str, Any] = {"globals": GLOBALS, "sections": list(SECTIONS), "ignoredValues": IGNORED_VALUES,
+                           "ignoredValuesAnnotation": IGNORED_VALUES_ANNOTATION}
 
 
 def mapping_json() -> str:
@@ -76,6 +96,39 @@ def merged_log(global_log: Optional[Mapping[str, Any]], own: Optional[Mapping[st
     log.update(global_log or {})
     log.update(own or {})
     return log
+
+
+def vfnums_entries(config: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """``driver.vfnumsConfig`` as ``{<node>: {vfnum: N}}``, from the real chart's ``{nodes: {<node>: ...}}`` or that.
+
+    A ``nodes`` member holding ``vfnum`` is a node called ``nodes`` (the flat shape).
+    """
+    config = config or {}
+    nested = config.get("nodes")
+    if not isinstance(nested, Mapping) or "vfnum" in nested:
+        return copy.deepcopy(dict(config))
+    out = {k: copy.deepcopy(v) for k, v in config.items() if k != "nodes"}
+    out.update(copy.deepcopy(dict(nested)))
+    return out
+
+
+def _value_at(values: Mapping[str, Any], path: str) -> Tuple[bool, Any]:
+    node: Any = values
+    for key in path.split("."):
+        if not isinstance(node, Mapping) or key not in node:
+            return False, None
+        node = node[key]
+    return True, node
+
+
+def ignored_values(values: Mapping[str, Any]) -> List[str]:
+    """The IGNORED_VALUES set in ``values`` (null counts as unset, as helm drops it), sorted."""
+    out = []
+    for path, kind in IGNORED_VALUES.items():
+        found, value = _value_at(values, path)
+        if found and value is not None and (kind == "any" or isinstance(value, Mapping)):
+            out.append(path)
+    return sorted(out)
 
 
 def values_to_spec(values: Mapping[str, Any], app_version: str) -> Dict[str, Any]:
@@ -101,8 +154,23 @@ def values_to_spec(values: Mapping[str, Any], app_version: str) -> Dict[str, Any
         for member in section["registryDefaults"]:
             if isinstance(out.get(member), dict) and not out[member].get("registry"):
                 out[member]["registry"] = registry
+        if "vfnumsConfig" in out:
+            out["vfnumsConfig"] = vfnums_entries(out["vfnumsConfig"])
         spec[section["spec"]] = out
     return spec
+
+
+def missing_requirements(values: Mapping[str, Any]) -> List[str]:
+    """Why the chart refuses ``values``: a component on that lacks what it needs (templates/_helpers.tpl)."""
+    if values.get("minimal"):
+        return []
+    out = []
+    driver, maca = values.get("driver") or {}, values.get("maca") or {}
+    if driver.get("deploy", True) and not str((driver.get("payload") or {}).get("version") or ""):
+        out.append("driver.payload.version")
+    if maca.get("deploy", True) and not (maca.get("payload") or {}).get("images"):
+        out.append("maca.payload.images")
+    return out
 
 
 def _image(section: Mapping[str, Any], default_name: str) -> Dict[str, Any]:
@@ -164,7 +232,7 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
                                       "pullPolicy": payload.get("pullPolicy", "")},
                           "moduleParams": driver.get("moduleParams", ""),
                           "nodeModuleParams": copy.deepcopy(driver.get("nodeModuleParams") or {}),
-                          "vfnumsConfig": copy.deepcopy(driver.get("vfnumsConfig") or {}),
+                          "vfnumsConfig": vfnums_entries(driver.get("vfnumsConfig")),
                           "vfnumPolicy": {"evictInUse": bool(vfnum_policy.get("evictInUse", False)),
                                           "maxParallel": int(vfnum_policy.get("maxParallel", 1))},
                           "log": merged_log(None, driver.get("log"))},

@@ -5,9 +5,14 @@
 
 Per component: ``Ready``, ``Progressing`` and ``Degraded`` conditions whose
 messages name the nodes concerned (a node stuck with no explanation is what
-users of other operators complain about). The status is only written when it
-differs from the stored one (:func:`same_status`), so an idle controller makes
-no API writes.
+users of other operators complain about). A component is Ready only when it is
+ready on every node it targets: a GPU node its readiness chain still keeps it
+off (``waiting``) makes it not Ready, naming the node and the label. The CR's
+own ``Ready`` names every component that is not, with its nodes, and
+``IgnoredFields`` names what the CR and the chart's values carry that the
+operator accepts but does not act on (:func:`ignored_fields`). The status is
+only written when it differs from the stored one (:func:`same_status`), so an
+idle controller makes no API writes.
 """
 
 from __future__ import annotations
@@ -15,6 +20,19 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from .contract import Component, deployed, gate_selector
+from .mapping import IGNORED_VALUES_ANNOTATION
+
+# Fields of ClusterOperator.spec that the CRD accepts, as the real 0.9.2 CR has them, and the
+# operator does not act on: path -> the value it acts as if given (None: any value set is
+# reported). The firmware options: no firmware is flashed; vfio-manager: not built yet.
+IGNORED_SPEC: Dict[str, Optional[object]] = {
+    "driver.fwEffectPolicy": None,
+    "driver.fwEnableVirt": None,
+    "driver.fwUpgradePolicy": None,
+    # the CRD defaults it to false in every CR: only a vfio-manager asked for is reported
+    "vfioManager.deploy": False,
+}
+IGNORED_CONDITION = "IgnoredFields"
 
 # Waiting reasons of a container that mean it will not get better by itself.
 BROKEN_WAITING = frozenset(("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError",
@@ -104,12 +122,16 @@ def component_status(component: Component, spec: Mapping[str, Any], workload: Op
         if problem:
             broken[pod["spec"].get("nodeName") or pod["metadata"]["name"]] = problem
     conditions = []
-    if current:
-        message = "%d/%d pods ready" % (ready, desired)
-        if waiting:
-            message += "; waiting for %s on %s" % (
-                ", ".join(sorted({label for labels in waiting.values() for label in labels})), _nodes(waiting))
-        conditions.append(condition("Ready", True, "PodsReady", message))
+    if current and waiting:
+        # ready where it runs, but GPU nodes it targets still wait for a component before it in the
+        # chain (driver, MACA, runtime): not Ready there, so not Ready (the blocker's own entry says why)
+        message = "%d/%d pods ready; waiting for %s on %s" % (
+            ready, desired, ", ".join(sorted({label for labels in waiting.values() for label in labels})),
+            _nodes(waiting))
+        conditions.append(condition("Ready", False, "WaitingForChain", message))
+        conditions.append(condition("Progressing", False, "WaitingForChain", ""))
+    elif current:
+        conditions.append(condition("Ready", True, "PodsReady", "%d/%d pods ready" % (ready, desired)))
         conditions.append(condition("Progressing", False, "PodsReady", ""))
     else:
         message = "%d/%d pods ready" % (ready, desired)
@@ -128,25 +150,62 @@ def component_status(component: Component, spec: Mapping[str, Any], workload: Op
     return {"name": name, "deployed": True, "desired": desired, "ready": ready, "conditions": conditions}
 
 
-def overall(components: Sequence[Mapping[str, Any]]) -> List[Dict[str, str]]:
-    """The CR's own conditions: Ready when every component is; the first one not ready explains."""
+def ignored_fields(cluster_operator: Mapping[str, Any]) -> List[str]:
+    """What the ClusterOperator carries that the operator accepts and does not act on, sorted.
+
+    ``spec.<path>`` for :data:`IGNORED_SPEC` set to another value than the one
+    the operator acts as if given; ``values <path>`` for each value of the chart
+    that has no place in the CR (the annotation the chart writes,
+    ``mapping.IGNORED_VALUES``).
+    """
+    spec = cluster_operator.get("spec") or {}
+    out = []
+    for path, neutral in IGNORED_SPEC.items():
+        node: Any = spec
+        for key in path.split("."):
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if node is not None and (neutral is None or node != neutral):
+            out.append("spec." + path)
+    annotations = (cluster_operator.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(IGNORED_VALUES_ANNOTATION) or ""
+    out += ["values " + path for path in sorted({p.strip() for p in text.split(",") if p.strip()})]
+    return out
+
+
+def ignored_condition(ignored: Sequence[str]) -> Optional[Dict[str, str]]:
+    """The condition naming ``ignored`` (:func:`ignored_fields`), once for all; None when there is none."""
+    if not ignored:
+        return None
+    return condition(IGNORED_CONDITION, True, "AcceptedNotActedOn",
+                     "accepted, not acted on by this operator (docs/operator.md, \"Coming from MetaX's "
+                     "operator 0.9.2\"): " + ", ".join(ignored))
+
+
+def overall(components: Sequence[Mapping[str, Any]], ignored: Sequence[str] = ()) -> List[Dict[str, str]]:
+    """The CR's own conditions: Ready when every deployed component is ready on every node it targets.
+
+    Not Ready names each component that is not, with its message (the nodes);
+    the reason is the first one's. ``ignored``: :func:`ignored_fields`, named
+    in an ``IgnoredFields`` condition when there are any.
+    """
     def cond(entry: Mapping[str, Any], kind: str) -> Mapping[str, str]:
         return next(c for c in entry["conditions"] if c["type"] == kind)
     not_ready = [e for e in components if cond(e, "Ready")["status"] != "True"]
     degraded = [e for e in components if cond(e, "Degraded")["status"] == "True"]
     progressing = [e for e in components if cond(e, "Progressing")["status"] == "True"]
     if not_ready:
-        first = not_ready[0]
-        ready = condition("Ready", False, cond(first, "Ready")["reason"],
-                          "%s: %s" % (first["name"], cond(first, "Ready")["message"]))
+        ready = condition("Ready", False, cond(not_ready[0], "Ready")["reason"],
+                          "; ".join("%s: %s" % (e["name"], cond(e, "Ready")["message"]) for e in not_ready))
     else:
         ready = condition("Ready", True, "AllComponentsReady",
                           ", ".join(e["name"] for e in components if e.get("deployed")) + " ready")
-    return [ready,
-            condition("Progressing", bool(progressing), "RollingOut" if progressing else "Stable",
-                      ", ".join(e["name"] for e in progressing)),
-            condition("Degraded", bool(degraded), cond(degraded[0], "Degraded")["reason"] if degraded else "None",
-                      "; ".join("%s: %s" % (e["name"], cond(e, "Degraded")["message"]) for e in degraded))]
+    out = [ready,
+           condition("Progressing", bool(progressing), "RollingOut" if progressing else "Stable",
+                     ", ".join(e["name"] for e in progressing)),
+           condition("Degraded", bool(degraded), cond(degraded[0], "Degraded")["reason"] if degraded else "None",
+                     "; ".join("%s: %s" % (e["name"], cond(e, "Degraded")["message"]) for e in degraded))]
+    extra = ignored_condition(ignored)
+    return out + ([extra] if extra else [])
 
 
 def with_transition_times(new: List[Dict[str, Any]], old: Optional[Sequence[Mapping[str, Any]]],

@@ -30,6 +30,14 @@ from .helm import CHART, CHARTS, ROOT, find_helm, helm_required, render
 OPERATOR_CHART = CHARTS / "metax-operator"
 # every chart shipping the policy (issue 30: both schemes)
 POLICY_CHARTS = pytest.mark.parametrize("chart", [CHART, OPERATOR_CHART], ids=["extensions", "operator"])
+# what the operator chart's defaults need: its driver and MACA components are on (issue 38)
+OPERATOR_PAYLOADS = {"driver": {"payload": {"version": "2.29.0.13"}},
+                     "maca": {"payload": {"images": ["mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]}}}
+
+
+def chart_values(chart, values):
+    """``values`` for ``chart``, with the payloads the operator chart requires."""
+    return dict(OPERATOR_PAYLOADS, **values) if chart == OPERATOR_CHART else values
 
 HELM = find_helm()
 
@@ -176,7 +184,7 @@ needs_helm = helm_required(HELM)
 @needs_helm
 @POLICY_CHARTS
 def test_rendered_key_sets_are_names_py(chart):
-    rc, objects, err = render(HELM, {}, extra=SUPPORTED, chart=chart)
+    rc, objects, err = render(HELM, chart_values(chart, {}), extra=SUPPORTED, chart=chart)
     assert rc == 0, err
     policy, _binding = policy_objects(objects)
     assert policy is not None
@@ -229,7 +237,10 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
     from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render as operator_render
 
     rc, objects, err = render(HELM, {"deployExtenderGPUAware": True,
-                                     "driver": {"deploy": True, "payload": {"version": "2.14.3"}}},
+                                     "driver": {"deploy": True, "payload": {"version": "2.14.3"}},
+                                     # the node writers among the agents (MACA and container-runtime write
+                                     # no Node: off here, as before they were on by default)
+                                     "maca": {"deploy": False}, "runtime": {"deploy": False}},
                               namespace=namespace, extra=SUPPORTED, chart=OPERATOR_CHART)
     assert rc == 0, err
     policy, binding = policy_objects(objects)
@@ -270,7 +281,7 @@ def test_readiness_labels_are_no_node_agents():
 @needs_helm
 @POLICY_CHARTS
 def test_policy_shape(chart):
-    rc, objects, err = render(HELM, {}, extra=SUPPORTED, chart=chart)
+    rc, objects, err = render(HELM, chart_values(chart, {}), extra=SUPPORTED, chart=chart)
     assert rc == 0, err
     policy, _binding = policy_objects(objects)
     spec = policy["spec"]
@@ -299,7 +310,7 @@ def test_policy_shape(chart):
 ])
 @POLICY_CHARTS
 def test_rendered_on_the_capability_check(chart, enabled, extra, rendered):
-    rc, objects, err = render(HELM, {"nodeAgentPolicy": {"enabled": enabled}}, extra=extra, chart=chart)
+    rc, objects, err = render(HELM, chart_values(chart, {"nodeAgentPolicy": {"enabled": enabled}}), extra=extra, chart=chart)
     assert rc == 0, err
     policy, binding = policy_objects(objects)
     assert (policy is not None, binding is not None) == (rendered, rendered)
@@ -311,7 +322,7 @@ def test_rendered_on_the_capability_check(chart, enabled, extra, rendered):
 @pytest.mark.parametrize("pair", ["nodeAgentPolicy.enabled=maybe", "nodeAgentPolicy.other=1"])
 @POLICY_CHARTS
 def test_schema_refuses_a_bad_switch(chart, pair):
-    rc, objects, err = render(HELM, {}, sets=[pair], chart=chart)
+    rc, objects, err = render(HELM, chart_values(chart, {}), sets=[pair], chart=chart)
     assert rc != 0 and not objects
     assert "nodeAgentPolicy" in err, err
 
@@ -326,6 +337,6 @@ def test_an_agent_missing_from_names_py_is_refused(tmp_path, chart):
     tpl = chart / "templates" / "node-agent-policy.yaml"
     tpl.write_text(tpl.read_text(encoding="utf-8").replace('"gpu-label" "gpu-label"', '"gpu-label" "gpu-label" '
                                                            '"gpu-mystery" "gpu-mystery"'), encoding="utf-8")
-    rc, objects, err = render(HELM, {}, extra=SUPPORTED, chart=chart)
+    rc, objects, err = render(HELM, chart_values(chart, {}), extra=SUPPORTED, chart=chart)
     assert rc != 0 and not objects
     assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: driver-manager, gpu-device, gpu-label)" in err

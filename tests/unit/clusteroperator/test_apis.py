@@ -148,9 +148,10 @@ def test_the_chart_renders_the_monitoring_objects_only_with_their_api_versions()
 
 @helm_required(HELM)
 def test_the_operator_chart_grants_every_verb_on_every_owned_kind():
+    # minimal: the chart's defaults deploy the driver and MACA, which need payload values (not the point here)
     proc = subprocess.run([HELM, "template", "x", str(CHARTS / "metax-operator"), "-n", "metax-operator",
-                           "--show-only", "templates/rbac.yaml"], capture_output=True, text=True, check=True,
-                          timeout=60)
+                           "--set", "minimal=true", "--show-only", "templates/rbac.yaml"], capture_output=True,
+                          text=True, check=True, timeout=60)
     granted = set()
     for doc in yaml.safe_load_all(proc.stdout):
         if doc and doc["kind"] in ("Role", "ClusterRole"):

@@ -20,9 +20,10 @@ RUNTIME = components.CONTAINER_RUNTIME
 DRIVER = components.DRIVER        # its DaemonSet is the real metax-driver
 MACA = components.MACA            # and this one the real metax-maca
 FULL = components.REGISTRY
-# container-runtime, the driver and MACA are deployed only when asked (spec.<key>.deploy), as the operator
-# chart's values ask
+# container-runtime, the driver and MACA are deployed unless switched off (spec.<key>.deploy: false, or
+# minimal), as in the real product (issue 38); a CR without deploy deploys them (the CRD's default too)
 RUNTIME_ON = {"runtime": {"deploy": True}, "driver": {"deploy": True}, "maca": {"deploy": True}}
+CHAIN_OFF = {"runtime": {"deploy": False}, "driver": {"deploy": False}, "maca": {"deploy": False}}
 
 
 def real_selectors():
@@ -44,10 +45,18 @@ def test_full_chain_reproduces_the_real_operators_selectors():
             component.name
 
 
-def test_todays_chain_skips_labels_nobody_sets():
+def test_the_chain_skips_labels_nobody_sets():
     # Without runtime and MACA components, gpu-device waits only for gpu.installed.
-    assert gate_selector(components.GPU_DEVICE, components.REGISTRY, {}) == {names.LABEL_GPU_INSTALLED: "true"}
-    assert gate_selector(components.GPU_LABEL, components.REGISTRY, {}) == {}
+    assert gate_selector(components.GPU_DEVICE, components.REGISTRY, CHAIN_OFF) == {
+        names.LABEL_GPU_INSTALLED: "true"}
+    assert gate_selector(components.GPU_LABEL, components.REGISTRY, CHAIN_OFF) == {}
+
+
+def test_an_empty_spec_is_the_whole_chain_as_the_real_product():
+    # a CR without deploy members (the real 0.9.2 CR has none for these) deploys the chain
+    assert gate_selector(components.GPU_DEVICE, components.REGISTRY, {}) == gate_selector(
+        components.GPU_DEVICE, components.REGISTRY, RUNTIME_ON) == {
+        names.LABEL_GPU_INSTALLED: "true", names.LABEL_MACA_READY: "true", names.LABEL_RUNTIME_READY: "true"}
 
 
 def test_minimal_mode_and_deploy_false_drop_the_label_from_the_chain():
@@ -60,7 +69,8 @@ def test_minimal_mode_and_deploy_false_drop_the_label_from_the_chain():
 
 def test_deployed():
     assert deployed(components.GPU_DEVICE, {})
-    assert not deployed(RUNTIME, {}) and deployed(RUNTIME, RUNTIME_ON)
+    assert deployed(RUNTIME, {}) and deployed(RUNTIME, RUNTIME_ON) and not deployed(RUNTIME, CHAIN_OFF)
+    assert deployed(DRIVER, {}) and deployed(MACA, {}) and not deployed(DRIVER, {"minimal": True})
     assert not deployed(components.GPU_AWARE, {})
     assert deployed(components.GPU_AWARE, {"gpuAware": {"deploy": True}})
     assert not deployed(components.GPU_AWARE, {"gpuAware": {"deploy": True}, "minimal": True})

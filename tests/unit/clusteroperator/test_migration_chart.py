@@ -22,7 +22,7 @@ CONDITION = '{{- if or (and $crd (eq (($crd.spec).scope) "Namespaced")) $peering
 
 
 def render(chart) -> list:
-    proc = subprocess.run([HELM, "template", "x", str(chart), "-n", "metax-operator",
+    proc = subprocess.run([HELM, "template", "x", str(chart), "-n", "metax-operator", "--set", "minimal=true",
                            "--show-only", "templates/migration.yaml"], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         assert "could not find template" in proc.stderr, proc.stderr   # rendered empty

@@ -13,7 +13,7 @@ import json
 
 from ansible_collections.metax.gpu.plugins.module_utils import names
 from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_device, gpu_exporter
-from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import components, render
 
 from charts.helm import CHART, find_helm, helm_required
 
@@ -31,6 +31,8 @@ SPEC = {
     "gpuAware": {"deploy": False},
     "podTemplateSpec": {"metadata": {"annotations": {"team": "gpu"}}},
     "hostRoot": {"path": "/var/lib/metax-sim", "subPathExpr": "$(NODE_NAME)"},
+    # the chain components are on unless switched off (issue 38); these tests switch them on one by one
+    "runtime": {"deploy": False}, "driver": {"deploy": False}, "maca": {"deploy": False},
 }
 
 
@@ -155,7 +157,7 @@ def test_data_exporter_deploys_gpu_exporter_from_the_extensions_chart():
 
 def test_runtime_deploys_container_runtime_and_gates_gpu_device_on_runtime_ready():
     from ansible_collections.metax.gpu.plugins.module_utils.agents import container_runtime
-    assert objects(SPEC)["container-runtime"] == []            # off unless the CR asks (the chart's default)
+    assert objects(SPEC)["container-runtime"] == []            # off: SPEC switches it off
     spec = dict(SPEC, runtime={"deploy": True, "image": dict(IMAGE, name="container-runtime")})
     objs = objects(spec)
     assert sorted(o["kind"] for o in objs["container-runtime"]) == [
@@ -175,7 +177,7 @@ def test_runtime_deploys_container_runtime_and_gates_gpu_device_on_runtime_ready
 
 def test_maca_deploys_metax_maca_with_one_image_volume_per_payload_and_gates_gpu_device():
     from ansible_collections.metax.gpu.plugins.module_utils.agents import maca_manager
-    assert objects(SPEC)["metax-maca"] == []                   # off unless the CR asks (the chart's default)
+    assert objects(SPEC)["metax-maca"] == []                   # off: SPEC switches it off
     images = ["maca-c500:2.18.0.3-ubuntu18.04-amd64", "mxn100-maca:2.18.0.3"]
     spec = dict(SPEC, runtime={"deploy": True}, maca={
         "deploy": True, "image": dict(IMAGE, name="driver-manager"),
@@ -202,6 +204,25 @@ def test_maca_deploys_metax_maca_with_one_image_volume_per_payload_and_gates_gpu
                                    "kubernetes.io/os": "linux"}
     device = workload(objs, "gpu-device")["spec"]["template"]["spec"]["nodeSelector"]
     assert device[names.LABEL_MACA_READY] == "true" and device[names.LABEL_RUNTIME_READY] == "true"
+
+
+def test_a_cr_without_deploy_members_deploys_the_whole_chain_as_the_real_product():
+    """The real 0.9.2 CR names no deploy for labelgen, devicePlugin, driver, maca, runtime: all five run."""
+    spec = {key: value for key, value in SPEC.items() if key not in ("runtime", "driver", "maca")}
+    spec["driver"] = {"payload": {"registry": "r", "name": "driver-image", "version": "2.29.0.13"}}
+    spec["maca"] = {"payload": {"registry": "r", "images": ["mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]}}
+    objs = objects(spec)
+    chain = (components.GPU_LABEL, components.CONTAINER_RUNTIME, components.DRIVER, components.MACA,
+             components.GPU_DEVICE)
+    for component in chain:
+        assert workload(objs, component.name)["kind"] == "DaemonSet", component.name
+    assert objs[components.GPU_AWARE.name] == [] and objs[components.GPU_EXPORTER.name] == []
+    device = workload(objs, components.GPU_DEVICE.name)["spec"]["template"]["spec"]["nodeSelector"]
+    assert device == {names.LABEL_GPU_INSTALLED: "true", names.LABEL_MACA_READY: "true",
+                      names.LABEL_RUNTIME_READY: "true"}
+    # the minimal mode, chosen explicitly, is gpu-label and gpu-device only
+    minimal = objects(dict(spec, minimal=True))
+    assert [n for n, o in minimal.items() if o] == [components.GPU_LABEL.name, components.GPU_DEVICE.name]
 
 
 def test_the_vfnum_policy_reaches_driver_managers_command_line_and_its_rbac():

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from ansible_collections.metax.gpu.plugins.module_utils import names
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import components
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.mapping import IGNORED_VALUES_ANNOTATION
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.status import (
-    component_status, node_messages, overall, readiness_labels, same_status, waiting_nodes, with_transition_times)
+    component_status, ignored_condition, ignored_fields, node_messages, overall, readiness_labels, same_status,
+    waiting_nodes, with_transition_times)
 
 from .test_contract import FULL, MACA
 
@@ -69,11 +71,16 @@ def test_waiting_nodes_name_the_missing_readiness_label():
              node("cpu")]
     assert waiting_nodes(components.GPU_DEVICE, FULL, {"maca": {"deploy": True}}, nodes) == {
         "vm": [names.LABEL_MACA_READY]}
-    # the MACA component off (its default): nothing sets maca.ready, so nothing waits for it
-    assert waiting_nodes(components.GPU_DEVICE, components.REGISTRY, {}, nodes) == {}
+    # the MACA component on (its default, as the real product's): vm waits for it
+    assert waiting_nodes(components.GPU_DEVICE, components.REGISTRY, {}, nodes) == {"vm": [names.LABEL_MACA_READY]}
+    # switched off: nothing sets maca.ready, so nothing waits for it
+    assert waiting_nodes(components.GPU_DEVICE, components.REGISTRY, {"maca": {"deploy": False}}, nodes) == {}
     entry = component_status(components.GPU_DEVICE, {}, ds(1, 1), [pod("vm-2", True)],
                              {"vm": [names.LABEL_MACA_READY]})
-    assert cond(entry, "Ready")["message"] == "1/1 pods ready; waiting for metax-tech.com/maca.ready on vm"
+    # ready where it runs, not on vm, which it targets: not Ready, naming the node and the label
+    assert cond(entry, "Ready") == {"type": "Ready", "status": "False", "reason": "WaitingForChain",
+                                    "message": "1/1 pods ready; waiting for metax-tech.com/maca.ready on vm"}
+    assert cond(entry, "Degraded")["status"] == "False"
 
 
 def test_transition_times_and_idle_writes():
@@ -110,3 +117,42 @@ def test_driver_manager_reports_on_a_node_make_the_driver_component_degraded_nam
                                    "vm-3: vfnum 3 is not one of 0, 1, 2, 4, 8")
     assert cond(entry, "Ready")["status"] == "True"       # the driver itself is fine
     assert node_messages(components.GPU_DEVICE, nodes) == {}
+
+
+def test_the_cr_is_not_ready_while_any_component_is_not_ready_on_a_node_it_targets_and_names_them_all():
+    driver = component_status(components.DRIVER, {}, ds(3, 2), [pod("vm", True), pod("vm-2", True),
+                                                                 pod("vm-3", False)], {})
+    device = component_status(components.GPU_DEVICE, {}, ds(2, 2), [pod("vm", True), pod("vm-2", True)],
+                              {"vm-3": [names.LABEL_DRIVER_READY, names.LABEL_MACA_READY]})
+    label = component_status(components.GPU_LABEL, {}, ds(3, 3), [], {})
+    top = overall([label, driver, device])
+    assert top[0]["status"] == "False" and top[0]["reason"] == "RollingOut"
+    assert top[0]["message"] == ("%s: 2/3 pods ready, not ready on vm-3; %s: 2/2 pods ready; "
+                                 "waiting for metax-tech.com/driver.ready, metax-tech.com/maca.ready on vm-3"
+                                 % (components.DRIVER.name, components.GPU_DEVICE.name))
+    # every pod ready and nothing waiting: Ready, naming the deployed components
+    ready = overall([label, component_status(components.GPU_DEVICE, {}, ds(3, 3), [], {})])
+    assert ready[0] == {"type": "Ready", "status": "True", "reason": "AllComponentsReady",
+                        "message": "%s, %s ready" % (components.GPU_LABEL.name, components.GPU_DEVICE.name)}
+    assert [c["type"] for c in ready] == ["Ready", "Progressing", "Degraded"]     # nothing ignored: no 4th
+
+
+def test_ignored_fields_name_what_the_cr_and_the_values_carry_and_we_do_not_act_on():
+    cr = {"metadata": {"annotations": {IGNORED_VALUES_ANNOTATION: "serviceAccount, controller.image,, cmInit"}},
+          "spec": {"driver": {"fwEffectPolicy": "NextReboot", "fwEnableVirt": False, "fwUpgradePolicy": "Never",
+                              "deployPolicy": "PreferCloud"},
+                   "vfioManager": {"deploy": True}}}
+    assert ignored_fields(cr) == [
+        "spec.driver.fwEffectPolicy", "spec.driver.fwEnableVirt", "spec.driver.fwUpgradePolicy",
+        "spec.vfioManager.deploy", "values cmInit", "values controller.image", "values serviceAccount"]
+    # the CRD puts vfioManager.deploy: false into every CR: that is what we do anyway, not reported
+    assert ignored_fields({"spec": {"vfioManager": {"deploy": False}, "driver": {}}}) == []
+    assert ignored_fields({}) == [] and ignored_condition([]) is None
+    extra = overall([component_status(components.GPU_LABEL, {}, ds(1, 1), [], {})], ignored_fields(cr))[-1]
+    assert extra["type"] == "IgnoredFields" and extra["status"] == "True" and extra["reason"] == "AcceptedNotActedOn"
+    assert extra["message"].endswith(": spec.driver.fwEffectPolicy, spec.driver.fwEnableVirt, "
+                                     "spec.driver.fwUpgradePolicy, spec.vfioManager.deploy, values cmInit, "
+                                     "values controller.image, values serviceAccount")
+    # one condition for all, with a stable transition time while the list stays
+    first = with_transition_times([extra], None, "t1")
+    assert with_transition_times([extra], first, "t2")[0]["lastTransitionTime"] == "t1"
