@@ -458,9 +458,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def register(operator: Operator, args: argparse.Namespace) -> None:
-    """kopf handlers over ``operator`` (module-level registry: one operator per process)."""
+def register(operator: Operator, args: argparse.Namespace, stop: Optional[threading.Event] = None) -> None:
+    """kopf handlers over ``operator`` (module-level registry: one operator per process).
+
+    ``stop``: kopf's stop flag, set when kopf stops for another reason (a signal): kopf waits for a
+    threading.Event in an executor thread, which would otherwise keep the process from exiting."""
     resource = (names.OPERATOR_GROUP, names.OPERATOR_VERSION, names.OPERATOR_PLURAL)
+
+    if stop is not None:
+        @kopf.on.cleanup()
+        def stopping(**_: Any) -> None:
+            stop.set()
 
     @kopf.on.login(id="login")
     def login(**kwargs: Any) -> Any:
@@ -773,7 +781,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             LOG.info("%s leads (Lease %s/%s): starting the handlers", elector.identity, args.namespace, args.lease)
-            register(operator, args)
+            register(operator, args, stop)
             kopf.run(namespaces=[args.namespace], standalone=True, stop_flag=stop, liveness_endpoint=None)
     finally:
         stop.set()
