@@ -289,7 +289,7 @@ def test_the_cr_is_cluster_scoped_and_one_replica_leads(env):
     # the sample's command, -n included (kubectl ignores it for a cluster-scoped kind)
     res = env.patch({"vfioManager": {"deploy": False}})
     assert res.returncode == 0 and "patched" in res.stdout, res.stderr
-    assert env.get("clusteroperator", N.OPERATOR_CR_NAME)["spec"]["vfioManager"] == {"deploy": False}
+    assert env.get("clusteroperator", N.OPERATOR_CR_NAME)["spec"]["vfioManager"]["deploy"] is False
     wait(env.leader, 30, "a leader")
     lease = env.get("lease", N.OPERATOR_LEADER_LEASE, "-n", NS)["spec"]
     assert lease["leaseDurationSeconds"] == 8 and lease["holderIdentity"] == env.identity(env.leader())
