@@ -431,11 +431,10 @@ def test_an_edit_of_gpu_aware_plugin_survives_the_controller(cluster, installed)
         weights = {"scoreWeight": "3", "lossWeight": "0.5"}
         cluster.kubectl("patch", "configmap", N.GPU_AWARE_CONFIGMAP, "-n", NS, "--type=merge",
                         "-p", json.dumps({"data": weights}), check=True)
-        cluster.kubectl("patch", "deployment", "gpu-aware", "-n", NS, "--type=json", "-p", json.dumps(
-            [{"op": "replace", "path": "/spec/template/spec/nodeSelector", "value": {"edited": "by-hand"}}]),
-            check=True)
-        wait_until(lambda: (get_json(cluster, "deployment", "gpu-aware", "-n", NS)["spec"]["template"]["spec"]
-                            .get("nodeSelector") or {}) != {"edited": "by-hand"}, 15, "gpu-aware's Deployment put back")
+        cluster.kubectl("patch", "deployment", "gpu-aware", "-n", NS, "--type=merge",
+                        "-p", json.dumps({"spec": {"replicas": 3}}), check=True)
+        wait_until(lambda: get_json(cluster, "deployment", "gpu-aware", "-n", NS)["spec"]["replicas"] == 1, 15,
+                   "gpu-aware's Deployment put back")
         start = time.monotonic()
         changed = False
         while time.monotonic() - start < 60:

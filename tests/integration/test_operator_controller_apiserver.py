@@ -328,10 +328,9 @@ def test_administrator_owned_objects_are_kept_and_a_vfnums_change_is_refused_wit
         assert env.get("configmap", N.GPU_AWARE_CONFIGMAP, "-n", NS)["data"] == {"scoreWeight": "3", "lossWeight": "0.5"}
         assert env.get("configmap", N.DRIVER_CONFIGMAP, "-n", NS)["data"]["node-vfnums"] == edited_vfnums
         # everything else is still put back
-        env.ok("-n", NS, "patch", "deployment", "gpu-aware", "--type=json", "-p", json.dumps(
-            [{"op": "replace", "path": "/spec/template/spec/nodeSelector", "value": {"edited": "by-hand"}}]))
-        wait(lambda: env.get("deployment", "gpu-aware", "-n", NS)["spec"]["template"]["spec"].get("nodeSelector")
-             != {"edited": "by-hand"}, 15, "gpu-aware's Deployment put back")
+        env.ok("-n", NS, "patch", "deployment", "gpu-aware", "--type=merge", "-p", json.dumps({"spec": {"replicas": 3}}))
+        wait(lambda: env.get("deployment", "gpu-aware", "-n", NS)["spec"]["replicas"] == 1, 15,
+             "gpu-aware's Deployment put back")
     finally:
         assert env.patch({"gpuAware": {"deploy": False}, "driver": {"deploy": False}}).returncode == 0
         wait(lambda: not env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware removed")
