@@ -45,7 +45,9 @@ def fleet(count: int, rollout: bool = False) -> List[Dict[str, Any]]:
     nodes = []
     for i in range(count):
         labels = {N.LABEL_GPU_INSTALLED: "true", N.LABEL_DRIVER_READY: "true", N.LABEL_DRIVER_MODE: "cloud"}
-        version, cordoned, annotations = OLD, i % 20 == 7, {}
+        # each node's driver-manager of the NEW payload has declared what it installs (the same number here)
+        version, cordoned = OLD, i % 20 == 7
+        annotations = {N.ANNOTATION_DRIVER_PAYLOAD_VERSION: NEW, N.ANNOTATION_DRIVER_PAYLOAD_DRIVER: NEW}
         if i % 100 == 3:
             labels[N.LABEL_DRIVER_UPGRADE_SKIP] = "true"
         if rollout and i % 10 < 3:
@@ -100,7 +102,8 @@ def main() -> int:
     args = parser.parse_args()
     old = yaml_era_filter()
     spec = {"driver": {"deployPolicy": "IfNotPresent", "payload": {"version": NEW},
-                       "upgradePolicy": {"maxParallel": "10%", "maxUnavailable": "15%", "maxFailureThreshold": 50}}}
+                       "upgradePolicy": {"enableRollout": True, "maxParallel": "10%", "maxUnavailable": "15%",
+                                         "maxFailureThreshold": 50, "upgradeSteps": []}}}
     results: List[Dict[str, Any]] = []
     print("%6s  %-28s %10s %10s %8s" % ("nodes", "what", "ms", "baseline", "ratio"))
     for size in SIZES:

@@ -6,7 +6,7 @@
     python scripts/demo_metrics.py [--port 9090] [--timeout 90]
 
 Starts ``prometheus`` (requirements/system.txt) on 127.0.0.1, detached,
-scraping every pod labelled ``app.kubernetes.io/name=gpu-exporter`` (port
+scraping every pod labelled ``app.kubernetes.io/name=metax-gpu-exporter`` (port
 ``metrics``) with the chart's alert rules, and leaves it running for the reader: its PID file is the local
 cluster's (``<cluster dir>/pids/demo-prometheus.pid``), so ``make
 cluster-down`` stops it, and a second demo replaces it. Then it waits until
@@ -157,7 +157,7 @@ def query(port, promql):
 
 def exporter_pods(kubectl, kubeconfig):
     out = subprocess.run([kubectl, "--kubeconfig", kubeconfig, "get", "pods", "-A", "-o", "json",
-                          "-l", "app.kubernetes.io/name=gpu-exporter"],
+                          "-l", "app.kubernetes.io/name=metax-gpu-exporter"],
                          capture_output=True, text=True, check=True, timeout=60).stdout
     return [p for p in json.loads(out)["items"] if p.get("status", {}).get("phase") == "Running"]
 

@@ -16,16 +16,18 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import gpu_node_problems
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.driver.package import (
+    DriverPackageError, driver_matches, parse_declaration)
 from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout import (
     WAIT_NOT_READY, WAIT_SKIP, Policy, PolicyError, count_of, plan_batches)
-from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout_node import node_ready, rollout_node
+from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout_node import label_version, node_ready, rollout_node
 from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import select as eviction_select
+from ansible_collections.metax.gpu.plugins.module_utils.node_checks import gpu_node_problems
 
 __all__ = ["budget", "node_ready", "driver_upgrade_plan", "driver_upgrade_validation", "driver_upgrade_failures",
            "driver_upgrade_host_map", "driver_upgrade_evictions", "driver_upgrade_node_plan",
-           "metax_label_removal", "driver_version_parts", "FilterModule"]
+           "metax_label_removal", "driver_version_parts", "driver_payload_declaration", "FilterModule"]
 
 DOCUMENTATION = ""  # filters are documented in docs/day-two.md
 
@@ -145,6 +147,10 @@ def driver_upgrade_node_plan(names: Sequence[str], changes: Sequence[Mapping[str
     """What each node of ``names`` goes through: driver from/to and steps (from metax.gpu.driver in check
     mode, ``changes``), the pods to evict, the package to roll back to (``rollback_checks``), pre-cordoned.
 
+    ``from``/``to`` are payload versions (what is installed, what a rollback reinstalls);
+    ``to_driver`` is the kernel driver ``to`` declares, which the validation compares with the
+    node's labels (MetaX's payload 2.29.0.13 installs 2.12.13; ours: the same number).
+
     ``changes`` and ``rollback_checks`` are the registered loop results (``item`` = node name, or the
     change result whose ``item`` is the node name); a node
     without a change result (not asked: ``driver_upgrade_check_nodes: false`` in check mode) has
@@ -156,7 +162,9 @@ def driver_upgrade_node_plan(names: Sequence[str], changes: Sequence[Mapping[str
     out: Dict[str, Dict[str, Any]] = {}
     for name in names:
         plan = (change_of.get(name) or {}).get("plan") or {}
-        out[name] = {"from": plan.get("from_version"), "to": plan.get("to_version"), "steps": plan.get("steps", []),
+        out[name] = {"from": plan.get("from_version"), "to": plan.get("to_version"),
+                     "to_driver": plan.get("to_driver_version") or plan.get("to_version"),
+                     "steps": plan.get("steps", []),
                      "evict": list(evictions.get(name, [])), "rollback_package": _rollback_package(rollback_of.get(name)),
                      "pre_cordoned": name in cordoned}
     return out
@@ -172,25 +180,39 @@ def driver_version_parts(version: str) -> List[str]:
 
 
 def driver_upgrade_validation(node: Mapping[str, Any], version: Optional[str] = None) -> List[str]:
-    """Problems of a node after its driver work: gpu-label's labels, capacity, allocatable, version."""
+    """Problems of a node after its driver work: gpu-label's labels, capacity, allocatable, version.
+
+    ``version`` is the kernel driver expected (the node plan's ``to_driver``: what the payload
+    declares), compared with the labels by ``package.driver_matches``, the one comparison.
+    """
     problems = list(gpu_node_problems(node))
     labels = _labels(node)
-    if version:
-        want = driver_version_parts(version)
+    if version and not driver_matches(label_version(node), version):
         have = [labels.get(k) for k in (N.LABEL_DRIVER_MAJOR, N.LABEL_DRIVER_MINOR, N.LABEL_DRIVER_PATCH)]
-        if have[:len(want)] != want:
-            problems.append("driver labels say %s, expected %s" % (".".join(str(h) for h in have), ".".join(want)))
+        problems.append("driver labels say %s, expected %s" % (".".join(str(h) for h in have),
+                                                               ".".join(driver_version_parts(version))))
     if labels.get(N.LABEL_DRIVER_READY) != "true":
         problems.append("%s is %s" % (N.LABEL_DRIVER_READY, labels.get(N.LABEL_DRIVER_READY, "missing")))
     return sorted(set(problems))
 
 
+def driver_payload_declaration(text: str) -> Dict[str, Optional[str]]:
+    """A payload's declaration (``version=``, ``driver=`` lines) as ``{"version", "driver"}``: the driver
+    module's own parser, so the role names the copied file by the version the nodes will read."""
+    try:
+        found = parse_declaration(str(text), "driver_upgrade_declaration")
+    except DriverPackageError as exc:
+        raise AnsibleFilterError(str(exc))
+    return {"version": found.version, "driver": found.driver_version}
+
+
 def driver_upgrade_failures(nodes: Sequence[Mapping[str, Any]], node_plan: Mapping[str, Mapping[str, Any]]) -> List[str]:
-    """Names of the nodes (of ``node_plan``) that do not validate against their planned version."""
+    """Names of the nodes (of ``node_plan``) that do not validate against their planned kernel driver."""
     out: List[str] = []
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name"))
-        if name in node_plan and driver_upgrade_validation(node, node_plan[name].get("to")):
+        plan = node_plan.get(name)
+        if plan is not None and driver_upgrade_validation(node, plan.get("to_driver") or plan.get("to")):
             out.append(name)
     return sorted(out)
 
@@ -208,4 +230,5 @@ class FilterModule:
             "driver_upgrade_node_plan": driver_upgrade_node_plan,
             "metax_label_removal": metax_label_removal,
             "driver_version_parts": driver_version_parts,
+            "driver_payload_declaration": driver_payload_declaration,
         }

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Iterable, List, Mapping, Sequence, Union
 
-from ansible_collections.metax.gpu.plugins.filter.driver_upgrade import budget, node_ready
-from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import gpu_node_problems
+from ansible.errors import AnsibleFilterError
+
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
-from ansible_collections.metax.gpu.plugins.module_utils.driver.inuse import gpu_pods
+from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout import PolicyError, count_of
+from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout_node import node_ready
+from ansible_collections.metax.gpu.plugins.module_utils.kube.pods import gpu_pods
+from ansible_collections.metax.gpu.plugins.module_utils.node_checks import gpu_node_problems
 
 
 def vfnum_gpu_pods(pods: Iterable[Mapping[str, Any]]) -> List[str]:
@@ -39,7 +42,11 @@ def vfnum_budget(nodes: Sequence[Mapping[str, Any]], candidates: Sequence[str], 
     ``max_unavailable`` (a number or ``N%`` of the candidates) with the batch.
     """
     text = str(max_unavailable).strip()
-    limit = budget(max_unavailable, len(candidates))
+    try:
+        # the rule is driver/rollout's (driver_upgrade's budget filter is the same call)
+        limit = count_of(max_unavailable, len(candidates), "max_unavailable")
+    except PolicyError as exc:
+        raise AnsibleFilterError(str(exc))
     by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
     missing = sorted(name for name in batch if name not in by_name)
     if missing:

@@ -6,7 +6,11 @@
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, Dict
+
+from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
+from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 
 HOST_ROOT_ARGSPEC = {
     "host_root": {"type": "path", "default": "/"},
@@ -24,3 +28,38 @@ def merged_spec(*specs: Dict[str, Any]) -> Dict[str, Any]:
     for spec in specs:
         out.update(copy.deepcopy(spec))
     return out
+
+
+class InvalidOption(MetaxGpuError, ValueError):
+    """A module option that would act on something else than the caller meant (raised before any change)."""
+
+
+def checked_host_root(path: str) -> HostRoot:
+    """The HostRoot of ``host_root``, refused unless it is an existing directory.
+
+    A missing directory is not read as an empty node: every file would look absent and
+    every command would run on the machine the module runs on (the bastion's own
+    containerd was reported as the node's). ``""`` is refused too: HostRoot maps it to ``/``.
+    """
+    if not path:
+        raise InvalidOption("host_root is empty: give / for the machine itself, or the directory the node is mounted at")
+    host = HostRoot(path)
+    host.check()
+    return host
+
+
+def node_path(value: str, option: str) -> str:
+    """A node path option: absolute and without ``..``, so that under a host root it stays inside it."""
+    if not value or not value.startswith("/") or ".." in value.split("/") or "\0" in value:
+        raise InvalidOption("%s %r must be an absolute node path without '..'" % (option, value))
+    return value
+
+
+def local_path(value: str, option: str, must_exist: bool = False) -> str:
+    """A path on the machine the module runs on, made absolute: refused when empty or holding a NUL
+    byte (the operating system would raise in the middle of the work), or when it must exist and does not."""
+    if not value or "\0" in value:
+        raise InvalidOption("%s %r is not a path" % (option, value))
+    if must_exist and not os.path.exists(value):
+        raise InvalidOption("%s %s: no such file or directory" % (option, value))
+    return os.path.abspath(value)

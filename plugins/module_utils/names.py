@@ -44,6 +44,9 @@ ANNOTATION_LOSSES = PREFIX + "gpu.topology.losses"
 ANNOTATION_DEVICES = PREFIX + "gpu.devices"
 ANNOTATION_KEYS = (ANNOTATION_SCORES, ANNOTATION_LOSSES, ANNOTATION_DEVICES)
 
+# Label on every Lease of a slot pool (kube/slots.py): one list call sees the pool.
+LABEL_SLOT_POOL = PREFIX + "slot-pool"
+
 # Namespace the collection installs its components into (charts, agents).
 NAMESPACE = "metax-gpu"
 
@@ -71,6 +74,18 @@ ANNOTATION_DRIVER_UPGRADE_MESSAGE = PREFIX + "driver.upgrade.message"   # why a 
 # node's driver-manager acts only when its payload is that version (a pod of
 # the previous payload, not yet replaced by the DaemonSet's rollout, waits).
 ANNOTATION_DRIVER_UPGRADE_TARGET = PREFIX + "driver.upgrade.target"
+# "true": the controller started the node's upgrade in place (upgradePolicy.enableRollout
+# false): never cordoned, never evicted; its driver-manager installs only while the GPUs
+# are idle, else it says "pending: in use" in driver.upgrade.message.
+ANNOTATION_DRIVER_UPGRADE_IN_PLACE = PREFIX + "driver.upgrade.in-place"
+# How such a wait begins in driver.upgrade.message: a wait, not a failure (no Degraded)
+PENDING_MESSAGE_PREFIX = "pending: "
+# What the node's driver-manager's payload is and which kernel driver it installs (the
+# payload's declaration: MetaX's payload 2.29.0.13 installs 2.12.13). The controller
+# compares the node's gpu.driver.* labels with the declared version, never with the
+# payload's own version (docs/operator.md "driver upgradePolicy").
+ANNOTATION_DRIVER_PAYLOAD_VERSION = PREFIX + "driver.payload.version"
+ANNOTATION_DRIVER_PAYLOAD_DRIVER = PREFIX + "driver.payload.driver-version"
 # set_vfnum.yml node state (issue 16), the MIG manager's vocabulary: pending
 # while the node is being changed, then success or failed (with the reason in
 # the message annotation). Ours, not gpu-label's.
@@ -105,7 +120,8 @@ NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
     # gpu.driver.mode is shared with gpu-label (SHARED_NODE_KEYS).
     "driver-manager": {"labels": (LABEL_DRIVER_MODE, LABEL_VFNUM_STATE, LABEL_DRIVER_UPGRADE_STATE),
                        "annotations": (ANNOTATION_DRIVER_MESSAGE, ANNOTATION_VFNUM_MESSAGE,
-                                       ANNOTATION_DRIVER_UPGRADE_MESSAGE)},
+                                       ANNOTATION_DRIVER_UPGRADE_MESSAGE, ANNOTATION_DRIVER_PAYLOAD_VERSION,
+                                       ANNOTATION_DRIVER_PAYLOAD_DRIVER)},
 }
 
 # Keys two node agents may write, each with its one writer at run time: the
@@ -166,5 +182,28 @@ MACA_CONTAINER_PATH = "/opt/maca"
 # The charts of the two schemes (files/charts/), as their helm releases name them.
 EXTENSIONS_CHART = "metax-gpu-extensions"
 OPERATOR_CHART = "metax-operator"
-# Device-plugin DaemonSets: ours, and MetaX operator 0.9.2's (samples/kubernetes).
-DEVICE_PLUGIN_DAEMONSETS = ("gpu-device", "metax-gpu-device")
+# The node agents' workloads: their DaemonSets, and the pods' app.kubernetes.io/name,
+# as MetaX's operator 0.9.2 names them (samples/kubernetes/operator-0.9.2-daemonsets.txt),
+# so `kubectl rollout restart ds/metax-gpu-device` and the manual's metax-gpu-device-*
+# pods work on ours. Both schemes share them (one chart). The images and service
+# accounts keep the agents' own names (gpu-device, ...), as metax-driver runs
+# driver-manager (docs/design-decisions.md). The Component of each
+# (clusteroperator/components.py) carries the same name; the chart writes it.
+DAEMONSET_GPU_LABEL = "metax-gpu-label"
+DAEMONSET_GPU_DEVICE = "metax-gpu-device"
+DAEMONSET_CONTAINER_RUNTIME = "metax-container-runtime"
+DAEMONSET_GPU_EXPORTER = "metax-gpu-exporter"
+DAEMONSET_DRIVER = "metax-driver"
+DAEMONSET_MACA = "metax-maca"
+# The pods of the two agents that read the GPUs directly (set_vfnum and the
+# driver upgrade wait for them to leave a node); the names before issue 38 too,
+# for a cluster whose chart is not upgraded yet.
+NODE_AGENT_POD_SELECTOR = "app.kubernetes.io/name in (%s, %s, gpu-device, gpu-label)" % (
+    DAEMONSET_GPU_DEVICE, DAEMONSET_GPU_LABEL)
+# Device-plugin DaemonSets: ours (and MetaX operator 0.9.2's), and ours before issue 38.
+DEVICE_PLUGIN_DAEMONSETS = (DAEMONSET_GPU_DEVICE, "gpu-device")
+# The RuntimeClass of real MetaX clusters (workloads name runtimeClassName: metax),
+# and the containerd runtime handler container-runtime adds for it beside the
+# others, never as the default: a copy of the default runtime (docs/runtime.md).
+RUNTIME_CLASS = "metax"
+RUNTIME_HANDLER = "metax"

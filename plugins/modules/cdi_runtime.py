@@ -18,6 +18,12 @@ description:
     and an C(imports) entry naming it in C(/etc/containerd/config.toml) unless an import covers it already.
     Docker 25 and later gets C(features.cdi=true) in C(/etc/docker/daemon.json). Older runtimes cannot
     read CDI - nothing changes, and gpu-device or metax-docker hand over device nodes instead.
+  - containerd also gets the runtime handler C(metax), which the RuntimeClass C(metax) of real MetaX clusters
+    names, beside its other runtimes - a copy of the default runtime's tables (runc on a stock node), never
+    the default. containerd 2.x gets a drop-in (same path) with only that handler (it merges imported tables key
+    by key); containerd 1.x gets it in the drop-in's copy of the CRI tables. A C(metax) runtime the node has
+    already (MetaX's own runtime defines one) is left as it is. Without C(/etc/containerd/config.toml) it is not
+    added (containerd 1.7 excepted, which gets a config for CDI anyway).
   - It never sets or changes a default runtime.
   - Before a file is first changed its original bytes (or its absence) and mode are kept in O(state_file);
     V(absent) puts every file back byte-identical, unless it was changed by someone else since (it is then
@@ -59,6 +65,8 @@ options:
     description:
       - The runtime and version as a Kubernetes Node reports them (C(containerd://1.7.24), C(docker://26.1.3)),
         instead of asking the runtime's tool.
+      - Unset, the tool is asked; under a O(host_root) other than C(/) the node's own binary under that root
+        (through C(chroot)), never the one of the machine the module runs on. Without it there, the module fails.
     type: str
   state_file:
     description: Where the originals of changed files are kept, on the node (under O(host_root)).
@@ -150,8 +158,9 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.metax.gpu.plugins.module_utils.cdi import runtime_config, runtime_state
 from ansible_collections.metax.gpu.plugins.module_utils.cdi.writer import refresh
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
+from ansible_collections.metax.gpu.plugins.module_utils.common import (
+    HOST_ROOT_ARGSPEC, InvalidOption, checked_host_root, merged_spec, node_path)
+from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
@@ -161,6 +170,8 @@ ARGUMENT_SPEC = {
     "write_spec": {"type": "bool", "default": False},
     "spec_dir": {"type": "path", "default": "/var/run/cdi"},
 }
+# where the node's runtime binary is looked for under a host root
+TOOL_DIRS = ("usr/bin", "bin", "usr/sbin", "sbin", "usr/local/bin", "usr/local/sbin")
 VERSION_COMMANDS = {"containerd": ["containerd", "--version"],
                     "docker": ["docker", "version", "--format", "{{.Server.Version}}"]}
 
@@ -178,18 +189,36 @@ def _diff(host, edits):
     return out
 
 
+def _version_command(host, runtime):
+    """The runtime's own version command on the node: under a host root, the node's binary, never
+    the one of the machine the module runs on."""
+    argv = VERSION_COMMANDS[runtime]
+    if host.path == "/":
+        return argv
+    local = host.which(argv[0], TOOL_DIRS)
+    if local is None:
+        raise InvalidOption("%s is not installed under host_root %s (looked in %s); set runtime_version"
+                            % (argv[0], host.path, ", ".join("/" + d for d in TOOL_DIRS)))
+    return [local] + argv[1:] if host.is_simulated() else ["chroot", host.path] + argv
+
+
 def main():
     module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     params = module.params
-    host = HostRoot(params["host_root"])
+    try:
+        host = checked_host_root(params["host_root"])
+        node_path(params["state_file"], "state_file")
+        node_path(params["spec_dir"], "spec_dir")
+        command = None if params["runtime_version"] else _version_command(host, params["runtime"])
+    except MetaxGpuError as exc:
+        module.fail_json(msg=str(exc))
     version = params["runtime_version"]
     if not version:
-        rc, out, err = module.run_command(VERSION_COMMANDS[params["runtime"]])
+        rc, out, err = module.run_command(command)
         version = runtime_config.runtime_version_of(params["runtime"], out) if rc == 0 else None
         if version is None:
             module.fail_json(msg="cannot tell the %s version: %s" % (params["runtime"], (err or out).strip()))
-    files = {path: _text(host, path) for path in (runtime_config.CONTAINERD_CONFIG,
-                                                  runtime_config.DOCKER_DAEMON_JSON)}
+    files = runtime_state.config_files(host)
     plan = runtime_config.plan(version, files)
     result = {"changed": False, "runtime_version": version, "reason": plan.reason, "files": [], "kept": [],
               "restart": plan.restart, "restart_safe": plan.restart_safe}

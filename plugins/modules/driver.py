@@ -12,14 +12,24 @@ version_added: 0.1.0
 description:
   - Manages the MetaX kernel driver (C(metax) kernel module) from an offline package that is already on the node
     (copy it from the bastion first, for example with M(ansible.builtin.copy)).
-  - Package kinds are C(.deb) (installed with the node's C(dpkg)), C(.rpm) (the node's C(rpm)) and the vendor's
+  - Package kinds are C(.deb) (installed with the node's C(dpkg)), C(.rpm) (the node's C(rpm)), the vendor's
     self-extracting C(.run) (executed; the module records what it installed in
-    C(/var/lib/metax-gpu/driver-run.json) because a C(.run) has no package database).
+    C(/var/lib/metax-gpu/driver-run.json) because a C(.run) has no package database), and a prebuilt tree as
+    MetaX's driver image ships it (C(lib/modules/KERNEL_RELEASE/.../metax.ko), C(usr/bin/mx-smi) and the
+    declaration C(NAME.version)), used only when it has modules for the node's running kernel; its files are
+    copied onto the node, C(depmod) is run, and the files are recorded in
+    C(/var/lib/metax-gpu/driver-prebuilt.json) for their removal.
   - Detects the installed driver from C(/sys/module/metax/version) and the package database; the version of a
     package file is read from its name (C(NAME_VERSION_ARCH.deb), C(NAME-VERSION-RELEASE.ARCH.rpm),
-    C(NAME-VERSION-ARCH.run)).
+    C(NAME-VERSION-ARCH.run)), a prebuilt tree's from its declaration.
+  - A payload's own version and the kernel driver it installs may differ (MetaX's payload C(2.29.0.13) installs
+    C(2.12.13)). A declaration file says so (C(version=) and C(driver=) lines; C(NAME.version) at the top of a
+    prebuilt tree or of a directory, C(NAME-ANYTHING.version) beside the packages of one version); without one
+    they are the same. O(version) is the payload's own version; the loaded module is compared with the kernel
+    driver it declares, and every install records both in C(/var/lib/metax-gpu/driver-payload.json).
   - A new driver is installed with the running one unloaded first (O(unload_command)), then loaded with
-    O(load_command) and verified - loaded version as asked, C(/dev/mxcd) present, C(mx-smi) answering.
+    O(load_command) and verified - loaded module the kernel driver the payload declares, C(/dev/mxcd) present,
+    C(mx-smi) answering.
   - Refuses to unload the driver while it is in use - a process holds C(/dev/mxcd) or a MetaX C(/dev/dri) node
     open, the module's kernel refcount is non-zero, or (with O(node_name)) a pod on the node requests
     C(metax-tech.com/gpu) - unless O(force=true).
@@ -52,15 +62,17 @@ options:
     default: present
   version:
     description:
-      - The driver version wanted (for example C(2.33.0.7)). Compared with the package database and
-        C(/sys/module/metax/version). Not allowed with O(state=latest).
+      - The driver payload version wanted (for example C(2.33.0.7)), as in package file names and the package
+        database. Compared with the package database; C(/sys/module/metax/version) is compared with the kernel
+        driver that payload declares (the same number when it declares none). Not allowed with O(state=latest).
     type: str
   src:
     description:
-      - A driver package file, or a directory holding driver packages, on the node (a path under O(host_root)).
+      - A driver package file, a prebuilt tree, or a directory holding driver packages, prebuilt trees (as
+        subdirectories) and declarations, on the node (a path under O(host_root)).
       - Needed whenever something has to be installed. Files that are not packages of O(package_name) are ignored.
-      - Of several packages of the chosen version, the node's own kind (deb or rpm) wins over C(.run);
-        a deb is never installed on an rpm node nor the reverse.
+      - Of several packages of the chosen version, the node's own kind (deb or rpm) wins over a prebuilt tree,
+        which wins over C(.run); a deb is never installed on an rpm node nor the reverse.
     type: path
   deploy_policy:
     description:
@@ -143,6 +155,11 @@ EXAMPLES = r"""
     src: /var/cache/metax-driver
     node_name: "{{ metax_gpu_node_name | default(inventory_hostname) }}"
 
+- name: MetaX's driver image unpacked on the node (a prebuilt tree); payload 2.29.0.13 loads module 2.12.13
+  metax.gpu.driver:
+    version: 2.29.0.13
+    src: /var/cache/metax-driver/driver-image-2.29.0.13
+
 - name: Only check the driver, as the GPU Operator's deployPolicy Never does
   metax.gpu.driver:
     version: 2.33.0.7
@@ -169,23 +186,34 @@ plan:
       type: str
       sample: 2.32.0.6
     to_version:
-      description: Driver version after (null for O(state=absent)).
+      description: Driver payload version after (null for O(state=absent)).
       type: str
       sample: 2.33.0.7
+    from_driver_version:
+      description: The loaded kernel module's version before.
+      type: str
+      sample: 2.12.11
+    to_driver_version:
+      description: The kernel-driver version the payload O(version) declares, which the loaded module is checked
+        against (the same as RV(plan.to_version) when the payload declares none).
+      type: str
+      sample: 2.12.13
     reason:
       description: Why, in words.
       type: str
       sample: upgrade 2.32.0.6 -> 2.33.0.7
     package:
-      description: The package installed (path on the node, kind, version), or null.
+      description: The package installed (path on the node, kind, version, declared driver_version, the kernels a
+        prebuilt tree has modules for), or null.
       type: dict
-      sample: {path: /var/cache/metax-driver/metax-driver_2.33.0.7_amd64.deb, kind: deb, version: 2.33.0.7}
+      sample: {path: /var/cache/metax-driver/metax-driver_2.33.0.7_amd64.deb, kind: deb, version: 2.33.0.7,
+               driver_version: null, kernels: []}
 before:
   description: The driver before the run.
   returned: always
   type: dict
   sample: {version: 2.32.0.6, loaded_version: 2.32.0.6, package_version: 2.32.0.6, package_kind: deb,
-           loaded: true, mxcd: true}
+           package_driver_version: 2.32.0.6, kernel: 5.15.0-105-generic, loaded: true, mxcd: true}
 after:
   description: The driver after the run (same keys as RV(before)).
   returned: when not in check mode
@@ -206,10 +234,9 @@ verify:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, checked_host_root, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.driver import backend
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": list(backend.STATES), "default": "present"},
@@ -230,10 +257,13 @@ ARGUMENT_SPEC = {
 
 def _node_pods(node_name, kubeconfig):
     # imported here: only a run with node_name needs the kubernetes package on the node
-    from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client, core_v1
+    from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client, core_v1, reaching
+    from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import check_node_name
 
+    check_node_name(node_name)
     client = api_client(kubeconfig)
-    pods = core_v1(client).list_pod_for_all_namespaces(field_selector="spec.nodeName=%s" % node_name)
+    with reaching(client, kubeconfig):
+        pods = core_v1(client).list_pod_for_all_namespaces(field_selector="spec.nodeName=%s" % node_name)
     return [client.sanitize_for_serialization(pod) for pod in pods.items]
 
 
@@ -253,8 +283,8 @@ def main():
         return module.run_command(argv, environ_update={"METAX_HOST_ROOT": root, "LC_ALL": "C"})
 
     try:
-        pods = _node_pods(params["node_name"], params["kubeconfig"]) if params["node_name"] else []
-        result = backend.run(HostRoot(root), request, module.check_mode, runner=runner, pods=pods)
+        pods = _node_pods(params["node_name"], params["kubeconfig"]) if params["node_name"] is not None else []
+        result = backend.run(checked_host_root(root), request, module.check_mode, runner=runner, pods=pods)
     except backend.DriverVerifyError as exc:
         module.fail_json(msg=str(exc), changed=True, verify=exc.checks)
     except backend.DriverCommandError as exc:

@@ -33,7 +33,10 @@ attributes:
     description: Runs where the cluster's API server is reachable (the bastion).
 options:
   node_name:
-    description: The Kubernetes node whose pods are evicted.
+    description:
+      - The Kubernetes node whose pods are evicted.
+      - Must be a node name (a DNS subdomain); an empty name, which would select the unscheduled pods of the
+        whole cluster, is refused.
     type: str
     required: true
   drain:
@@ -110,13 +113,15 @@ def main():
     module = AnsibleModule(argument_spec=merged_spec(KUBECONFIG_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     if not kube.HAS_KUBERNETES:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=traceback.format_exc())
-    from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import evict
+    from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import check_node_name, evict
 
     params = module.params
     try:
-        core = kube.core_v1(kube.api_client(params["kubeconfig"]))
-        result = evict(core, params["node_name"], drain=params["drain"], timeout=params["timeout"],
-                       force=params["force"], check_mode=module.check_mode, grace_period=params["grace_period"])
+        check_node_name(params["node_name"])    # before any call: "" would select every unscheduled pod
+        client = kube.api_client(params["kubeconfig"])
+        with kube.reaching(client, params["kubeconfig"]):
+            result = evict(kube.core_v1(client), params["node_name"], drain=params["drain"], timeout=params["timeout"],
+                           force=params["force"], check_mode=module.check_mode, grace_period=params["grace_period"])
     except (MetaxGpuError, kube.ApiException) as exc:
         module.fail_json(msg=str(exc))
     changed = bool(result["evicted"] or result["deleted"] or (module.check_mode and result["selected"]))

@@ -18,8 +18,9 @@ description:
   - C(mx-smi) output is read by its header names (the layout real MetaX machines print and older ones).
     Output that is not understood never fails the module, it becomes a warning naming the command and
     the line, and the facts fall back to PCI for what could not be read.
-  - O(ignore:product) values are the manual's (V(C500), V(C550), V(N100)); C(mx-smi)'s V(MetaX C500)
-    and V(MXC500) are reduced to them.
+  - O(ignore:product) values are the chip names MetaX's tools and node labels use (V(MXC500), V(MXC550),
+    V(MXN100)); C(mx-smi)'s V(MetaX C500) is read as V(MXC500). Without C(mx-smi), a PCI device id that
+    more than one product shows gives only the family (V(MXC)).
 author:
   - MetaX GPU collection maintainers (@metax-gpu)
 extends_documentation_fragment:
@@ -96,7 +97,7 @@ ansible_facts:
           sample:
             - index: 0
               bdf: "0000:03:00.0"
-              product: C500
+              product: MXC500
               family: MXC
               memory_gib: 64
               numa_node: 0
@@ -159,10 +160,9 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, checked_host_root, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 
 # The module's own options; shared ones come from module_utils specs paired
 # with doc fragments of the same name (docs/development.md).
@@ -174,7 +174,7 @@ ARGUMENT_SPEC = {
 def main():
     module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     try:
-        inventory = discover(HostRoot(module.params["host_root"]), topology=module.params["topology"])
+        inventory = discover(checked_host_root(module.params["host_root"]), topology=module.params["topology"])
     except MetaxGpuError as exc:
         module.fail_json(msg=str(exc))
     facts = inventory.to_dict()

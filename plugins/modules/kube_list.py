@@ -56,7 +56,7 @@ options:
     elements: str
     default: []
   page_size:
-    description: Objects per list request (the C(limit) parameter).
+    description: Objects per list request (the C(limit) parameter); at least 1.
     type: int
     default: 500
 seealso:
@@ -133,17 +133,22 @@ def main():
 
     params = module.params
     try:
-        dynamic = DynamicClient(kube.api_client(params["kubeconfig"]))
-        resource = dynamic.resources.get(api_version=params["api_version"], kind=params["kind"])
+        if params["page_size"] < 1:
+            raise MetaxGpuError("page_size must be at least 1, not %d" % params["page_size"])
+        client = kube.api_client(params["kubeconfig"])
         selectors = query(params["label_selectors"], params["field_selectors"])
+        with kube.reaching(client, params["kubeconfig"]):
+            # the discovery below is the first call to the API server
+            dynamic = DynamicClient(client)
+            resource = dynamic.resources.get(api_version=params["api_version"], kind=params["kind"])
 
-        def fetch(limit, token):
-            # serialize=False: the raw answer decoded once, not wrapped field by field (2,000 Nodes)
-            resp = resource.get(namespace=params["namespace"], limit=limit, _continue=token, serialize=False,
-                                **selectors)
-            return json.loads(resp.data)
+            def fetch(limit, token):
+                # serialize=False: the raw answer decoded once, not wrapped field by field (2,000 Nodes)
+                resp = resource.get(namespace=params["namespace"], limit=limit, _continue=token, serialize=False,
+                                    **selectors)
+                return json.loads(resp.data)
 
-        listing = list_all(fetch, params["page_size"])
+            listing = list_all(fetch, params["page_size"])
     except ResourceNotFoundError as exc:
         module.fail_json(msg="%s/%s: %s" % (params["api_version"], params["kind"], exc))
     except (MetaxGpuError, kube.ApiException) as exc:

@@ -55,9 +55,30 @@ options:
         (the GPU Operator's C(maca.payload.images) form); its tag gives the version when O(version) is not set.
     type: str
   keep:
-    description: How many other versions stay besides the active one (the previous first, for running containers).
+    description:
+      - How many other versions stay besides the active one (the previous first, for running containers).
+      - A negative value is refused.
     type: int
     default: 1
+  max_members:
+    description:
+      - The most members the payload may hold, counted in the image archive and in each of its layers.
+        A payload above it is refused, naming the member, and nothing is installed (docs/security.md).
+      - The default fits a real MXMACA payload (tens of thousands of files) many times over.
+    type: int
+    default: 1000000
+  max_member_size:
+    description:
+      - The largest file the payload may write, as bytes or with a binary unit (C(32GiB), C(512M)).
+    type: str
+    default: 32GiB
+  max_total_size:
+    description:
+      - The most the payload may expand to (the image archive's layers together) and the most it may write
+        under C(/opt/maca-<version>), as bytes or with a binary unit. A real MXMACA C(/opt/maca) is 5 to 9.5 GB.
+      - A small archive that decompresses to more (an xz bomb) is refused before the excess is written.
+    type: str
+    default: 128GiB
 """
 
 EXAMPLES = r"""
@@ -104,9 +125,10 @@ removed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils import archive
+from ansible_collections.metax.gpu.plugins.module_utils.common import (
+    HOST_ROOT_ARGSPEC, InvalidOption, checked_host_root, local_path, merged_spec)
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.maca import install as maca_install
 from ansible_collections.metax.gpu.plugins.module_utils.maca import layout
 
@@ -116,6 +138,9 @@ ARGUMENT_SPEC = {
     "version": {"type": "str"},
     "image": {"type": "str"},
     "keep": {"type": "int", "default": 1},
+    "max_members": {"type": "int", "default": 1000000},
+    "max_member_size": {"type": "str", "default": "32GiB"},
+    "max_total_size": {"type": "str", "default": "128GiB"},
 }
 
 
@@ -123,13 +148,21 @@ def main():
     module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True,
                            required_if=[("state", "present", ("version", "image"), True)])
     params = module.params
-    host = HostRoot(params["host_root"])
     try:
+        host = checked_host_root(params["host_root"])
+        if params["keep"] < 0:
+            # was read as 0: every other version removed, the running containers' too
+            raise InvalidOption("keep must be 0 or more (versions kept besides the active one), not %d" % params["keep"])
         if params["state"] == "absent":
             removed = maca_install.uninstall(host, check_mode=module.check_mode)
             module.exit_json(changed=bool(removed), version=None, previous=None, installed=False, removed=removed)
-        version = params["version"] or layout.version_of_image(params["image"])
-        plan = maca_install.install(host, params["src"], version, params["keep"], check_mode=module.check_mode)
+        limits = archive.limits_from(params["max_members"], params["max_member_size"], params["max_total_size"])
+        version = params["version"] or (layout.version_of_image(params["image"]) if params["image"] else None)
+        if not version:
+            raise InvalidOption("version (or an image whose tag gives it) is empty")
+        src = local_path(params["src"], "src", must_exist=True) if params["src"] is not None else None
+        plan = maca_install.install(host, src, version, params["keep"], check_mode=module.check_mode,
+                                    limits=limits)
     except MetaxGpuError as exc:
         module.fail_json(msg=str(exc))
     result = {"changed": plan.install or plan.switch or bool(plan.remove), "version": version,

@@ -47,7 +47,7 @@ options:
     elements: str
     default: []
   page_size:
-    description: Nodes per list request.
+    description: Nodes per list request; at least 1.
     type: int
     default: 500
 seealso:
@@ -110,19 +110,23 @@ def main():
     done = []
     try:
         prefix = check_prefix(params["prefix"])
-        core = kube.core_v1(kube.api_client(params["kubeconfig"]))
+        if params["page_size"] < 1:
+            raise MetaxGpuError("page_size must be at least 1, not %d" % params["page_size"])
+        client = kube.api_client(params["kubeconfig"])
+        core = kube.core_v1(client)
         selectors = query(params["label_selectors"])
 
         def fetch(limit, token):
             resp = core.list_node(limit=limit, _continue=token, _preload_content=False, **selectors)
             return json.loads(resp.data)
 
-        listing = list_all(fetch, params["page_size"])
-        todo = changes(listing.items, prefix)
-        for change in todo:
-            if not module.check_mode:
-                core.patch_node(change.name, merge_patch(change), _content_type="application/merge-patch+json")
-            done.append(change)
+        with kube.reaching(client, params["kubeconfig"]):
+            listing = list_all(fetch, params["page_size"])
+            todo = changes(listing.items, prefix)
+            for change in todo:
+                if not module.check_mode:
+                    core.patch_node(change.name, merge_patch(change), _content_type="application/merge-patch+json")
+                done.append(change)
     except (MetaxGpuError, kube.ApiException) as exc:
         # the nodes patched before the failure are reported: a rerun finishes the rest
         module.fail_json(msg=str(exc), nodes=_report(done), changed=bool(done) and not module.check_mode)

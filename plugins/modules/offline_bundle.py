@@ -39,7 +39,10 @@ options:
     type: path
     required: true
   version:
-    description: Bundle version (the collection version), shown by C(help).
+    description:
+      - Bundle version (the collection version), shown by C(help).
+      - Letters, digits, C(.), C(_), C(+) and C(-), starting with a letter or digit (it is written into the C(.run)
+        script); anything else is refused.
     type: str
     required: true
   images:
@@ -57,7 +60,7 @@ options:
         type: str
         required: true
       tag:
-        description: Image tag.
+        description: Image tag (OCI tag grammar, C([A-Za-z0-9_][A-Za-z0-9._-]{0,127})).
         type: str
         required: true
   charts:
@@ -68,6 +71,8 @@ options:
   registry:
     description:
       - DOMAIN/PROJECT under which C(load) names the images when it is given no other (the chart's C(registry)).
+      - C(DOMAIN[:port][/PROJECT]) with a port of 1-65535 and a project of OCI repository path components;
+        anything else is refused.
     type: str
     default: cr.metax-tech.com/cloud
   cache_dir:
@@ -136,6 +141,7 @@ charts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.metax.gpu.plugins.module_utils.common import local_path
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.registry import bundle
 
@@ -158,10 +164,15 @@ def main() -> None:
     module = AnsibleModule(argument_spec=ARGSPEC, supports_check_mode=True)
     p = module.params
     try:
+        path = local_path(p["path"], "path")
         if p["state"] == "absent":
-            result = bundle.remove(p["path"], module.check_mode)
+            result = bundle.remove(path, module.check_mode)
         else:
-            result = bundle.build(p["path"], p["version"], p["images"], p["charts"], registry=p["registry"],
+            bundle.check_values(p["version"], p["registry"])   # before any archive is read
+            for image in p["images"]:
+                local_path(image["archive"], "images[].archive", must_exist=True)
+            charts = [local_path(c, "charts[]", must_exist=True) for c in p["charts"]]
+            result = bundle.build(path, p["version"], p["images"], charts, registry=p["registry"],
                                   check_mode=module.check_mode, cache_dir=p["cache_dir"])
     except MetaxGpuError as exc:
         module.fail_json(msg=str(exc))

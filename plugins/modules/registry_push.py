@@ -47,7 +47,11 @@ options:
     type: path
     required: true
   registry:
-    description: C(DOMAIN[:port]) or C(DOMAIN[:port]/PROJECT).
+    description:
+      - C(DOMAIN[:port]) or C(DOMAIN[:port]/PROJECT), without a scheme; a port out of 1-65535 is refused.
+      - "Every repository written (project and name) and every tag must match the OCI distribution grammar,
+        whether it comes from the options or from O(src) (a chart's name, C(RepoTags), a bundle's header);
+        a name such as C(../library/busybox) is refused, not normalised into another project."
     type: str
     required: true
   project:

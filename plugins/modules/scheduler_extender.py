@@ -54,7 +54,7 @@ options:
   url:
     description:
       - The extender's urlPrefix, for example C(http://<ClusterIP of the gpu-aware Service>:8080).
-      - Required when O(state=present).
+      - Required when O(state=present). An C(http) or C(https) URL with a host; anything else is refused.
     type: str
   filter_verb:
     description: Verb appended to O(url) for filtering (the manual's C(filterVerb)).
@@ -73,8 +73,36 @@ options:
     type: bool
     default: false
   tls_config:
-    description: The extender's C(tlsConfig) (insecure, serverName, certFile, keyFile, caFile...), as is.
+    description:
+      - The extender's C(tlsConfig), written as given (options not given are not written).
+      - When it holds O(tls_config.keyData), the configuration file is written mode C(0600) and the diff shows
+        the key as a mask with a fingerprint.
     type: dict
+    suboptions:
+      insecure:
+        description: Do not verify the extender's certificate.
+        type: bool
+      serverName:
+        description: Server name sent for SNI and checked in the certificate.
+        type: str
+      certFile:
+        description: Client certificate file (path inside the kube-scheduler pod).
+        type: str
+      keyFile:
+        description: Client key file (path inside the kube-scheduler pod).
+        type: str
+      caFile:
+        description: CA file that signed the extender's certificate.
+        type: str
+      certData:
+        description: Client certificate, base64 PEM.
+        type: str
+      keyData:
+        description: Client private key, base64 PEM. Never shown in the module's output (C(no_log)).
+        type: str
+      caData:
+        description: CA certificate, base64 PEM.
+        type: str
   node_cache_capable:
     description: Send node names only (C(nodeCacheCapable)).
     type: bool
@@ -96,7 +124,7 @@ options:
     elements: str
     default: [metax-tech.com/gpu]
   manifest_path:
-    description: The kube-scheduler static pod manifest (node path, under O(host_root)).
+    description: The kube-scheduler static pod manifest (node path, under O(host_root); absolute, without C(..)).
     type: path
     default: /etc/kubernetes/manifests/kube-scheduler.yaml
   config_path:
@@ -217,9 +245,8 @@ config_path:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, checked_host_root, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.scheduler import yamlsupport
 from ansible_collections.metax.gpu.plugins.module_utils.scheduler.args import ARGUMENT_SPEC, request_from_params
 from ansible_collections.metax.gpu.plugins.module_utils.scheduler.backend import SchedulerExtender
@@ -247,8 +274,8 @@ def main():
     if not yamlsupport.HAS_YAML:
         module.fail_json(msg=missing_required_lib("PyYAML"), exception=yamlsupport.YAML_IMPORT_ERROR)
     params = module.params
-    backend = SchedulerExtender(HostRoot(params["host_root"]))
     try:
+        backend = SchedulerExtender(checked_host_root(params["host_root"]))
         req = request_from_params(params)
         outcome = backend.plan(req)
         if outcome.drift:

@@ -138,9 +138,8 @@ in_use:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, checked_host_root, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
-from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.vfnum import backend
 from ansible_collections.metax.gpu.plugins.module_utils.vfnum.plan import ALLOWED_VFNUMS, plan
 
@@ -155,8 +154,8 @@ ARGUMENT_SPEC = {
 def main():
     module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     params = module.params
-    host = HostRoot(params["host_root"])
     try:
+        host = checked_host_root(params["host_root"])
         pfs = backend.read_pfs(host)
         wanted = plan(pfs, params["vfnum"], params["devices"])
         users = backend.in_use(host, pfs, wanted, params["gpu_pods"])

@@ -71,7 +71,7 @@ def prepare(cluster, versions: Iterable[str], broken: Iterable[tuple] = ()) -> F
     names = [n["name"] for n in cluster.nodes]
     if sorted(names) != sorted(KINDS):
         raise FleetError("needs the three-node cluster vm, vm-2, vm-3 (have %s)" % names)
-    installed = cluster.kubectl("get", "daemonset", "gpu-label", "-n", N.NAMESPACE).returncode == 0
+    installed = cluster.kubectl("get", "daemonset", N.DAEMONSET_GPU_LABEL, "-n", N.NAMESPACE).returncode == 0
     # this checkout's agent images (build.sh pushes them to the cluster's registry) and chart
     build = subprocess.run([os.path.join(ROOT, "files", "images", "agent", "build.sh")], env=cluster.env,
                            capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL, check=False)

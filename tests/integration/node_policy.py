@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 import yaml
 
@@ -35,6 +35,11 @@ def policy_name(namespace: str) -> str:
     return "%s-node-agents" % namespace
 
 
+def pods_policy_name(namespace: str) -> str:
+    """The policy on the pods the node agents delete (their own node's only)."""
+    return policy_name(namespace) + "-pods"
+
+
 def capabilities(cluster) -> List[str]:
     """helm flags for the server's version and, when served, the v1 ValidatingAdmissionPolicy kind."""
     res = cluster.kubectl("version", "-o", "json")
@@ -47,11 +52,13 @@ def capabilities(cluster) -> List[str]:
     return flags
 
 
-def render(cluster, namespace: str, show_only: str = POLICY_TEMPLATE, chart: str = CHART) -> List[Dict[str, Any]]:
-    """The chart's objects of one template for ``namespace``, with the cluster's capabilities."""
+def render(cluster, namespace: str, show_only: str = POLICY_TEMPLATE, chart: str = CHART,
+           sets: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """The chart's objects of one template for ``namespace``, with the cluster's capabilities (and ``--set`` pairs)."""
     helm = cluster.helm or "helm"
     proc = subprocess.run([helm, "template", "policy-it", chart, "--namespace", namespace,
-                           "--show-only", show_only] + capabilities(cluster),
+                           "--show-only", show_only] + [a for pair in sets for a in ("--set", pair)]
+                          + capabilities(cluster),
                           env=cluster.env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, "helm template failed:\n%s" % proc.stderr
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
@@ -62,11 +69,12 @@ def apply(cluster, objects: List[Dict[str, Any]]) -> None:
     assert res.returncode == 0, res.stderr
 
 
-def apply_policy(cluster, namespace: str, chart: str = CHART) -> List[Dict[str, Any]]:
-    """Render and apply the policy and binding for ``namespace``; returns them (the capability check must pass)."""
-    objects = render(cluster, namespace, chart=chart)
+def apply_policy(cluster, namespace: str, chart: str = CHART, sets: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """Render and apply the policies and bindings for ``namespace`` (the node policy, and the one on the pods the
+    agents delete); returns them (the capability check must pass)."""
+    objects = render(cluster, namespace, chart=chart, sets=sets)
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == sorted(KINDS), (
+    assert kinds == sorted(KINDS * 2), (
         "the chart did not render the policy on this cluster (its auto capability check failed): %s" % kinds)
     apply(cluster, objects)
     return objects

@@ -25,7 +25,15 @@ vm-3 (rpm tools, openEuler) start without any driver:
   three nodes within maxUnavailable, vm-2's administrator's cordon kept, each
   node timed from cordon to finish; then a payload whose deb driver never
   comes up: vm fails validation, is rolled back, left cordoned in ``failed``,
-  and the rollout pauses (vm-2 and vm-3 untouched).
+  and the rollout pauses (vm-2 and vm-3 untouched);
+- MetaX's own payload as it is: payload 2.29.0.13 whose prebuilt tree (no
+  packages) installs kernel driver 2.17.13 finishes a rolling upgrade on all
+  three nodes, each on target by its labels 2/17/13, and no node stays
+  cordoned;
+- the real CR's default (``upgradePolicy`` unset: ``enableRollout: false``):
+  the next payload is installed in place, never a cordon or an eviction; vm-3,
+  whose GPU a pod holds, says ``pending: in use`` and takes it once the pod
+  is gone.
 
 The nodes' roots are put back as found (driver, tools, VFs), the operator
 uninstalled, and a GPU Extensions release found at the start installed again.
@@ -46,7 +54,7 @@ from test_operator_cluster import (  # noqa: F401  # pylint: disable=unused-impo
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.agents import driver_manager
-from ansible_collections.metax.gpu.plugins.module_utils.driver import policy
+from ansible_collections.metax.gpu.plugins.module_utils.driver import backend, policy
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator, pkgtool
 
@@ -71,9 +79,11 @@ def loaded(name):
     return host(name).read_attribute("sys/module/metax/version", default="") or None
 
 
-def build_payload(cluster, version, broken=""):
-    """files/images/driver-payload/build.sh VERSION, pushed: the CR's driver.payload for it."""
-    env = dict(cluster.env, METAX_PAYLOAD_BROKEN=broken)
+def build_payload(cluster, version, broken="", driver="", layouts="deb rpm run"):
+    """files/images/driver-payload/build.sh VERSION, pushed: the CR's driver.payload for it. ``driver``: the
+    kernel driver it declares (not VERSION); ``layouts``: "prebuilt" for MetaX's own image layout."""
+    env = dict(cluster.env, METAX_PAYLOAD_BROKEN=broken, METAX_PAYLOAD_DRIVER_VERSION=driver,
+               METAX_PAYLOAD_LAYOUTS=layouts)
     res = subprocess.run([PAYLOAD_BUILD, version], env=env, capture_output=True, text=True,
                          timeout=900, stdin=subprocess.DEVNULL, check=False)
     assert res.returncode == 0, "payload build failed:\n%s%s" % (res.stdout, res.stderr[-3000:])
@@ -118,13 +128,18 @@ def fleet(cluster, no_extensions):
             generator.set_driver_version(root, original[name])
             generator.load_driver(root)
         pkgtool.remove_tools(root.path)
-        for rel in ("etc/os-release", policy.OWNER_RECORD, "var/lib/metax-gpu/driver-run.json",
-                    driver_manager.UPGRADE_RECORD):
+        for rel in ("etc/os-release", policy.OWNER_RECORD, backend.RUN_RECORD, backend.PREBUILT_RECORD,
+                    backend.DRIVER_RECORD, driver_manager.UPGRADE_RECORD):
             if os.path.lexists(root.join(rel)):
                 os.unlink(root.join(rel))
         shutil.rmtree(root.join("var/cache/metax-driver"), ignore_errors=True)
         shutil.rmtree(root.join("sys/module/metax/parameters"), ignore_errors=True)
-        for parent in ("etc", "var/lib/metax-gpu", "var/lib", "var/cache", "var"):
+        # what a prebuilt payload's install left (its modules; mx-smi was the node's own and stayed)
+        for release in {pkgtool.SIM_KERNEL_RELEASE, os.uname().release}:
+            shutil.rmtree(root.join("lib/modules/%s/extra/metax" % release), ignore_errors=True)
+        for parent in [r for release in sorted({pkgtool.SIM_KERNEL_RELEASE, os.uname().release})
+                       for r in ("lib/modules/%s/extra" % release, "lib/modules/%s" % release)] + [
+                "lib/modules", "lib", "etc", "var/lib/metax-gpu", "var/lib", "var/cache", "var"]:
             if os.path.isdir(root.join(parent)) and not os.listdir(root.join(parent)):
                 os.rmdir(root.join(parent))
 
@@ -202,7 +217,7 @@ def devices(name):
 
 
 def gpu_device_pods(cluster):
-    out = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpu-device",
+    out = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=" + N.DAEMONSET_GPU_DEVICE,
                                      "-o", "json", check=True).stdout)["items"]
     # a pod not bound yet has no nodeName (another session's short-lived nodes on the shared cluster)
     return {p["spec"]["nodeName"]: p["metadata"]["uid"] for p in out
@@ -249,7 +264,7 @@ def test_if_not_present_installs_the_payload_where_no_driver_is_and_leaves_the_a
     kinds = {n: json.load(open(host(n).join(pkgtool.PKGDB_FILE)))["metax-driver"]["kind"] for n in ("vm-2", "vm-3")}
     assert kinds == {"vm-2": "deb", "vm-3": "rpm"}
     # driver.ready has one writer: the controller; gpu-label is rendered without it
-    args = get_json(cluster, "daemonset", "gpu-label", "-n", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = get_json(cluster, "daemonset", N.DAEMONSET_GPU_LABEL, "-n", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--driver-labels=false" in args
     # the controller writes the labels and the CR status in one round, the status after the labels
     wait(cluster, lambda: condition_status(cluster, "metax-driver", "Ready") == "True", 30,
@@ -298,9 +313,9 @@ def vfnum_timeline(cluster, node, edit_wall, old_pod_uid):
     the new gpu-device's own logs and the API's pod times: where the time goes (docs/operator.md)."""
     steps = []
     driver = pod_on(cluster, "metax-driver", node)
-    device = pod_on(cluster, "gpu-device", node)
+    device = pod_on(cluster, N.DAEMONSET_GPU_DEVICE, node)
     for pod, container, words in ((driver, "metax-driver", ("",)),
-                                  (device, "gpu-device", ("Allocate mode", "gpu-device starting", "found",
+                                  (device, N.DAEMONSET_GPU_DEVICE, ("Allocate mode", "gpu-device starting", "found",
                                                           "registered", "ListAndWatch"))):
         if pod is None:
             continue
@@ -485,7 +500,7 @@ UPGRADE_VERSION = "2.16.0"      # rolled to every node
 BROKEN_VERSION = "2.16.1"       # its deb driver loads but never comes up: vm (Debian, first by name) fails
 ADMIN_CORDONED = "vm-2"
 UPGRADE_KEYS = (N.LABEL_DRIVER_UPGRADE_STATE, N.ANNOTATION_DRIVER_UPGRADE_MESSAGE, N.ANNOTATION_PRE_CORDONED,
-                N.ANNOTATION_DRIVER_UPGRADE_TARGET)
+                N.ANNOTATION_DRIVER_UPGRADE_TARGET, N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE)
 
 
 def upgrade_marks(node):
@@ -542,7 +557,9 @@ def test_a_payload_version_bump_rolls_every_node_within_max_unavailable_keeping_
                               for lab in (labels(cluster)[n] for n in FLEET)), 150, "driver.ready everywhere")
     wait(cluster, lambda: allocatable(cluster) == {n: devices(n) for n in FLEET}, 60, "allocatable = devices")
     cluster.kubectl("cordon", ADMIN_CORDONED, check=True)
-    policy_ = {"maxParallel": 2, "maxUnavailable": 2, "maxFailureThreshold": 1, "fallback": "pause"}
+    # the rolling upgrade asked for (the default, enableRollout false, upgrades in place), no canary step
+    policy_ = {"enableRollout": True, "maxParallel": 2, "maxUnavailable": 2, "maxFailureThreshold": 1,
+               "fallback": "pause", "upgradeSteps": []}
     try:
         # Always: the administrator's driver on vm is rolled too (IfNotPresent would roll only vm-2, vm-3)
         assert patch_cr(cluster, {"driver": {"deployPolicy": "Always", "payload": {"version": UPGRADE_VERSION},
@@ -597,7 +614,8 @@ def test_a_node_whose_new_driver_fails_validation_is_rolled_back_left_cordoned_f
     before = {n: loaded(n) for n in FLEET}
     assert before == {n: UPGRADE_VERSION for n in FLEET}, before
     # budget for two, one at a time: only the pause keeps vm-2 from starting once vm has failed
-    policy_ = {"maxParallel": 1, "maxUnavailable": 2, "maxFailureThreshold": 1, "fallback": "pause"}
+    policy_ = {"enableRollout": True, "maxParallel": 1, "maxUnavailable": 2, "maxFailureThreshold": 1,
+               "fallback": "pause", "upgradeSteps": []}
     assert patch_cr(cluster, {"driver": {"payload": {"version": BROKEN_VERSION},
                                          "upgradePolicy": policy_}}).returncode == 0
     try:
@@ -634,3 +652,107 @@ def test_a_node_whose_new_driver_fails_validation_is_rolled_back_left_cordoned_f
             cluster.kubectl("label", "node", "vm", N.LABEL_DRIVER_UPGRADE_STATE + "-")
             cluster.kubectl("annotate", "node", "vm", *[key + "-" for key in UPGRADE_KEYS[1:]])
             cluster.kubectl("uncordon", "vm")
+
+
+VENDOR_VERSION = "2.29.0.13"    # MetaX's numbering: the payload's own version ...
+VENDOR_KMD = "2.17.13"          # ... and the kernel driver it installs (a real node: 2.29.0.13 -> 2.12.13)
+
+
+def test_a_payload_whose_version_differs_from_its_kernel_drivers_finishes_a_rolling_upgrade_and_no_node_stays_cordoned(
+        cluster, installed, fleet):
+    """MetaX's driver image as it is: a prebuilt tree (modules for the node's kernel, mx-smi, the
+    declaration), payload 2.29.0.13 installing kernel driver 2.17.13. On target is the loaded module
+    (the gpu.driver.* labels) against the declared version: every node finishes and is uncordoned."""
+    build_payload(cluster, VENDOR_VERSION, driver=VENDOR_KMD, layouts="prebuilt")
+    wait(cluster, lambda: all(loaded(n) == UPGRADE_VERSION for n in FLEET) and not any(
+        upgrade_marks(node) or cordoned(node) for name, node in nodes(cluster).items() if name in FLEET),
+        120, "every node on %s, nothing of the previous rollout left" % UPGRADE_VERSION)
+    policy_ = {"enableRollout": True, "maxParallel": 2, "maxUnavailable": 2, "maxFailureThreshold": 1,
+               "fallback": "pause", "upgradeSteps": []}
+    assert patch_cr(cluster, {"driver": {"deployPolicy": "Always", "payload": {"version": VENDOR_VERSION},
+                                         "upgradePolicy": policy_}}).returncode == 0
+
+    def rolled(current):
+        return all(loaded(n) == VENDOR_KMD and not upgrade_marks(current[n]) and not cordoned(current[n])
+                   for n in FLEET)
+    track = follow_rollout(cluster, rolled, 240, "every node on kernel driver %s (payload %s), uncordoned"
+                           % (VENDOR_KMD, VENDOR_VERSION))
+    wait(cluster, lambda: driver_upgrade_status(cluster).get("message") == "every node is at the target",
+         30, "status.driverUpgrade: every node at the target")
+    assert sorted(track["started"]) == sorted(FLEET) and track["max_cordoned"] <= 2, track
+    current = nodes(cluster)
+    lab = labels(cluster)
+    for name in FLEET:
+        assert not cordoned(current[name]) and not upgrade_marks(current[name]), name
+        assert [lab[name][N.LABEL_DRIVER_MAJOR], lab[name][N.LABEL_DRIVER_MINOR],
+                lab[name][N.LABEL_DRIVER_PATCH]] == VENDOR_KMD.split("."), name
+        assert lab[name].get(N.LABEL_DRIVER_READY) == "true", name
+        annotations = current[name]["metadata"].get("annotations") or {}
+        assert annotations.get(N.ANNOTATION_DRIVER_PAYLOAD_VERSION) == VENDOR_VERSION, name
+        assert annotations.get(N.ANNOTATION_DRIVER_PAYLOAD_DRIVER) == VENDOR_KMD, name
+        # installed from the prebuilt tree: recorded as such, its module where modprobe finds it
+        record = json.loads(host(name).read_text(backend.PREBUILT_RECORD))
+        assert record["version"] == VENDOR_VERSION and record["driver_version"] == VENDOR_KMD, name
+    status = driver_upgrade_status(cluster)
+    assert status["targetVersion"] == VENDOR_VERSION and status["upgraded"] == 3 and status["failed"] == []
+    wait(cluster, lambda: allocatable(cluster) == {n: devices(n) for n in FLEET}, 60,
+         "allocatable = devices on the vendor payload's driver")
+    # at rest: the next status rounds start nothing again (the payload's number is never compared)
+    hold_until = time.monotonic() + 11
+    quiet = follow_rollout(cluster, lambda _current: time.monotonic() >= hold_until, 30, "two quiet status rounds")
+    assert quiet["started"] == {}, quiet
+    assert all(loaded(n) == VENDOR_KMD for n in FLEET)
+
+
+IN_PLACE_VERSION, IN_PLACE_KMD = "2.29.0.14", "2.17.14"
+IN_PLACE_HOLDER = "upgrade-holder"
+
+
+def test_an_unset_upgrade_policy_upgrades_in_place_never_cordons_and_a_busy_node_waits_saying_so(
+        cluster, installed, fleet):
+    """The real CR's default (enableRollout false): a new payload reaches every node without a cordon or
+    an eviction; vm-3, whose GPU a pod holds, says "pending: in use" and takes it once the pod is gone."""
+    build_payload(cluster, IN_PLACE_VERSION, driver=IN_PLACE_KMD, layouts="prebuilt")
+    wait(cluster, lambda: all(loaded(n) == VENDOR_KMD for n in FLEET) and not any(
+        upgrade_marks(node) or cordoned(node) for name, node in nodes(cluster).items() if name in FLEET),
+        120, "every node on %s, nothing of the previous rollout left" % VENDOR_KMD)
+    pod, _pdb = holder_objects(cluster)
+    pod["metadata"]["name"] = IN_PLACE_HOLDER
+    pod["metadata"]["labels"] = {"app": IN_PLACE_HOLDER}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod), check=True)
+    try:
+        wait(cluster, lambda: ((get_json(cluster, "pod", IN_PLACE_HOLDER, "-n", "default") or {}).get("status") or {})
+             .get("phase") == "Running", 60, "the holder pod running on %s" % SRIOV_NODE)
+        # upgradePolicy removed from the CR: its defaults, the real CR's
+        assert patch_cr(cluster, {"driver": {"payload": {"version": IN_PLACE_VERSION},
+                                             "upgradePolicy": None}}).returncode == 0
+        idle = [n for n in FLEET if n != SRIOV_NODE]
+
+        def idle_done(current):
+            return all(loaded(n) == IN_PLACE_KMD and not upgrade_marks(current[n]) for n in idle) and \
+                (current[SRIOV_NODE]["metadata"].get("annotations") or {}).get(
+                    N.ANNOTATION_DRIVER_UPGRADE_MESSAGE, "").startswith("pending: in use (pod default/" + IN_PLACE_HOLDER)
+        track = follow_rollout(cluster, idle_done, 240, "the idle nodes upgraded in place, %s pending" % SRIOV_NODE)
+        assert track["max_cordoned"] == 0, track                    # never a cordon
+        current = nodes(cluster)
+        assert upgrade_state(current[SRIOV_NODE]) == N.DRIVER_UPGRADE_REQUIRED and not cordoned(current[SRIOV_NODE])
+        assert loaded(SRIOV_NODE) == VENDOR_KMD                     # untouched while in use
+        assert (get_json(cluster, "pod", IN_PLACE_HOLDER, "-n", "default") or {}).get("status", {}).get(
+            "phase") == "Running"                                    # never evicted
+        assert driver_upgrade_status(cluster).get("message", "").startswith("in place (enableRollout false")
+        cluster.kubectl("delete", "pod", IN_PLACE_HOLDER, "-n", "default", "--wait=true", "--timeout=60s", check=True)
+
+        def all_done(current):
+            return all(loaded(n) == IN_PLACE_KMD and not upgrade_marks(current[n]) for n in FLEET)
+        after = follow_rollout(cluster, all_done, 120, "%s upgraded once idle" % SRIOV_NODE)
+        assert after["max_cordoned"] == 0, after
+        wait(cluster, lambda: driver_upgrade_status(cluster).get("message", "").endswith("every node is at the target"),
+             30, "status.driverUpgrade: every node at the target")
+        lab = labels(cluster)
+        for name in FLEET:
+            assert [lab[name][N.LABEL_DRIVER_MAJOR], lab[name][N.LABEL_DRIVER_MINOR],
+                    lab[name][N.LABEL_DRIVER_PATCH]] == IN_PLACE_KMD.split("."), name
+            assert N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE not in (nodes(cluster)[name]["metadata"].get("annotations") or {})
+    finally:
+        cluster.kubectl("delete", "pod", IN_PLACE_HOLDER, "-n", "default", "--ignore-not-found", "--grace-period=0",
+                        "--force")

@@ -42,10 +42,15 @@ CHART = os.path.join(ROOT, "files", "charts", "metax-operator")
 NS = N.OPERATOR_NAMESPACE
 OLD, NEW = "2.14.6", "2.40.1"
 VERSION_LABELS = (N.LABEL_DRIVER_MAJOR, N.LABEL_DRIVER_MINOR, N.LABEL_DRIVER_PATCH)
-POLICY = {"maxParallel": 2, "maxUnavailable": 4, "maxFailureThreshold": 2, "fallback": "pause",
+POLICY = {"enableRollout": True, "maxParallel": 2, "maxUnavailable": 4, "maxFailureThreshold": 2, "fallback": "pause",
           "upgradeSteps": [{"replicas": 1, "pauseDuration": 5000}, {"replicas": "100%", "pauseDuration": 0}]}
 ADMIN, FAILS, NOT_READY = "gpu-1", "gpu-3", "gpu-5"
 T0 = 1_790_000_000.0
+
+
+def declared(payload, kmd=None):
+    """What each node's driver-manager of ``payload`` publishes: the payload and the kernel driver it installs."""
+    return {N.ANNOTATION_DRIVER_PAYLOAD_VERSION: payload, N.ANNOTATION_DRIVER_PAYLOAD_DRIVER: kmd or payload}
 
 
 def gpu_labels(version):
@@ -89,7 +94,8 @@ def api():
         a.ok("create", "-f", "-", input=json.dumps(cr))
         for i in range(6):
             name = "gpu-%d" % i
-            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": gpu_labels(OLD)},
+            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": gpu_labels(OLD),
+                                                                     "annotations": declared(NEW)},
                     "spec": {"unschedulable": True} if name == ADMIN else {},
                     "status": {"conditions": [{"type": "Ready", "status": "False" if name == NOT_READY else "True",
                                                "reason": "Test", "message": "set by the test"}]}}
@@ -183,6 +189,8 @@ def test_the_driver_switched_off_mid_rollout_hands_the_started_nodes_back(api):
     api.ok("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge", "-p", json.dumps(
         {"spec": {"driver": {"payload": {"version": "2.42.0"}, "upgradePolicy": {
             "maxFailureThreshold": 5, "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}}}}))
+    for node in api.nodes():         # the new payload's driver-manager pods have run a round
+        api.patch_node(node["metadata"]["name"], {"metadata": {"annotations": declared("2.42.0")}})
     cluster = Cluster(api_client(api.cp.kubeconfig), NS)
     plan = cluster.roll_driver(api.cr()["spec"], T0 + 200, {})
     started = sorted(p.node for p in plan.patches if p.action == "start")

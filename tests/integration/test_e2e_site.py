@@ -96,9 +96,10 @@ def test_the_agents_work_under_the_node_agent_policy(cluster, site):
                                          check=True).stdout)
     assert binding["spec"]["policyName"] == name and binding["spec"]["validationActions"] == ["Deny"]
     assert not (policy.get("status", {}).get("typeChecking") or {}).get("expressionWarnings"), policy.get("status")
-    for agent in ("gpu-device", "gpu-label"):
+    # the service accounts keep the agents' names; the pods carry their DaemonSets' (metax-gpu-device, ...)
+    for agent, workload in (("gpu-device", N.DAEMONSET_GPU_DEVICE), ("gpu-label", N.DAEMONSET_GPU_LABEL)):
         assert "system:serviceaccount:%s:%s" % (NAMESPACE, agent) in policy["spec"]["matchConditions"][0]["expression"]
-        logs = cluster.kubectl("-n", NAMESPACE, "logs", "-l", "app.kubernetes.io/name=" + agent, "--tail=-1",
+        logs = cluster.kubectl("-n", NAMESPACE, "logs", "-l", "app.kubernetes.io/name=" + workload, "--tail=-1",
                                "--prefix", check=True).stdout
         assert "ValidatingAdmissionPolicy" not in logs, logs[-3000:]
 

@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import node_policy  # noqa: E402
 from polling import poll, wait_until  # noqa: E402
 
-from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.registration import socket_identity  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.kubelet.registration import socket_identity  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import allocate  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot  # noqa: E402

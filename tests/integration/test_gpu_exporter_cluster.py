@@ -91,6 +91,16 @@ def test_prometheus_scrapes_every_gpu(exporter):
     assert {r["metric"]["uuid"] for r in result} == {g["uuid"] for g in state["gpus"]}
     up = prom.query('up{job="gpu-exporter"}')
     assert [float(r["value"][1]) for r in up] == [1.0]
+    # mx-exporter's names beside ours: a dashboard made for MetaX's operator gets every GPU
+    usage = wait_for(lambda: prom.query("mx_gpu_usage") if len(prom.query("mx_gpu_usage")) == 8 else None, 60,
+                     "mx_gpu_usage of 8 GPUs")
+    assert {r["metric"]["uuid"] for r in usage} == {g["uuid"] for g in state["gpus"]}
+    assert {r["metric"]["Hostname"] for r in usage} == {agents.node}
+    assert {r["metric"]["deviceId"] for r in usage} == {str(i) for i in range(8)}
+    used = prom.query('mx_memory_used{type="vram"}')
+    total = prom.query('mx_memory_total{type="vram"} * 1024')
+    assert len(used) == 8 and all(float(r["value"][1]) > 0 for r in used)
+    assert {float(r["value"][1]) for r in total} == {64.0 * 1024 ** 3}
 
 
 def gpu_pod(agents, name, container):
@@ -134,6 +144,14 @@ def test_a_gpu_pods_devices_by_pod_label(exporter):
         others = values(prom.query('metax_gpu_utilization_ratio{function="pf", bdf!="%s"}' % bdf))
         assert len(others) == 7 and max(others.values()) == 0.0
         assert values(prom.query('metax_gpu_processes{bdf="%s"}' % bdf)) == {bdf: 1.0}
+        # the same pod found as dashboards made for MetaX's own exporter find it (exported_* labels, KB, %)
+        vram = wait_for(lambda: prom.query('mx_memory_used{exported_pod="%s", type="vram"}' % name), 60,
+                        "mx_memory_used of the pod")
+        assert len(vram) == 1 and vram[0]["metric"]["exported_namespace"] == NS
+        assert vram[0]["metric"]["exported_container"] == "trainer" and float(vram[0]["value"][1]) > 0
+        usage = prom.query('mx_gpu_usage{exported_pod="%s"}' % name)
+        assert len(usage) == 1 and float(usage[0]["value"][1]) >= 50
+        assert usage[0]["metric"]["uuid"] == labels["uuid"] and usage[0]["metric"]["modelName"] == "MXC500"
     finally:
         if bdf is not None:
             generator.set_load(agents.sim(), bdf, 0.0)

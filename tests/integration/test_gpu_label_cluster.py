@@ -86,12 +86,12 @@ def updates_in_log(agents):
 
 def test_labels_appear_and_foreign_labels_stay(label_agent):
     agents = label_agent
-    got = wait_for(lambda: ours(agents) if ours(agents).get("gpu.product") == "C500" else None, 60,
+    got = wait_for(lambda: ours(agents) if ours(agents).get("gpu.product") == "MXC500" else None, 60,
                    "the Table 2.7 labels")
     assert sorted(k for k in got if k in TABLE_2_7) == sorted(TABLE_2_7)
     assert got == {"gpu.installed": "true", "driver.ready": "true", "gpu.driver.major": "2",
                    "gpu.driver.minor": "14", "gpu.driver.patch": "6", "gpu.driver.mode": "native",
-                   "gpu.family": "MXC", "gpu.memory": "64GB", "gpu.product": "C500", "gpu.sriov": "forbidden",
+                   "gpu.family": "MXC", "gpu.memory": "64GB", "gpu.product": "MXC500", "gpu.sriov": "forbidden",
                    "gpu.vfnum": "0", "gpu.count": "8"}
     current = labels(agents)
     for key, value in FOREIGN.items():
@@ -100,7 +100,7 @@ def test_labels_appear_and_foreign_labels_stay(label_agent):
 
 def test_nothing_written_when_nothing_changes(label_agent):
     agents = label_agent
-    wait_for(lambda: ours(agents).get("gpu.product") == "C500", 60, "labels in place")
+    wait_for(lambda: ours(agents).get("gpu.product") == "MXC500", 60, "labels in place")
     first = updates_in_log(agents)
     time.sleep(3 * INTERVAL + 1)
     assert updates_in_log(agents) == first
@@ -129,7 +129,7 @@ def test_runs_under_the_node_agent_policy(label_agent):
     agents = label_agent
     policy = [o for o in agents.policy if o["kind"] == "ValidatingAdmissionPolicy"][0]
     assert "system:serviceaccount:%s:gpu-label" % NS in policy["spec"]["matchConditions"][0]["expression"]
-    wait_for(lambda: ours(agents).get("gpu.product") == "C500", 60, "labels in place")
+    wait_for(lambda: ours(agents).get("gpu.product") == "MXC500", 60, "labels in place")
     log = agents.logs("gpu-label")
     assert "labels updated" in log and "ValidatingAdmissionPolicy" not in log and "HTTP 403" not in log
 

@@ -160,7 +160,7 @@ def test_each_node_gets_its_products_maca_switched_then_maca_ready_then_gpus(clu
             assert handle.read() == product + "\n", name
         assert not [e for e in os.listdir(host(name).join("opt")) if e.endswith(".tmp")], name
     # gpu-device runs only where maca.ready is set (the chain)
-    device = get_json(cluster, "daemonset", "gpu-device", "-n", NS)
+    device = get_json(cluster, "daemonset", N.DAEMONSET_GPU_DEVICE, "-n", NS)
     assert device["spec"]["template"]["spec"]["nodeSelector"][N.LABEL_MACA_READY] == "true"
 
 

@@ -47,6 +47,7 @@ from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: dis
 from ansible_collections.metax.gpu.plugins.module_utils.extender.nodeinfo import gpu_state, node_fields  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import Weights, prioritize  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import chip_name  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  # noqa: E402
@@ -306,10 +307,13 @@ def test_agents_report_each_nodes_own_preset(cluster, nodes, agents):
         wait_for(lambda n=node["name"], w=want: _resources(core, n) == (w, w), 90,
                  "%s: %s capacity/allocatable %d" % (node["name"], GPU, want))
 
-        def labels(name=node["name"]):
+        # the label is the chip name (MXC500) whatever the spec spells (C500)
+        product = chip_name(spec.gpus[0].product)
+
+        def labels(name=node["name"], product=product):
             got = core.read_node(name).metadata.labels or {}
-            return got if got.get(P + "gpu.product") == spec.gpus[0].product else None
-        got = wait_for(labels, 60, "%s: gpu.product=%s" % (node["name"], spec.gpus[0].product))
+            return got if got.get(P + "gpu.product") == product else None
+        got = wait_for(labels, 60, "%s: gpu.product=%s" % (node["name"], product))
         assert got[P + "gpu.count"] == str(len(spec.gpus)), got
         assert got[P + "gpu.installed"] == "true" and got[P + "driver.ready"] == "true", got
         if _sriov(node):

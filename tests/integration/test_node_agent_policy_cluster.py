@@ -189,7 +189,7 @@ def tokens(request, cluster):
                 t.admin.patch_node(node, {"spec": {"unschedulable": specs[node].get("unschedulable")}})
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found")
         cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", t.policy,
-                        "--ignore-not-found")
+                        t.policy + "-pods", "--ignore-not-found")
         for obj in rbac:
             if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
                 cluster.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found")

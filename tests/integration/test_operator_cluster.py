@@ -32,8 +32,9 @@ from the checkout, not yet from oci://) shared by the module's tests, in order:
   CRDs removed again, it carries on without a restart.
 - runtime.deploy: true (issue 26) puts a container-runtime pod on every GPU
   node and runtime.ready on it; the nodes' containerd configs (a copy of
-  each node's own, and of a vendor-rewritten one) are unchanged while it
-  runs and byte-identical, mode included, after deploy: false.
+  each node's own, and of a vendor-rewritten one) get only the runtime
+  handler metax while it runs (none on the vendor's, which has its own),
+  and are byte-identical, mode included, after deploy: false.
 
 A GPU Extensions release found on the cluster is uninstalled first (two device
 plugins must never register the same resource) and installed again afterwards
@@ -50,6 +51,7 @@ import signal
 import subprocess
 import threading
 import time
+import tomllib
 import urllib.request
 
 import pytest
@@ -153,7 +155,7 @@ class ChainWatch(threading.Thread):
         for pod in json.loads(pods.stdout)["items"]:
             component = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/name")
             node = pod["spec"].get("nodeName")
-            if component in ("gpu-label", "gpu-device") and node:
+            if component in ("metax-gpu-label", "metax-gpu-device") and node:
                 self.seen.setdefault((node, component + " pod"), now)
                 if any(c["type"] == "Ready" and c["status"] == "True"
                        for c in (pod.get("status") or {}).get("conditions") or []):
@@ -255,10 +257,10 @@ def test_install_brings_every_gpu_node_to_its_devices(cluster, installed):
     print("\nhelm install --wait: %ss; every GPU node allocatable after %.1fs" % (installed["helm_seconds"], total))
     print("status: %s" % json.dumps(body["status"]["conditions"]))
     components = {c["name"]: c for c in body["status"]["components"]}
-    assert components["gpu-device"]["ready"] == len(alloc)
+    assert components["metax-gpu-device"]["ready"] == len(alloc)
     assert components["gpu-aware"]["deployed"] is False
     # the chain today: gpu.installed gates gpu-device (no runtime/MACA component deployed yet)
-    ds = get_json(cluster, "daemonset", "gpu-device", "-n", NS)
+    ds = get_json(cluster, "daemonset", "metax-gpu-device", "-n", NS)
     assert ds["spec"]["template"]["spec"]["nodeSelector"] == {N.LABEL_GPU_INSTALLED: "true"}
     assert ds["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
 
@@ -279,7 +281,7 @@ def test_readiness_labels_appear_in_chain_order(cluster, installed):
         print("  %6.1f  %-6s %s" % (t, node, step))
     seen = watch.seen
     for node in gpu_nodes_allocatable(cluster):
-        chain = [(node, "gpu-label pod"), (node, N.LABEL_GPU_INSTALLED), (node, "gpu-device pod"),
+        chain = [(node, "metax-gpu-label pod"), (node, N.LABEL_GPU_INSTALLED), (node, "metax-gpu-device pod"),
                  (node, "allocatable")]
         times = [seen.get(step) for step in chain]
         assert None not in times, (node, times)
@@ -291,17 +293,17 @@ def test_readiness_labels_appear_in_chain_order(cluster, installed):
 def test_patch_rolls_gpu_device_only(cluster, installed):
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
     before = {n: get_json(cluster, "daemonset", n, "-n", NS)["metadata"]["generation"]
-              for n in ("gpu-device", "gpu-label")}
+              for n in ("metax-gpu-device", "metax-gpu-label")}
     start = time.monotonic()
     res = cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
                           "-p", '{"spec":{"devicePlugin":{"healthyInterval":3}}}')
     assert res.returncode == 0, res.stderr
-    wait_until(lambda: get_json(cluster, "daemonset", "gpu-device", "-n", NS)["metadata"]["generation"]
-               > before["gpu-device"], 30, "gpu-device to change", interval=0.2)
+    wait_until(lambda: get_json(cluster, "daemonset", "metax-gpu-device", "-n", NS)["metadata"]["generation"]
+               > before["metax-gpu-device"], 30, "gpu-device to change", interval=0.2)
     print("\npatch -> gpu-device DaemonSet changed in %.1fs" % (time.monotonic() - start))
-    ds = get_json(cluster, "daemonset", "gpu-device", "-n", NS)
+    ds = get_json(cluster, "daemonset", "metax-gpu-device", "-n", NS)
     assert "--healthy-interval=3" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert get_json(cluster, "daemonset", "gpu-label", "-n", NS)["metadata"]["generation"] == before["gpu-label"]
+    assert get_json(cluster, "daemonset", "metax-gpu-label", "-n", NS)["metadata"]["generation"] == before["metax-gpu-label"]
 
 
 @pytest.mark.parametrize("patch,field", [({"driver": {"deployPolicy": "Sometimes"}}, "deployPolicy"),
@@ -382,16 +384,16 @@ def test_drift_of_owned_objects_is_repaired(cluster, installed):
     assert drift_repairs(cluster) == 0, controller_logs(cluster, "drift")
     generation = cr(cluster)["metadata"]["generation"]
     start = time.monotonic()
-    cluster.kubectl("patch", "daemonset", "gpu-device", "-n", NS, "--type=json", "-p", json.dumps(
+    cluster.kubectl("patch", "daemonset", "metax-gpu-device", "-n", NS, "--type=json", "-p", json.dumps(
         [{"op": "replace", "path": "/spec/template/spec/nodeSelector", "value": {"edited": "by-hand"}}]), check=True)
-    wait_until(lambda: get_json(cluster, "daemonset", "gpu-device", "-n", NS)["spec"]["template"]["spec"][
+    wait_until(lambda: get_json(cluster, "daemonset", "metax-gpu-device", "-n", NS)["spec"]["template"]["spec"][
         "nodeSelector"] == {N.LABEL_GPU_INSTALLED: "true"}, 15, "the edited DaemonSet put back", interval=0.1)
     edited = time.monotonic() - start
-    uid = get_json(cluster, "daemonset", "gpu-label", "-n", NS)["metadata"]["uid"]
+    uid = get_json(cluster, "daemonset", "metax-gpu-label", "-n", NS)["metadata"]["uid"]
     start = time.monotonic()
-    cluster.kubectl("delete", "daemonset", "gpu-label", "-n", NS, "--wait=false", check=True)
+    cluster.kubectl("delete", "daemonset", "metax-gpu-label", "-n", NS, "--wait=false", check=True)
     try:
-        wait_until(lambda: (get_json(cluster, "daemonset", "gpu-label", "-n", NS) or {"metadata": {"uid": uid}})[
+        wait_until(lambda: (get_json(cluster, "daemonset", "metax-gpu-label", "-n", NS) or {"metadata": {"uid": uid}})[
             "metadata"]["uid"] != uid, 15, "the deleted DaemonSet recreated", interval=0.1)
     except pytest.fail.Exception:
         pytest.fail("the deleted DaemonSet was not recreated; controllers:\n" + controller_logs(cluster, ""))
@@ -495,7 +497,7 @@ def test_killed_active_controller_mid_reconcile(cluster, installed):
     uid = body["metadata"]["uid"]
     objects_before = owned_objects(cluster, uid)
     generations = {n: get_json(cluster, "daemonset", n, "-n", NS)["metadata"]["generation"]
-                   for n in ("gpu-label", "gpu-device")}
+                   for n in ("metax-gpu-label", "metax-gpu-device")}
     api = cluster.api_client()
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     stream = kwatch.Watch()
@@ -505,19 +507,19 @@ def test_killed_active_controller_mid_reconcile(cluster, installed):
     stopped_at = None
     for event in stream.stream(apps.list_namespaced_daemon_set, NS, timeout_seconds=30, resource_version=since):
         ds = event["object"]
-        if ds.metadata.name == "gpu-label" and ds.metadata.generation > generations["gpu-label"]:
+        if ds.metadata.name == "metax-gpu-label" and ds.metadata.generation > generations["metax-gpu-label"]:
             os.kill(pid, signal.SIGSTOP)   # frozen: from the API's view it died here
             stopped_at = time.monotonic()
             break
     stream.stop()
     assert stopped_at, "the reconcile of gpu-label was not seen"
-    device_at_stop = apps.read_namespaced_daemon_set("gpu-device", NS).metadata.generation
+    device_at_stop = apps.read_namespaced_daemon_set("metax-gpu-device", NS).metadata.generation
     core.delete_namespaced_pod(active, NS, grace_period_seconds=0)
     os.kill(pid, signal.SIGKILL)
-    mid = device_at_stop == generations["gpu-device"]
+    mid = device_at_stop == generations["metax-gpu-device"]
 
     def device_done():
-        ds = get_json(cluster, "daemonset", "gpu-device", "-n", NS)
+        ds = get_json(cluster, "daemonset", "metax-gpu-device", "-n", NS)
         return "--healthy-interval=4" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
     wait_until(device_done, 15, "the other replica to finish the reconcile", interval=0.2)
     took = time.monotonic() - stopped_at
@@ -545,12 +547,12 @@ def test_killed_active_controller_mid_reconcile(cluster, installed):
             st.get("updatedNumberScheduled") == st.get("desiredNumberScheduled") == st.get("numberReady") == \
             st.get("numberAvailable")
 
-    wait_until(lambda: rolled_out("gpu-label") and rolled_out("gpu-device"), 180, "both DaemonSets rolled out")
+    wait_until(lambda: rolled_out("metax-gpu-label") and rolled_out("metax-gpu-device"), 180, "both DaemonSets rolled out")
     pods = json.loads(cluster.kubectl("get", "pods", "-n", NS, "-o", "json", check=True).stdout)["items"]
     per_node = {}
     for pod in pods:
         component = pod["metadata"]["labels"].get("app.kubernetes.io/name")
-        if component in ("gpu-label", "gpu-device") and not pod["metadata"].get("deletionTimestamp"):
+        if component in ("metax-gpu-label", "metax-gpu-device") and not pod["metadata"].get("deletionTimestamp"):
             per_node.setdefault((component, pod["spec"]["nodeName"]), []).append(pod["metadata"]["name"])
     assert all(len(v) == 1 for v in per_node.values()), per_node
     assert len(per_node) == 2 * len(cluster.nodes)
@@ -581,25 +583,46 @@ def test_node_without_gpus_gets_gpu_label_only(cluster, installed, gpu_less_node
         pods = json.loads(cluster.kubectl("get", "pods", "-n", NS, "--field-selector",
                                           "spec.nodeName=" + gpu_less_node, "-o", "json", check=True).stdout)
         return sorted(p["metadata"]["labels"].get("app.kubernetes.io/name") for p in pods["items"])
-    wait_until(lambda: pods_on_node() == ["gpu-label"], 60, "a gpu-label pod on the GPU-less node")
+    wait_until(lambda: pods_on_node() == ["metax-gpu-label"], 60, "a gpu-label pod on the GPU-less node")
     wait_until(lambda: (cr(cluster)["status"]["nodes"]["total"] == len(cluster.nodes) + 1), 30, "status counts it")
     status = cr(cluster)["status"]
     time.sleep(3)   # a gpu-device pod would be created by now: the DaemonSet controller acts within a second
-    assert pods_on_node() == ["gpu-label"]
+    assert pods_on_node() == ["metax-gpu-label"]
     assert status["nodes"]["gpu"] == len(cluster.nodes)
     assert N.LABEL_GPU_INSTALLED not in (nodes(cluster)[gpu_less_node]["metadata"].get("labels") or {})
 
 
-def exporter_gpus(pod):
-    """{bdf: healthy} of the PFs a gpu-exporter pod serves (its /metrics, as Prometheus would read it)."""
+# dataExporter.service.port of a real 0.9.2 install (samples/kubernetes/clusteroperator-0.9.2.txt): the CR's
+# port is the exporter's and its Service's
+EXPORTER_PORT = 30445
+
+
+def exporter_text(pod):
+    """A gpu-exporter pod's /metrics, as Prometheus would read it ("" while it is not listening)."""
     try:
-        text = urllib.request.urlopen("http://%s:9401/metrics" % pod["status"]["podIP"], timeout=10).read().decode()
+        return urllib.request.urlopen("http://%s:%d/metrics" % (pod["status"]["podIP"], EXPORTER_PORT),
+                                      timeout=10).read().decode()
     except OSError:
-        return {}       # not listening yet
+        return ""       # not listening yet
+
+
+def exporter_gpus(pod):
+    """{bdf: healthy} of the PFs a gpu-exporter pod serves."""
     out = {}
-    for line in text.splitlines():
+    for line in exporter_text(pod).splitlines():
         if line.startswith("metax_gpu_healthy{") and 'function="pf"' in line:
             out[line.split('bdf="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def mx_exporter_series(text):
+    """{family: [labels]} of the mx-exporter families dashboards made for MetaX's operator query."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("mx_gpu_usage", "mx_memory_used"):
+                out.setdefault(sample.name, []).append(dict(sample.labels))
     return out
 
 
@@ -631,34 +654,41 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
     assert cluster.kubectl("get", *crds).returncode != 0, "Prometheus operator CRDs already on the cluster"
     restarts = controller_restarts(cluster)
     res = cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
-                          "-p", '{"spec":{"dataExporter":{"deploy":true}}}')
+                          "-p", '{"spec":{"dataExporter":{"deploy":true,"service":{"port":%d}}}}' % EXPORTER_PORT)
     assert res.returncode == 0, res.stderr
     counts = {name: int((n["metadata"].get("labels") or {}).get(N.LABEL_GPU_COUNT, "0"))
               for name, n in nodes(cluster).items()}
 
     def ready_pods():
-        ds = get_json(cluster, "daemonset", "gpu-exporter", "-n", NS)
+        ds = get_json(cluster, "daemonset", "metax-gpu-exporter", "-n", NS)
         if not ds or (ds.get("status") or {}).get("numberReady") != len(counts):
             return None
-        pods = get_json(cluster, "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpu-exporter")["items"]
+        pods = get_json(cluster, "pods", "-n", NS, "-l", "app.kubernetes.io/name=metax-gpu-exporter")["items"]
         return pods if len(pods) == len(counts) else None
 
     try:
         wait_until(ready_pods, 180, "a gpu-exporter pod Ready on every GPU node")
         pods = ready_pods()
-        ds = get_json(cluster, "daemonset", "gpu-exporter", "-n", NS)
+        ds = get_json(cluster, "daemonset", "metax-gpu-exporter", "-n", NS)
         assert ds["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
         wait_until(lambda: all(len(exporter_gpus(p)) == counts[p["spec"]["nodeName"]] for p in pods), 60,
                    "every GPU in its node's exporter")
         served = {p["spec"]["nodeName"]: exporter_gpus(p) for p in pods}
         assert {node: sorted(set(gpus.values())) for node, gpus in served.items()} == {n: [1.0] for n in counts}
+        # mx-exporter's names beside ours, one series per GPU: what dashboards built for the real product query
+        for pod in pods:
+            mx = mx_exporter_series(exporter_text(pod))
+            gpus = counts[pod["spec"]["nodeName"]]
+            assert len(mx.get("mx_gpu_usage", [])) == gpus, pod["spec"]["nodeName"]
+            assert len([lab for lab in mx.get("mx_memory_used", []) if lab.get("type") == "vram"]) == gpus
+            assert {lab["Hostname"] for lab in mx["mx_gpu_usage"]} == {pod["spec"]["nodeName"]}
 
         # Ready was already True before the patch: wait for a status round that has seen it (the
         # exporter can be serving before the next round, every 5 s, writes the status)
         def exporter_entry():
             body = cr(cluster) or {}
             return next((c for c in (body.get("status") or {}).get("components") or []
-                         if c["name"] == "gpu-exporter" and c.get("deployed")), None)
+                         if c["name"] == "metax-gpu-exporter" and c.get("deployed")), None)
         wait_until(lambda: cr_ready(cluster) and (exporter_entry() or {}).get("ready") == len(counts), 120,
                    "Ready with gpu-exporter", diagnose=[lambda: controller_logs(cluster, "")])
         assert not reconciling(cluster), "a reconcile is retried without the CRDs:\n" + controller_logs(cluster, "")
@@ -677,6 +707,7 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
             assert obj["metadata"]["labels"][N.LABEL_OPERATOR_OWNER] == uid
             assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
         service = get_json(cluster, "service", "gpu-exporter", "-n", NS)
+        assert [p["port"] for p in service["spec"]["ports"]] == [EXPORTER_PORT]
         selector = objs["ServiceMonitor"]["spec"]["selector"]["matchLabels"]
         assert selector.items() <= service["metadata"]["labels"].items()
         assert "MetaxGpuUnhealthy" in json.dumps(objs["PrometheusRule"]["spec"])
@@ -695,7 +726,7 @@ def test_data_exporter_serves_every_gpu_node(cluster, installed):
         cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
                         "-p", '{"spec":{"dataExporter":{"deploy":false}}}')
         try:
-            wait_until(lambda: not get_json(cluster, "daemonset", "gpu-exporter", "-n", NS)
+            wait_until(lambda: not get_json(cluster, "daemonset", "metax-gpu-exporter", "-n", NS)
                        and not monitoring_objects(cluster), 60, "gpu-exporter and its monitoring objects removed")
         finally:
             cluster.kubectl("delete", "--ignore-not-found", "--wait=true", "--timeout=60s", "-f", MONITORING_CRDS)
@@ -767,16 +798,17 @@ def runtime_configs(cluster):
 
 
 def runtime_pods(cluster):
-    return (get_json(cluster, "pods", "-n", NS, "-l", "app.kubernetes.io/name=container-runtime")
+    return (get_json(cluster, "pods", "-n", NS, "-l", "app.kubernetes.io/name=metax-container-runtime")
             or {"items": []})["items"]
 
 
 def test_container_runtime_installs_gets_ready_and_leaves_the_configs_byte_identical(
         cluster, installed, runtime_configs):
-    """The runtime component (issue 26) through the operator: every GPU node gets runtime.ready, no config
-    of the node's runtime changes (containerd 2.4 reads CDI by default; a vendor config's default runtime is
-    left alone), gpu-device (which requires runtime.ready) still serves every GPU, and after `deploy: false`
-    the nodes' roots are byte-identical, mode included, with nothing of the component's left."""
+    """The runtime component (issue 26) through the operator: every GPU node gets runtime.ready; containerd 2.4
+    reads CDI by default, so its config gets only the runtime handler metax of the RuntimeClass metax (issue 38),
+    a copy of runc, and a vendor config's own metax (its default runtime) is left alone; gpu-device (which
+    requires runtime.ready) still serves every GPU, and after `deploy: false` the nodes' roots are
+    byte-identical, mode included, with nothing of the component's left (the RuntimeClass neither)."""
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
     # run alone, the CR can be Ready before gpu-label has labelled every node: wait for the chain's end
     gpu_nodes = sorted(runtime_configs)
@@ -799,27 +831,50 @@ def test_container_runtime_installs_gets_ready_and_leaves_the_configs_byte_ident
                    diagnose=[lambda: controller_logs(cluster, "container-runtime")])
         print("\nruntime.deploy: true -> runtime.ready on %d nodes in %.1fs"
               % (len(gpu_nodes), time.monotonic() - start))
-        ds = get_json(cluster, "daemonset", "container-runtime", "-n", NS)
+        ds = get_json(cluster, "daemonset", "metax-container-runtime", "-n", NS)
         assert ds["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
         for pod in runtime_pods(cluster):
             log = cluster.kubectl("logs", "-n", NS, pod["metadata"]["name"]).stdout
             assert "containerd://2." in log and "reads CDI" in log, log[-2000:]
-        # while it runs: nothing written to the runtime's config, the vendor's default runtime untouched
-        assert {n: tree(r) for n, r in ((x["name"], x["sim_root"]) for x in cluster.nodes)} == runtime_configs
+        # while it runs: on the nodes whose default runtime is runc, the runtime handler metax (issue 38) beside
+        # it in a drop-in, and its import, nothing else; the vendor's node, whose own metax is its default,
+        # untouched
+        vendor_node = cluster.nodes[-1]["name"]
+        for node in cluster.nodes:
+            during = tree(node["sim_root"])
+            if node["name"] == vendor_node:
+                assert during == runtime_configs[vendor_node]
+                continue
+            changed = {p for p in set(during) | set(runtime_configs[node["name"]])
+                       if during.get(p) != runtime_configs[node["name"]].get(p)}
+            assert changed <= {"etc/containerd/config.toml", "etc/containerd/conf.d",
+                               "etc/containerd/conf.d/99-metax-gpu-cdi.toml"} | {
+                p for p in during if p.startswith("var/lib/metax-gpu")}, changed
+            dropin = tomllib.loads(during["etc/containerd/conf.d/99-metax-gpu-cdi.toml"][1].decode())
+            config = tomllib.loads(during["etc/containerd/config.toml"][1].decode())
+            runtimes = config["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+            assert dropin["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"] == {
+                "metax": runtimes["runc"]}
+            assert config["imports"] == ["/etc/containerd/conf.d/99-metax-gpu-cdi.toml"]
+        # the chart's RuntimeClass metax, the operator's (cluster-scoped, found by the owner label)
+        runtime_class = get_json(cluster, "runtimeclass", N.RUNTIME_CLASS)
+        assert runtime_class["handler"] == N.RUNTIME_HANDLER
+        assert runtime_class["metadata"]["labels"][N.LABEL_OPERATOR_OWNER] == cr(cluster)["metadata"]["uid"]
         wait_until(lambda: all(have == want for have, want in gpu_nodes_allocatable(cluster).values()), 120,
                    "gpu-device serving every GPU with runtime.ready")
         wait_until(lambda: cr_ready(cluster), 120, "Ready with container-runtime")
-        entry = next(c for c in cr(cluster)["status"]["components"] if c["name"] == "container-runtime")
+        entry = next(c for c in cr(cluster)["status"]["components"] if c["name"] == "metax-container-runtime")
         assert entry["deployed"] is True and entry["ready"] == len(gpu_nodes)
     finally:
         res = patch_cr(cluster, {"runtime": {"deploy": False}})
     assert res.returncode == 0, res.stderr
-    wait_until(lambda: not get_json(cluster, "daemonset", "container-runtime", "-n", NS)
+    wait_until(lambda: not get_json(cluster, "daemonset", "metax-container-runtime", "-n", NS)
                and not runtime_pods(cluster), 120, "container-runtime removed")
     wait_until(lambda: not any((n["metadata"].get("labels") or {}).get(N.LABEL_RUNTIME_READY)
                                for n in nodes(cluster).values()), 60, "runtime.ready removed")
     after = {n["name"]: tree(n["sim_root"]) for n in cluster.nodes}
     assert after == runtime_configs
+    assert get_json(cluster, "runtimeclass", N.RUNTIME_CLASS) is None
     with open(os.path.join(cluster.nodes[-1]["sim_root"], "etc", "containerd", "config.toml"), "rb") as handle:
         assert b'default_runtime_name = "metax"' in handle.read()
     wait_until(lambda: all(have == want for have, want in gpu_nodes_allocatable(cluster).values()), 120,

@@ -182,7 +182,7 @@ def env():
 
 def test_reconciled_into_owned_gated_objects(env):
     ds = wait(lambda: len(env.daemonsets()) == 2 and env.daemonsets(), 60, "gpu-device and gpu-label")
-    device = ds["gpu-device"]
+    device = ds["metax-gpu-device"]
     assert device["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
     assert device["spec"]["template"]["spec"]["nodeSelector"] == {N.LABEL_GPU_INSTALLED: "true"}
     assert device["spec"]["template"]["spec"]["containers"][0]["image"] == "127.0.0.1:5000/metax-gpu/gpu-device:test"
@@ -228,11 +228,11 @@ def test_patch_changes_gpu_device_only_and_bad_values_are_refused(env):
     before = {n: d["metadata"]["generation"] for n, d in env.daemonsets().items()}
     start = time.monotonic()
     assert env.patch({"devicePlugin": {"healthyInterval": 3}}).returncode == 0
-    wait(lambda: env.daemonsets()["gpu-device"]["metadata"]["generation"] > before["gpu-device"], 15, "gpu-device")
+    wait(lambda: env.daemonsets()["metax-gpu-device"]["metadata"]["generation"] > before["metax-gpu-device"], 15, "metax-gpu-device")
     print("\npatch -> gpu-device changed in %.2fs" % (time.monotonic() - start))
     after = env.daemonsets()
-    assert "--healthy-interval=3" in after["gpu-device"]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert after["gpu-label"]["metadata"]["generation"] == before["gpu-label"]
+    assert "--healthy-interval=3" in after["metax-gpu-device"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert after["metax-gpu-label"]["metadata"]["generation"] == before["metax-gpu-label"]
     generation = env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["generation"]
     for bad, field in (({"driver": {"deployPolicy": "Sometimes"}}, "deployPolicy"),
                        ({"devicePlugin": {"healthyInterval": -1}}, "healthyInterval")):
@@ -245,16 +245,16 @@ def test_drift_of_owned_objects_is_repaired(env):
     """An edited or deleted owned object is put back by the active controller, without a CR change."""
     generation = env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["generation"]
     start = time.monotonic()
-    env.ok("-n", NS, "patch", "daemonset", "gpu-device", "--type=json", "-p", json.dumps(
+    env.ok("-n", NS, "patch", "daemonset", "metax-gpu-device", "--type=json", "-p", json.dumps(
         [{"op": "replace", "path": "/spec/template/spec/nodeSelector", "value": {"edited": "by-hand"}}]))
-    wait(lambda: env.daemonsets()["gpu-device"]["spec"]["template"]["spec"]["nodeSelector"] ==
+    wait(lambda: env.daemonsets()["metax-gpu-device"]["spec"]["template"]["spec"]["nodeSelector"] ==
          {N.LABEL_GPU_INSTALLED: "true"}, 15, "the edited gpu-device DaemonSet put back")
     edited = time.monotonic() - start
-    uid = env.daemonsets()["gpu-label"]["metadata"]["uid"]
+    uid = env.daemonsets()["metax-gpu-label"]["metadata"]["uid"]
     start = time.monotonic()
-    env.ok("-n", NS, "delete", "daemonset", "gpu-label", "--wait=false")
-    recreated = wait(lambda: (env.daemonsets().get("gpu-label") or {"metadata": {"uid": uid}})["metadata"]["uid"]
-                     != uid and env.daemonsets()["gpu-label"], 15, "the deleted gpu-label DaemonSet recreated")
+    env.ok("-n", NS, "delete", "daemonset", "metax-gpu-label", "--wait=false")
+    recreated = wait(lambda: (env.daemonsets().get("metax-gpu-label") or {"metadata": {"uid": uid}})["metadata"]["uid"]
+                     != uid and env.daemonsets()["metax-gpu-label"], 15, "the deleted gpu-label DaemonSet recreated")
     deleted = time.monotonic() - start
     assert recreated["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
     env.ok("-n", NS, "delete", "serviceaccount", "gpu-device", "--wait=false")
@@ -341,39 +341,65 @@ def test_killed_active_replica_is_replaced(env):
     assert active and env.reconciles(active) >= 1, env.logs()
     standby = next(n for n in env.controllers if n != active)
     rss = int(re.search(r"VmRSS:\s+(\d+)", open("/proc/%d/status" % env.controllers[active].pid).read()).group(1))
-    before = env.daemonsets()["gpu-device"]["metadata"]["generation"]
+    before = env.daemonsets()["metax-gpu-device"]["metadata"]["generation"]
     standby_runs = env.reconciles(standby)
     env.controllers[active].send_signal(signal.SIGKILL)
     env.controllers[active].wait()
     start = time.monotonic()
     assert env.patch({"devicePlugin": {"healthyInterval": 4}}).returncode == 0
-    wait(lambda: env.daemonsets()["gpu-device"]["metadata"]["generation"] > before, 15, "the standby's reconcile")
+    wait(lambda: env.daemonsets()["metax-gpu-device"]["metadata"]["generation"] > before, 15, "the standby's reconcile")
     print("\nactive replica (RSS %d MiB) SIGKILLed: the standby applied the patch after %.1fs"
           % (rss // 1024, time.monotonic() - start))
     # "reconciled:" is logged after the whole pass (every component's apply and prune), a moment after
     # gpu-device's DaemonSet changed
     wait(lambda: env.reconciles(standby) > standby_runs, 15, "the standby's reconcile logged")
-    assert "--healthy-interval=4" in env.daemonsets()["gpu-device"]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert sorted(env.daemonsets()) == ["gpu-device", "gpu-label"]
+    assert "--healthy-interval=4" in env.daemonsets()["metax-gpu-device"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert sorted(env.daemonsets()) == ["metax-gpu-device", "metax-gpu-label"]
     env.start_controller(active)  # two replicas again for the next tests
 
 
 def test_deploy_false_removes_the_component_and_its_node_labels(env):
     assert env.patch({"labelgen": {"deploy": False}}).returncode == 0
-    wait(lambda: "gpu-label" not in env.daemonsets(), 15, "gpu-label removed")
+    wait(lambda: "metax-gpu-label" not in env.daemonsets(), 15, "gpu-label removed")
     wait(lambda: all(N.LABEL_GPU_PRODUCT not in m for m in env.node_metax().values()), 15, "gpu.* labels removed")
     assert not env.get("serviceaccounts", "gpu-label", "-n", NS)
     # gpu-device's annotations stay: it is still deployed
     assert N.ANNOTATION_DEVICES in env.node_metax()["gpu-a"]
     assert env.patch({"labelgen": {"deploy": True}}).returncode == 0
-    wait(lambda: "gpu-label" in env.daemonsets(), 15, "gpu-label back")
+    wait(lambda: "metax-gpu-label" in env.daemonsets(), 15, "gpu-label back")
+
+
+def test_an_upgraded_controller_deletes_its_objects_under_former_names(env):
+    """Issue 38 renamed the DaemonSets (gpu-device -> metax-gpu-device): objects an earlier version applied,
+    with this CR's owner label and an earlier component name, go at the next reconcile (a device plugin
+    left beside the new one would register the resource twice); nothing current is touched."""
+    cr = env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)
+    current = {n: d["metadata"]["uid"] for n, d in env.daemonsets().items()}
+    labels = {N.LABEL_OPERATOR_OWNER: cr["metadata"]["uid"], "app.kubernetes.io/name": "gpu-device"}
+    former = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "former-gpu-device", "namespace": NS,
+                                                                     "labels": labels}},
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "gpu-device", "namespace": NS,
+                                                                     "labels": labels},
+         "spec": {"selector": {"matchLabels": {"app": "former-gpu-device"}}, "template": {
+             "metadata": {"labels": {"app": "former-gpu-device"}},
+             "spec": {"nodeSelector": {"former": "none"},
+                      "containers": [{"name": "gpu-device", "image": "registry.invalid/gpu-device:0"}]}}}},
+    ]
+    res = env.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": former}))
+    assert res.returncode == 0, res.stderr
+    assert "gpu-device" in env.daemonsets()
+    assert env.patch({"devicePlugin": {"healthyInterval": 6}}).returncode == 0
+    wait(lambda: "gpu-device" not in env.daemonsets(), 15, "the former gpu-device DaemonSet deleted")
+    wait(lambda: not env.get("serviceaccount", "former-gpu-device", "-n", NS), 15, "its ServiceAccount deleted")
+    assert {n: d["metadata"]["uid"] for n, d in env.daemonsets().items()} == current
 
 
 def test_data_exporter_deploys_gpu_exporter_and_removes_it(env):
     # the real product's field (ClusterOperator dataExporter), off by default
-    assert "gpu-exporter" not in env.daemonsets()
+    assert "metax-gpu-exporter" not in env.daemonsets()
     assert env.patch({"dataExporter": {"deploy": True, "service": {"port": 30445}}}).returncode == 0
-    ds = wait(lambda: env.daemonsets().get("gpu-exporter"), 15, "gpu-exporter deployed")
+    ds = wait(lambda: env.daemonsets().get("metax-gpu-exporter"), 15, "gpu-exporter deployed")
     assert ds["metadata"]["ownerReferences"][0]["kind"] == N.OPERATOR_KIND
     assert ds["spec"]["template"]["spec"]["nodeSelector"] == {N.LABEL_GPU_INSTALLED: "true"}
     container = ds["spec"]["template"]["spec"]["containers"][0]
@@ -404,7 +430,7 @@ def test_data_exporter_deploys_gpu_exporter_and_removes_it(env):
     print("\nmonitoring CRDs applied -> ServiceMonitor and PrometheusRule in %.2fs (no CR change); "
           "deleted ServiceMonitor recreated in %.2fs" % (created, time.monotonic() - start))
     assert env.patch({"dataExporter": {"deploy": False}}).returncode == 0
-    wait(lambda: "gpu-exporter" not in env.daemonsets(), 15, "gpu-exporter removed")
+    wait(lambda: "metax-gpu-exporter" not in env.daemonsets(), 15, "gpu-exporter removed")
     wait(lambda: not env.get("service", "gpu-exporter", "-n", NS), 15, "its Service removed")
     wait(lambda: not env.get("configmap", "gpu-exporter-dashboard", "-n", NS), 15, "its dashboard removed")
     wait(lambda: not env.get("servicemonitor", "gpu-exporter", "-n", NS), 15, "its ServiceMonitor removed")

@@ -181,8 +181,8 @@ def test_site_installs_the_operator_from_the_registry_and_verifies(cluster, site
     assert ctrl["spec"]["template"]["spec"]["containers"][0]["image"].startswith(
         "%s/%s/operator-controller:" % (cluster.registry, PROJECT))
     # every GPU node runs gpu-device from the operator, none from an Extensions release
-    assert get_json(cluster, "daemonset", "gpu-device", "-n", EXT_NS) is None
-    ds = get_json(cluster, "daemonset", "gpu-device", "-n", NS)
+    assert get_json(cluster, "daemonset", N.DAEMONSET_GPU_DEVICE, "-n", EXT_NS) is None
+    ds = get_json(cluster, "daemonset", N.DAEMONSET_GPU_DEVICE, "-n", NS)
     assert ds["status"]["numberReady"] == len(cluster.nodes) >= 3
     assert ds["metadata"]["labels"]["app.kubernetes.io/managed-by"] == N.OPERATOR_FIELD_MANAGER
 
@@ -262,7 +262,7 @@ def test_manual_install_command_as_written_from_the_local_registry(cluster, site
         ctrl = get_json(cluster, "deployment", "operator-controller", "-n", NS)
         assert ctrl["status"].get("readyReplicas") == ctrl["spec"]["replicas"]
         # the controller deploys gpu-label everywhere (default hostRoot: these nodes' real root has no MetaX GPU)
-        wait_until(lambda: (get_json(cluster, "daemonset", "gpu-label", "-n", NS) or {}).get("status", {}).get(
+        wait_until(lambda: (get_json(cluster, "daemonset", N.DAEMONSET_GPU_LABEL, "-n", NS) or {}).get("status", {}).get(
             "numberReady") == len(cluster.nodes), 120, "gpu-label on every node")
         # an operator installed by hand is found too: the Extensions scheme is refused
         proc, _secs = playbook(cluster, "install", scheme="extensions")

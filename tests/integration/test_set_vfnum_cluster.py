@@ -74,7 +74,7 @@ def sriov_node(cluster):
         pytest.fail("the local cluster has no %s node (NODES must include it)" % SRIOV_PRESET)
     name, host = matches[0]["name"], HostRoot(matches[0]["sim_root"])
     assert [p.numvfs for p in backend.read_pfs(host)] == [0, 0], "the test starts from vfnum 0"
-    installed = cluster.kubectl("get", "daemonset", "gpu-device", "-n", N.NAMESPACE).returncode == 0
+    installed = cluster.kubectl("get", "daemonset", N.DAEMONSET_GPU_DEVICE, "-n", N.NAMESPACE).returncode == 0
     if not installed:
         # the agent images as test_gpu_device_cluster.py builds them (pushed once per content), then the
         # chart of this checkout with metax.gpu.install

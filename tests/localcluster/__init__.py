@@ -7,10 +7,11 @@ Standard library only: scripts/cluster/cluster.sh may call it with the
 machine's python3 before the project's venv exists (the deps phase comes
 first). Layout and how to add a component: docs/local-cluster.md.
 
-Phase 1 (this package today): the pure parts -- the node plan, addresses,
-the PKI plan, kubeconfigs, every generated configuration file, the baseline
-rule and the teardown plan -- as dataclasses and pure functions, checked
-against the running cluster that cluster.sh made
-(tests/integration/test_localcluster_equivalence.py). Processes stay in
-cluster.sh until phase 2.
+scripts/cluster/cluster.sh resolves what scripts/cluster/lib.sh knows and runs
+``python3 -m localcluster COMMAND``; everything else is here. Each component is
+a frozen dataclass whose files and process are pure functions of it, with
+``up``/``ready``/``down`` over the one object that does I/O
+(``host.LocalHost``); ``up.py`` and ``teardown.py`` compose them, and
+``equivalence.py`` checks a running cluster against the plan
+(tests/integration/test_localcluster_equivalence.py).
 """

@@ -68,7 +68,7 @@ def run(argv: list[str]) -> int:
     if cmd in simple and not args:
         return simple[cmd](rt)
     if cmd == "inventory" and len(args) == 2:
-        # the form of phase 1's cluster.sh: a nodes.json and the admin kubeconfig
+        # the older two-argument form: a nodes.json and the admin kubeconfig
         import json  # pylint: disable=import-outside-toplevel
 
         from . import envfile  # pylint: disable=import-outside-toplevel

@@ -8,9 +8,9 @@ compared with the running cluster's files. A component that runs a process
 also says how (``process()``: argv, namespace wrapper, the files whose change
 restarts it). ``up``/``ready``/``down`` take a ``Host`` -- the one object that
 does I/O (writes files, starts processes, runs ip/iptables) -- so the
-components stay testable with a real host in a temporary root. Phase 1 defines
-the pure half; phase 2 implements ``Host`` and the three verbs
-(docs/local-cluster.md, "Phase 2").
+components stay testable with a real host in a temporary root
+(``host.LocalHost`` is that object; ``up.py`` and ``teardown.py`` call the
+three verbs in order).
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ class ProcessSpec:
 
 
 def start_hash(spec: ProcessSpec, config_contents: Sequence[bytes]) -> str:
-    """What cluster.sh's `start` records in <pids>/NAME.hash: a running process whose hash is unchanged is
-    kept, any other is restarted. sha256 of the wrapper (one line, empty when none), the binary as given and
-    each argument, one per line, then the config files' contents. Phase 2 computes the same, so a cluster
-    that bash started is adopted without a restart."""
+    """What `up` records in <pids>/NAME.hash: a running process whose hash is unchanged is kept, any other
+    is restarted. sha256 of the wrapper (one line, empty when none), the binary as given and each argument,
+    one per line, then the config files' contents: the bash version's hash, so a cluster that it started is
+    adopted without a restart."""
     lines = [" ".join(spec.wrap), spec.argv[0], *spec.argv[1:]]
     digest = hashlib.sha256("".join(line + "\n" for line in lines).encode())
     for content in config_contents:
@@ -124,7 +124,7 @@ class Host(Protocol):
 
 
 class Component(Files, Protocol):
-    """A component with a lifecycle (phase 2): up starts it, ready polls it, down undoes up."""
+    """A component with a lifecycle: up starts it, ready polls it, down undoes up."""
 
     def up(self, host: Host) -> None:
         ...

@@ -1,6 +1,6 @@
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""The I/O edge of phase 1: read the node plan and the inputs from a cluster's state, read-only.
+"""Read a cluster's state, read-only: the node plan and the inputs its files embed (PKI, secrets, paths).
 
 Nothing here writes: the equivalence check runs against the shared running
 cluster (docs/local-cluster.md).

@@ -1,6 +1,6 @@
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""Does the package generate what cluster.sh wrote? Compared against a running cluster, read-only.
+"""Does a running cluster match what the package generates? Compared read-only.
 
 Byte for byte: every generated file (node table, kubeconfigs, registry and
 containerd configs, registry host config, CNI, kubelet and kube-proxy configs,
@@ -140,7 +140,7 @@ def _cmdline(settings: Settings, name: str) -> Optional[list[str]]:
 
 
 def compare_process(settings: Settings, spec: ProcessSpec) -> Result:
-    """The command line it runs, and the restart hash `start` recorded for it (so phase 2 can adopt it)."""
+    """The command line it runs, and the restart hash `start` recorded for it (so `up` adopts it)."""
     label = "process " + spec.name
     have = _cmdline(settings, spec.name)
     if have is None:
@@ -253,7 +253,7 @@ def _get(url: str, context: Optional[ssl.SSLContext]) -> int:
 
 
 def compare_ready(settings: Settings, nodes: list[Node]) -> list[Result]:
-    """The health URLs phase 2's ready() polls answer 200 on the running cluster (GET only)."""
+    """The health URLs the components' ready() polls answer 200 on the running cluster (GET only)."""
     admin = ssl.create_default_context(cafile=settings.pki + "/ca.crt")
     admin.load_cert_chain(settings.pki + "/admin.crt", settings.pki + "/admin.key")
     unverified = ssl.create_default_context()

@@ -1,13 +1,12 @@
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""The I/O edge of the components: files and processes on this machine, the way cluster.sh does them.
+"""The I/O edge of the components: files and processes on this machine.
 
-Processes keep cluster.sh's records -- ``<pids>/NAME.pid`` (the PID),
+Processes keep the records the former bash cluster.sh kept -- ``<pids>/NAME.pid`` (the PID),
 ``NAME.exe`` (the resolved binary), ``NAME.hash`` (``component.start_hash``)
 and the log ``<logs>/NAME.log`` -- so a process that either side started is
 recognised, kept, restarted on a changed configuration and stopped by the
-other: the switch-over from cluster.sh to this package needs no restart of a
-running cluster. Only a recorded PID whose ``/proc/PID/exe`` is still the
+other: a cluster the bash version started is adopted without a restart. Only a recorded PID whose ``/proc/PID/exe`` is still the
 recorded binary is ever signalled.
 """
 

@@ -1,6 +1,6 @@
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""kwok: the controller that keeps the scale profile's fake nodes alive (issue 29).
+"""kwok: the controller that keeps the scale profile's fake nodes alive.
 
 kwok (sigs.k8s.io/kwok, built by scripts/cluster/build-kwok.sh) runs on the
 host against the local cluster's apiserver with the admin kubeconfig. It

@@ -2,9 +2,10 @@
 # Apache License 2.0 (see LICENSE)
 """The cluster's paths, ports, names and pinned versions, from the environment.
 
-The defaults are scripts/cluster/lib.sh's and cluster.sh's (the contract of
-docs/local-cluster.md); tests/unit/localcluster/test_settings.py checks that
-both agree, so the two cannot drift while cluster.sh still runs the cluster.
+The defaults are scripts/cluster/lib.sh's (the contract of
+docs/local-cluster.md), which the build scripts and the image builds still
+read; tests/unit/localcluster/test_settings.py checks that both agree, so the
+two cannot drift.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuEr
 
 MODULE_UTILS = os.path.join(os.path.dirname(__file__), "..", "..", "plugins", "module_utils")
 PACKAGE = "ansible_collections.metax.gpu.plugins.module_utils"
-OPTIONAL = {"deviceplugin/server.py", "deviceplugin/registration.py", "deviceplugin/podresources.py",
+OPTIONAL = {"deviceplugin/server.py", "kubelet/registration.py", "kubelet/podresources.py",
             "agents/gpu_device.py"}     # need grpc
 
 

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Build the metax.gpu agent images gpu-device, gpu-label, gpu-aware, gpu-exporter,
-# container-runtime and operator-controller (one
-# Containerfile stage each over shared layers) and push them to the local registry, tagged with a hash of its content (the
-# Containerfile, the entrypoint, requirements/agents.txt, the collection files
-# it copies and the base image ID). Nothing is built or pushed when the
-# registry already has that tag.
+# Build the metax.gpu agent images (one Containerfile stage each over shared
+# layers) and push them to the local registry, tagged with a hash of their
+# build context and the base image ID. Which images there are and what the
+# context holds is context.py's, beside this file (the agent_images role reads
+# it too). Nothing is built or pushed when the registry already has that tag.
 #
 # Usage: files/images/agent/build.sh [--force] [--no-push]
 #        files/images/agent/build.sh --print     the references, without building
@@ -16,10 +15,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/cluster/lib.sh
 source "${HERE}/../../../scripts/cluster/lib.sh"
 
-NAMES=(gpu-device gpu-label gpu-aware gpu-exporter driver-manager operator-controller container-runtime)
-# What the operator-controller image carries besides the collection: the chart
-# it renders, its CRD and the helm binary that renders (files in the hash below).
-OPERATOR_FILES=(files/charts/metax-gpu-extensions files/charts/metax-operator/crds/clusteroperator.yaml)
+PYTHON=$(project_python)
+CONTEXT=(nice "${PYTHON}" "${HERE}/context.py" --root "${REPO_ROOT}")
+mapfile -t NAMES < <("${CONTEXT[@]}" names)
+((${#NAMES[@]})) || die "context.py names printed no image"
 HELM_BIN=$(helm_bin_dir)/helm
 PREFIX=${METAX_AGENT_REPO_PREFIX:-${METAX_REGISTRY}/metax-gpu}
 LOCAL=localhost/metax-gpu
@@ -35,15 +34,6 @@ for arg in "$@"; do
   esac
 done
 
-# The collection files the image carries: what git tracks or would track
-# (untracked work included, ignored files such as .venv and caches excluded).
-content_files() {
-  (cd "${REPO_ROOT}" && git ls-files -z --cached --others --exclude-standard -- \
-    galaxy.yml meta plugins README.md LICENSE | while IFS= read -r -d '' f; do
-      [[ -f ${f} ]] && printf '%s\0' "${f}"
-    done)
-}
-
 ensure_base() {
   if ! podman image exists "${METAX_BASE_IMAGE}"; then
     log "base image ${METAX_BASE_IMAGE} missing: building it"
@@ -54,15 +44,7 @@ ensure_base() {
 content_tag() {
   local base_id
   base_id=$(podman image inspect --format '{{.Id}}' "${METAX_BASE_IMAGE}" 2>/dev/null || echo "no-base")
-  {
-    echo "base ${base_id}"
-    (cd "${HERE}" && sha256sum Containerfile entrypoint)
-    (cd "${REPO_ROOT}" && sha256sum requirements/agents.txt)
-    content_files | (cd "${REPO_ROOT}" && xargs -0 sha256sum)
-    (cd "${REPO_ROOT}" && git ls-files -z --cached --others --exclude-standard -- "${OPERATOR_FILES[@]}" |
-      xargs -0 sha256sum)
-    sha256sum "${HELM_BIN}" 2>/dev/null || echo "no-helm"
-  } | sha256sum | cut -c1-12
+  "${CONTEXT[@]}" tag --helm "${HELM_BIN}" --base-id "${base_id}"
 }
 
 in_registry() { skopeo inspect --tls-verify=false --raw "docker://$1" >/dev/null 2>&1; }
@@ -99,21 +81,14 @@ main() {
     local ctx
     ctx=$(mktemp -d)
     trap 'rm -rf "${ctx}"' RETURN
-    mkdir -p "${ctx}/collection" "${ctx}/requirements"
-    cp "${HERE}/entrypoint" "${ctx}/entrypoint"
-    cp "${REPO_ROOT}/requirements/agents.txt" "${ctx}/requirements/agents.txt"
-    content_files | (cd "${REPO_ROOT}" && tar --null -T - -cf -) | tar -C "${ctx}/collection" -xf -
-    mkdir -p "${ctx}/operator/bin" "${ctx}/operator/charts" "${ctx}/operator/crds"
-    cp "${HELM_BIN}" "${ctx}/operator/bin/helm"
-    cp -r "${REPO_ROOT}/files/charts/metax-gpu-extensions" "${ctx}/operator/charts/"
-    cp "${REPO_ROOT}/files/charts/metax-operator/crds/clusteroperator.yaml" "${ctx}/operator/crds/"
+    "${CONTEXT[@]}" assemble --helm "${HELM_BIN}" "${ctx}"
     local mount=()
     [[ -s ${CA_BUNDLE} ]] && mount=(-v "${CA_BUNDLE}:/run/host-ca.crt:ro")
     for name in "${NAMES[@]}"; do
       log "podman build --target ${name} ${LOCAL}/${name}:${tag}"
       nice podman build --quiet --layers --network host "${mount[@]}" --target "${name}" \
         --build-arg "BASE=${METAX_BASE_IMAGE}" --build-arg "CONTENT=${tag}" --build-arg "VERSION=${version}" \
-        -f "${HERE}/Containerfile" -t "${LOCAL}/${name}:${tag}" "${ctx}" >/dev/null ||
+        -f "${ctx}/Containerfile" -t "${LOCAL}/${name}:${tag}" "${ctx}" >/dev/null ||
         die "podman build of the ${name} image failed"
       # keep only the current local tag
       podman images --format '{{.Repository}}:{{.Tag}}' "${LOCAL}/${name}" | grep -vxF "${LOCAL}/${name}:${tag}" |

@@ -12,6 +12,10 @@
 # Environment: METAX_REGISTRY, METAX_AGENT_REPO_PREFIX, METAX_BASE_IMAGE (scripts/cluster/lib.sh);
 # METAX_PAYLOAD_BROKEN: package kinds (e.g. "deb") whose driver loads but never
 # comes up (sim.pkgtool's broken package), for the rolling upgrade's rollback tests.
+# METAX_PAYLOAD_DRIVER_VERSION: the kernel driver the payload installs, when it is not VERSION
+# (MetaX's payload 2.29.0.13 installs 2.12.13): declared in /payload/metax-driver.version.
+# METAX_PAYLOAD_LAYOUTS: the layouts in the image (default "deb rpm run"; "prebuilt" makes
+# /payload the tree MetaX's own driver image ships: lib/modules/<release>/.../metax.ko, usr/bin/mx-smi).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/cluster/lib.sh
@@ -41,15 +45,14 @@ ctx=$(mktemp -d)
 trap 'rm -rf "${ctx}"' EXIT
 cp "${HERE}/Containerfile" "${ctx}/Containerfile"
 # the packages, one directory per kind, written by the collection's own code
-PYTHONPATH="${REPO_ROOT}/.build/collections" python3 - "${ctx}/payload" "${VERSION}" "${METAX_PAYLOAD_BROKEN:-}" <<'PY'
-import os
+PYTHONPATH="${REPO_ROOT}/.build/collections" python3 - "${ctx}/payload" "${VERSION}" "${METAX_PAYLOAD_BROKEN:-}" \
+  "${METAX_PAYLOAD_DRIVER_VERSION:-}" "${METAX_PAYLOAD_LAYOUTS:-deb rpm run}" <<'PY'
 import sys
 
 from ansible_collections.metax.gpu.plugins.module_utils.sim import pkgtool
 
-root, version, broken = sys.argv[1], sys.argv[2], sys.argv[3].split()
-for kind in ("deb", "rpm", "run"):
-    pkgtool.make_package(os.path.join(root, kind), kind, version, broken=kind in broken)
+root, version, broken, driver, layouts = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4], sys.argv[5].split()
+pkgtool.make_payload(root, version, driver or None, layouts=layouts, broken=broken)
 PY
 nice podman build --quiet --layers --build-arg "BASE=${METAX_BASE_IMAGE}" --build-arg "VERSION=${VERSION}" \
   -t "${LOCAL}" "${ctx}" >/dev/null || die "podman build of ${LOCAL} failed"

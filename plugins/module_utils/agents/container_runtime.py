@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""container-runtime: makes a node's container runtime read CDI, and takes it back on removal.
+"""container-runtime: makes a node's container runtime read CDI, adds the runtime handler ``metax``, and takes both back on removal.
 
 Run as (the operator's ``runtime`` component, a DaemonSet on GPU nodes)::
 
@@ -15,6 +15,9 @@ At start it reads the node's runtime (the Node's containerRuntimeVersion, or
 for containerd 1.7, ``features.cdi`` for Docker 25+), applies it with the
 originals recorded (:mod:`cdi.runtime_state`) and restarts the runtime only
 when a file changed and the restart is safe (``--restart never``: never).
+containerd also gets the runtime handler ``metax`` of the RuntimeClass
+``metax`` beside its other runtimes (a copy of the default one, never the
+default; :func:`cdi.runtime_config.runtime_handler`).
 Then, once the running runtime reads CDI (no restart still due), it is ready
 (the file ``--ready-file``, which the pod's readiness probe checks, and from
 which the operator sets ``runtime.ready``). It never sets a default runtime.
@@ -40,11 +43,11 @@ import sys
 from typing import Dict, Optional, Sequence, Tuple
 
 from ..cdi.mode import parse_runtime
-from ..cdi.runtime_config import CONTAINERD_CONFIG, DOCKER_DAEMON_JSON, Plan, plan
-from ..cdi.runtime_state import STATE_FILE, apply, revert
+from ..cdi.runtime_config import Plan, plan
+from ..cdi.runtime_state import STATE_FILE, apply, config_files, revert
 from ..cdi.writer import MACA_ROOT, refresh
 from ..host import HostRoot
-from ..names import CDI_SPEC_DIR
+from ..names import CDI_SPEC_DIR, RUNTIME_HANDLER
 from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, node_runtime_version,
                      positive_float, run_main, setup_logging, stop_event)
 
@@ -80,10 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_texts(host: HostRoot) -> Dict[str, Optional[str]]:
     """The runtime config files a plan reads, from the node (None: absent)."""
-    out: Dict[str, Optional[str]] = {}
-    for path in (CONTAINERD_CONFIG, DOCKER_DAEMON_JSON):
-        out[path] = host.read_text(path) if host.exists(path) else None
-    return out
+    return config_files(host)
 
 
 # Runs a command in the host's namespaces (the pod has hostPID and is privileged).
@@ -104,23 +104,31 @@ def enable(host: HostRoot, runtime_version: str, state_file: str, may_restart: b
     """Apply the plan for the node's runtime; restart it when that is needed and safe.
 
     Returns the plan and whether the running runtime now reads CDI: not while
-    a restart it needs is still due (unsafe, ``--restart never`` or failed),
-    so the pod stays unready and gpu-device, which waits for
+    a restart it needs for CDI is still due (unsafe, ``--restart never`` or
+    failed), so the pod stays unready and gpu-device, which waits for
     ``runtime.ready``, does not hand out CDI names the runtime would not resolve.
+    A restart due only for the runtime handler ``metax`` (containerd 2.x reads
+    CDI already) does not hold readiness back: only pods naming the
+    RuntimeClass ``metax`` wait for it, and the warning says so.
     """
     the_plan = plan(runtime_version, config_texts(host))
     outcome = apply(host, the_plan, state_file)
     LOG.info("%s", the_plan.reason, extra={"fields": {"changed": outcome.changed, "runtime": runtime_version}})
     if not (outcome.changed and the_plan.restart):
         return the_plan, True
+    what = "to read CDI" if the_plan.restart_for_cdi else "for the runtime handler %s" % RUNTIME_HANDLER
     if not the_plan.restart_safe:
-        LOG.warning("%s needs a restart to read CDI, which would stop its containers (no live-restore): "
-                    "restart it in a maintenance window", the_plan.restart)
-        return the_plan, False
+        LOG.warning("%s needs a restart %s, which would stop its containers (no live-restore): "
+                    "restart it in a maintenance window", the_plan.restart, what)
+        return the_plan, not the_plan.restart_for_cdi
     if not may_restart:
-        LOG.warning("%s needs a restart to read CDI (--restart never)", the_plan.restart)
-        return the_plan, False
-    return the_plan, restart_runtime(the_plan.restart, runner)
+        LOG.warning("%s needs a restart %s (--restart never)", the_plan.restart, what)
+        return the_plan, not the_plan.restart_for_cdi
+    restarted = restart_runtime(the_plan.restart, runner)
+    if not restarted and not the_plan.restart_for_cdi:
+        LOG.warning("%s reads CDI; pods naming the RuntimeClass %s wait for its restart", the_plan.restart,
+                    RUNTIME_HANDLER)
+    return the_plan, restarted or not the_plan.restart_for_cdi
 
 
 def disable(host: HostRoot, the_plan: Plan, state_file: str, may_restart: bool, runner=subprocess.run) -> None:
@@ -144,7 +152,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if parse_runtime(runtime_version) is None:
         raise UsageError("cannot tell the node's container runtime from %r" % runtime_version)
     stop = stop_event()
-    may_restart = args.restart == "auto"
+    # A --host-prefix other than / is a simulated node root (the local cluster's): its
+    # /etc/containerd is a copy that no running runtime reads, so restarting the
+    # host's runtime for it would only disturb the host.
+    simulated = args.host_prefix is not None and os.path.abspath(args.host_prefix) != "/"
+    if simulated and args.restart == "auto":
+        LOG.info("host prefix %s is not /: the runtime is never restarted for its files", args.host_prefix)
+    may_restart = args.restart == "auto" and not simulated
     the_plan, reads_cdi = enable(host, runtime_version, args.state_file, may_restart)
     if reads_cdi:
         with open(args.ready_file, "w") as handle:

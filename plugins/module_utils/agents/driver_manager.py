@@ -15,8 +15,15 @@ node change in ``driver/backend.py`` and ``vfnum/backend.py`` (the code of
    node's ``node-vfnums`` entry);
 2. observes the driver, decides by deployPolicy, and installs or converges
    from the payload (copied from ``--payload-dir`` into the node's root, the
-   package kind chosen by the node's ``/etc/os-release`` and package tool);
-3. verifies version, ``/dev/mxcd`` and ``mx-smi``, then writes ``--ready-file``
+   package kind chosen by the node's ``/etc/os-release`` and package tool; a
+   prebuilt tree, MetaX's own layout, when it has modules for the node's
+   kernel);
+3. verifies the loaded module against the kernel-driver version the payload
+   declares (``<payload-dir>/metax-driver.version``; MetaX's payload 2.29.0.13
+   installs 2.12.13; none: the payload's own number), ``/dev/mxcd`` and
+   ``mx-smi``, publishes that declaration on its Node
+   (``driver.payload.version``, ``driver.payload.driver-version``: the
+   controller's "on target" compares gpu-label's labels with it), then writes ``--ready-file``
    (the pod's readiness probe; the controller then sets ``driver.ready``) and
    ``gpu.driver.mode``;
 4. applies its node's vfnum entry: state label ``gpu.vfnum.state``
@@ -40,6 +47,11 @@ and sets ``done``; the controller then uncordons and clears. A failed
 verification puts the previous driver back from the node's payload cache and
 sets ``failed`` with the reason in ``driver.upgrade.message``: the node stays
 cordoned for the administrator. A watch on its own Node wakes it at once.
+With ``upgradePolicy.enableRollout`` false (the real CR's default) the
+controller starts the upgrade in place (``driver.upgrade.in-place=true``, no
+cordon): driver-manager then installs only while no pod on the node requests
+a GPU and no process holds one, else it leaves ``pending: in use (...)`` in
+``driver.upgrade.message`` and looks again next round; it never evicts.
 
 A failure (driver in use, invalid entry) is an Event on the ClusterOperator
 and the node annotation ``driver.message`` / ``gpu.vfnum.message``, from which
@@ -64,7 +76,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from .. import names
 from ..backoff import Backoff
-from ..driver import backend, policy
+from ..driver import backend, inuse, policy
+from ..driver.package import (DECLARATION_SUFFIX, DriverPackageError, check_payload_version, kernel_driver_version,
+                              parse_declaration)
 from ..errors import MetaxGpuError
 from ..host import HostRoot, HostRootError
 from ..kube import evict as kube_evict
@@ -95,11 +109,11 @@ except ImportError:  # with the kubernetes client (requirements/agents.txt); kub
 COMPONENT = "driver-manager"
 LOG = logging.getLogger(COMPONENT)
 DEFAULT_READY_FILE = "/run/driver-manager/ready"
-GPU_DEVICE_SELECTOR = "app.kubernetes.io/name=gpu-device"
+GPU_DEVICE_SELECTOR = "app.kubernetes.io/name=" + names.DAEMONSET_GPU_DEVICE
 # the node agents that read the driver: restarted after an upgrade so that the
 # devices are registered and the version labels published at once (gpu-label's
 # own round is a minute)
-DRIVER_READERS_SELECTOR = "app.kubernetes.io/name in (gpu-device, gpu-label)"
+DRIVER_READERS_SELECTOR = "app.kubernetes.io/name in (%s, %s)" % (names.DAEMONSET_GPU_DEVICE, names.DAEMONSET_GPU_LABEL)
 # The version an upgrade started from (node path): a pod restarted half-way
 # through still knows what to roll back to.
 UPGRADE_RECORD = "var/lib/metax-gpu/driver-upgrade.json"
@@ -107,6 +121,7 @@ UPGRADE_RECORD = "var/lib/metax-gpu/driver-upgrade.json"
 # after a restart of its pod); done and failed are the controller's and the
 # administrator's.
 UPGRADE_STATE_INSTALLED = "driver-installed"
+UPGRADE_PENDING = "pending"             # upgrade_driver's answer when an in-place upgrade waits for idle GPUs
 UPGRADE_RUNNING = (names.DRIVER_UPGRADE_REQUIRED, UPGRADE_STATE_INSTALLED)
 # A watch the server ends after WATCH_SECONDS; the client gives up on a connection that
 # does not open in 10 s or stays silent past the server's end, so a watch that hangs
@@ -190,11 +205,13 @@ class NodeUpgrade:
 
     state: Optional[str] = None          # metax-tech.com/driver.upgrade-state
     target: Optional[str] = None         # metax-tech.com/driver.upgrade.target (the controller's)
+    in_place: bool = False               # metax-tech.com/driver.upgrade.in-place: no cordon, only while idle
 
 
 def node_upgrade(labels: Mapping[str, str], annotations: Mapping[str, str]) -> NodeUpgrade:
     return NodeUpgrade(labels.get(names.LABEL_DRIVER_UPGRADE_STATE) or None,
-                       annotations.get(names.ANNOTATION_DRIVER_UPGRADE_TARGET) or None)
+                       annotations.get(names.ANNOTATION_DRIVER_UPGRADE_TARGET) or None,
+                       annotations.get(names.ANNOTATION_DRIVER_UPGRADE_IN_PLACE) == "true")
 
 
 class Watched:
@@ -447,9 +464,11 @@ class Manager:
         self.slot_wanted = threading.Event()
         self.vfnum_state: Optional[str] = None    # the state label this process wrote last
         self.node_labels: Dict[str, str] = {}    # the Node's labels as this round read them (and wrote)
+        self.node_annotations: Dict[str, str] = {}  # and its annotations
         self.policy = deploy_policy
         self.payload_dir = payload_dir
         self.payload_version = payload_version
+        self._payload_driver: Optional[str] = None      # the payload's declaration, read once
         self.ready_file = ready_file
         self.cmds = backend.NodeCommands(host, runner)
         self.last_failure: Dict[str, str] = {}    # what -> message, so each failure is reported once
@@ -467,13 +486,61 @@ class Manager:
         return policy.NodeDriver(seen.loaded_version, seen.package_version,
                                  ours=self.host.exists(policy.OWNER_RECORD), in_use=bool(seen.in_use))
 
+    def payload_driver(self) -> Optional[str]:
+        """The kernel-driver version this pod's payload installs: its declaration
+        (``<payload-dir>/metax-driver.version``), else the payload's own version."""
+        if self.payload_version is None:
+            return None
+        if self._payload_driver is None:
+            path = os.path.join(self.payload_dir, backend.DEFAULT_PACKAGE + DECLARATION_SUFFIX)
+            declared = None
+            if os.path.isfile(path):
+                try:
+                    with open(path) as handle:
+                        found = parse_declaration(handle.read(), path)
+                except (OSError, UnicodeDecodeError, DriverPackageError) as exc:
+                    raise backend.DriverError("the driver payload's declaration: %s" % exc)
+                if found.version != self.payload_version:
+                    raise backend.DriverError("the driver payload declares version %s in %s, but "
+                                              "driver.payload.version is %s" % (found.version, path,
+                                                                                self.payload_version))
+                declared = found.driver
+            self._payload_driver = kernel_driver_version(self.payload_version, declared)
+        return self._payload_driver
+
+    def driver_of(self, version: Optional[str]) -> Optional[str]:
+        """The kernel driver the payload ``version`` installs: this pod's declaration for its own payload,
+        the node's install record for an earlier one (a rollback's), else the same number."""
+        if version is not None and version == self.payload_version:
+            return self.payload_driver()
+        return backend.declared_driver(self.host, version)
+
+    def publish_payload(self, annotations: Mapping[str, str]) -> None:
+        """Say on the Node what this pod's payload is and which kernel driver it installs (the controller's
+        target for this node); written only when the Node says otherwise."""
+        if self.payload_version is None:
+            return
+        want = {names.ANNOTATION_DRIVER_PAYLOAD_VERSION: self.payload_version,
+                names.ANNOTATION_DRIVER_PAYLOAD_DRIVER: self.payload_driver()}
+        if any(annotations.get(k) != v for k, v in want.items()):
+            self.kube.patch_node({}, want)
+
     def stage_payload(self, version: str) -> str:
-        """Copy the payload's packages for this node's OS into its root; the node path of that directory."""
+        """Copy the payload for this node into its root; the node path of that directory.
+
+        Its packages of the node's kinds (``deb/``, ``rpm/``, ``run/``), its
+        declaration, and, when the payload directory is a prebuilt tree
+        (``lib/modules/<release>/.../metax.ko``, ``usr/bin/``), that tree as
+        ``prebuilt/`` (the backend uses it when it has modules for the node's
+        kernel). Every file through backend.copy_payload_file, the one place
+        payload files are unpacked.
+        """
         release = {}
         if self.host.exists("etc/os-release"):
             release = policy.parse_os_release(self.host.read_text("etc/os-release"))
         kinds = policy.payload_kinds(policy.os_family(release, backend.node_kind(self.cmds)))
-        target = "%s/%s" % (policy.NODE_CACHE, version)
+        # the version names a directory removed below: never a path of its own (../x)
+        target = "%s/%s" % (policy.NODE_CACHE, check_payload_version(version))
         local = self.host.join(target)
         shutil.rmtree(local, ignore_errors=True)
         os.makedirs(local)
@@ -481,16 +548,44 @@ class Manager:
         for kind in kinds:
             src = os.path.join(self.payload_dir, kind)
             for name in sorted(os.listdir(src)) if os.path.isdir(src) else ():
-                shutil.copy2(os.path.join(src, name), os.path.join(local, name))
+                backend.copy_payload_file(os.path.join(src, name), self.host, "%s/%s" % (target, name))
                 copied.append(name)
+        declaration = backend.DEFAULT_PACKAGE + DECLARATION_SUFFIX
+        if os.path.isfile(os.path.join(self.payload_dir, declaration)):
+            backend.copy_payload_file(os.path.join(self.payload_dir, declaration), self.host,
+                                      "%s/%s" % (target, declaration))
+            if os.path.isdir(os.path.join(self.payload_dir, "lib", "modules")):
+                tree = "%s/prebuilt" % target
+                backend.copy_payload_file(os.path.join(self.payload_dir, declaration), self.host,
+                                          "%s/%s" % (tree, declaration))
+                for sub in ("lib/modules", "usr/bin"):
+                    base = os.path.join(self.payload_dir, *sub.split("/"))
+                    for dirpath, _dirs, files in os.walk(base):
+                        for name in sorted(files):
+                            source = os.path.join(dirpath, name)
+                            rel = os.path.relpath(source, self.payload_dir).replace(os.sep, "/")
+                            backend.copy_payload_file(source, self.host, "%s/%s" % (tree, rel))
+                copied.append("prebuilt/")
         if not copied:
-            raise backend.DriverError("the driver payload %s has no package for this node (%s) under %s"
-                                      % (version, "/".join(kinds), self.payload_dir))
+            raise backend.DriverError("the driver payload %s has no package for this node (%s, or a prebuilt "
+                                      "tree) under %s" % (version, "/".join(kinds), self.payload_dir))
         return "/" + target
 
+    def known_params(self, params: Sequence[str]) -> List[str]:
+        """``params`` checked against ``modinfo -p metax`` on the node (skipped while no module is on disk)."""
+        if not params:
+            return []
+        try:
+            rc, out, _err = self.cmds.run(["modinfo", "-p", "metax"])
+        except (backend.DriverError, HostRootError):
+            rc, out = 1, ""             # no modinfo on the node: the grammar check alone
+        return policy.check_known(params, policy.parse_modinfo_params(out) if rc == 0 else None)
+
     def reconcile_driver(self, params: Sequence[str]) -> Dict[str, object]:
+        params = self.known_params(params)
         node = self.observe()
-        decision = policy.decide(self.policy, node, self.payload_version)
+        decision = policy.decide(self.policy, node, self.payload_version,
+                                 self.payload_driver() if self.policy != "Never" else None)
         if decision.changes_driver and node.loaded_version is not None and policy.rolled(self.policy, node.ours):
             # a new payload for a running driver: the rolling upgrade's (upgrade-required), never a round's
             decision = policy.Decision("none", policy.MODE_CLOUD if node.ours else policy.MODE_NATIVE, None,
@@ -516,7 +611,7 @@ class Manager:
         elif decision.action == "keep":
             request = backend.Request(state="present", deploy_policy="IfNotPresent", load_command=load)
             out["result"] = backend.run(self.host, request, False, runner=self.cmds.runner)
-        verified = self.verified(decision.target if decision.action != "none" else None)
+        verified = self.verified(self.driver_of(decision.target) if decision.action != "none" else None)
         if self.node_labels.get(names.LABEL_DRIVER_MODE) != decision.mode:
             # written when the Node (read at the round's start) says otherwise, not every round:
             # a write per node per interval, at 2,000 nodes 4,000 node writes a minute doing nothing
@@ -543,13 +638,37 @@ class Manager:
         return upgrade.state in UPGRADE_RUNNING and upgrade.target is not None \
             and upgrade.target == self.payload_version
 
-    def upgrade_driver(self, target: str, params: Sequence[str]) -> str:
+    def in_use_reasons(self) -> List[str]:
+        """Why the node's GPUs are in use now: pods on it requesting the GPU resource, processes holding
+        a MetaX device, the module's refcount (empty: idle)."""
+        reasons = ["pod %s requests %s" % (pod, names.RESOURCE_NAME) for pod in self.kube.gpu_pods()]
+        return reasons + inuse.in_use(self.host)
+
+    def upgrade_pending(self, target: str, reasons: Sequence[str]) -> str:
+        """An in-place upgrade that waits for idle GPUs: said on the node (once per reason), retried next round."""
+        message = (names.PENDING_MESSAGE_PREFIX + "in use (%s); the upgrade to %s waits until the node's GPUs are idle "
+                   "(upgradePolicy.enableRollout false: no cordon, no eviction)" % ("; ".join(reasons), target))[:900]
+        if self.node_annotations.get(names.ANNOTATION_DRIVER_UPGRADE_MESSAGE) != message:
+            LOG.info("upgrade: %s", message)
+            self.kube.patch_node({}, {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: message})
+            self.node_annotations[names.ANNOTATION_DRIVER_UPGRADE_MESSAGE] = message
+        self.verified(None)           # the driver it has stays ready meanwhile
+        return UPGRADE_PENDING
+
+    def upgrade_driver(self, target: str, params: Sequence[str], in_place: bool = False) -> str:
         """Install ``target``, verify, and report ``done``; after a failed verification (or install)
         the previous driver is put back and ``failed`` reported with the reason. The state written.
 
-        A driver in use is refused (DriverInUseError, the state stays ``upgrade-required``
-        and the round reports it): the node is cordoned, so its GPU pods end or are evicted.
+        Rolling (the node cordoned): a driver in use is refused (DriverInUseError, the state stays
+        ``upgrade-required`` and the round reports it), so its GPU pods end or are evicted.
+        In place (``in_place``, enableRollout false): nothing is done while the GPUs are in use;
+        the node says ``pending: in use`` and the next round looks again (:meth:`upgrade_pending`).
         """
+        params = self.known_params(params)
+        if in_place:
+            reasons = self.in_use_reasons()
+            if reasons:
+                return self.upgrade_pending(target, reasons)
         node = self.observe()
         record = self.read_record(UPGRADE_RECORD)
         if record.get("to") != target:
@@ -565,19 +684,23 @@ class Manager:
             installed = time.monotonic() - started
             self.own(target)
             self.kube.patch_node({names.LABEL_DRIVER_UPGRADE_STATE: UPGRADE_STATE_INSTALLED}, {})
-            self.verify_settled(target)
-        except backend.DriverInUseError:
+            self.verify_settled(self.driver_of(target))
+        except backend.DriverInUseError as exc:
+            if in_place:          # a process opened a GPU since the check: still only a wait
+                return self.upgrade_pending(target, [str(exc).split(": ", 1)[-1]])
             raise
         except (backend.DriverError, HostRootError) as exc:
             return self.upgrade_failed(record, load, str(exc))
         # the devices registered anew and the version labels published now, not in a minute
         self.kube.restart_gpu_device(DRIVER_READERS_SELECTOR)
-        self.verified(target)
+        self.verified(self.driver_of(target))
         self.kube.patch_node({names.LABEL_DRIVER_UPGRADE_STATE: names.DRIVER_UPGRADE_DONE,
                               names.LABEL_DRIVER_MODE: policy.MODE_CLOUD},
                              {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: None})
         self.remove_record(UPGRADE_RECORD)
-        message = "driver %s -> %s, installed in %.1f s, verified" % (record.get("from"), target, installed)
+        kmd = self.driver_of(target)
+        message = "driver %s -> %s%s, installed in %.1f s, verified" % (
+            record.get("from"), target, "" if kmd == target else " (kernel driver %s)" % kmd, installed)
         LOG.info("upgrade: %s", message)
         self.kube.event("DriverUpgraded", message, warning=False)
         return names.DRIVER_UPGRADE_DONE
@@ -595,7 +718,7 @@ class Manager:
                         state="present", version=previous, src="/" + cache, deploy_policy="IfNotPresent",
                         force=True, load_command=tuple(load), verify=False), False, runner=self.cmds.runner)
                     self.own(previous)
-                    self.verify_settled(previous)
+                    self.verify_settled(self.driver_of(previous))
                     outcome = "rolled back to %s" % previous
                 except (backend.DriverError, HostRootError) as exc:
                     outcome = "rollback to %s failed: %s" % (previous, exc)
@@ -610,8 +733,9 @@ class Manager:
         self.kube.event("DriverUpgradeFailed", message)
         return "failed"
 
-    def verify_settled(self, version: str) -> None:
-        """backend.verify, given a freshly loaded driver a few seconds to come up."""
+    def verify_settled(self, version: Optional[str]) -> None:
+        """backend.verify (``version``: the kernel driver expected), given a freshly loaded driver a few
+        seconds to come up."""
         for attempt in range(VERIFY_ATTEMPTS):
             try:
                 backend.verify(self.host, self.cmds, version)
@@ -633,7 +757,8 @@ class Manager:
             os.unlink(self.host.join(rel))
 
     def verified(self, version: Optional[str]) -> bool:
-        """Version, /dev/mxcd, mx-smi; the ready file follows the answer (the readiness probe reads it)."""
+        """Version (``version``: the kernel driver expected, :meth:`driver_of`; None: any), /dev/mxcd,
+        mx-smi; the ready file follows the answer (the readiness probe reads it)."""
         try:
             backend.verify(self.host, self.cmds, version)
             ok = True
@@ -761,15 +886,18 @@ class Manager:
         params = config.params if config.error is None else []
         meta = self.kube.node_metadata()
         self.node_labels = dict(meta.get("labels") or {})
-        upgrade = node_upgrade(self.node_labels, meta.get("annotations") or {})
+        self.node_annotations = dict(meta.get("annotations") or {})
+        upgrade = node_upgrade(self.node_labels, self.node_annotations)
         target = upgrade.target if self.acts_on(upgrade) else None    # the version to upgrade to now
         vfnum_first = self.driver_verified and target is None
         vfnum_ok = self.vfnum_round(config) if vfnum_first else True
         ok = True
         try:
+            # the controller's target for this node is the kernel driver this payload declares
+            self.publish_payload(self.node_annotations)
             if target is not None:
                 # a failed upgrade is reported on the node (state failed), rolled back, and not retried
-                self.upgrade_driver(target, params)
+                self.upgrade_driver(target, params, upgrade.in_place)
             else:
                 self.reconcile_driver(params)
             LOG.debug("driver reconciled %.2f s into the round", self.round_clock())
@@ -884,8 +1012,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
     parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", names.OPERATOR_NAMESPACE))
     parser.add_argument("--deploy-policy", choices=policy.DEPLOY_POLICIES, default="IfNotPresent")
-    parser.add_argument("--payload-dir", default="/payload", help="the payload image's packages (deb/, rpm/, run/)")
-    parser.add_argument("--payload-version", default="", help="the driver version the payload carries")
+    parser.add_argument("--payload-dir", default="/payload",
+                        help="the payload image's packages (deb/, rpm/, run/), or its prebuilt tree, and its "
+                             "declaration metax-driver.version")
+    parser.add_argument("--payload-version", default="",
+                        help="the payload's own version (the kernel driver it installs is its declaration's, "
+                             "else the same)")
     parser.add_argument("--config-map", default=names.DRIVER_CONFIGMAP)
     parser.add_argument("--ready-file", default=DEFAULT_READY_FILE)
     parser.add_argument("--interval", type=positive_float, default=30.0, help="seconds between rounds")

@@ -5,7 +5,8 @@
 
     python -m ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_aware \\
         [--port 8080] [--kubeconfig F] [--namespace NS] [--score-weight W] [--loss-weight W] \\
-        [--max-body-bytes N] [--tls-cert F --tls-key F] [--node-cache | --no-node-cache]
+        [--max-body-bytes N] [--max-connections N] [--idle-timeout S] [--request-timeout S]
+        [--tls-cert F --tls-key F] [--node-cache | --no-node-cache]
 
 Serves ``POST /filter`` and ``POST /prioritize`` for kube-scheduler (both
 ``nodeCacheCapable`` modes), ``GET /healthz``, ``/readyz`` and ``/metrics``.
@@ -30,7 +31,8 @@ from ..extender.nodeinfo import StateCache
 from ..names import GPU_AWARE_CONFIGMAP, NAMESPACE
 from ..extender.policy import WeightError, Weights, parse_weight
 from ..extender.server import (
-    DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, ExtenderHTTPServer, ExtenderService, tls_context)
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
+    ExtenderHTTPServer, ExtenderService, tls_context)
 from .common import (UsageError, add_common_flags, kube_api_client, run_main, setup_logging, stop_event,
                      tcp_port)
 
@@ -62,8 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--loss-weight", default="1",
                         help="lossWeight until the ConfigMap is read (default %(default)s)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                        help="largest request body accepted (default %(default)s: a NodeList of 5,000 "
-                             "real nodes is tens of MB)")
+                        help="largest request body accepted (default %(default)s: the ExtenderArgs of "
+                             "5,000 full nodes measured 78 MB)")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help="connections served at once, one thread each; at the cap the one idle the "
+                             "longest is closed (default %(default)s)")
+    parser.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT,
+                        help="seconds a keep-alive connection may wait for its next request "
+                             "(default %(default)s)")
+    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
+                        help="seconds from a request's first byte to its last (default %(default)s)")
     parser.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (enableHTTPS)")
     parser.add_argument("--tls-key", default=None, help="private key of --tls-cert")
     parser.add_argument("--node-cache", dest="node_cache", action="store_true", default=True,
@@ -94,6 +104,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UsageError("--port %d: not a port" % args.port)
     if args.max_body_bytes < 1024:
         raise UsageError("--max-body-bytes %d: too small" % args.max_body_bytes)
+    if args.max_connections < 2:
+        raise UsageError("--max-connections %d: at least 2 (the scheduler and a probe)" % args.max_connections)
+    for flag, value in (("--idle-timeout", args.idle_timeout), ("--request-timeout", args.request_timeout)):
+        if not value > 0:
+            raise UsageError("%s %s: must be more than 0" % (flag, value))
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together")
     context = None
@@ -127,7 +142,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     service = ExtenderService(weights, metrics, log, nodes=nodes, states=states)
     try:
         server = ExtenderHTTPServer((args.address, args.port), service, metrics, log,
-                                    max_body_bytes=args.max_body_bytes, ssl_context=context)
+                                    max_body_bytes=args.max_body_bytes, ssl_context=context,
+                                    max_connections=args.max_connections, idle_timeout=args.idle_timeout,
+                                    request_timeout=args.request_timeout)
     except OSError as exc:
         raise UsageError("cannot listen on %s:%d: %s" % (args.address or "*", args.port, exc)) from None
 

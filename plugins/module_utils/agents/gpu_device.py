@@ -40,8 +40,8 @@ from ..deviceplugin import constants as C
 from ..deviceplugin.annotations import AnnotationPublisher, kube_node_annotations, kube_node_patcher, node_annotations
 from ..deviceplugin.devices import DeviceState, Snapshot, health_transitions
 from ..deviceplugin.metrics import DevicePluginMetrics, MetricsServer
-from ..deviceplugin.podresources import PodResourcesClient, PodResourcesError
-from ..deviceplugin.registration import RegistrationError, register, socket_identity
+from ..kubelet.podresources import PodResourcesClient, PodResourcesError
+from ..kubelet.registration import RegistrationError, register, socket_identity
 from ..deviceplugin.server import HAS_GRPC, DevicePluginService, PluginServer
 from ..deviceplugin.cdi import SpecSync
 from ..backoff import Backoff
@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
                         help="this node's name, for the annotations (default: $NODE_NAME)")
     parser.add_argument("--metrics-address", default="0.0.0.0",
-                        help="address of the /metrics and /healthz endpoint (default %(default)s)")
+                        help="address of the /metrics and /healthz endpoint (default %(default)s: every "
+                             "address of the pod's own network namespace; docs/security.md)")
     parser.add_argument("--metrics-port", type=tcp_port, default=DEFAULT_METRICS_PORT,
                         help="port of /metrics and /healthz; 0 disables it (default %(default)s)")
     parser.add_argument("--cdi-mode", default=MODE_AUTO, choices=MODES,

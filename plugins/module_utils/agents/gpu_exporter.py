@@ -8,7 +8,10 @@ Run as::
     python -m ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_exporter \\
         --host-root /host [--interval 15] [--port 9401] [--node-name NODE]
 
-Serves ``/metrics`` (docs/metrics.md lists every metric) and ``/healthz``.
+Serves ``/metrics`` (docs/metrics.md lists every metric: ``metax_gpu_*`` and,
+beside them, the families of MetaX's own mx-exporter, ``mx_gpu_usage``,
+``mx_memory_used{type="vram"}`` ..., for dashboards made for the real
+product) and ``/healthz``.
 A scrape is answered from the latest reading; when that is older than
 ``--interval`` the scrape starts the next one (mx-smi ``-j`` where the
 version has it, the ``mx-smi`` table, and the kubelet's pod-resources API
@@ -30,9 +33,9 @@ import sys
 import threading
 from typing import Callable, Mapping, Optional, Sequence, Tuple
 
-from ..deviceplugin import constants as C
+from ..kubelet import constants as C
 from ..deviceplugin.metrics import MetricsServer
-from ..deviceplugin.podresources import HAS_GRPC, PodResourcesClient
+from ..kubelet.podresources import HAS_GRPC, PodResourcesClient
 from ..exporter.cache import SharedReading
 from ..exporter.collect import NodeReader
 from ..exporter.readings import Owner, Reading
@@ -52,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_flags(parser)
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
                         help="the node label of every series (default: $NODE_NAME, from the downward API)")
-    parser.add_argument("--address", default="0.0.0.0", help="listen address (default %(default)s)")
+    parser.add_argument("--address", default="0.0.0.0",
+                        help="listen address (default %(default)s: every address of the pod's own network "
+                             "namespace, its pod IP and loopback; docs/security.md)")
     parser.add_argument("--port", type=tcp_port, default=DEFAULT_PORT,
                         help="port of /metrics and /healthz (default %(default)s)")
     parser.add_argument("--interval", type=positive_float, default=DEFAULT_INTERVAL,

@@ -35,7 +35,7 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MetaxGpuError
 from ..gpu.discovery import DiscoveryError, discover
-from ..gpu.labels import DRIVER_MODES, OWNED_LABEL_KEYS, label_changes, node_labels
+from ..gpu.labels import DRIVER_MODES, OWNED_LABEL_KEYS, keep_known_product, label_changes, node_labels
 from ..names import LABEL_DRIVER_MODE, LABEL_DRIVER_READY
 from ..backoff import Backoff
 from ..host import HostRoot, HostRootError
@@ -106,10 +106,11 @@ class Labeller:
         is written) or ApiUnavailable.
         """
         desired = self.desired()
+        current = dict(self.read_labels())
+        desired = keep_known_product(current, desired)
         if desired != self.last_desired:
             LOG.info("computed %d labels", len(desired), extra={"fields": {"labels": desired}})
         self.last_desired = desired
-        current = dict(self.read_labels())
         patch = {k: v for k, v in label_changes(current, desired).items() if k not in self.foreign}
         if patch:
             self.patch_labels(patch)

@@ -11,7 +11,9 @@ Thin: the payload is chosen by ``maca/payload.py`` from the node's GPUs (read
 from its sysfs by the GPU domain code), and installed by ``maca/install.py``,
 the code of ``metax.gpu.maca`` and the ``maca_host`` role: ``/opt/maca-<version>``
 whole or absent, ``/opt/maca`` switched in one rename, the previous ``--keep``
-versions kept for running pods. The kubelet mounts each ``--image`` read-only
+versions kept for running pods. The tree is copied by the archive rules
+(links copied, never followed; devices skipped; ``--max-members``,
+``--max-member-size``, ``--max-total-size`` bound it: docs/security.md). The kubelet mounts each ``--image`` read-only
 at ``--payload-dir/<its index>`` (an image volume), so the copy reads the
 image's ``/opt/maca`` straight from the node's image store.
 When the node runs the version, it writes ``--ready-file`` (the pod's
@@ -28,6 +30,7 @@ import sys
 import time
 from typing import List, Optional, Sequence
 
+from ..archive import DEFAULT_LIMITS, ArchiveError, Limits, parse_size
 from ..backoff import Backoff
 from ..errors import MetaxGpuError
 from ..gpu.discovery import discover
@@ -56,16 +59,48 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--interval", type=positive_float, default=60.0,
                         help="seconds between checks that the node still runs the version (default 60)")
     parser.add_argument("--ready-file", default=DEFAULT_READY_FILE, help=argparse.SUPPRESS)
+    # the payload tree is copied with the archive rules and bounds (module_utils/archive.py, docs/security.md)
+    parser.add_argument("--max-members", type=_positive_int, default=DEFAULT_LIMITS.max_members,
+                        help="the most files, directories and links the payload's tree may hold (default %d)"
+                        % DEFAULT_LIMITS.max_members)
+    parser.add_argument("--max-member-size", type=_size, default=DEFAULT_LIMITS.max_member_size,
+                        help="the largest file it may hold, bytes or with a binary unit like 32GiB (default 32GiB)")
+    parser.add_argument("--max-total-size", type=_size, default=DEFAULT_LIMITS.max_total_size,
+                        help="the most it may copy to the node, bytes or like 128GiB (default 128GiB)")
     return parser
 
 
-def converge(host: HostRoot, payload_dir: str, images: Sequence[str], keep: int) -> str:
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ArchiveError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError("%r is not a positive number" % text)
+    return value
+
+
+def limits_of(args: argparse.Namespace) -> Limits:
+    return Limits(max_members=args.max_members, max_member_size=args.max_member_size,
+                  max_total_size=args.max_total_size)
+
+
+def converge(host: HostRoot, payload_dir: str, images: Sequence[str], keep: int,
+             limits: Limits = DEFAULT_LIMITS) -> str:
     """Install and activate the node's MXMACA; returns the version active afterwards."""
     products: List[str] = [gpu.product for gpu in discover(host, topology=False).gpus]
     index = select_image(images, products)
     version = version_of_image(images[index])
     started = time.monotonic()
-    plan = maca_install.install(host, None, version, keep, tree=os.path.join(payload_dir, str(index), TREE))
+    plan = maca_install.install(host, None, version, keep, tree=os.path.join(payload_dir, str(index), TREE),
+                                limits=limits)
     if plan.install or plan.switch or plan.remove:
         LOG.info("MXMACA %s from %s active (was %s; copied: %s in %.1f s; removed: %s)", version, images[index],
                  plan.active_before, plan.install, time.monotonic() - started, ", ".join(plan.remove) or "none")
@@ -93,7 +128,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         while True:
             try:
-                _set_ready(args.ready_file, converge(host, args.payload_dir, args.image, args.keep))
+                _set_ready(args.ready_file, converge(host, args.payload_dir, args.image, args.keep, limits_of(args)))
                 backoff.reset()
                 delay = args.interval
             except MetaxGpuError as exc:

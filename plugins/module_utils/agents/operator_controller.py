@@ -202,6 +202,8 @@ class Operator:
             counts["deleted"] += self.cluster.prune(uid, component, keep, served)
             if not deployed(component, spec):
                 self.cleanup_nodes([component], uid)
+        # objects of ours under an earlier version's component names (an upgraded operator)
+        counts["deleted"] += self.cluster.prune_former(uid, [c.name for c in self.registry], served)
         return counts
 
     def repair(self, event_type: Optional[str], live: Mapping[str, Any],
@@ -334,7 +336,7 @@ class Operator:
                     self.cluster.patch_node_metadata(node, {"labels": labels})
         gpu_nodes = [n for n in nodes
                      if (n["metadata"].get("labels") or {}).get(names.LABEL_GPU_INSTALLED) == "true"]
-        device = next((e for e in entries if e["name"] == "gpu-device"), None)
+        device = next((e for e in entries if e["name"] == names.DAEMONSET_GPU_DEVICE), None)
         out = {
             "observedGeneration": body["metadata"].get("generation", 0),
             "conditions": with_transition_times(overall(entries, ignored_fields(body)) + self.not_applied(body),

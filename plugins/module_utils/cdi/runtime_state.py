@@ -18,13 +18,14 @@ Standard library only: this runs on nodes.
 from __future__ import annotations
 
 import base64
+import glob
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from ..host import HostRoot, replace_file
-from .runtime_config import Edit, Plan
+from .runtime_config import CONTAINERD_CONFIG, CONTAINERD_DROPIN, DOCKER_DAEMON_JSON, Edit, Plan, imports_of
 
 STATE_FILE = "/var/lib/metax-gpu/container-runtime/state.json"
 
@@ -50,6 +51,21 @@ def _b64(data: Optional[bytes]) -> Optional[str]:
 
 def _unb64(text: Optional[str]) -> Optional[bytes]:
     return None if text is None else base64.b64decode(text)
+
+
+def config_files(host: HostRoot) -> Dict[str, Optional[str]]:
+    """The runtime config files a plan reads, from the node, by node path (None: absent): containerd's
+    config.toml and the files it imports (globs expanded; ours left out: the plan writes it), and
+    Docker's daemon.json."""
+    out: Dict[str, Optional[str]] = {}
+    for path in (CONTAINERD_CONFIG, DOCKER_DAEMON_JSON):
+        out[path] = host.read_text(path) if host.exists(path) else None
+    for pattern in imports_of(out[CONTAINERD_CONFIG] or ""):
+        for local in sorted(glob.glob(host.join(pattern))):
+            path = "/" + os.path.relpath(local, host.path) if host.path != "/" else local
+            if path != CONTAINERD_DROPIN and path not in out and os.path.isfile(local):
+                out[path] = host.read_text(path)
+    return out
 
 
 def load_state(host: HostRoot, state_file: str = STATE_FILE) -> Dict[str, Dict[str, object]]:

@@ -170,6 +170,11 @@ def render(spec: Dict[str, Any]) -> bytes:
     return (json.dumps(spec, indent=2) + "\n").encode("utf-8")
 
 
+def qualified_name(name: Any, kind: str = CDI_KIND) -> str:
+    """The fully qualified CDI name of a device: ``metax-tech.com/gpu=0`` (the one place it is spelt)."""
+    return "%s=%s" % (kind, name)
+
+
 def device_names(spec: Dict[str, Any]) -> List[str]:
     """The fully qualified names (``metax-tech.com/gpu=0``) a spec defines."""
-    return ["%s=%s" % (spec["kind"], d["name"]) for d in spec.get("devices") or []]
+    return [qualified_name(d["name"], spec["kind"]) for d in spec.get("devices") or []]

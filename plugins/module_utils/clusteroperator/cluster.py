@@ -39,8 +39,10 @@ OWNED_KINDS: Tuple[Kind, ...] = (
     ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+    # container-runtime's RuntimeClass metax (issue 38)
+    ("node.k8s.io/v1", "RuntimeClass"),
 )
-CLUSTER_KINDS = frozenset(("ClusterRole", "ClusterRoleBinding"))
+CLUSTER_KINDS = frozenset(("ClusterRole", "ClusterRoleBinding", "RuntimeClass"))
 # Objects per list request of the status round's node and pod lists (docs/scale.md).
 LIST_PAGE = 500
 
@@ -205,6 +207,29 @@ class Cluster:
             meta = item["metadata"]
             key = "%s/%s/%s" % (item["kind"], meta.get("namespace") or "", meta["name"])
             if key in keep_set:
+                continue
+            try:
+                resource.delete(name=meta["name"], namespace=meta.get("namespace"),
+                                body={"propagationPolicy": delete_policy((resource.group_version, resource.kind))})
+                deleted += 1
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        return deleted
+
+    def prune_former(self, owner_uid: str, components: Iterable[str],
+                     served: Optional[FrozenSet[Kind]] = None) -> int:
+        """Delete the owner's objects whose component (``app.kubernetes.io/name``) is none of ``components``.
+
+        An earlier version of ours named them otherwise (issue 38: ``gpu-device`` became
+        ``metax-gpu-device``, MetaX's name): no component's :meth:`prune` lists them, and an old
+        device-plugin DaemonSet left running beside the new one would register the same resource twice.
+        """
+        current = set(components)
+        deleted = 0
+        for resource, item in self._owned(owner_uid, None, served):
+            meta = item["metadata"]
+            if (meta.get("labels") or {}).get("app.kubernetes.io/name") in current:
                 continue
             try:
                 resource.delete(name=meta["name"], namespace=meta.get("namespace"),

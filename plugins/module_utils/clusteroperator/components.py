@@ -25,14 +25,14 @@ from .contract import Component
 EXTENSIONS_CHART = "metax-gpu-extensions"
 
 GPU_LABEL = Component(
-    name="gpu-label", spec_key="labelgen", values_key="gpuLabel", chart=EXTENSIONS_CHART,
+    name=names.DAEMONSET_GPU_LABEL, spec_key="labelgen", values_key="gpuLabel", chart=EXTENSIONS_CHART,
     image="gpu-label", minimal=True,
     # Table 2.7: gpu.* and driver.ready (gpu-label reports the loaded driver)
     cleanup_labels=(names.LABEL_PREFIX + "gpu.", names.LABEL_DRIVER_READY),
 )
 
 CONTAINER_RUNTIME = Component(
-    name="container-runtime", spec_key="runtime", values_key="runtime", chart=EXTENSIONS_CHART,
+    name=names.DAEMONSET_CONTAINER_RUNTIME, spec_key="runtime", values_key="runtime", chart=EXTENSIONS_CHART,
     image="container-runtime", gpu_nodes_only=True, default_deploy=True,  # on by default, as the real product (issue 38)
     # makes the node's runtime read CDI; gpu-device (which requires it) then answers with CDI names
     ready_label=names.LABEL_RUNTIME_READY,
@@ -40,7 +40,7 @@ CONTAINER_RUNTIME = Component(
 )
 
 GPU_DEVICE = Component(
-    name="gpu-device", spec_key="devicePlugin", values_key="gpuDevice", chart=EXTENSIONS_CHART,
+    name=names.DAEMONSET_GPU_DEVICE, spec_key="devicePlugin", values_key="gpuDevice", chart=EXTENSIONS_CHART,
     image="gpu-device", minimal=True, gpu_nodes_only=True,
     requires=(names.LABEL_MACA_READY, names.LABEL_RUNTIME_READY),
     cleanup_annotations=names.ANNOTATION_KEYS,
@@ -53,7 +53,7 @@ GPU_AWARE = Component(
 )
 
 GPU_EXPORTER = Component(
-    name="gpu-exporter", spec_key="dataExporter", values_key="dataExporter", chart=EXTENSIONS_CHART,
+    name=names.DAEMONSET_GPU_EXPORTER, spec_key="dataExporter", values_key="dataExporter", chart=EXTENSIONS_CHART,
     image="gpu-exporter", default_deploy=False, gpu_nodes_only=True,
     # reads mx-smi, which answers only with the driver loaded; writes nothing to nodes
     requires=(names.LABEL_DRIVER_READY,),
@@ -64,15 +64,17 @@ GPU_EXPORTER = Component(
 # the real metax-driver (skipped while no component owns runtime.ready), and
 # owns driver.ready (the controller sets it: one writer, docs/design-decisions.md).
 DRIVER = Component(
-    name="metax-driver", spec_key="driver", values_key="driver", chart=EXTENSIONS_CHART,
+    name=names.DAEMONSET_DRIVER, spec_key="driver", values_key="driver", chart=EXTENSIONS_CHART,
     image="driver-manager", ready_label=names.LABEL_DRIVER_READY, requires=(names.LABEL_RUNTIME_READY,),
     gpu_nodes_only=True, default_deploy=True,  # on by default, as the real product (issue 38)
     # the rolling upgrade's marks (driver-manager's and the controller's) go with the component
     cleanup_labels=(names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE, names.LABEL_DRIVER_UPGRADE_STATE),
     cleanup_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE,
                          names.ANNOTATION_DRIVER_UPGRADE_MESSAGE, names.ANNOTATION_DRIVER_UPGRADE_TARGET,
-                         names.ANNOTATION_PRE_CORDONED),
+                         names.ANNOTATION_PRE_CORDONED, names.ANNOTATION_DRIVER_UPGRADE_IN_PLACE,
+                         names.ANNOTATION_DRIVER_PAYLOAD_VERSION, names.ANNOTATION_DRIVER_PAYLOAD_DRIVER),
     # a failed upgrade is Degraded too, naming the node and why, until the administrator clears it
+    # (an in-place upgrade waiting for idle GPUs, "pending: ...", is not: status.node_messages)
     message_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE,
                          names.ANNOTATION_DRIVER_UPGRADE_MESSAGE),
 )
@@ -83,7 +85,7 @@ DRIVER = Component(
 # role's code); after runtime.ready, as the real one. It writes nothing on the
 # Node: maca.ready is the controller's, from its pod's readiness.
 MACA = Component(
-    name="metax-maca", spec_key="maca", values_key="maca", chart=EXTENSIONS_CHART,
+    name=names.DAEMONSET_MACA, spec_key="maca", values_key="maca", chart=EXTENSIONS_CHART,
     image="driver-manager", ready_label=names.LABEL_MACA_READY, requires=(names.LABEL_RUNTIME_READY,),
     gpu_nodes_only=True, default_deploy=True,  # on by default, as the real product (issue 38)
 )

@@ -8,9 +8,21 @@ The contract with the node's driver-manager (docs/operator.md, "driver
 upgradePolicy"), over one label, ``metax-tech.com/driver.upgrade-state``, with
 the playbook's values:
 
-* the controller starts a node: one merge patch that cordons it (or, when the
-  administrator had cordoned it, records that in
-  ``driver.upgrade.pre-cordoned``) and sets ``upgrade-required``;
+* the node's driver-manager publishes on its node what its payload is and
+  which kernel driver that payload installs (``driver.payload.version``,
+  ``driver.payload.driver-version``: MetaX's payload 2.29.0.13 installs
+  2.12.13); a node is on target when gpu-label's ``gpu.driver.*`` labels say
+  the declared kernel driver (``package.driver_matches``), never the
+  payload's own number; a node waits until its declaration is there;
+* ``upgradePolicy`` unset is the real CR's (:data:`DEFAULT_UPGRADE_POLICY`):
+  ``enableRollout: false``, so no node is ever cordoned or evicted: the
+  controller starts every outdated node *in place* (``upgrade-required``
+  with ``driver.upgrade.in-place=true``, no cordon), and the node's
+  driver-manager installs only while its GPUs are not in use, else says
+  ``pending: in use`` in ``driver.upgrade.message`` and tries again;
+* with ``enableRollout: true`` the controller starts a node: one merge patch
+  that cordons it (or, when the administrator had cordoned it, records that
+  in ``driver.upgrade.pre-cordoned``) and sets ``upgrade-required``;
 * the node's driver-manager sees ``upgrade-required`` on its own node and runs
   the procedure (pause the agents, evict, install, verify, un-pause), moving
   the state through ``paused`` and ``validating`` to ``done``, or to
@@ -18,8 +30,9 @@ the playbook's values:
   it never changes the version of a loaded driver without ``upgrade-required``;
 * the controller finishes a ``done`` node once gpu-label reports the target
   version and ``driver.ready=true``: uncordon (never a node the administrator
-  cordoned) and remove the state label and the annotations; a ``failed`` node
-  is left cordoned for the administrator.
+  cordoned, nor one upgraded in place) and remove the state label and the
+  annotations; a ``failed`` node is left cordoned (if we cordoned it) for the
+  administrator.
 
 Which nodes start and when is :mod:`..driver.rollout`'s decision, the same
 planner the ``metax.gpu.driver_upgrade`` playbook uses.
@@ -35,6 +48,13 @@ from .. import names as N
 from ..driver.rollout import Decision, Policy, PolicyError, RolloutNode, Step, StepPause, decide, finished_node
 from ..driver.policy import MODE_CLOUD, rolled
 from ..driver.rollout_node import label_version, labels_of, rollout_node
+
+# spec.driver.upgradePolicy's defaults: the real 0.9.2 CR's (clusteroperator-0.9.2.txt), field by field
+DEFAULT_UPGRADE_POLICY: Dict[str, Any] = {
+    "enableRollout": False, "maxParallel": "100%", "maxUnavailable": "0%", "maxFailureThreshold": 5,
+    "fallback": "pause", "pause": False,
+    "upgradeSteps": [{"replicas": 1, "pauseDuration": 30000}, {"replicas": "100%", "pauseDuration": 0}],
+}
 
 
 @dataclass(frozen=True)
@@ -57,17 +77,20 @@ class RolloutPlan:
 def upgrade_policy(driver_spec: Mapping[str, Any]) -> Policy:
     """``spec.driver.upgradePolicy`` as the planner's policy.
 
-    Unset fields take the playbook's defaults (maxParallel 1, maxUnavailable
-    25%, stop at the first failure); ``pauseDuration`` is in milliseconds (the
-    0.9.2 CR's 30000 after a one-node step), ``enableRollout`` unset means on.
+    Unset fields take the real CR's defaults (:data:`DEFAULT_UPGRADE_POLICY`):
+    rollout off (in place, never a cordon), maxParallel 100%, maxUnavailable
+    0% (at least one node), pause after 5 failures, a one-node step with a
+    30 s pause then the rest. ``pauseDuration`` is in milliseconds;
+    ``upgradeSteps: []`` means no steps.
     """
-    spec = driver_spec.get("upgradePolicy") or {}
+    spec = dict(DEFAULT_UPGRADE_POLICY)
+    spec.update({k: v for k, v in (driver_spec.get("upgradePolicy") or {}).items() if v is not None})
     steps = tuple(Step(step.get("replicas", "100%"), float(step.get("pauseDuration") or 0) / 1000.0)
                   for step in spec.get("upgradeSteps") or ())
-    return Policy(max_parallel=spec.get("maxParallel", 1), max_unavailable=spec.get("maxUnavailable", "25%"),
-                  steps=steps, max_failures=int(spec.get("maxFailureThreshold", 1)),
-                  fallback=str(spec.get("fallback", "pause")), paused=bool(spec.get("pause", False)),
-                  enabled=bool(spec.get("enableRollout", True)))
+    return Policy(max_parallel=spec["maxParallel"], max_unavailable=spec["maxUnavailable"],
+                  steps=steps, max_failures=int(spec["maxFailureThreshold"]),
+                  fallback=str(spec["fallback"]), paused=bool(spec["pause"]),
+                  enabled=bool(spec["enableRollout"]))
 
 
 def _in_scope(node: Mapping[str, Any], deploy_policy: str) -> bool:
@@ -82,8 +105,9 @@ def _in_scope(node: Mapping[str, Any], deploy_policy: str) -> bool:
 
 
 def rollout_nodes(nodes: Sequence[Mapping[str, Any]], target: str, deploy_policy: str) -> List[RolloutNode]:
-    """The nodes a rollout to ``target`` concerns, by name."""
-    views = [rollout_node(node, target) for node in nodes if _in_scope(node, deploy_policy)]
+    """The nodes a rollout to the payload ``target`` concerns, by name; each one's target is the
+    kernel driver that payload declares on it."""
+    views = [rollout_node(node, payload=target) for node in nodes if _in_scope(node, deploy_policy)]
     return sorted(views, key=lambda v: v.name)
 
 
@@ -106,11 +130,16 @@ def _previous_pause(previous: Mapping[str, Any], target: str) -> Optional[StepPa
         return None
 
 
-def start_patch(node: RolloutNode) -> NodePatch:
+def start_patch(node: RolloutNode, payload: str, cordon: bool = True) -> NodePatch:
+    """Start ``node``'s upgrade to the payload ``payload``; ``cordon`` false: in place (enableRollout false)."""
     # the target tells the node's driver-manager which payload to act with: a
     # pod of the previous payload, not replaced yet by the DaemonSet, waits
     metadata: Dict[str, Any] = {"labels": {N.LABEL_DRIVER_UPGRADE_STATE: N.DRIVER_UPGRADE_REQUIRED},
-                                "annotations": {N.ANNOTATION_DRIVER_UPGRADE_TARGET: node.target_version}}
+                                "annotations": {N.ANNOTATION_DRIVER_UPGRADE_TARGET: payload}}
+    if not cordon:
+        # in place: the node's schedulability is not ours to touch, now or when it finishes
+        metadata["annotations"][N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE] = "true"
+        return NodePatch(node.name, {"metadata": metadata}, "start")
     if node.cordoned:
         # the administrator's cordon: recorded in the same patch, so no reader
         # ever sees our state on a cordon it could take for ours
@@ -123,8 +152,8 @@ def finish_patch(node: RolloutNode) -> NodePatch:
     body: Dict[str, Any] = {"metadata": {
         "labels": {N.LABEL_DRIVER_UPGRADE_STATE: None},
         "annotations": {N.ANNOTATION_PRE_CORDONED: None, N.ANNOTATION_DRIVER_UPGRADE_MESSAGE: None,
-                        N.ANNOTATION_DRIVER_UPGRADE_TARGET: None}}}
-    if not node.admin_cordoned:
+                        N.ANNOTATION_DRIVER_UPGRADE_TARGET: None, N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE: None}}}
+    if not node.admin_cordoned and not node.in_place:
         body["spec"] = {"unschedulable": False}
     return NodePatch(node.name, body, "finish")
 
@@ -179,7 +208,7 @@ def driver_rollout(spec: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], 
         message = "spec.driver.upgradePolicy: %s" % exc
         return RolloutPlan(tuple(patches), {"targetVersion": target, "message": message}, None, message)
     by_view = {v.name: v for v in views}
-    patches.extend(start_patch(by_view[name]) for name in decision.start)
+    patches.extend(start_patch(by_view[name], target, decision.cordon) for name in decision.start)
     return RolloutPlan(tuple(patches), rollout_status(target, decision, views), decision)
 
 
@@ -204,6 +233,12 @@ def rollout_status(target: str, decision: Decision, views: Sequence[RolloutNode]
 
 
 def rollout_message(decision: Decision) -> str:
+    text = _rollout_message(decision)
+    # enableRollout false: say so, every message is about in-place upgrades
+    return text if decision.cordon else "in place (enableRollout false, no cordon): " + text
+
+
+def _rollout_message(decision: Decision) -> str:
     if decision.paused:
         return "paused: " + decision.pause_reason
     if decision.pause_until is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
+from .. import names
 from .contract import Component, deployed, gate_selector
 from .mapping import IGNORED_VALUES_ANNOTATION
 
@@ -82,11 +83,16 @@ def waiting_nodes(component: Component, registry: Sequence[Component], spec: Map
 
 
 def node_messages(component: Component, nodes: Iterable[Mapping[str, Any]]) -> Dict[str, str]:
-    """Node -> what the component's agent reported there (its ``message_annotations``, joined)."""
+    """Node -> what the component's agent reported there (its ``message_annotations``, joined).
+
+    A message that says the agent waits (``names.PENDING_MESSAGE_PREFIX``: an
+    in-place driver upgrade waiting for idle GPUs) is no failure, so no Degraded.
+    """
     out: Dict[str, str] = {}
     for node in nodes:
         annotations = (node.get("metadata") or {}).get("annotations") or {}
-        found = [annotations[k] for k in component.message_annotations if annotations.get(k)]
+        found = [annotations[k] for k in component.message_annotations
+                 if annotations.get(k) and not str(annotations[k]).startswith(names.PENDING_MESSAGE_PREFIX)]
         if found:
             out[node["metadata"]["name"]] = "; ".join(found)
     return out

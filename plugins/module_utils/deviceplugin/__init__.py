@@ -9,8 +9,7 @@
 ``constants``       names the kubelet and the cluster see
 ``devices``         the advertised device list and its health
 ``server``          the DevicePlugin gRPC service (Allocate & co.)
-``registration``    Register with the kubelet
-``podresources``    which devices the kubelet has assigned to containers
+(registration and pod-resources are the kubelet's APIs: ``kubelet/``)
 ``annotations``     the node annotations (gpu-aware: all three; HAMi: the two topology tables only)
 ``metrics``         Prometheus metrics and the /metrics, /healthz endpoint
 """

@@ -10,6 +10,9 @@
 Contract (issue 12; HAMi's metax plugin reads exactly these two tables as a
 Go ``map[int]int`` and ranks with ``2000 - losses[n]`` / ``2000 - scores[n]``):
 
+The two tables are serialised by :func:`~..gpu.allocator.topology_annotations`
+(the tested serialiser: clamping, padding and :func:`~..gpu.allocator.bounded_loss`):
+
 - keys ``"1"`` .. ``"C"``, C = device capacity of the node (healthy or not),
   always present on a node with devices; ``{}`` only on a node without devices;
 - a size that cannot be served now (more than the free healthy devices)
@@ -37,24 +40,11 @@ from typing import Callable, Dict, FrozenSet, List, Mapping, Optional
 
 from ..backoff import Backoff
 from ..kube.client import core_v1
-from ..gpu.allocator import per_count_tables
+from ..gpu.allocator import topology_annotations
 from . import constants as C
 from .devices import Snapshot
 
 LOG = logging.getLogger("gpu-device.annotations")
-
-MAX_SCORE = 1000
-MAX_LOSS = 1000
-# A raw weighted cut of this size is published as about half the scale.
-_LOSS_HALF = 2000
-
-
-def bounded_loss(raw: int) -> int:
-    """Compress a raw weighted cut into 0..MAX_LOSS-1, keeping its order."""
-    if raw <= 0:
-        return 0
-    return 1 + ((MAX_LOSS - 2) * raw) // (raw + _LOSS_HALF)
-
 
 def _compact(value) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=False)
@@ -103,26 +93,11 @@ def free_indices(snapshot: Snapshot, allocated: FrozenSet[str]) -> List[int]:
 
 def node_annotations(snapshot: Snapshot, allocated: FrozenSet[str]) -> Dict[str, str]:
     """The three annotations for the current devices and allocations."""
-    free = free_indices(snapshot, allocated)
-    scores: Dict[int, int] = {}
-    losses: Dict[int, int] = {}
-    if free and snapshot.inventory is not None:
-        scores, losses = per_count_tables(snapshot.inventory.topology, free)
-    capacity = len(snapshot.devices)
-    out_scores = {}
-    out_losses = {}
-    for n in range(1, capacity + 1):
-        if n in scores:
-            out_scores[str(n)] = max(0, min(MAX_SCORE, scores[n]))
-            out_losses[str(n)] = bounded_loss(losses[n])
-        else:
-            out_scores[str(n)] = 0
-            out_losses[str(n)] = MAX_LOSS
-    return {
-        C.ANNOTATION_SCORES: _compact(out_scores),
-        C.ANNOTATION_LOSSES: _compact(out_losses),
-        C.ANNOTATION_DEVICES: _compact(device_entries(snapshot, allocated)),
-    }
+    inventory = snapshot.inventory
+    out = topology_annotations(inventory.topology if inventory is not None else None,
+                               free_indices(snapshot, allocated), capacity=len(snapshot.devices))
+    out[C.ANNOTATION_DEVICES] = _compact(device_entries(snapshot, allocated))
+    return out
 
 
 def merge_patch(annotations: Mapping[str, Optional[str]]) -> dict:

@@ -28,16 +28,16 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..cdi.spec import CdiDevice, CdiSpecError, Maca, build_spec, render
+from ..cdi.spec import CdiDevice, CdiSpecError, Maca, build_spec, device_names, qualified_name, render
 from ..cdi.writer import MACA_ROOT, host_maca, remove_spec, write_if_changed
 from ..host import HostRoot
-from ..names import CDI_KIND, CDI_SPEC_DIR, CDI_SPEC_FILE
+from ..names import CDI_SPEC_DIR, CDI_SPEC_FILE
 from .devices import Snapshot
 
 
 def qualified(index: int) -> str:
     """The CDI name of the device at ``index``: ``metax-tech.com/gpu=0``."""
-    return "%s=%d" % (CDI_KIND, index)
+    return qualified_name(int(index))
 
 
 def spec_devices(snapshot: Snapshot) -> List[CdiDevice]:
@@ -112,7 +112,7 @@ class SpecSync:
                 names: List[str] = []
             else:
                 changed = write_if_changed(self.path, render(spec))
-                names = ["%s=%s" % (CDI_KIND, d["name"]) for d in spec["devices"]]
+                names = device_names(spec)
             if changed:
                 self.writes += 1
             self._version, self._names = snapshot.version, names

@@ -8,18 +8,15 @@ from __future__ import annotations
 # Re-exported: the deviceplugin modules read them as C.ANNOTATION_*.
 from ..names import ANNOTATION_DEVICES, ANNOTATION_KEYS, ANNOTATION_LOSSES, ANNOTATION_SCORES  # noqa: F401  pylint: disable=unused-import
 
+# Re-exported: the kubelet's sockets and versions (kubelet/constants.py is their home).
+from ..kubelet.constants import API_VERSION, DEVICE_PLUGIN_DIR, KUBELET_SOCKET_NAME, POD_RESOURCES_SOCKET  # noqa: F401  pylint: disable=unused-import
+
 # kubelet device-plugin API (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1)
-API_VERSION = "v1beta1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-KUBELET_SOCKET_NAME = "kubelet.sock"
 # our socket in the device-plugin directory: metax-gpu-<random>.sock, a new
 # name each time the server starts (see server.PluginServer)
 PLUGIN_SOCKET_PREFIX = "metax-gpu-"
-
-# kubelet pod-resources API (k8s.io/kubelet/pkg/apis/podresources/v1)
-POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 # Node annotations published by gpu-device: gpu-aware reads all three; HAMi
 # reads only the two topology tables (never gpu.devices): ANNOTATION_* above,

@@ -19,13 +19,29 @@ Metric names (all gauges are per node; see docs/agents.md):
 
 Without prometheus_client the metrics are no-ops and the endpoint serves
 only /healthz.
+
+The endpoint is reachable by every pod that can reach the pod IP, so a client
+holds little: a connection must send its request within ``REQUEST_TIMEOUT``
+of connecting (a client sending a byte at a time is cut off), each answer
+closes its connection, and at most ``MAX_CONNECTIONS`` are served at once, one
+thread each; beyond that the connection open the longest is closed for the
+new one (a scrape or a probe takes milliseconds; one held open is not a scrape).
+It listens on all addresses of the pod's own network namespace (the charts run
+it without hostNetwork): the pod IP(s) and loopback, which Prometheus, the
+kubelet's probes and ``kubectl port-forward`` use (docs/security.md).
 """
 
 from __future__ import annotations
 
+import io
+import socket
+import sys
 import threading
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Optional, Protocol, Set, Tuple
+
+from ..httpbounds import DeadlineReader, abort
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -35,6 +51,12 @@ except ImportError:
     CollectorRegistry = Counter = Gauge = Histogram = generate_latest = None  # type: ignore[assignment,misc]
     CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
     HAS_PROMETHEUS = False
+
+# Prometheus (one or two replicas), the kubelet's liveness and readiness probes
+# and a person with curl; more at once is not a scrape.
+MAX_CONNECTIONS = 16
+REQUEST_TIMEOUT = 10.0     # from connecting to the end of the request head (GET has no body)
+WRITE_TIMEOUT = 30.0       # the whole answer (sendall's timeout covers the call)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -136,15 +158,81 @@ class Exposing(Protocol):  # pylint: disable=too-few-public-methods
         ...
 
 
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most ``max_connections`` threads; at the cap the oldest connection goes."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, address: Tuple[str, int], handler: Any, max_connections: int = MAX_CONNECTIONS,
+                 request_timeout: float = REQUEST_TIMEOUT) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, handler)
+        self.max_connections = max_connections
+        # DeadlineReader's timeouts: the request must arrive within request_timeout of connecting
+        self.idle_timeout = self.request_timeout = self.read_timeout = request_timeout
+        self._lock = threading.Lock()
+        self._open: "OrderedDict[int, Any]" = OrderedDict()     # id(socket) -> socket, oldest first
+        self.evicted = 0
+
+    @property
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            while len(self._open) >= self.max_connections:
+                _key, oldest = self._open.popitem(last=False)
+                abort(oldest)
+                self.evicted += 1
+            self._open[id(request)] = request
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._forget(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._forget(request)
+
+    def _forget(self, request: Any) -> None:
+        with self._lock:
+            if self._open.get(id(request)) is request:
+                del self._open[id(request)]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that is cut off, times out or goes away is routine, not a traceback on stderr."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
+
+class _BoundedHandler(BaseHTTPRequestHandler):
+    """One request per connection (HTTP/1.0), read within the server's deadline."""
+
+    server: BoundedHTTPServer
+    timeout = REQUEST_TIMEOUT
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BufferedReader(DeadlineReader(self.connection, self.server), 8192)
+
+
 class MetricsServer:
     """HTTP on ``address:port``: ``/metrics`` and ``/healthz`` (200 when ``healthy()``)."""
 
     def __init__(self, metrics: Exposing, address: str, port: int,
-                 healthy: Callable[[], Tuple[bool, str]]) -> None:
+                 healthy: Callable[[], Tuple[bool, str]], max_connections: int = MAX_CONNECTIONS,
+                 request_timeout: float = REQUEST_TIMEOUT) -> None:
         self.metrics = metrics
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(_BoundedHandler):
             def do_GET(self):  # noqa: N802 (http.server API)
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
@@ -159,14 +247,15 @@ class MetricsServer:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
+                self.send_header("Connection", "close")
                 self.end_headers()
+                self.connection.settimeout(WRITE_TIMEOUT)
                 self.wfile.write(body)
 
             def log_message(self, format, *args):  # pylint: disable=redefined-builtin
                 return None
 
-        self.httpd = ThreadingHTTPServer((address, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = BoundedHTTPServer((address, port), Handler, max_connections, request_timeout)
         self._thread: Optional[threading.Thread] = None
 
     @property

@@ -33,20 +33,14 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from concurrent import futures
 
-try:
-    import grpc
-    from .api import deviceplugin_v1beta1_pb2 as pb
-    from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-    HAS_GRPC = True
-except ImportError:
-    grpc = pb = pb_grpc = None
-    HAS_GRPC = False
-
 from ..cdi.mode import MODE_CDI, MODE_DEVICES
 from ..cdi.spec import Maca, maca_env
 from ..errors import MetaxGpuError
-from ..gpu.allocator import AllocationError, allocate
+from ..gpu.allocator import AllocationError, preferred_allocation
 from ..host import HostRoot
+from ..kubelet.grpc_api import HAS_GRPC, REQUIRED, grpc
+from ..kubelet.grpc_api import dp_grpc as pb_grpc
+from ..kubelet.grpc_api import dp_pb as pb
 from . import constants as C
 from ..gpu.model import Device
 from ..names import MACA_CONTAINER_PATH
@@ -69,7 +63,7 @@ class RequestError(MetaxGpuError, ValueError):
 
 def require_grpc() -> None:
     if not HAS_GRPC:
-        raise RuntimeError("grpcio and protobuf are required (requirements/agents.txt)")
+        raise RuntimeError(REQUIRED)
 
 
 # -- pure request handling (no gRPC objects) ---------------------------------
@@ -100,19 +94,18 @@ def preferred_ids(snapshot: Snapshot, available: Iterable[str], must_include: It
         raise RequestError("unknown device ID(s): %s" % ", ".join(unknown))
     if inventory is None:
         raise RequestError("the node's devices cannot be read right now")
-    index_of = {dev.id: dev.index for dev in inventory.devices}
-    usable = [d for d in available if d in index_of]
-    gone = [d for d in must if d not in index_of]
+    present = {dev.id for dev in inventory.devices}
+    usable = [d for d in available if d in present]
+    gone = [d for d in must if d not in present]
     if gone:
         raise RequestError("must-include device(s) %s are no longer on the node" % ", ".join(gone))
     if size > len(usable):
         raise RequestError("allocation_size %d exceeds the %d devices present" % (size, len(usable)))
     try:
-        alloc = allocate(inventory.topology, [index_of[d] for d in usable], size, [index_of[d] for d in must])
+        # the allocator's ID API maps kubelet IDs to indices and back (one path per ID)
+        return preferred_allocation(inventory, usable, must, size)
     except AllocationError as exc:
         raise RequestError(str(exc))
-    id_of = {dev.index: dev.id for dev in inventory.devices}
-    return [id_of[i] for i in alloc.devices]
 
 
 def container_allocation(host: HostRoot, snapshot: Snapshot, device_ids: Iterable[str],

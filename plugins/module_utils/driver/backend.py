@@ -8,13 +8,22 @@ and a later in-cluster driver manager share it unchanged.
 
 * :func:`observe` reads what is there: the loaded module's version
   (``sys/module/metax/version``), the package database of the node's own tool
-  (dpkg or rpm; a ``.run`` install is recorded in :data:`RUN_RECORD`), the
-  offline packages found at ``src``, ``/dev/mxcd``.
+  (dpkg or rpm; a ``.run`` install is recorded in :data:`RUN_RECORD`, a
+  prebuilt one in :data:`PREBUILT_RECORD`), the payloads found at ``src``
+  (package files, prebuilt trees, their declarations), ``/dev/mxcd``, the
+  running kernel's release.
 * :func:`plan` is a pure function of that observation and the request: the
-  steps (unload, remove, install, load), the versions from and to, or an
-  error. Check mode stops here.
+  steps (unload, remove, install, load), the versions from and to (the
+  payload's own, and the kernel driver it declares), or an error. Check mode
+  stops here.
 * :func:`apply` runs the steps through an injected runner, then
-  :func:`verify` checks version, ``/dev/mxcd`` and ``mx-smi``.
+  :func:`verify` checks the loaded module against the declared kernel-driver
+  version (``package.driver_matches``), ``/dev/mxcd`` and ``mx-smi``.
+
+A payload's own version (the package database's, the file name's, the
+``version`` a caller asks for) and the kernel driver it installs may differ
+(MetaX's ``2.29.0.13`` installs ``2.12.13``): every install records both in
+:data:`DRIVER_RECORD`, so a later run knows what the loaded module should say.
 
 Commands: a bare name (``dpkg``, ``modprobe``) is the node's own tool. With
 ``host_root`` ``/`` it runs as is; on a simulated root it is the executable
@@ -27,14 +36,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MetaxGpuError
 from ..host import HostRoot, HostRootError
 from . import inuse
-from .package import Package, candidates, choose, kind_of, parse, version_key
+from .package import (DECLARATION_SUFFIX, MODULE_FILES, PREBUILT, Declaration, DriverPackageError, Package,
+                      candidates, choose, declared_drivers, driver_matches, is_declaration, kind_of,
+                      parse, parse_declaration, prebuilt, version_key)
 
 STATES = ("present", "absent", "latest")
 POLICIES = ("IfNotPresent", "Always", "Never")
@@ -43,6 +56,14 @@ DEFAULT_LOAD = ("modprobe", "metax")
 DEFAULT_UNLOAD = ("modprobe", "-r", "metax")
 # Where the module records a driver installed from the vendor .run (it has no package database).
 RUN_RECORD = "var/lib/metax-gpu/driver-run.json"
+# A driver installed from a prebuilt tree: its version and the files copied (the uninstaller's list).
+PREBUILT_RECORD = "var/lib/metax-gpu/driver-prebuilt.json"
+# Every install: the payload's own version and the kernel driver it declared (what the module says).
+DRIVER_RECORD = "var/lib/metax-gpu/driver-payload.json"
+# What a prebuilt tree's install copies from lib/modules/<release>/ (compressed modules too).
+KERNEL_OBJECTS = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
+# The running kernel's release (a prebuilt tree is usable only with modules for it).
+KERNEL_RELEASE = "proc/sys/kernel/osrelease"
 TOOL_DIRS = ("usr/bin", "bin", "usr/sbin", "sbin", "usr/local/bin", "usr/local/sbin")
 
 Runner = Callable[[List[str]], Tuple[int, str, str]]
@@ -104,6 +125,9 @@ class Observed:
     mxcd: bool
     packages: List[Package] = field(default_factory=list)
     in_use: List[str] = field(default_factory=list)
+    # the kernel driver the installed payload declared (DRIVER_RECORD, when it is that payload's)
+    package_driver: Optional[str] = None
+    kernel: Optional[str] = None            # the running kernel's release
 
     @property
     def installed(self) -> bool:
@@ -116,17 +140,32 @@ class Observed:
     def summary(self) -> Dict[str, object]:
         return {"version": self.version, "loaded_version": self.loaded_version,
                 "package_version": self.package_version, "package_kind": self.package_kind,
+                "package_driver_version": self.package_driver, "kernel": self.kernel,
                 "loaded": self.loaded_version is not None, "mxcd": self.mxcd}
+
+    def declared_driver(self, version: Optional[str]) -> Optional[str]:
+        """The kernel driver the payload ``version`` installs: declared by a payload of it at src, or
+        by the install record when it is the installed one; else the same number (our payloads)."""
+        if version is None:
+            return None
+        for pkg in self.packages:
+            if pkg.version == version and pkg.driver_version:
+                return pkg.driver_version
+        if version == self.package_version and self.package_driver:
+            return self.package_driver
+        return version
 
 
 @dataclass
 class Plan:
     steps: List[str]                   # "unload", "remove", "install", "load"
-    from_version: Optional[str]
+    from_version: Optional[str]        # payload versions (package database, file names)
     to_version: Optional[str]
     package: Optional[Package] = None
     reason: str = ""
     needs_unload: bool = False
+    from_driver: Optional[str] = None  # the loaded module's version before
+    to_driver: Optional[str] = None    # the kernel driver ``to_version`` declares (what verify expects)
 
     @property
     def changed(self) -> bool:
@@ -134,7 +173,8 @@ class Plan:
 
     def as_dict(self) -> Dict[str, object]:
         return {"steps": list(self.steps), "from_version": self.from_version,
-                "to_version": self.to_version, "reason": self.reason,
+                "to_version": self.to_version, "from_driver_version": self.from_driver,
+                "to_driver_version": self.to_driver, "reason": self.reason,
                 "package": asdict(self.package) if self.package else None}
 
 
@@ -201,24 +241,104 @@ def _query_package(cmds: NodeCommands, kind: Optional[str], name: str) -> Option
     return None
 
 
-def _run_record(host: HostRoot) -> Optional[dict]:
-    if not host.exists(RUN_RECORD):
+def _record(host: HostRoot, rel: str) -> Optional[dict]:
+    if not host.exists(rel):
         return None
     try:
-        return json.loads(host.read_text(RUN_RECORD))
+        found = json.loads(host.read_text(rel))
     except ValueError:
         return None
+    return found if isinstance(found, dict) else None
 
 
-def _list_src(host: HostRoot, src: Optional[str]) -> List[str]:
+def _run_record(host: HostRoot) -> Optional[dict]:
+    return _record(host, RUN_RECORD)
+
+
+def declared_driver(host: HostRoot, version: Optional[str]) -> Optional[str]:
+    """The kernel driver the installed payload ``version`` declared when it was installed
+    (:data:`DRIVER_RECORD`); ``version`` itself when the record is of another (our numbering)."""
+    record = _record(host, DRIVER_RECORD) or {}
+    if version is not None and record.get("version") == version and record.get("driver_version"):
+        return str(record["driver_version"])
+    return version
+
+
+def kernel_release(host: HostRoot) -> Optional[str]:
+    """The running kernel's release: the root's procfs, else this machine's (a container on the
+    node, or a chroot into it, runs the node's kernel)."""
+    found = host.read_attribute(KERNEL_RELEASE, default="") if host.exists(KERNEL_RELEASE) else ""
+    return found or os.uname().release or None
+
+
+def _declaration(host: HostRoot, rel: str) -> Declaration:
+    try:
+        return parse_declaration(host.read_text(rel), "/" + rel)
+    except (DriverPackageError, HostRootError) as exc:
+        raise DriverError(str(exc))
+
+
+def _module_kernels(host: HostRoot, tree_rel: str) -> List[str]:
+    """The kernel releases a prebuilt tree has the metax module for (lib/modules/<release>/**/metax.ko)."""
+    base = tree_rel.rstrip("/") + "/lib/modules"
+    kernels = []
+    for release in host.listdir(base) if host.isdir(base) else ():
+        for _dirpath, _dirs, files in os.walk(host.join(base + "/" + release)):
+            if any(f in MODULE_FILES for f in files):
+                kernels.append(release)
+                break
+    return kernels
+
+
+def _tree(host: HostRoot, rel: str, name: str) -> Optional[Package]:
+    """The prebuilt payload at ``rel``: a directory with ``<name>.version`` and modules; None if it is not one."""
+    rel = rel.strip("/")
+    if not host.isdir(rel) or not host.exists(rel + "/" + name + DECLARATION_SUFFIX):
+        return None
+    kernels = _module_kernels(host, rel)
+    if not kernels:
+        return None              # a declaration beside packages, not a prebuilt tree
+    try:
+        return prebuilt("/" + rel, _declaration(host, rel + "/" + name + DECLARATION_SUFFIX), kernels)
+    except DriverPackageError as exc:
+        raise DriverError(str(exc))
+
+
+def scan_src(host: HostRoot, src: Optional[str], name: str) -> List[Package]:
+    """The payloads at ``src`` (node path), every layout under the one interface, oldest first.
+
+    ``src`` is a package file, a prebuilt tree, or a directory holding package
+    files, prebuilt trees (``src`` itself or its subdirectories) and
+    declarations (``<name>.version``, ``<name>-*.version``) for the packages
+    beside them. A file named explicitly must be a package.
+    """
     if not src:
         return []
-    rel = src.lstrip("/")
-    if host.isdir(rel):
-        return ["/" + rel.rstrip("/") + "/" + name for name in host.listdir(rel)]
-    if host.exists(rel):
-        return ["/" + rel]
-    raise DriverError("src %s: no such file or directory on the node (host_root %s)" % (src, host.path))
+    rel = src.strip("/")
+    if not host.exists(rel):
+        raise DriverError("src %s: no such file or directory on the node (host_root %s)" % (src, host.path))
+    if not host.isdir(rel):
+        drivers = declared_drivers(_declarations(host, os.path.dirname(rel), name))
+        try:
+            return [parse("/" + rel, name, drivers)]
+        except DriverPackageError as exc:
+            raise DriverError(str(exc))
+    entries = sorted(host.listdir(rel))
+    trees = [t for t in [_tree(host, rel, name)] + [_tree(host, rel + "/" + e, name) for e in entries
+                                                    if host.isdir(rel + "/" + e)] if t is not None]
+    drivers = declared_drivers(_declarations(host, rel, name))
+    try:
+        return candidates(["/" + rel + "/" + e for e in entries], name, drivers, trees)
+    except DriverPackageError as exc:
+        raise DriverError(str(exc))
+
+
+def _declarations(host: HostRoot, rel: str, name: str) -> List[Declaration]:
+    rel = rel.strip("/")
+    if not host.isdir(rel):
+        return []
+    return [_declaration(host, rel + "/" + e) for e in sorted(host.listdir(rel))
+            if is_declaration(e, name) and not host.isdir(rel + "/" + e)]
 
 
 def observe(host: HostRoot, cmds: NodeCommands, request: Request,
@@ -229,12 +349,14 @@ def observe(host: HostRoot, cmds: NodeCommands, request: Request,
     record = _run_record(host)
     if package_version is None and record:
         package_version, package_kind = record.get("version"), "run"
+    tree_record = _record(host, PREBUILT_RECORD)
+    if package_version is None and tree_record:
+        package_version, package_kind = tree_record.get("version"), PREBUILT
+    declared = _record(host, DRIVER_RECORD) or {}
+    package_driver = declared.get("driver_version") if package_version and \
+        declared.get("version") == package_version else None
     loaded = host.read_attribute("sys/module/metax/version", default="") or None
-    srcs = _list_src(host, request.src)
-    if request.src and host.exists(request.src.lstrip("/")) and not host.isdir(request.src.lstrip("/")):
-        packages = [parse(srcs[0], request.package_name)]      # a file named explicitly must parse
-    else:
-        packages = candidates(srcs, request.package_name)
+    packages = scan_src(host, request.src, request.package_name)
     mxcd = False
     try:
         mxcd = stat.S_ISCHR(os.lstat(host.join("dev/mxcd")).st_mode)
@@ -242,7 +364,8 @@ def observe(host: HostRoot, cmds: NodeCommands, request: Request,
         pass
     return Observed(node_kind=kind, loaded_version=loaded, package_version=package_version,
                     package_kind=package_kind, mxcd=mxcd, packages=packages,
-                    in_use=inuse.in_use(host, pods) if loaded else [])
+                    in_use=inuse.in_use(host, pods) if loaded else [],
+                    package_driver=package_driver, kernel=kernel_release(host))
 
 
 # -- plan (pure) --------------------------------------------------------------
@@ -261,13 +384,13 @@ def plan(request: Request, seen: Observed) -> Plan:
             steps.append("remove")
         result = Plan(steps=steps, from_version=current, to_version=None,
                       reason="remove the driver" if steps else "no driver installed",
-                      needs_unload=seen.loaded_version is not None)
+                      needs_unload=seen.loaded_version is not None, from_driver=seen.loaded_version)
         _refuse_in_use(request, seen, result)
         return result
 
     target: Optional[str] = request.version
     if request.state == "latest":
-        best = choose(seen.packages, seen.node_kind, None)
+        best = choose(seen.packages, seen.node_kind, None, seen.kernel)
         if best is None:
             raise DriverError("state latest: no driver package for this node under src %s"
                               % (request.src or "(src not given)"))
@@ -276,10 +399,12 @@ def plan(request: Request, seen: Observed) -> Plan:
     if request.deploy_policy == "Never":
         if not seen.installed:
             raise DriverError("deploy_policy Never and no MetaX driver is installed on the node")
-        if target is not None and current != target:
+        if target is not None and seen.package_version != target and \
+                not driver_matches(seen.loaded_version, seen.declared_driver(target)):
             raise DriverError("deploy_policy Never: the node has driver %s, %s was asked" % (current, target))
-        return Plan(steps=[], from_version=current, to_version=current,
-                    reason="deploy_policy Never: verify only")
+        return Plan(steps=[], from_version=current, to_version=target or current,
+                    reason="deploy_policy Never: verify only", from_driver=seen.loaded_version,
+                    to_driver=seen.declared_driver(target) if target else seen.loaded_version)
 
     reinstall = request.deploy_policy == "Always"
     if reinstall or not seen.installed or (target is not None and seen.package_version != target):
@@ -287,43 +412,59 @@ def plan(request: Request, seen: Observed) -> Plan:
             # loaded but unknown to any package database, no package given: nothing to install from
             raise DriverError("deploy_policy %s: the driver is not from a package and no src was given"
                               % request.deploy_policy)
-        package = choose(seen.packages, seen.node_kind, target)
+        package = choose(seen.packages, seen.node_kind, target, seen.kernel)
         if package is None:
             if not seen.packages and not request.src:
-                raise DriverError("no src given: the driver package (deb, rpm or .run) to install "
-                                  "must be on the node or copied there first")
-            raise DriverError("no %sdriver package for this node (%s tool) under %s; found: %s" % (
-                "version %s " % target if target else "", seen.node_kind or "no package",
-                request.src, ", ".join(os.path.basename(p.path) for p in seen.packages) or "none"))
+                raise DriverError("no src given: the driver package (deb, rpm, .run or a prebuilt tree) to "
+                                  "install must be on the node or copied there first")
+            raise DriverError("no %sdriver package for this node (%s tool, kernel %s) under %s; found: %s" % (
+                "version %s " % target if target else "", seen.node_kind or "no package", seen.kernel or "?",
+                request.src, ", ".join(_describe(p) for p in seen.packages) or "none"))
         if package.kind in ("deb", "rpm") and package.kind != seen.node_kind:
             raise DriverError("%s is a %s package but the node's package tool is %s"
                               % (package.path, package.kind, seen.node_kind or "none"))
         steps = []
         if seen.loaded_version is not None:
             steps.append("unload")
-        if seen.package_kind and seen.package_kind != package.kind:
-            steps.append("remove")          # never two installs of one driver side by side
+        if seen.package_kind and (seen.package_kind != package.kind or package.kind == PREBUILT):
+            # never two installs of one driver side by side (a prebuilt tree's files go before the next's)
+            steps.append("remove")
         steps += ["install", "load"]
         why = ("reinstall (deploy_policy Always)" if reinstall and current == package.version
                else "install %s" % package.version if not seen.installed
                else "%s %s -> %s" % ("upgrade" if version_key(package.version) > version_key(current or "0")
                                      else "downgrade", current, package.version))
+        if package.driver != package.version:
+            why += " (kernel driver %s)" % package.driver
         result = Plan(steps=steps, from_version=current, to_version=package.version, package=package,
-                      reason=why, needs_unload=seen.loaded_version is not None)
+                      reason=why, needs_unload=seen.loaded_version is not None, from_driver=seen.loaded_version,
+                      to_driver=package.driver)
         _refuse_in_use(request, seen, result)
         return result
 
-    # the package is right; is the running module?
+    # the package is right; is the running module the kernel driver it declares?
     want = target or seen.package_version
+    want_driver = seen.declared_driver(want)
     if seen.loaded_version is None:
-        return Plan(steps=["load"], from_version=None, to_version=want, reason="driver installed but not loaded")
-    if want is not None and seen.loaded_version != want:
+        return Plan(steps=["load"], from_version=None, to_version=want, reason="driver installed but not loaded",
+                    to_driver=want_driver)
+    if want_driver is not None and not driver_matches(seen.loaded_version, want_driver):
         result = Plan(steps=["unload", "load"], from_version=seen.loaded_version, to_version=want,
-                      reason="package %s installed but %s still loaded" % (want, seen.loaded_version),
-                      needs_unload=True)
+                      reason="package %s installed but %s still loaded%s" % (
+                          want, seen.loaded_version,
+                          "" if want_driver == want else " (it installs kernel driver %s)" % want_driver),
+                      needs_unload=True, from_driver=seen.loaded_version, to_driver=want_driver)
         _refuse_in_use(request, seen, result)
         return result
-    return Plan(steps=[], from_version=current, to_version=current, reason="driver %s present" % current)
+    return Plan(steps=[], from_version=current, to_version=current, reason="driver %s present" % current,
+                from_driver=seen.loaded_version, to_driver=want_driver or seen.loaded_version)
+
+
+def _describe(package: Package) -> str:
+    if package.kind == PREBUILT:
+        return "%s (prebuilt %s for %s)" % (os.path.basename(package.path), package.version,
+                                             ", ".join(package.kernels))
+    return os.path.basename(package.path)
 
 
 def _refuse_in_use(request: Request, seen: Observed, result: Plan) -> None:
@@ -337,7 +478,7 @@ def diff(seen: Observed, result: Plan) -> Dict[str, str]:
     if not result.changed:
         return {"before": before, "after": before}
     after_version = result.to_version or "absent"
-    after = "driver: %s\nloaded: %s\n" % (after_version, result.to_version or "no")
+    after = "driver: %s\nloaded: %s\n" % (after_version, result.to_driver or result.to_version or "no")
     return {"before": before, "after": after}
 
 
@@ -351,26 +492,137 @@ def apply(host: HostRoot, cmds: NodeCommands, request: Request, seen: Observed, 
         elif step == "install":
             if result.package is None:
                 raise DriverError("internal: an install step without a package")
-            _install(host, cmds, request, result.package)
+            _install(host, cmds, request, result.package, seen.kernel)
         elif step == "load":
             cmds.check(request.load_command, "loading the driver")
 
 
-def _install(host: HostRoot, cmds: NodeCommands, request: Request, package: Package) -> None:
-    path = cmds.node_file(package.path)
-    if package.kind == "deb":
-        cmds.check(["dpkg", "-i", path], "installing %s" % package.path)
-    elif package.kind == "rpm":
-        cmds.check(["rpm", "-U", "--replacepkgs", "--oldpackage", path], "installing %s" % package.path)
+def _write_record(host: HostRoot, rel: str, record: Mapping[str, object]) -> None:
+    os.makedirs(os.path.dirname(host.join(rel)), exist_ok=True)
+    host.write_file_atomic(rel, (json.dumps(dict(record), sort_keys=True) + "\n").encode())
+
+
+def _unlink(host: HostRoot, rel: str) -> None:
+    if os.path.lexists(host.join(rel)):
+        os.unlink(host.join(rel))
+
+
+def _install(host: HostRoot, cmds: NodeCommands, request: Request, package: Package,
+             kernel: Optional[str] = None) -> None:
+    if package.kind == PREBUILT:
+        _install_prebuilt(host, cmds, package, kernel)
     else:
-        cmds.check([path] + list(request.run_install_args), "running %s" % package.path)
-        record = {"version": package.version, "package": package.path}
-        os.makedirs(os.path.dirname(host.join(RUN_RECORD)), exist_ok=True)
-        host.write_file_atomic(RUN_RECORD, (json.dumps(record, sort_keys=True) + "\n").encode())
+        path = cmds.node_file(package.path)
+        if package.kind == "deb":
+            cmds.check(["dpkg", "-i", path], "installing %s" % package.path)
+        elif package.kind == "rpm":
+            cmds.check(["rpm", "-U", "--replacepkgs", "--oldpackage", path], "installing %s" % package.path)
+        else:
+            cmds.check([path] + list(request.run_install_args), "running %s" % package.path)
+            _write_record(host, RUN_RECORD, {"version": package.version, "package": package.path,
+                                             "driver_version": package.driver})
+    # what the loaded module will say: a later run compares it with this, not with the payload's version
+    _write_record(host, DRIVER_RECORD, {"version": package.version, "driver_version": package.driver,
+                                        "kind": package.kind})
+
+
+def copy_payload_file(source: str, host: HostRoot, rel: str, mode: Optional[int] = None) -> None:
+    """Copy one file of a payload (a local path) to ``rel`` under the node's root, atomically.
+
+    The one place a payload's files are unpacked onto a node or into its cache
+    (driver-manager's staging, the prebuilt install): an archive extraction
+    replacing it later changes this function only.
+    """
+    # only a regular file, opened without following a link: a payload's link, FIFO or device node
+    # would make root read (or block on) whatever it points at
+    try:
+        src_fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise DriverError("payload file %s refused: %s (only regular files are copied)" % (source, exc)) from exc
+    with os.fdopen(src_fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            raise DriverError("payload file %s refused: not a regular file" % source)
+        _copy_payload_stream(src, host, rel, stat.S_IMODE(os.fstat(src.fileno()).st_mode) if mode is None else mode)
+
+
+def _copy_payload_stream(src, host: HostRoot, rel: str, mode: int) -> None:
+    dest = host.join(rel)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    # streamed (a vendor .run is hundreds of MB) into a temporary file beside it, then renamed
+    handle, tmp = tempfile.mkstemp(prefix=".metax-copy-", dir=os.path.dirname(dest))
+    try:
+        with os.fdopen(handle, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        # never setuid/setgid/sticky from a payload (the archive routine's rule)
+        os.chmod(tmp, mode & 0o777)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _install_prebuilt(host: HostRoot, cmds: NodeCommands, package: Package, kernel: Optional[str]) -> None:
+    """Copy the tree's modules for the running kernel into ``lib/modules/<kernel>/`` (paths kept) and
+    its tools (``usr/bin/mx-smi``) where the node has none, record the files, run ``depmod``."""
+    if kernel is None or kernel not in package.kernels:
+        raise DriverError("%s has no modules for the running kernel %s (it has %s)"
+                          % (package.path, kernel or "?", ", ".join(package.kernels)))
+    tree = host.join(package.path.strip("/"))
+    files: List[str] = []
+    modules = os.path.join(tree, "lib", "modules", kernel)
+    for dirpath, _dirs, names in os.walk(modules):
+        for name in sorted(names):
+            source = os.path.join(dirpath, name)
+            # kernel objects only: a tree's modules.dep & co. would replace the node's (depmod
+            # writes those), and a recorded one would be deleted from the node on removal
+            if os.path.islink(source) or not name.endswith(KERNEL_OBJECTS):
+                continue
+            rel = "lib/modules/%s/%s" % (kernel, os.path.relpath(source, modules))
+            copy_payload_file(source, host, rel, 0o644)
+            files.append(rel)
+    tools = os.path.join(tree, "usr", "bin")
+    for name in sorted(os.listdir(tools)) if os.path.isdir(tools) else ():
+        rel = "usr/bin/" + name
+        if not os.path.isfile(os.path.join(tools, name)) or os.path.islink(os.path.join(tools, name)):
+            continue
+        if os.path.lexists(host.join(rel)):
+            continue                 # the node's own mx-smi (MXMACA's, the administrator's) is never replaced
+        copy_payload_file(os.path.join(tools, name), host, rel, 0o755)
+        files.append(rel)
+    _write_record(host, PREBUILT_RECORD, {"version": package.version, "driver_version": package.driver,
+                                          "package": package.path, "kernel": kernel, "files": files})
+    cmds.check(["depmod", "-a", kernel], "depmod for the modules of %s" % package.path)
+
+
+def _remove_prebuilt(host: HostRoot, cmds: NodeCommands) -> None:
+    record = _record(host, PREBUILT_RECORD) or {}
+    for rel in record.get("files") or ():
+        rel = str(rel).strip("/")
+        if not (rel.startswith("lib/modules/") or rel.startswith("usr/bin/")) or ".." in rel.split("/"):
+            continue                 # only what an install of ours could have written
+        _unlink(host, rel)
+        parent = os.path.dirname(rel)
+        kernel_dir = "lib/modules/%s" % record.get("kernel")
+        while parent.startswith(kernel_dir + "/") and host.isdir(parent) and not host.listdir(parent):
+            os.rmdir(host.join(parent))      # the directories the tree brought (extra/metax), not the kernel's
+            parent = os.path.dirname(parent)
+    if record.get("kernel"):
+        cmds.check(["depmod", "-a", str(record["kernel"])], "depmod after removing the prebuilt driver")
+    _unlink(host, PREBUILT_RECORD)
 
 
 def _remove(host: HostRoot, cmds: NodeCommands, request: Request, seen: Observed) -> None:
-    if seen.package_kind == "deb":
+    _remove_package(host, cmds, request, seen)
+    _unlink(host, DRIVER_RECORD)
+
+
+def _remove_package(host: HostRoot, cmds: NodeCommands, request: Request, seen: Observed) -> None:
+    if seen.package_kind == PREBUILT:
+        _remove_prebuilt(host, cmds)
+    elif seen.package_kind == "deb":
         cmds.check(["dpkg", "--purge", request.package_name], "removing %s" % request.package_name)
     elif seen.package_kind == "rpm":
         cmds.check(["rpm", "-e", request.package_name], "removing %s" % request.package_name)
@@ -386,7 +638,11 @@ def _remove(host: HostRoot, cmds: NodeCommands, request: Request, seen: Observed
 
 # -- verify ---------------------------------------------------------------------
 def verify(host: HostRoot, cmds: NodeCommands, version: Optional[str]) -> Dict[str, object]:
-    """Version, /dev/mxcd and mx-smi; raises DriverVerifyError listing what failed."""
+    """Version, /dev/mxcd and mx-smi; raises DriverVerifyError listing what failed.
+
+    ``version`` is the kernel-driver version the payload declares (``Plan.to_driver``,
+    ``Package.driver``), never a payload version that declares another; None: any.
+    """
     loaded = host.read_attribute("sys/module/metax/version", default="") or None
     try:
         mxcd = stat.S_ISCHR(os.lstat(host.join("dev/mxcd")).st_mode)
@@ -402,7 +658,8 @@ def verify(host: HostRoot, cmds: NodeCommands, version: Optional[str]) -> Dict[s
         except HostRootError as exc:
             smi_msg = str(exc)
     checks: Dict[str, object] = {
-        "loaded_version": loaded, "version_ok": loaded is not None and (version is None or loaded == version),
+        "loaded_version": loaded,
+        "version_ok": loaded is not None and (version is None or driver_matches(loaded, version)),
         "mxcd": mxcd, "mx_smi": smi_ok, "mx_smi_message": smi_msg,
     }
     problems = []
@@ -424,7 +681,8 @@ def run(host: HostRoot, request: Request, check_mode: bool, runner: Optional[Run
     host.check()
     if request.src and kind_of(request.src) is None and not host.isdir(request.src.lstrip("/")) \
             and host.exists(request.src.lstrip("/")):
-        raise DriverError("src %s: not a .deb, .rpm or .run file nor a directory" % request.src)
+        raise DriverError("src %s: not a .deb, .rpm or .run file nor a directory (of packages, or a prebuilt "
+                          "tree)" % request.src)
     cmds = NodeCommands(host, runner)
     seen = observe(host, cmds, request, pods)
     result = plan(request, seen)
@@ -438,5 +696,5 @@ def run(host: HostRoot, request: Request, check_mode: bool, runner: Optional[Run
     after = observe(host, cmds, Request(package_name=request.package_name, src=None))
     out["after"] = after.summary()
     if request.verify and request.state != "absent":
-        out["verify"] = verify(host, cmds, result.to_version)
+        out["verify"] = verify(host, cmds, result.to_driver)
     return out

@@ -19,11 +19,12 @@ from __future__ import annotations
 import os
 from typing import Iterable, List, Mapping, Set
 
+from ..gpu.users import open_device_users as device_users
 from ..host import HostRoot, HostRootError
+from ..kube.pods import gpu_pods
 from ..names import RESOURCE_NAME
 
 DRIVER_NAME = "metax"
-TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 def metax_device_nodes(host: HostRoot) -> Set[str]:
@@ -45,52 +46,11 @@ def metax_device_nodes(host: HostRoot) -> Set[str]:
 
 def open_device_users(host: HostRoot) -> List[str]:
     """``"<pid> (<comm>): <device>"`` for every open MetaX device node under the host root."""
-    devices = metax_device_nodes(host)
-    users: List[str] = []
-    for pid in sorted((p for p in host.listdir("proc") if p.isdigit()), key=int):
-        try:
-            fds = host.listdir("proc/%s/fd" % pid)
-        except HostRootError:
-            continue     # the process ended, or is not ours to read
-        held = set()
-        for fd in fds:
-            target = host.readlink("proc/%s/fd/%s" % (pid, fd))
-            if target in devices:
-                held.add(target)
-        if held:
-            comm = host.read_attribute("proc/%s/comm" % pid, default="?")
-            users.extend("%s (%s): %s" % (pid, comm, dev) for dev in sorted(held))
-    return users
+    return ["%s (%s): %s" % (u.pid, u.comm, u.node) for u in device_users(host, metax_device_nodes(host))]
 
 
 def module_refcount(host: HostRoot) -> int:
     return host.read_int("sys/module/metax/refcnt", default=0)
-
-
-def _requests_gpu(container: Mapping) -> bool:
-    resources = container.get("resources") or {}
-    for section in ("limits", "requests"):
-        if RESOURCE_NAME in (resources.get(section) or {}):
-            return True
-    return False
-
-
-def gpu_pods(pods: Iterable[Mapping]) -> List[str]:
-    """``namespace/name`` of running or pending pods that use ``metax-tech.com/gpu``.
-
-    ``pods`` are API objects as dicts (``metadata``, ``spec``, ``status``),
-    already limited to one node by the caller.
-    """
-    found = []
-    for pod in pods:
-        if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
-            continue
-        spec = pod.get("spec") or {}
-        containers = list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
-        if any(_requests_gpu(c) for c in containers):
-            meta = pod.get("metadata") or {}
-            found.append("%s/%s" % (meta.get("namespace", "default"), meta.get("name", "?")))
-    return sorted(found)
 
 
 def in_use(host: HostRoot, pods: Iterable[Mapping] = ()) -> List[str]:

@@ -29,10 +29,12 @@ deployPolicy (ClusterOperator ``spec.driver.deployPolicy``, manual Table 3.2):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MetaxGpuError
+from .package import driver_matches, kernel_driver_version
 
 DEPLOY_POLICIES = ("IfNotPresent", "Always", "Never", "PreferCloud")
 MODE_NATIVE = "native"
@@ -82,8 +84,10 @@ class Decision:
         return self.action == "converge"
 
 
-def decide(policy: str, node: NodeDriver, payload_version: Optional[str]) -> Decision:
-    """The decision for ``policy`` on ``node`` given the payload's version."""
+def decide(policy: str, node: NodeDriver, payload_version: Optional[str],
+           driver_version: Optional[str] = None) -> Decision:
+    """The decision for ``policy`` on ``node`` given the payload's version and the kernel driver it
+    declares (``driver_version``; None: the same number). The loaded module is compared with the latter."""
     if policy not in DEPLOY_POLICIES:
         raise PolicyError("deployPolicy %r: expected one of %s" % (policy, ", ".join(DEPLOY_POLICIES)))
     current_mode = (MODE_CLOUD if node.ours else MODE_NATIVE) if node.present else None
@@ -104,7 +108,8 @@ def decide(policy: str, node: NodeDriver, payload_version: Optional[str]) -> Dec
         return Decision("none", MODE_NATIVE, None, "deployPolicy PreferCloud: the administrator's driver %s "
                         "is in use; the payload's %s replaces it once the GPUs are idle"
                         % (node.loaded_version or node.installed_version, payload_version), retry=True)
-    on_target = node.installed_version == payload_version and node.loaded_version == payload_version
+    on_target = node.installed_version == payload_version and \
+        driver_matches(node.loaded_version, kernel_driver_version(payload_version, driver_version))
     if on_target and node.ours:
         return Decision("keep", MODE_CLOUD, payload_version, "driver %s = payload" % payload_version)
     return Decision("converge", MODE_CLOUD, payload_version, "deployPolicy %s: %s -> %s" % (
@@ -166,12 +171,54 @@ def payload_kinds(family: Optional[str]) -> Tuple[str, ...]:
 
 
 # -- driver-config: module parameters -------------------------------------------------
+# A kernel module parameter is a C identifier (the kernel takes '-' for '_'). Anything else, above
+# all a word starting with '-', would reach ``modprobe metax ...`` (run as root on the node) as an
+# option: ``--config=FILE`` or ``-d=DIR`` change what modprobe reads and loads.
+_PARAM_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_-]{0,63}\Z")
+_PARAM_VALUE = re.compile(r"\A[\x21-\x7e]{1,1024}\Z")     # printable, no space: one argv word
+
+
+def _check_param(source: str, word: str) -> Tuple[str, str]:
+    if word.startswith("-"):
+        raise PolicyError("%s: %r is a modprobe option, not a module parameter (name=value)" % (source, word))
+    key, sep, value = word.partition("=")
+    if not sep or not key or not value:
+        raise PolicyError("%s: %r is not key=value" % (source, word))
+    if not _PARAM_NAME.match(key):
+        raise PolicyError("%s: %r is not a module parameter name (a C identifier)" % (source, key))
+    if not _PARAM_VALUE.match(value):
+        raise PolicyError("%s: the value of %s is not printable ASCII of 1 to 1024 characters" % (source, key))
+    return key, value
+
+
+def parse_modinfo_params(text: str) -> FrozenSet[str]:
+    """The parameter names of ``modinfo -p metax`` (``name:description (type)`` lines), '-' as '_'."""
+    names = set()
+    for line in text.splitlines():
+        name, sep, _rest = line.partition(":")
+        if sep and _PARAM_NAME.match(name.strip()):
+            names.add(name.strip().replace("-", "_"))
+    return frozenset(names)
+
+
+def check_known(params: Sequence[str], known: Optional[FrozenSet[str]]) -> List[str]:
+    """``params`` if each names a parameter the module has (``known``: from ``modinfo -p``; None: the
+    module is not on disk yet, nothing to ask; the grammar of :func:`module_params` still held)."""
+    if known is None:
+        return list(params)
+    unknown = sorted(p.split("=", 1)[0] for p in params if p.split("=", 1)[0].replace("-", "_") not in known)
+    if unknown:
+        raise PolicyError("driver-config: the metax module has no parameter %s (modinfo -p metax lists: %s)"
+                          % (", ".join(unknown), ", ".join(sorted(known)) or "none"))
+    return list(params)
+
+
 def module_params(config: Mapping[str, object], node: str) -> List[str]:
     """``key=value`` arguments for ``modprobe metax``: ``module-params``, then the node's ``node-module-params``.
 
     Both are strings of space-separated ``key=value`` (the real driver-config's
     shape); a node's value for a key replaces the global one. Raises PolicyError
-    for a word that is not ``key=value``.
+    for a word that is not ``key=value`` with a parameter name (never a modprobe option).
     """
     merged: Dict[str, str] = {}
     global_params = config.get("module-params") or ""
@@ -182,12 +229,12 @@ def module_params(config: Mapping[str, object], node: str) -> List[str]:
         if not isinstance(text, str):
             raise PolicyError("%s must be a string of key=value words, got %r" % (source, text))
         for word in text.split():
-            key, sep, value = word.partition("=")
-            if not sep or not key or not value:
-                raise PolicyError("%s: %r is not key=value" % (source, word))
+            key, value = _check_param(source, word)
             merged[key] = value
     return ["%s=%s" % (k, v) for k, v in merged.items()]
 
 
 def load_command(params: Sequence[str]) -> Tuple[str, ...]:
+    for param in params:        # whatever built them: never an option on modprobe's command line
+        _check_param("module parameters", param)
     return ("modprobe", "metax") + tuple(params)

@@ -24,6 +24,17 @@ The rules (docs/day-two.md, docs/operator.md "driver upgradePolicy"):
 * failed nodes (state ``failed``/``rolled-back``) are never started; when
   there are ``max_failures`` of them or more, the rollout is paused
   (``fallback: pause``): nothing starts, what is in flight finishes;
+* ``enabled`` false (``enableRollout: false``, the real CR's default): no
+  rolling upgrade at all. Every candidate starts *in place*
+  (:attr:`Decision.cordon` false): never cordoned, never evicted, no budget
+  spent; its node's driver-manager installs the new payload only while the
+  node's GPUs are not in use, else it waits and says so on the node. The
+  failure threshold and ``pause`` still hold it;
+* a node whose target kernel-driver version is not known yet
+  (:attr:`RolloutNode.declared` false: its driver-manager of the new payload
+  has not said what the payload installs) waits (``payload-unknown``): "on
+  target" is the loaded module against the declared version, never against
+  the payload's own number (``package.driver_matches``);
 * a node labelled ``driver.upgrade.skip=true`` and a NotReady node never start;
 * an administrator's cordon is never undone: :attr:`RolloutNode.admin_cordoned`
   is carried through (the callers act on it), and such a node is upgraded
@@ -36,7 +47,6 @@ is passed over for a later one that costs nothing (a cordoned node).
 from __future__ import annotations
 
 import math
-import re
 from collections import deque
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -44,13 +54,14 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 from .. import names as N
 from ..errors import MetaxGpuError
+from .package import driver_matches
 
 IntOrPercent = Union[int, str]
 
 # Why a node does not start now (Wait.reason).
 WAIT_SKIP = "skip-label"                  # driver.upgrade.skip=true: never
 WAIT_NOT_READY = "not-ready"              # its agents could not validate it
-WAIT_DISABLED = "rollout-disabled"        # upgradePolicy.enableRollout: false
+WAIT_PAYLOAD = "payload-unknown"          # the kernel driver the target payload installs is not known yet
 WAIT_PAUSED = "rollout-paused"            # upgradePolicy.pause, or failures >= threshold
 WAIT_STEP_PAUSE = "step-pause"            # an upgradeSteps pause is running
 WAIT_STEP = "step-limit"                  # the current step's replicas are all started
@@ -75,9 +86,14 @@ class RolloutNode:
     admin_cordoned: bool = False
     state: Optional[str] = None             # metax-tech.com/driver.upgrade-state
     skip: bool = False                      # metax-tech.com/driver.upgrade.skip=true
-    current_version: Optional[str] = None
-    target_version: Optional[str] = None    # None: unknown, the node is to be processed
+    current_version: Optional[str] = None   # the loaded kernel driver (gpu.driver.* labels)
+    # the kernel driver the target payload installs, as declared (package.Package.driver);
+    # None: unknown, the node is to be processed (the playbook: its module decides)
+    target_version: Optional[str] = None
     reason: str = ""                        # why it failed (message annotation)
+    # False: the target payload's declaration has not reached the planner for this node (it waits)
+    declared: bool = True
+    in_place: bool = False                  # started in place (enableRollout false): never cordoned by us
 
     @property
     def unavailable(self) -> bool:
@@ -146,6 +162,8 @@ class Decision:
     step_pause: Optional[StepPause] = None   # keep it and pass it back to the next decide()
     paused: bool = False
     pause_reason: str = ""
+    # False (enableRollout false): ``start`` is in place, no cordon, no eviction, no budget
+    cordon: bool = True
 
     @property
     def pause_until(self) -> Optional[float]:
@@ -170,7 +188,7 @@ class Decision:
 
 
 # waits that end by themselves (or by the rollout going on)
-_LATER = frozenset((WAIT_STEP_PAUSE, WAIT_STEP, WAIT_PARALLEL, WAIT_BUDGET))
+_LATER = frozenset((WAIT_STEP_PAUSE, WAIT_STEP, WAIT_PARALLEL, WAIT_BUDGET, WAIT_PAYLOAD))
 
 
 @dataclass(frozen=True)
@@ -184,19 +202,11 @@ class BatchPlan:
     batch_of: Dict[str, int] = field(default_factory=dict)
 
 
-@lru_cache(maxsize=256)     # a fleet has a handful of versions; every node asks
-def version_parts(version: Optional[str]) -> Tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", str(version or "")))
-
-
+@lru_cache(maxsize=1024)     # a fleet has a handful of versions; every node asks
 def same_version(current: Optional[str], target: Optional[str]) -> bool:
-    """Whether ``current`` is ``target`` as far as both say: the node's labels carry
-    major.minor.patch only, a payload version may have a fourth part (2.29.0.13)."""
-    have, want = version_parts(current), version_parts(target)
-    if not have or not want:
-        return False
-    width = min(len(have), len(want), 3)
-    return have[:width] == want[:width]
+    """Whether the loaded kernel driver ``current`` (the node's major.minor.patch labels) is the
+    declared kernel driver ``target``: :func:`.package.driver_matches`, the one comparison."""
+    return driver_matches(current, target)
 
 
 def count_of(value: IntOrPercent, total: int, what: str, round_up: bool = False, minimum: int = 1) -> int:
@@ -256,6 +266,10 @@ def _census(nodes: Sequence[RolloutNode], policy: Policy) -> _Census:
             if node.state != N.DRIVER_UPGRADE_DONE or node.outdated:
                 census.in_flight.append(node.name)
                 continue
+        if not node.declared:
+            census.excluded.append(Wait(node.name, WAIT_PAYLOAD, "the kernel driver the target payload installs "
+                                                                 "is not known yet (its driver-manager says it)"))
+            continue
         if not node.outdated and (node.state is None or not policy.restart_unfinished):
             census.done.append(node.name)
         elif not node.ready:
@@ -307,12 +321,16 @@ def _choose(census: _Census, limits: _Limits, policy: Policy, now: float,
         why = "%d node(s) failed (%s), maxFailureThreshold %d: fallback %s" % (
             len(census.failed), ", ".join(census.failed), threshold, policy.fallback)
         return _Choice((), Wait("", WAIT_PAUSED, why), "", False, budget, None, step_pause, True, why)
-    if not policy.enabled:
-        return _Choice((), Wait("", WAIT_DISABLED, "upgradePolicy.enableRollout is false"), "", False, budget,
-                       None, step_pause, False, "")
     if policy.paused:
         why = "upgradePolicy.pause is true"
         return _Choice((), Wait("", WAIT_PAUSED, why), "", False, budget, None, step_pause, True, why)
+    if not policy.enabled:
+        # no rolling upgrade: every candidate in place, in its order; nothing is made
+        # unavailable by us, so neither the budget nor maxParallel nor the steps apply
+        in_place = sorted(list(census.free) + list(census.fresh))
+        census.free.clear()
+        census.fresh.clear()
+        return _Choice(tuple(name for _order, name in in_place), None, "", True, budget, None, step_pause, False, "")
     done = len(census.done)
     step: Optional[int] = next((i for i, cap in enumerate(limits.caps) if done < cap), None)
     last_over = (len(limits.caps) if step is None else step) - 1
@@ -384,14 +402,16 @@ def decide(nodes: Sequence[RolloutNode], policy: Policy, now: float = 0.0,
                     done=tuple(census.done), failed=tuple(census.failed), unavailable=tuple(census.unavailable),
                     max_unavailable=limits.max_unavailable, max_parallel=limits.max_parallel,
                     budget=max(0, limits.max_unavailable - len(census.unavailable)), step=choice.step,
-                    step_pause=choice.step_pause, paused=choice.paused, pause_reason=choice.pause_reason)
+                    step_pause=choice.step_pause, paused=choice.paused, pause_reason=choice.pause_reason,
+                    cordon=policy.enabled)
 
 
 def finished_node(node: RolloutNode) -> RolloutNode:
     """``node`` after a successful upgrade: at its target, no state, cordoned only if the administrator had."""
     target = node.target_version if node.target_version is not None else "(planned)"
-    return replace(node, state=None, cordoned=node.admin_cordoned, current_version=target, target_version=target,
-                   reason="")
+    cordoned = node.cordoned if node.in_place else node.admin_cordoned     # in place: its cordon was never ours
+    return replace(node, state=None, cordoned=cordoned, current_version=target, target_version=target,
+                   reason="", in_place=False)
 
 
 def plan_batches(nodes: Sequence[RolloutNode], policy: Policy, now: float = 0.0) -> BatchPlan:

@@ -7,7 +7,8 @@ Per reading: a sysfs scan (cheap, no mx-smi) tells whether the GPUs changed
 since the last discovery, and only then discovery runs again (it is what
 knows UUIDs, products and VFs); ``mx-smi -j`` where the version has it, and
 the ``mx-smi`` table for what the JSON lacks (memory and processes; all of it
-when there is no JSON); the kubelet's pod-resources API for who holds each
+when there is no JSON), and on every 4th reading ``mx-smi --count-ecc`` (ECC
+counters, for mx_ecc_error_count); the kubelet's pod-resources API for who holds each
 device. Every mx-smi run has a timeout well inside the interval; a run that
 fails, hangs or prints what we cannot read becomes a problem of the reading
 (a metric and a log line), never an exception.
@@ -24,7 +25,7 @@ from ..gpu import mxsmi, mxsmi_json, pci
 from ..gpu.discovery import DRIVER_MODULE, MX_SMI, DiscoveryError, discover
 from ..gpu.model import Inventory
 from ..host import HostRoot, HostRootError
-from .readings import Owner, Reading, device_metrics
+from .readings import Owner, Reading, device_metrics, driver_version
 
 LOG = logging.getLogger("gpu-exporter.collect")
 # parser bugs degrade a reading like odd output does (as in discovery)
@@ -34,8 +35,11 @@ JSON_RETRY_READINGS = 20
 # a discovery made without mx-smi's answer (no UUIDs, products from PCI ids) is
 # repeated after this many readings, in case mx-smi has come back
 REDISCOVER_READINGS = 20
+# ``mx-smi --count-ecc`` (mx_ecc_error_count) on every this many readings: the
+# counters change rarely, and a third mx-smi run per reading would cost the node
+ECC_EVERY_READINGS = 4
 RESULTS = ("ok", "error", "timeout", "unparsed")
-COMMANDS = ("json", "table")
+COMMANDS = ("json", "table", "ecc")
 
 
 class RunCounter:
@@ -77,6 +81,8 @@ class NodeReader:
         self.inventory: Optional[Inventory] = None
         self._pci: Optional[tuple] = None
         self._json_skip = 0              # readings left before ``-j`` is tried again
+        self._ecc_wait = 0               # readings left before ``--count-ecc`` runs again
+        self.ecc: Dict[str, Dict[str, int]] = {}     # its latest answer, served until the next
         self.discoveries = 0
         self._since_discovery = 0
         self._logged: frozenset = frozenset()
@@ -167,6 +173,26 @@ class NodeReader:
         problems.extend(table.problems)
         return table
 
+    def _read_ecc(self, deadline: float, problems: List[str]) -> None:
+        """``--count-ecc`` when due; its answer is kept for the readings in between."""
+        if self._ecc_wait > 0:
+            self._ecc_wait -= 1
+            return
+        out = self._run("ecc", ["--count-ecc"], deadline, problems)
+        if out is None:
+            self.ecc = {}
+            self._ecc_wait = JSON_RETRY_READINGS       # a version without it: not on every reading
+            return
+        found: List[str] = []
+        try:
+            self.ecc = mxsmi.parse_count_ecc(out, found)
+        except _PARSE_FAILURES as exc:
+            found.append(str(exc))
+            self.ecc = {}
+        self.runs.add("ecc", "unparsed" if found and not self.ecc else "ok")
+        problems.extend(found)
+        self._ecc_wait = ECC_EVERY_READINGS - 1
+
     def _owners(self, problems: List[str]) -> Tuple[Mapping[str, Owner], bool]:
         if self.allocations is None:
             return {}, False
@@ -186,14 +212,17 @@ class NodeReader:
             smi_json = self._read_json(deadline, problems)
             # real -j output has no memory and no processes: the table has them
             table = self._read_table(deadline, problems)
+            if smi_json is not None or table is not None:
+                self._read_ecc(deadline, problems)
         owners, pod_resources_ok = self._owners(problems)
-        devices = device_metrics(inventory, smi_json, table, owners) if inventory is not None else ()
+        devices = device_metrics(inventory, smi_json, table, owners, self.ecc) if inventory is not None else ()
         source = "+".join(name for name, part in (("json", smi_json), ("table", table)) if part) or "none"
         ok = smi_json is not None or table is not None
         self._log(problems)
         return Reading(taken_at=self.clock(), devices=devices, mx_smi_ok=ok, source=source,
                        duration_seconds=time.monotonic() - started, pod_resources_ok=pod_resources_ok,
-                       problems=tuple(dict.fromkeys(problems)))
+                       problems=tuple(dict.fromkeys(problems)),
+                       driver_version=driver_version(inventory, smi_json, table))
 
     def _log(self, problems: List[str]) -> None:
         """Each problem once when it appears, and once when all are gone."""

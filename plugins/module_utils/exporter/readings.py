@@ -42,6 +42,14 @@ class DeviceMetrics:
     power_limit_watts: Optional[float] = None
     processes: Optional[int] = None
     owner: Optional[Owner] = None
+    # for the mx-exporter families (exporter/mx_families.py); None where no source has it
+    smi_index: Optional[int] = None            # mx-smi's GPU number (``-j`` device_id, the table's index)
+    hotspot_celsius: Optional[float] = None    # ``-j`` hotspot only (the table does not say which sensor)
+    gpu_clock_mhz: Optional[float] = None
+    memory_clock_mhz: Optional[float] = None
+    bios_version: Optional[str] = None
+    pci_events: Tuple[Tuple[str, int], ...] = ()
+    ecc_errors: Optional[int] = None           # ``--count-ecc``: SRAM and DRAM, correctable and not
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,16 @@ class Reading:
     duration_seconds: float             # how long the reading took (mx-smi and pod-resources)
     pod_resources_ok: bool
     problems: Tuple[str, ...] = ()      # what could not be read, each once
+    driver_version: str = ""            # the kernel driver's, as mx-smi reports it (else sysfs)
+
+
+def driver_version(inventory: Optional[Inventory], smi_json: Optional[MxSmiJson], table: Optional[MxSmiTable]) -> str:
+    """The driver version mx-smi reports (``-j``, else the table's header), else the loaded module's."""
+    for found in (smi_json.driver_version if smi_json else None, table.driver_version if table else None,
+                  inventory.driver.version if inventory is not None and inventory.driver.loaded else None):
+        if found:
+            return found
+    return ""
 
 
 def _ratio(percent: Optional[float]) -> Optional[float]:
@@ -68,7 +86,8 @@ def _mib(value: Optional[int]) -> Optional[int]:
 
 
 def device_metrics(inventory: Inventory, smi_json: Optional[MxSmiJson], table: Optional[MxSmiTable],
-                   owners: Mapping[str, Owner]) -> Tuple[DeviceMetrics, ...]:
+                   owners: Mapping[str, Owner],
+                   ecc: Optional[Mapping[str, Mapping[str, int]]] = None) -> Tuple[DeviceMetrics, ...]:
     """One entry per GPU and per VF of ``inventory``, PF first then its VFs, in discovery order.
 
     A GPU that a complete mx-smi answer does not list, or lists as
@@ -109,7 +128,15 @@ def device_metrics(inventory: Inventory, smi_json: Optional[MxSmiJson], table: O
             power_watts=js.power_watts if js and js.power_watts is not None else sample.power_watts,
             power_limit_watts=sample.power_cap_watts,
             processes=processes_by_bdf.get(gpu.bdf),
-            owner=owners.get(gpu.bdf)))
+            owner=owners.get(gpu.bdf),
+            smi_index=js.index if js is not None and js.index is not None else (tg.index if tg is not None else None),
+            hotspot_celsius=js.temperature_celsius if js is not None else None,
+            gpu_clock_mhz=js.gpu_clock_mhz if js is not None else None,
+            memory_clock_mhz=js.memory_clock_mhz if js is not None else None,
+            bios_version=(js.vbios_version if js is not None and js.vbios_version else
+                          (table.bios_version if table is not None else None)),
+            pci_events=js.pci_events if js is not None else (),
+            ecc_errors=sum((ecc or {})[gpu.bdf].values()) if gpu.bdf in (ecc or {}) else None))
         for device in inventory.devices:
             if device.gpu_index != gpu.index or not device.is_vf:
                 continue

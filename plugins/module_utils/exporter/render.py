@@ -8,7 +8,8 @@ Every metric is listed in :data:`DEVICE_METRICS` and :data:`EXPORTER_METRICS`
 ``node``, ``gpu``, ``uuid``, ``bdf``, ``product`` and ``function`` (``pf`` or
 ``vf``), and ``namespace``/``pod``/``container`` while the kubelet has
 assigned the device to a container. A value no source reported is left out
-(no series), never written as 0.
+(no series), never written as 0. The mx-exporter families (``mx_*``,
+:mod:`.mx_families`) follow the device families, from the same reading.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from .mx_families import mx_samples
 from .readings import DeviceMetrics, Reading
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -58,7 +60,7 @@ EXPORTER_METRICS: Tuple[MetricDef, ...] = (
     MetricDef("metax_gpu_exporter_mx_smi_up", "gauge",
               "1 when the latest reading got an answer from mx-smi that was understood", "boolean"),
     MetricDef("metax_gpu_exporter_mx_smi_runs_total", "counter",
-              "mx-smi runs by command (json, table) and result (ok, error, timeout, unparsed)", "runs"),
+              "mx-smi runs by command (json, table, ecc) and result (ok, error, timeout, unparsed)", "runs"),
     MetricDef("metax_gpu_exporter_reading_duration_seconds", "gauge",
               "Time the latest reading took (mx-smi and pod-resources)", "seconds"),
     MetricDef("metax_gpu_exporter_reading_age_seconds", "gauge",
@@ -138,6 +140,9 @@ def render(node: str, reading: Optional[Reading], state: ExporterState) -> str:
                 samples.append((device_labels(node, device), float(value)))
         if samples:
             _family(lines, metric, samples)
+    # mx-exporter's names, for dashboards made for MetaX's own operator (exporter/mx_families.py)
+    for mx, found in mx_samples(node, reading):
+        _family(lines, MetricDef(mx.name, mx.kind, mx.help, mx.unit), found)
     own: Dict[str, List[Tuple[Sequence[Tuple[str, str]], float]]] = {m.name: [] for m in EXPORTER_METRICS}
     nodes = [("node", node)]
     if reading is not None:

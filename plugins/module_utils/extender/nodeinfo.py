@@ -33,12 +33,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ..names import RESOURCE_NAME
+from ..names import ANNOTATION_DEVICES, ANNOTATION_LOSSES, ANNOTATION_SCORES, RESOURCE_NAME
 from .demand import QuantityError, json_type, quantity_count
-
-ANNOTATION_DEVICES = "metax-tech.com/gpu.devices"
-ANNOTATION_SCORES = "metax-tech.com/gpu.topology.scores"
-ANNOTATION_LOSSES = "metax-tech.com/gpu.topology.losses"
 
 # (devices, scores, losses, capacity, allocatable) as found on the Node.
 NodeFields = Tuple[Optional[str], Optional[str], Optional[str], Any, Any]

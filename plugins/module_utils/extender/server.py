@@ -5,12 +5,31 @@
 ``GET /healthz``, ``GET /readyz``, ``GET /metrics``.
 
 Standard library only (``http.server``): one thread per connection, HTTP/1.1
-keep-alive (kube-scheduler reuses connections), optional TLS, a request body
-limit, and a graceful stop that lets requests in progress finish.
+keep-alive (kube-scheduler reuses connections), optional TLS, and a graceful
+stop that lets requests in progress finish.
+
+Any pod that can reach the Service can send it anything, so every resource a
+client can hold is bounded (docs/security.md, threat model):
+
+* connections: at most ``max_connections`` (one thread each); at the cap the
+  connection idle the longest is closed for the new one, and when none is
+  idle the new one is answered 503;
+* time: a connection waits ``idle_timeout`` for a request; once its first
+  byte arrives, the head and body must be in within ``request_timeout`` and
+  no single read may wait longer than ``read_timeout`` (a client sending a
+  byte a second is cut off);
+* memory: a body is refused beyond ``max_body_bytes``; bodies are read as
+  they arrive (never allocated at their declared length); the bodies held at
+  once are bounded by two pools, one for large bodies (``max_body_bytes``)
+  and one for small ones (the ``nodeCacheCapable: true`` form and small
+  clusters), so a client holding large bodies cannot starve the small
+  requests; large bodies are decided one at a time (their parse and answer
+  take about 3.4 times the body).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
 import sys
@@ -20,8 +39,9 @@ import time
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import compress
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..httpbounds import DeadlineReader, abort, refuse
 from .cache import NodeCache, WeightsHolder
 from .demand import PodSpecError, pod_demand
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -33,11 +53,31 @@ from .wire import (
     priority_list)
 
 DEFAULT_PORT = 8080
-# A full NodeList of 5,000 real nodes runs to tens of MB (a node with labels,
-# annotations, conditions and its image list is 5-20 KB); leave room.
-DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+# The largest request kube-scheduler sends: ExtenderArgs with the full Nodes of a
+# 5,000-node cluster (the Kubernetes scalability limit), each with our labels and
+# annotations, Node Feature Discovery's labels and the kubelet's 50-image list
+# (nodeStatusMaxImages), measured at 77.9 MB (15.6 KB a node; benchmarks/extender_limits.py).
+# 128 MiB leaves 1.7 times that.
+DEFAULT_MAX_BODY_BYTES = 128 * 1024 * 1024
+# Bodies up to this size are "small" (a NodeNames request of 5,000 names is ~0.1 MB):
+# they draw on their own pool and are decided concurrently.
+SMALL_BODY_BYTES = 1024 * 1024
+DEFAULT_SMALL_BODIES_BYTES = 32 * 1024 * 1024
+# kube-scheduler holds one connection per extender while it schedules one pod at a
+# time; probes and Prometheus add a few.
+DEFAULT_MAX_CONNECTIONS = 64
+# Longer than the 90 s after which kube-scheduler's Go transport drops an idle
+# connection itself, so the client closes first and never sends on a connection
+# the server is closing.
+DEFAULT_IDLE_TIMEOUT = 120.0
+# kube-scheduler gives an extender call 5 s (httpTimeout); a request whose head
+# and body take six times that is not the scheduler.
+DEFAULT_REQUEST_TIMEOUT = 30.0
+DEFAULT_READ_TIMEOUT = 10.0
+WRITE_TIMEOUT = 60.0
 JSON = "application/json"
 Response = Tuple[int, List[bytes]]
+Body = Union[bytes, bytearray]      # bodies are read into a bytearray as they arrive
 
 
 class ExtenderService:
@@ -66,7 +106,7 @@ class ExtenderService:
     def ready(self) -> bool:
         return self.nodes is None or self.nodes.synced.is_set()
 
-    def _parse(self, body: bytes) -> Tuple[ParsedArgs, int]:
+    def _parse(self, body: Body) -> Tuple[ParsedArgs, int]:
         args = parse_args(body, self._extract)
         # parse_args hands prioritize the very Pod object filter decoded (wire.POD_MEMO): its demand
         # is known then. The tuple is read once, so a concurrent request never pairs a Pod with
@@ -95,7 +135,7 @@ class ExtenderService:
         return "%s/%s" % (metadata_field(args.pod, "namespace") or "", metadata_field(args.pod, "name") or "")
 
     # --------------------------------------------------------------- verbs
-    def filter(self, body: bytes) -> Response:
+    def filter(self, body: Body) -> Response:
         try:
             args, demand = self._parse(body)
         except BadRequest as exc:
@@ -124,7 +164,7 @@ class ExtenderService:
                                              args.plain_names)]
         return 200, filter_result_nodes(args, outcome.passed, outcome.failed, outcome.unresolvable)
 
-    def prioritize(self, body: bytes) -> Response:
+    def prioritize(self, body: Body) -> Response:
         try:
             args, demand = self._parse(body)
         except BadRequest as exc:
@@ -172,7 +212,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "gpu-aware"
     disable_nagle_algorithm = True
-    timeout = 300          # idle keep-alive connections are dropped after this
+    timeout = DEFAULT_READ_TIMEOUT        # replaced read by read by DeadlineReader
     server: "ExtenderHTTPServer"
 
     def setup(self) -> None:
@@ -180,7 +220,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.request.settimeout(10)
             self.request.do_handshake()
         super().setup()
+        self.reserved = 0
+        self.reader = DeadlineReader(self.connection, self.server)
+        self.rfile = io.BufferedReader(self.reader, 65536)
         self.busy = False
+        self.evicted = False
+        self.idle_since = time.monotonic()
         self.server.register(self)
 
     def finish(self) -> None:
@@ -190,6 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.unregister(self)
 
     def handle_one_request(self) -> None:
+        self.reader.next_request()
         self.server.set_busy(self, False)
         if self.server.stopping:
             self.close_connection = True
@@ -220,6 +266,9 @@ class _Handler(BaseHTTPRequestHandler):
         head = (_HEAD % (code, self.responses[code][0] if code in self.responses else "", self.server_version,
                          _http_date(), content_type, sum(len(c) for c in chunks),
                          "Connection: close\r\n" if self.close_connection else "")).encode("latin-1", "strict")
+        # The reads left the socket with what remained of the request deadline; an answer of
+        # tens of MB to a slow reader gets its own (sendall's timeout covers the whole call).
+        self.connection.settimeout(WRITE_TIMEOUT)
         # Headers and a small body leave in one segment (no Nagle / delayed-ACK stall).
         if self.command == "HEAD":
             self.wfile.write(head)
@@ -231,8 +280,14 @@ class _Handler(BaseHTTPRequestHandler):
         for chunk in chunks:
             self.wfile.write(chunk)
 
-    def _read_body(self) -> Optional[bytes]:
-        """The request body, or None after answering an error."""
+    def _read_body(self) -> Optional[bytearray]:
+        """The request body, or None after answering an error (or when the client is gone).
+
+        The body is read as it arrives: a client that declares 100 MB and sends
+        1 costs 1, not 100. What it declares is reserved from a pool first
+        (:meth:`ExtenderHTTPServer.reserve`); the caller gives it back.
+        """
+        self.reserved = 0
         limit = self.server.max_body_bytes
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             return self._read_chunked(limit)
@@ -254,15 +309,32 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(413, [error_result("request body of %d bytes exceeds the limit of %d (--max-body-bytes)"
                                           % (length, limit))])
             return None
-        body = self.rfile.read(length)
-        if len(body) != length:
-            self.close_connection = True
+        if not self._reserve(length):
             return None
+        return self._read_exactly(length)
+
+    def _reserve(self, amount: int) -> bool:
+        if self.server.reserve(amount, large=self.reserved + amount > SMALL_BODY_BYTES):
+            self.reserved += amount
+            return True
+        self.close_connection = True
+        self._send(503, [error_result("gpu-aware holds as many request bodies as it may (%d bytes); try again"
+                                      % self.server.max_body_bytes)])
+        return False
+
+    def _read_exactly(self, length: int, into: Optional[bytearray] = None) -> Optional[bytearray]:
+        body = bytearray() if into is None else into
+        end = len(body) + length
+        while len(body) < end:
+            piece = self.rfile.read1(min(end - len(body), 1 << 20))
+            if not piece:
+                self.close_connection = True
+                return None
+            body += piece
         return body
 
-    def _read_chunked(self, limit: int) -> Optional[bytes]:
-        parts: List[bytes] = []
-        size = 0
+    def _read_chunked(self, limit: int) -> Optional[bytearray]:
+        body = bytearray()
         while True:
             line = self.rfile.readline(1024)
             try:
@@ -274,19 +346,24 @@ class _Handler(BaseHTTPRequestHandler):
             if chunk == 0:
                 while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
                     pass
-                return b"".join(parts)
-            size += chunk
-            if size > limit:
+                return body
+            if len(body) + chunk > limit:
                 self.close_connection = True
                 self._send(413, [error_result("request body exceeds the limit of %d bytes (--max-body-bytes)"
                                               % limit)])
                 return None
-            data = self.rfile.read(chunk)
-            self.rfile.readline(3)
-            if len(data) != chunk:
-                self.close_connection = True
+            if self.reserved > SMALL_BODY_BYTES or self.reserved + chunk <= SMALL_BODY_BYTES:
+                if not self._reserve(chunk):
+                    return None
+            else:
+                # grown out of the small pool: move to the large one
+                self.server.release(self.reserved, large=False)
+                self.reserved, held = 0, self.reserved
+                if not self._reserve(held + chunk):
+                    return None
+            if self._read_exactly(chunk, body) is None:
                 return None
-            parts.append(data)
+            self.rfile.readline(3)
 
     def do_POST(self) -> None:  # noqa: N802 (http.server naming)
         path = self.path.split("?", 1)[0].rstrip("/")
@@ -297,16 +374,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, [error_result("unknown verb %r: POST /filter or /prioritize" % self.path)])
             return
         started = time.perf_counter()
-        body = self._read_body()
-        if body is None:
-            self.server.metrics.requests.inc(verb, "rejected")
-            return
         try:
-            code, chunks = service.filter(body) if verb == "filter" else service.prioritize(body)
-        except Exception as exc:  # pylint: disable=broad-except
-            self.server.log.exception("%s failed", verb)
-            code, chunks = 500, [error_result("gpu-aware internal error: %s" % exc)]
-        del body
+            body = self._read_body()
+            if body is None:
+                self.server.metrics.requests.inc(verb, "rejected")
+                return
+            # A large body's parse and answer take about 3.4 times its size: one at a time.
+            with self.server.deciding(len(body) > SMALL_BODY_BYTES):
+                try:
+                    code, chunks = service.filter(body) if verb == "filter" else service.prioritize(body)
+                except Exception as exc:  # pylint: disable=broad-except
+                    self.server.log.exception("%s failed", verb)
+                    code, chunks = 500, [error_result("gpu-aware internal error: %s" % exc)]
+                del body
+        finally:
+            self.server.release(self.reserved, large=self.reserved > SMALL_BODY_BYTES)
+            self.reserved = 0
         if code == 400:
             self.server.log.warning("%s: bad request: %s", verb, chunks[0][:300].decode("utf-8", "replace"))
         # Recorded before the answer leaves, so a client that has the answer also sees it counted.
@@ -331,7 +414,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class ExtenderHTTPServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer that knows its connections, for a graceful stop."""
+    """ThreadingHTTPServer that bounds what clients hold and knows its connections, for a graceful stop."""
 
     daemon_threads = True
     block_on_close = False
@@ -340,7 +423,10 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: Tuple[str, int], service: ExtenderService, metrics: ExtenderMetrics,
                  logger: logging.Logger, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 ssl_context: Optional[ssl.SSLContext] = None) -> None:
+                 ssl_context: Optional[ssl.SSLContext] = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 read_timeout: float = DEFAULT_READ_TIMEOUT,
+                 small_bodies_bytes: int = DEFAULT_SMALL_BODIES_BYTES) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
@@ -350,9 +436,100 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         self.metrics = metrics
         self.log = logger
         self.max_body_bytes = max_body_bytes
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self.request_timeout = request_timeout
+        self.read_timeout = read_timeout
         self.stopping = False
         self._lock = threading.Condition()
         self._handlers: Dict[int, _Handler] = {}
+        self._connections = 0
+        # the accepted sockets within the count: id -> (socket, when accepted)
+        self._counted: Dict[int, Tuple[Any, float]] = {}
+        # bytes of request bodies reserved, per pool: (large, small) -> (used, capacity)
+        self._pools = {True: [0, max_body_bytes], False: [0, small_bodies_bytes]}
+        self._deciding_large = threading.Lock()
+        self._refused = 0
+
+    # ----------------------------------------------------------- the bounds
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Start a connection's thread, within ``max_connections`` (runs in the accepting thread)."""
+        with self._lock:
+            if self._connections >= self.max_connections and not self._evict_idle():
+                self._refuse(request, client_address)
+                return
+            self._connections += 1
+            self._counted[id(request)] = (request, time.monotonic())
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._count_out(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._count_out(request)
+
+    def _count_out(self, request: Any) -> None:
+        with self._lock:
+            if self._counted.get(id(request), (None, 0.0))[0] is request:
+                del self._counted[id(request)]
+                self._connections -= 1
+
+    def _evict_idle(self) -> bool:
+        """Close the connection idle the longest (it waits for a request; its client reconnects). Lock held.
+
+        A connection whose thread has not started yet counts as idle since it was accepted: a burst of
+        connections must not find the cap full of threads still starting.
+        """
+        handlers = {id(h.request): h for h in self._handlers.values()}
+        best: Optional[Tuple[float, int]] = None
+        for key, (_sock, accepted) in self._counted.items():
+            handler = handlers.get(key)
+            if handler is None:
+                since = accepted
+            elif handler.busy or handler.evicted:
+                continue
+            else:
+                since = handler.idle_since
+            if best is None or since < best[0]:
+                best = (since, key)
+        if best is None:
+            return False
+        sock, _accepted = self._counted.pop(best[1])
+        self._connections -= 1          # its read returns at once: counted out now, not when its thread ends
+        victim = handlers.get(best[1])
+        if victim is not None:
+            victim.evicted = True
+            victim.close_connection = True
+        abort(sock)
+        return True
+
+    def _refuse(self, request: Any, client_address: Any) -> None:
+        self._refused += 1
+        if self._refused in (1, 10, 100) or self._refused % 1000 == 0:
+            self.log.warning("%d connections refused: all %d are in a request (--max-connections); latest from %s",
+                             self._refused, self.max_connections, client_address)
+        refuse(request)
+
+    def reserve(self, amount: int, large: bool) -> bool:
+        """Take ``amount`` bytes of body from the large or the small pool; False when it is full."""
+        with self._lock:
+            pool = self._pools[large]
+            if pool[0] + amount > pool[1]:
+                return False
+            pool[0] += amount
+            return True
+
+    def release(self, amount: int, large: bool) -> None:
+        if amount:
+            with self._lock:
+                self._pools[large][0] -= amount
+
+    def deciding(self, large: bool) -> Any:
+        return self._deciding_large if large else _NO_LOCK
 
     @property
     def port(self) -> int:
@@ -370,6 +547,20 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     def set_busy(self, handler: _Handler, busy: bool) -> None:
         with self._lock:
             handler.busy = busy
+            if not busy:
+                handler.idle_since = time.monotonic()
+
+    @property
+    def connections(self) -> int:
+        """Connections within the cap (each has, or is about to have, a thread)."""
+        with self._lock:
+            return self._connections
+
+    @property
+    def busy_connections(self) -> int:
+        """Connections in a request (their head is being read, or later)."""
+        with self._lock:
+            return sum(1 for handler in self._handlers.values() if handler.busy)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A connection that breaks (client gone, timeout, TLS garbage) is routine, not a traceback."""
@@ -387,22 +578,26 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
             self.stopping = True
             for handler in self._handlers.values():
                 if not handler.busy:
-                    _abort(handler.connection)
+                    abort(handler.connection)
             while self._handlers and time.monotonic() < deadline:
                 self._lock.wait(max(0.01, min(0.5, deadline - time.monotonic())))
                 for handler in self._handlers.values():
                     if not handler.busy:
-                        _abort(handler.connection)
+                        abort(handler.connection)
             clean = not self._handlers
         self.server_close()
         return clean
 
 
-def _abort(sock: Any) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:

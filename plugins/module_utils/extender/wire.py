@@ -26,7 +26,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from ..errors import MetaxGpuError
 from .demand import json_type
@@ -187,7 +187,7 @@ def _go_names_form(text: str) -> Optional[Tuple[Any, Any]]:
     return pod, names
 
 
-def parse_args(body: bytes, extract: Callable[[Dict[str, Any]], T]) -> ParsedArgs:
+def parse_args(body: Union[bytes, bytearray], extract: Callable[[Dict[str, Any]], T]) -> ParsedArgs:
     """Parse ExtenderArgs; ``extract(node)`` is called once per node of the Nodes form.
 
     Raises :class:`BadRequest` with a message for the ``Error`` field. Every

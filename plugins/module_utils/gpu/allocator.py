@@ -21,7 +21,8 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 from ..errors import MetaxGpuError
 from .alloc_tree import Hierarchy, hierarchy, tree_allocate, tree_candidates, tree_tables
 from .model import Inventory, LinkClass, Topology
-from .scoring import (ANNOTATION_LOSSES, ANNOTATION_SCORES, PAIR_WEIGHTS, SetMetrics, annotation_score,
+from ..names import ANNOTATION_LOSSES, ANNOTATION_SCORES
+from .scoring import (PAIR_WEIGHTS, SetMetrics, annotation_score,
                       combinations_count, evaluate, exhaustive_best, link_class, weighted_cut)
 
 # Non-ultrametric topologies (see alloc_tree) are searched exhaustively up to
@@ -34,6 +35,7 @@ SEARCH_BUDGET = 200000
 __all__ = [
     "ANNOTATION_LOSSES", "ANNOTATION_SCORES", "PAIR_WEIGHTS", "Allocation", "AllocationError",
     "allocate", "per_count_tables", "topology_annotations", "preferred_allocation", "evaluate",
+    "MAX_LOSS", "MAX_SCORE", "bounded_loss", "ids_to_indices", "indices_to_ids",
 ]
 
 
@@ -356,13 +358,51 @@ def per_count_tables(topology: Topology, free: Iterable[int]) -> Tuple[Dict[int,
     return scores, losses
 
 
-def topology_annotations(topology: Topology, free: Iterable[int]) -> Dict[str, str]:
-    """The two node annotations (JSON objects keyed "1".."N") for the free devices."""
-    scores, losses = per_count_tables(topology, free)
-    return {
-        ANNOTATION_SCORES: json.dumps({str(n): v for n, v in sorted(scores.items())}, separators=(",", ":")),
-        ANNOTATION_LOSSES: json.dumps({str(n): v for n, v in sorted(losses.items())}, separators=(",", ":")),
-    }
+# Bounds of the published tables (DESIGN section 3: HAMi decodes them as a Go
+# map[int]int and ranks with 2000 - value, a missing key counting as 0).
+MAX_SCORE = 1000
+MAX_LOSS = 1000
+# A raw weighted cut of this size is published as about half the scale.
+_LOSS_HALF = 2000
+
+
+def bounded_loss(raw: int) -> int:
+    """Compress a raw weighted cut into 0..MAX_LOSS-1, keeping its order."""
+    if raw <= 0:
+        return 0
+    return 1 + ((MAX_LOSS - 2) * raw) // (raw + _LOSS_HALF)
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=False)
+
+
+def topology_annotations(topology: Optional[Topology], free: Iterable[int],
+                         capacity: Optional[int] = None) -> Dict[str, str]:
+    """The two topology annotations, the one serialiser of them (the device plugin publishes these).
+
+    Keys ``"1"`` .. ``"C"``, C = ``capacity`` (the node's devices, healthy or
+    not; default: the free devices), always all present: a size the free
+    devices cannot serve carries the worst values (score 0, loss
+    :data:`MAX_LOSS`). Scores are clamped to 0..:data:`MAX_SCORE`, losses
+    compressed by :func:`bounded_loss` (order kept). ``topology`` None (the
+    node's devices cannot be read) publishes the worst values for every size.
+    """
+    free = list(free)
+    scores: Dict[int, int] = {}
+    losses: Dict[int, int] = {}
+    if free and topology is not None:
+        scores, losses = per_count_tables(topology, free)
+    out_scores: Dict[str, int] = {}
+    out_losses: Dict[str, int] = {}
+    for n in range(1, (len(free) if capacity is None else capacity) + 1):
+        if n in scores:
+            out_scores[str(n)] = max(0, min(MAX_SCORE, scores[n]))
+            out_losses[str(n)] = bounded_loss(losses[n])
+        else:
+            out_scores[str(n)] = 0
+            out_losses[str(n)] = MAX_LOSS
+    return {ANNOTATION_SCORES: _compact(out_scores), ANNOTATION_LOSSES: _compact(out_losses)}
 
 
 def ids_to_indices(inventory: Inventory, ids: Iterable[str], what: str = "device") -> List[int]:

@@ -6,10 +6,12 @@
     python -m ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator_cli \\
         --host-root DIR [--exclude 0,1] [--must-include 2] --size N
     python -m ... --host-root DIR [--exclude 0,1] --tables
-    python -m ... --preset 8xC500 [--vfs 4] ...      # a simulator preset, no host root
 
-A tool for administrators and developers, never imported by a module: the
-``--preset`` path loads the simulator.
+A tool for administrators and developers, never imported by a module. A
+simulator preset instead of a host root is ``sim.allocator_cli`` (same
+options plus ``--preset NAME [--vfs N]``): the simulator is above this layer
+and passes its preset loader in (:func:`main`'s ``presets``), so nothing here
+imports it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from .allocator import AllocationError, _as_index_set, allocate, indices_to_ids, per_count_tables
 from .model import Inventory, Topology
@@ -38,12 +40,15 @@ def _index_list(text: str) -> List[int]:
     return out
 
 
-def _load(args: argparse.Namespace) -> Tuple[Topology, List[int], Optional[Inventory]]:
+# A preset loader: (preset name, VFs per GPU) -> its topology (the simulator's, in sim.allocator_cli).
+PresetLoader = Callable[[str, int], Topology]
+PROG = "python -m ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator_cli"
+
+
+def _load(args: argparse.Namespace, presets: Optional[PresetLoader]) -> Tuple[Topology, List[int], Optional[Inventory]]:
     """Topology, the healthy device indices, and the inventory when there is one."""
-    if args.preset:
-        from ..sim.alloc_synth import topology_from_spec
-        from ..sim.spec import preset
-        topo = topology_from_spec(preset(args.preset), args.vfs)
+    if presets is not None and args.preset:
+        topo = presets(args.preset, args.vfs)
         return topo, list(topo.device_indices), None
     from ..host import HostRoot, HostRootError
     from .discovery import DiscoveryError, discover
@@ -55,14 +60,15 @@ def _load(args: argparse.Namespace) -> Tuple[Topology, List[int], Optional[Inven
     return inventory.topology, healthy, inventory
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, presets: Optional[PresetLoader] = None, prog: str = PROG) -> int:
+    """The command line; ``presets`` (given by sim.allocator_cli) adds ``--preset`` and ``--vfs``."""
     parser = argparse.ArgumentParser(
-        prog="python -m ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator_cli",
-        description="Choose MetaX GPUs for a request, or print the per-count score/loss tables.")
+        prog=prog, description="Choose MetaX GPUs for a request, or print the per-count score/loss tables.")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--host-root", help="node root to discover (/ on a node, a simulated root in tests)")
-    where.add_argument("--preset", help="a simulator preset instead of a host root (e.g. 8xC500)")
-    parser.add_argument("--vfs", type=int, default=0, help="with --preset: VFs per GPU (SR-IOV)")
+    if presets is not None:
+        where.add_argument("--preset", help="a simulator preset instead of a host root (e.g. 8xC500)")
+        parser.add_argument("--vfs", type=int, default=0, help="with --preset: VFs per GPU (SR-IOV)")
     parser.add_argument("--exclude", type=_index_list, default=[],
                         help="device indices already allocated, e.g. 0,1 or 0-3")
     parser.add_argument("--must-include", type=_index_list, default=[], help="device indices the set must contain")
@@ -71,7 +77,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     what.add_argument("--tables", action="store_true", help="print the per-count score and loss tables")
     args = parser.parse_args(argv)
     try:
-        topology, healthy, inventory = _load(args)
+        topology, healthy, inventory = _load(args, presets)
         known = frozenset(topology.device_indices)
         _as_index_set(args.exclude, "exclude", known)
         available = [i for i in healthy if i not in set(args.exclude)]

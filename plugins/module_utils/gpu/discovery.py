@@ -16,9 +16,9 @@ from typing import Dict, List, Optional, Tuple
 from ..errors import MetaxGpuError
 from ..host import HostRoot, HostRootError
 from . import mxsmi, pci
+from . import model
 from .model import (
-    PRODUCTS_BY_NAME, Device, DriverState, Gpu, Inventory, LinkClass, LinkGroup, SriovState,
-    build_topology, pair_key, product_for_device_id,
+    Device, DriverState, Gpu, Inventory, LinkClass, LinkGroup, SriovState, build_topology, pair_key,
 )
 
 DRIVER_MODULE = "sys/module/metax"
@@ -179,24 +179,29 @@ def _link_groups(gpus: List[Gpu], link) -> List[LinkGroup]:
     return sorted(groups, key=lambda g: g.gpu_indices[0])
 
 
-def _identity(pf: pci.PciFunction, smi: Optional[mxsmi.MxSmiGpu], warnings: List[str]) -> Tuple[str, str, int]:
-    """(product, family, memory GiB): what mx-smi prints, else the PCI device id table.
+def _identity(pf: pci.PciFunction, smi: Optional[mxsmi.MxSmiGpu], listed: Optional[str],
+              warnings: List[str]) -> Tuple[str, str, int]:
+    """(product, family, memory GiB): the chip name mx-smi gives, else what the PCI device id tells.
 
-    The names are the manual's (``C500``); mx-smi's ``MetaX C500`` and
-    ``MXC500`` are reduced to them (docs/discovery.md, "Product names").
+    The names are the chip names MetaX's tools and labels use (``MXC500``):
+    ``-L``'s name first (it is the chip name, suffix included: ``MXC550-PL``),
+    else the table's (``MetaX C500`` -> ``MXC500``). Without either, the PCI
+    device id names the product only when no other product shows that id,
+    else the family (``MXC``): docs/discovery.md, "Product names".
     """
-    known = product_for_device_id(pf.device_id)
-    product = known.name if known else "unknown"
+    known = model.identify_device_id(pf.device_id)
+    product = known.product if known else "unknown"
     family = known.family if known else "unknown"
     memory = known.memory_gib if known else 0
-    if smi is not None and smi.product:
-        printed = PRODUCTS_BY_NAME.get(smi.product)
-        if known is not None and smi.product != known.name:
-            warnings.append("GPU %s: mx-smi names it %r, its PCI device id 0x%04x is a %s; using mx-smi's name"
-                            % (pf.bdf, smi.name, pf.device_id, known.name))
-        product = smi.product
-        family = printed.family if printed else (
-            "MX" + product[0] if product[:1].isalpha() else family)
+    printed = listed if listed and listed.strip() else (smi.name if smi is not None and smi.product else "")
+    if printed:
+        name = model.chip_name(printed)
+        by_name = model.family_of(name)
+        if known is not None and known.family not in ("unknown", by_name):
+            warnings.append("GPU %s: mx-smi names it %r, its PCI device id 0x%04x is an %s; using mx-smi's name"
+                            % (pf.bdf, printed, pf.device_id, known.family))
+        product = name
+        family = by_name if by_name != "unknown" else family
     if smi is not None and smi.memory_total_mib:
         memory = (smi.memory_total_mib + 512) // 1024
     return product, family, memory
@@ -242,7 +247,7 @@ def discover(host: HostRoot, topology: bool = True) -> Inventory:
         # whole: a record we could not parse says nothing about the GPU.
         healthy = driver.loaded and pf.driver is not None and (
             not view.available or (smi.available if smi is not None else not view.complete))
-        product, family, memory = _identity(pf, smi, warnings)
+        product, family, memory = _identity(pf, smi, ids.get("name"), warnings)
         gpus.append(Gpu(
             index=index, bdf=pf.bdf, pci_device_id=pf.device_id,
             product=product, family=family, memory_gib=memory, numa_node=pf.numa_node, pci_path=pf.path,

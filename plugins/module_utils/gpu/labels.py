@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .. import names as N
-from .model import DriverState, Inventory
+from .model import DriverState, Inventory, family_of
 
 # Every key the labeller may set, so it can delete the ones it no longer sets
 # (names.py: the admission policy allows gpu-label exactly these).
@@ -90,6 +90,23 @@ def node_labels(inventory: Optional[Inventory], driver_mode: str,
             if part is not None:
                 labels[key] = str(part)
     return labels
+
+
+def keep_known_product(current: Mapping[str, str], desired: Dict[str, str]) -> Dict[str, str]:
+    """``desired`` with the current ``gpu.product`` kept where discovery could say only the family.
+
+    Without mx-smi (driver unloaded for an upgrade) the PCI id of an MXC500
+    says only ``MXC``; the product mx-smi named on this node before is still
+    the truth and a selector on it should not flap. Kept only while it is of
+    the family discovery sees now.
+    """
+    product, family = desired.get(N.LABEL_GPU_PRODUCT), desired.get(N.LABEL_GPU_FAMILY)
+    known = current.get(N.LABEL_GPU_PRODUCT)
+    if product is None or product != family or not known or known == product:
+        return desired
+    if family_of(known) != family or family_of(known) == known:
+        return desired
+    return dict(desired, **{N.LABEL_GPU_PRODUCT: known})
 
 
 def label_changes(current: Mapping[str, str], desired: Mapping[str, str]) -> Dict[str, Optional[str]]:

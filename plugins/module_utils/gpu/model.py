@@ -10,6 +10,7 @@ root; the allocator and label code read it.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
@@ -50,32 +51,115 @@ class LinkClass(enum.IntEnum):
             raise ValueError("unknown link class %r" % text)
 
 
+_VENDOR_PREFIX = re.compile(r"^\s*metax\s+", re.IGNORECASE)
+# a MetaX product code: a series letter and digits (C500, N260), maybe a suffix (C550-PL)
+_CODE = re.compile(r"^(MX)?([A-Z]\d{2,}(?:[-_ ]?[A-Z0-9]+)*)$")
+_FAMILY = re.compile(r"^(MX[A-Z])\d")
+_FAMILY_ONLY = re.compile(r"^MX[A-Z]$")
+
+
+def chip_name(text: str) -> str:
+    """Any spelling of a product -> its chip name: ``MetaX C500``, ``C500``, ``mxc500`` -> ``MXC500``.
+
+    A suffix stays (``MXC550-PL``). What does not look like a MetaX product
+    code is returned upper-cased and otherwise as printed.
+    """
+    cleaned = " ".join(_VENDOR_PREFIX.sub("", text.strip()).split()).upper()
+    found = _CODE.match(cleaned)
+    return "MX" + found.group(2) if found else cleaned
+
+
+def manual_name(text: str) -> str:
+    """The manual's older spelling: ``MXC500`` -> ``C500`` (a name without ``MX`` as it is)."""
+    found = _CODE.match(chip_name(text))
+    return found.group(2) if found else chip_name(text)
+
+
+def product_aliases(text: str) -> Tuple[str, ...]:
+    """The spellings a selector accepts for one product: ``("MXC500", "C500")``."""
+    names = (chip_name(text), manual_name(text))
+    return tuple(dict.fromkeys(n for n in names if n))
+
+
+def same_product(a: str, b: str) -> bool:
+    """True when two spellings name one product (``C500`` and ``MetaX C500`` and ``MXC500``)."""
+    return bool(a.strip()) and chip_name(a) == chip_name(b)
+
+
 @dataclass(frozen=True)
 class ProductInfo:
     """What the label code needs to know about a GPU model."""
 
-    name: str          # e.g. "C500"
+    name: str          # the chip name MetaX's tools and labels use, e.g. "MXC500"
     family: str        # e.g. "MXC"
     memory_gib: int    # e.g. 64
-    pci_device_id: int
+    pci_device_id: int  # the id the simulator gives it (real ids: PCI_DEVICE_IDS)
+
+    @property
+    def manual_name(self) -> str:
+        """The manual's older spelling, e.g. ``C500``."""
+        return manual_name(self.name)
 
 
-# Known MetaX products, keyed by PCI device id. Unknown ids are still
-# discovered (product "unknown"), so new hardware never hides a GPU.
-PRODUCTS: Dict[int, ProductInfo] = {
-    0x4000: ProductInfo("C500", "MXC", 64, 0x4000),
-    0x4001: ProductInfo("C550", "MXC", 64, 0x4001),
-    0x2000: ProductInfo("N100", "MXN", 16, 0x2000),
+# Known MetaX products by chip name: the name ``mx-smi -L``, ``mx-smi -j`` and
+# MetaX's own node labels (operator 0.9.2: ``gpu.product: MXC550``) use.
+# Unknown names are still reported as printed, so new hardware never hides a GPU.
+PRODUCT_LIST: Tuple[ProductInfo, ...] = (
+    ProductInfo("MXC500", "MXC", 64, 0x4001),    # a real MXC500 shows 9999:4001 in lspci
+    ProductInfo("MXC550", "MXC", 64, 0x4000),
+    ProductInfo("MXN100", "MXN", 16, 0x2000),
+)
+# Both spellings find a product: the chip name and the manual's (``C500``).
+PRODUCTS_BY_NAME: Dict[str, ProductInfo] = dict(
+    [(p.name, p) for p in PRODUCT_LIST] + [(p.manual_name, p) for p in PRODUCT_LIST])
+# The products a PCI device id may be. A real MXC500 shows 9999:4001; no
+# capture says which id an MXC550 shows, and a board variant of a chip can
+# keep the chip's id, so the MXC ids name only the family: the PCI fallback
+# never names a product it cannot tell apart (docs/discovery.md).
+PCI_DEVICE_IDS: Dict[int, Tuple[str, ...]] = {
+    0x4001: ("MXC500", "MXC550"),
+    0x4000: ("MXC500", "MXC550"),
+    0x2000: ("MXN100",),
 }
-PRODUCTS_BY_NAME: Dict[str, ProductInfo] = {p.name: p for p in PRODUCTS.values()}
 METAX_VENDOR_ID = 0x9999
 # VFs report their own device id: PF id | 0x0800 (convention of the simulator
 # and of the products above).
 VF_DEVICE_ID_FLAG = 0x0800
 
+def family_of(name: str) -> str:
+    """``MXC`` of ``MXC550-PL`` (a known product's family, else the chip name's prefix); "unknown" otherwise."""
+    known = PRODUCTS_BY_NAME.get(chip_name(name))
+    if known is not None:
+        return known.family
+    if _FAMILY_ONLY.match(chip_name(name)):
+        return chip_name(name)      # the PCI fallback's answer for a shared id
+    found = _FAMILY.match(chip_name(name))
+    return found.group(1) if found else "unknown"
 
-def product_for_device_id(device_id: int) -> Optional[ProductInfo]:
-    return PRODUCTS.get(device_id & ~VF_DEVICE_ID_FLAG)
+
+@dataclass(frozen=True)
+class PciIdentity:
+    """What a PCI device id alone says: the product when only one may show it, else its family."""
+
+    product: str       # "MXN100", or the family ("MXC") when the id is shared
+    family: str
+    memory_gib: int    # 0 when the candidates differ
+    exact: bool        # the id names exactly one product
+
+
+def identify_device_id(device_id: int) -> Optional[PciIdentity]:
+    """The identity a PF's (or VF's) device id gives, or None for an unknown id."""
+    names = PCI_DEVICE_IDS.get(device_id & ~VF_DEVICE_ID_FLAG)
+    if not names:
+        return None
+    infos = [PRODUCTS_BY_NAME[n] for n in names]
+    families = {i.family for i in infos}
+    memories = {i.memory_gib for i in infos}
+    family = families.pop() if len(families) == 1 else "unknown"
+    memory = memories.pop() if len(memories) == 1 else 0
+    if len(infos) == 1:
+        return PciIdentity(infos[0].name, family, memory, True)
+    return PciIdentity(family, family, memory, False)
 
 
 @dataclass(frozen=True)

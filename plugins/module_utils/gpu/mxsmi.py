@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import MetaxGpuError
-from .model import LinkClass
+from .model import LinkClass, chip_name
 from .pci import normalize_bdf
 
 _LEADING_INDEX = re.compile(r"^\s*(\d+)(?:\s+(.*?))?\s*$")
@@ -39,9 +39,12 @@ _LIST_DETAILS = re.compile(r"^(.*?)\s*\(([^()]*:[^()]*)\)$")
 _VERSION_LINE = re.compile(r"^\s*mx-smi\s+version\s*:", re.IGNORECASE)
 _DRIVER = re.compile(r"Kernel Mode Driver Version:\s*(\S+)")
 _MACA = re.compile(r"MACA Version:\s*(\S+)")
+_BIOS = re.compile(r"BIOS Version:\s*([^\s|]+)")
 _ATTACHED = re.compile(r"^\s*Attached GPUs\s*:\s*(\d+)\s*$")
-_VENDOR_PREFIX = re.compile(r"^\s*metax\s+", re.IGNORECASE)
-_MX_PRODUCT = re.compile(r"^MX([A-Z]\d+[A-Z0-9]*)$", re.IGNORECASE)
+# a persistence mode printed in the name cell (2.2.8: ``0  MetaX N260  OFF`` under
+# ``GPU  NAME  Persistence-M``): a word of its own after the name
+_PERSISTENCE_HEADER = re.compile(r"\bpersist", re.IGNORECASE)
+_PERSISTENCE_VALUE = re.compile(r"\s+(on|off|enabled?|disabled?|n/?a)$", re.IGNORECASE)
 _UNHEALTHY_STATES = ("unavailable", "fault", "error", "lost", "offline")
 # Words of a second table after the GPU table (processes): it ends the GPU table.
 _OTHER_TABLE = re.compile(r"\b(process|pid)\b", re.IGNORECASE)
@@ -63,10 +66,8 @@ def _problem(what: str, message: str, lineno: int, line: str) -> str:
 
 
 def product_of(name: str) -> str:
-    """The product as the manual names it: ``MetaX C500`` / ``MXC500`` -> ``C500``."""
-    text = _VENDOR_PREFIX.sub("", name.strip()).strip()
-    found = _MX_PRODUCT.match(text)
-    return (found.group(1) if found else text).upper()
+    """The chip name MetaX's tools and labels use: ``MetaX C500`` / ``MXC500`` -> ``MXC500``."""
+    return chip_name(name)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class MxSmiTable:
     # GPU index -> processes listed in the process table; None when the
     # output has no process table (then the count is unknown, not zero)
     processes: Optional[Dict[int, int]] = field(default=None, hash=False)
+    bios_version: Optional[str] = None
 
 
 def _cells(line: str) -> List[str]:
@@ -170,6 +172,7 @@ class _Layout:
     where: Dict[str, Tuple[int, int]]              # field -> (row, cell)
     widths: Tuple[int, ...]                        # cells per header row
     readings: Dict[str, Tuple[int, int]] = field(default_factory=dict)   # reading -> (row, cell)
+    name_persistence: bool = False                 # the name's header cell also names Persistence-M
 
 
 def _find_layout(rows: List[Tuple[int, str, bool]]) -> Tuple[Optional[_Layout], int]:
@@ -190,6 +193,7 @@ def _find_layout(rows: List[Tuple[int, str, bool]]) -> Tuple[Optional[_Layout], 
         where: Dict[str, Tuple[int, int]] = {}
         readings: Dict[str, Tuple[int, int]] = {}
         widths: List[int] = []
+        persistence = False
         end = pos
         while end < len(rows) and not rows[end][2]:
             cells = _cells(rows[end][1])
@@ -200,12 +204,14 @@ def _find_layout(rows: List[Tuple[int, str, bool]]) -> Tuple[Optional[_Layout], 
                 break
             for name, cell in fields.items():
                 where.setdefault(name, (len(widths), cell))
+                if name == "name" and where[name] == (len(widths), cell) and _PERSISTENCE_HEADER.search(cells[cell]):
+                    persistence = True
             for name, cell in _reading_fields(cells).items():
                 readings.setdefault(name, (len(widths), cell))
             widths.append(len(cells))
             end += 1
         if "bdf" in where:
-            return _Layout(len(widths), where, tuple(widths), readings), end
+            return _Layout(len(widths), where, tuple(widths), readings, persistence), end
     return None, len(rows)
 
 
@@ -268,6 +274,7 @@ def _read_record(record: List[Optional[Tuple[int, str]]], layout: _Layout, ordin
             index, name = int(found.group(1)), found.group(2) or ""
         else:
             name = named[0]
+        name = _without_persistence(name, layout.name_persistence)
     if index is None:
         numbered = _field(record, layout, "index")
         found = _LEADING_INDEX.match(numbered[0]) if numbered else None
@@ -286,6 +293,19 @@ def _read_record(record: List[Optional[Tuple[int, str]]], layout: _Layout, ordin
         problems.append(_problem(TABLE_COMMAND, "GPU %d has no %s cell" % (index, " or ".join(missing)),
                                  bus[1], bus[2]))
     return MxSmiGpu(index, name, bdf, memory, state[0] if state else "")
+
+
+_SPACED_ON_OFF = re.compile(r"\s{2,}(on|off)$", re.IGNORECASE)
+
+
+def _without_persistence(name: str, header_says_so: bool) -> str:
+    """The board name without a persistence mode printed in its cell (``MetaX N260  OFF``).
+
+    When the header cell names Persistence-M, its value is the last word; without
+    such a header only a column-spaced ``On``/``Off`` is taken for one.
+    """
+    found = (_PERSISTENCE_VALUE if header_says_so else _SPACED_ON_OFF).search(name)
+    return name[:found.start()].rstrip() if found and found.start() > 0 else name
 
 
 def _number(pattern: "re.Pattern[str]", cell: Optional[Tuple[str, int, str]]) -> Optional[float]:
@@ -324,7 +344,7 @@ def _count_processes(rows: List[Tuple[int, str, bool]]) -> Dict[int, int]:
 def parse_table(text: str) -> MxSmiTable:
     """Parse the default ``mx-smi`` output (one record of header-many rows per GPU)."""
     lines = text.splitlines()
-    driver = maca = None
+    driver = maca = bios = None
     rows: List[Tuple[int, str, bool]] = []
     attached: Optional[Tuple[int, int, str]] = None
     for lineno, line in enumerate(lines, start=1):
@@ -337,6 +357,9 @@ def parse_table(text: str) -> MxSmiTable:
         found = _MACA.search(line) if maca is None else None
         if found:
             maca = found.group(1)
+        found = _BIOS.search(line) if bios is None else None
+        if found:
+            bios = found.group(1)
         stripped = line.strip()
         if stripped.startswith("|") or stripped.startswith("+"):
             rows.append((lineno, stripped, _is_separator(stripped)))
@@ -407,7 +430,7 @@ def parse_table(text: str) -> MxSmiTable:
         # we did not follow (or elided), which says nothing about their health
         problems.append(_problem(TABLE_COMMAND, "%d GPUs attached, %d read from the table"
                                  % (attached[0], len(gpus)), attached[1], attached[2]))
-    return MxSmiTable(driver, maca, tuple(gpus), tuple(problems), tuple(samples), processes)
+    return MxSmiTable(driver, maca, tuple(gpus), tuple(problems), tuple(samples), processes, bios)
 
 
 def _list_record(line: str) -> Tuple[Optional[Tuple[int, Dict[str, str]]], str]:
@@ -518,3 +541,39 @@ def parse_topology(text: str) -> Dict[Tuple[int, int], LinkClass]:
         raise MxSmiParseError("mx-smi topo -m", "rows %s do not match columns %s"
                               % (sorted(rows_seen), columns))
     return links
+
+
+ECC_COMMAND = "mx-smi --count-ecc"
+_ECC_GPU = re.compile(r"^GPU#(\d+)\s+(.*?)\s+([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s*$")
+_ECC_COUNT = re.compile(r"^\s+(SRAM|DRAM)\s+(Correctable|Uncorrectable)\s*:\s*(\S+)\s*$", re.IGNORECASE)
+
+
+def parse_count_ecc(text: str, problems: Optional[List[str]] = None) -> Dict[str, Dict[str, int]]:
+    """Parse ``mx-smi --count-ecc``: PCI address -> {"sram_correctable": n, ..., "dram_uncorrectable": n}.
+
+    The real form (samples/mx-smi/count-ecc-2.2.12-1xC500.txt): per GPU a
+    ``GPU#<n>  <chip>  <BDF>`` line, then indented ``ECC Errors`` lines
+    ``SRAM Correctable : 0`` ... (and ``Retired Pages``, not read). A count
+    that is not a number is reported (with ``problems``; else it raises) and
+    that GPU left out; lines of other kinds are ignored.
+    """
+    out: Dict[str, Dict[str, int]] = {}
+    current: Optional[str] = None
+    bad = set()
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        head = _ECC_GPU.match(line.strip()) if not line[:1].isspace() else None
+        if head:
+            current = normalize_bdf(head.group(3))
+            out.setdefault(current, {})
+            continue
+        found = _ECC_COUNT.match(line)
+        if found and current is not None:
+            key = "%s_%s" % (found.group(1).lower(), found.group(2).lower())
+            if found.group(3).isdigit():
+                out[current][key] = int(found.group(3))
+            else:
+                if problems is None:
+                    raise MxSmiParseError(ECC_COMMAND, "%s is %r" % (key, found.group(3)), lineno, line)
+                problems.append(_problem(ECC_COMMAND, "%s of %s is %r" % (key, current, found.group(3)), lineno, line))
+                bad.add(current)
+    return {bdf: counts for bdf, counts in out.items() if counts and bdf not in bad}

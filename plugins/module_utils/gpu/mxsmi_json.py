@@ -40,6 +40,11 @@ class JsonDevice:
     utilization_percent: Optional[float]
     temperature_celsius: Optional[float]  # ``hotspot``
     power_watts: Optional[float]          # sum of ``board_power.power``
+    vbios_version: Optional[str] = None
+    gpu_clock_mhz: Optional[float] = None     # ``clocks.XCORE``
+    memory_clock_mhz: Optional[float] = None  # ``clocks.MC``
+    # ``pci_event_info``: events listed per kind (aer_ue, aer_ce, synfld, dbe, mmio)
+    pci_events: Tuple[Tuple[str, int], ...] = ()
 
     @property
     def available(self) -> bool:
@@ -79,6 +84,18 @@ def _power(entry: Dict[str, Any]) -> Optional[float]:
     return round(sum(v for v in values if v is not None), 3)
 
 
+def _clock(entry: Dict[str, Any], key: str) -> Optional[float]:
+    clocks = entry.get("clocks")
+    return number(clocks.get(key)) if isinstance(clocks, dict) else None
+
+
+def _pci_events(entry: Dict[str, Any]) -> Tuple[Tuple[str, int], ...]:
+    events = entry.get("pci_event_info")
+    if not isinstance(events, dict):
+        return ()
+    return tuple((str(kind), len(listed)) for kind, listed in sorted(events.items()) if isinstance(listed, list))
+
+
 def _device(bdf: str, entry: Dict[str, Any], problems: List[str]) -> JsonDevice:
     index = entry.get("device_id")
     reason = entry.get("unavailable_reason", "")
@@ -92,7 +109,9 @@ def _device(bdf: str, entry: Dict[str, Any], problems: List[str]) -> JsonDevice:
         bdf=bdf, index=index if isinstance(index, int) and not isinstance(index, bool) else None,
         unavailable_reason=reason if isinstance(reason, str) else str(reason),
         utilization_percent=readings.get("utilization"), temperature_celsius=readings.get("hotspot"),
-        power_watts=_power(entry))
+        power_watts=_power(entry),
+        vbios_version=str(entry["vbios_version"]) if entry.get("vbios_version") not in (None, "") else None,
+        gpu_clock_mhz=_clock(entry, "XCORE"), memory_clock_mhz=_clock(entry, "MC"), pci_events=_pci_events(entry))
 
 
 def parse_json(text: str) -> MxSmiJson:

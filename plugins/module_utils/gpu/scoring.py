@@ -57,9 +57,6 @@ WEIGHT_BY_CLASS: Tuple[int, ...] = tuple(PAIR_WEIGHTS[LinkClass(v)] for v in ran
 # multi-device level (levels are 1..7, see :func:`annotation_score`).
 SINGLE_DEVICE_SCORE = 800
 
-ANNOTATION_SCORES = "metax-tech.com/gpu.topology.scores"
-ANNOTATION_LOSSES = "metax-tech.com/gpu.topology.losses"
-
 
 @dataclass(frozen=True)
 class SetMetrics:

@@ -13,14 +13,30 @@ set to every pod that is not a DaemonSet's or a static (mirror) pod.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from ..driver.inuse import TERMINAL_PHASES, gpu_pods
 from ..errors import MetaxGpuError
 from .client import ApiException
+from .pods import TERMINAL_PHASES, gpu_pods
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+# a Node's name is a DNS subdomain (apimachinery IsDNS1123Subdomain)
+_NODE_NAME = re.compile(r"\A[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+
+
+class NodeNameError(MetaxGpuError, ValueError):
+    """A node name that would select other pods than one node's."""
+
+
+def check_node_name(node: Any) -> str:
+    """``node`` if it can name a Node. ``spec.nodeName=`` with an empty name selects the unscheduled pods
+    of the whole cluster, and a comma would add terms to the field selector: both refused."""
+    if not isinstance(node, str) or len(node) > 253 or not _NODE_NAME.match(node):
+        raise NodeNameError("node_name %r is not a node name (a DNS subdomain: lowercase letters, digits, '-' "
+                            "and '.', at most 253 characters)" % (node,))
+    return node
 
 
 class EvictionError(MetaxGpuError):
@@ -77,6 +93,10 @@ def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, for
     refused pods, the other pods evicted): for a caller with its own retry, such as an agent's
     round with backoff; ``timeout`` then bounds only the wait for evicted pods to leave.
     """
+    check_node_name(node)
+    if timeout < 0 or (grace_period is not None and grace_period < 0):
+        raise EvictionError("timeout and grace_period must not be negative (got %s, %s)" % (timeout, grace_period))
+
     def listing() -> List[Mapping]:
         items = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=%s" % node).items
         return [core.api_client.sanitize_for_serialization(p) for p in items]

@@ -45,10 +45,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from ..errors import MetaxGpuError
+from ..names import LABEL_SLOT_POOL
 from .client import ApiException
 
 LOG = logging.getLogger("metax-gpu.slots")
-POOL_LABEL = "metax-tech.com/slot-pool"      # every Lease of a pool carries it: one list call sees them all
+POOL_LABEL = LABEL_SLOT_POOL                  # every Lease of a pool carries it: one list call sees them all
 DEFAULT_DURATION = 30                         # seconds a holder that stopped renewing keeps its slot
 # A waiter tries a freed home slot at a random point within TURN_SPREAD seconds, any other slot
 # within the TURN_SPREAD after that: with W waiters over ``size`` home slots and an ADDED event

@@ -10,10 +10,15 @@ is extracted. An xz stream reads only forward, and the order comes last, so
 each layer's ``opt/maca`` part is staged on its own and the stages are then
 merged in the manifest's order, with the image whiteouts applied
 (``.wh.NAME`` removes NAME, ``.wh..wh..opq`` empties its directory).
+Extraction and merge are :mod:`..archive`'s: nothing is written, chmod-ed or
+removed through a symbolic link, hard links stay inside the tree, and the
+payload is bounded by :class:`~..archive.Limits` (issue 39). The archive is
+streamed: no layer, however small, is read into memory; only the image's
+JSON (manifests, configs) is.
 
 Everything happens in ``/opt/.maca-<version>.tmp``, renamed to
-``/opt/maca-<version>`` when complete: a version directory is whole or
-absent. The switch is a new link renamed over ``/opt/maca``.
+``/opt/maca-<version>`` when complete and removed when refused: a version
+directory is whole or absent. The switch is a new link renamed over ``/opt/maca``.
 The GPU Operator's MACA component (``agents/maca_manager``) installs the
 same way from a directory instead: the payload image mounted read-only by
 the kubelet (an image volume), whose ``/opt/maca`` is copied by
@@ -24,108 +29,67 @@ Standard library only: this runs on nodes.
 
 from __future__ import annotations
 
-import io
 import json
 import lzma
 import os
 import shutil
 import tarfile
+import zlib
 from typing import IO, Dict, List, Optional
 
+from .. import archive
+from ..archive import ArchiveError, Limits
 from ..host import HostRoot
 from .layout import MACA_LINK, PREFIX, MacaLayoutError, MacaPlan, dir_name, installed_versions, plan
 
-SUBTREE = "opt/maca/"
-XZ_MAGIC = b"\xfd7zXZ\x00"
-SMALL = 4 << 20          # members up to this size are read into memory (manifests, configs, small layers)
-WHITEOUT = ".wh."
-OPAQUE = ".wh..wh..opq"
+SUBTREE = ["opt", "maca"]
+METADATA = 4 << 20        # a JSON member up to this size is kept in memory (manifest.json, configs) ...
+METADATA_TOTAL = 16 << 20  # ... up to this much in all; nothing else is
+_COMPRESSED = (archive.GZIP_MAGIC, archive.XZ_MAGIC, archive.BZIP2_MAGIC)
+_LINK_HOPS = 8
 
 
-def _open(path: str) -> IO[bytes]:
-    with open(path, "rb") as handle:
-        xz = handle.read(len(XZ_MAGIC)) == XZ_MAGIC
-    return lzma.open(path, "rb") if xz else open(path, "rb")
+def _select(name: str) -> Optional[List[str]]:
+    """The path under opt/maca of a layer entry (None: outside it)."""
+    parts = name.split("/") if name else []
+    return parts[len(SUBTREE):] if parts[:len(SUBTREE)] == SUBTREE else None
 
 
-def _safe(name: str) -> Optional[str]:
-    """The path under opt/maca of a layer entry (None: outside it, or not a safe relative path)."""
-    name = name.lstrip("./")
-    if not name.startswith(SUBTREE):
+def _layer_kind(head: bytes) -> Optional[str]:
+    """``tar`` (possibly compressed), ``empty`` (docker's empty layer: zero blocks), or None (not a layer)."""
+    if head.startswith(_COMPRESSED):
+        return "tar"
+    if len(head) == tarfile.BLOCKSIZE and not head.strip(b"\0"):
+        return "empty"
+    try:
+        tarfile.TarInfo.frombuf(head, "utf-8", "surrogateescape")
+    except (tarfile.HeaderError, ValueError):
         return None
-    rel = name[len(SUBTREE):].rstrip("/")
-    parts = rel.split("/") if rel else []
-    if any(p in ("", "..") for p in parts):
-        return None
-    return rel
+    return "tar"
 
 
-def _extract_layer(layer: tarfile.TarFile, stage: str) -> None:
-    """The opt/maca part of one layer into ``stage`` (streamed; links and specials limited to the tree)."""
-    real_stage = os.path.realpath(stage)
-    for member in layer:
-        rel = _safe(member.name)
-        if rel is None:
-            continue
-        target = os.path.join(stage, rel) if rel else stage
-        parent = os.path.dirname(target)
-        # never write through a symbolic link an earlier entry made (it could point out of the tree)
-        if not os.path.realpath(parent).startswith(real_stage):
-            raise MacaLayoutError("payload entry %s escapes %s" % (member.name, SUBTREE))
-        if member.isdir():
-            os.makedirs(target, exist_ok=True)
-            os.chmod(target, member.mode & 0o7777 | 0o700)
-        elif member.isfile():
-            os.makedirs(parent, exist_ok=True)
-            source = layer.extractfile(member)
-            if source is None:
-                continue
-            with open(target, "wb") as out:
-                shutil.copyfileobj(source, out, 1 << 20)
-            os.chmod(target, member.mode & 0o7777)
-        elif member.issym():
-            os.makedirs(parent, exist_ok=True)
-            if os.path.lexists(target):
-                os.unlink(target)
-            os.symlink(member.linkname, target)
-        elif member.islnk():
-            link_rel = _safe(member.linkname)
-            if link_rel is None:
-                continue
-            os.makedirs(parent, exist_ok=True)
-            shutil.copy2(os.path.join(stage, link_rel), target)
-        # devices, FIFOs: not part of an SDK; skipped
+def _stage_layer(head: bytes, handle: IO[bytes], stage: str, budget: archive.Budget, member: str) -> bool:
+    """The opt/maca part of one layer into the new directory ``stage``; False when it is not a tar after all."""
+    os.mkdir(stage, 0o700)
+    if _layer_kind(head) == "empty":
+        return True
+    try:
+        layer = archive.open_stream(archive.Prefixed(head, handle), budget.limits)  # type: ignore[arg-type]
+    except (tarfile.TarError, lzma.LZMAError, EOFError, OSError, zlib.error):
+        # compressed, but not a tar (a blob of an OCI layout that is no layer): read past
+        shutil.rmtree(stage, ignore_errors=True)
+        return False
+    try:
+        with layer:
+            archive.extract_members(layer, stage, budget, _select)  # devices and FIFOs skipped: not part of an SDK
+    except ArchiveError as exc:
+        raise ArchiveError("layer %s: %s" % (member, exc)) from exc
+    return True
 
 
 def _merge(stage: str, dest: str) -> None:
-    """Apply one staged layer over ``dest`` (image whiteout semantics)."""
-    for base, dirs, files in os.walk(stage):
-        rel = os.path.relpath(base, stage)
-        out_dir = os.path.join(dest, rel) if rel != "." else dest
-        if OPAQUE in files and os.path.isdir(out_dir):
-            for name in os.listdir(out_dir):
-                path = os.path.join(out_dir, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path)
-                else:
-                    os.unlink(path)
-        os.makedirs(out_dir, exist_ok=True)
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(base, d))]:
-            if name == OPAQUE:
-                continue
-            if name.startswith(WHITEOUT):
-                gone = os.path.join(out_dir, name[len(WHITEOUT):])
-                if os.path.isdir(gone) and not os.path.islink(gone):
-                    shutil.rmtree(gone)
-                elif os.path.lexists(gone):
-                    os.unlink(gone)
-                continue
-            target = os.path.join(out_dir, name)
-            if os.path.isdir(target) and not os.path.islink(target):
-                shutil.rmtree(target)
-            elif os.path.lexists(target):
-                os.unlink(target)
-            os.replace(os.path.join(base, name), target)
+    """Apply one staged layer over ``dest`` (image whiteout semantics; never through a link)."""
+    archive.merge_layer(stage, dest)
 
 
 def _layer_order(small: Dict[str, bytes]) -> List[str]:
@@ -141,37 +105,52 @@ def _layer_order(small: Dict[str, bytes]) -> List[str]:
     raise MacaLayoutError("the payload has neither manifest.json nor index.json: not an image archive")
 
 
-def extract_maca(archive: str, dest: str) -> None:
+def _resolve(name: str, links: Dict[str, str]) -> str:
+    """A name of the archive after its links (docker 25's ``<id>/layer.tar`` links to ``blobs/sha256/...``)."""
+    name = "/".join(archive.member_parts(name))
+    for _hop in range(_LINK_HOPS):
+        if name not in links:
+            break
+        name = links[name]
+    return name
+
+
+def extract_maca(archive_path: str, dest: str, limits: Limits = archive.DEFAULT_LIMITS) -> None:
     """The image's /opt/maca into the new directory ``dest`` (its parent must exist)."""
     staging = dest + ".layers"
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
+    budget = archive.Budget(limits)
     small: Dict[str, bytes] = {}
+    small_total = 0
     staged: Dict[str, str] = {}
+    links: Dict[str, str] = {}
     try:
-        with _open(archive) as raw, tarfile.open(fileobj=raw, mode="r|") as outer:
-            for member in outer:
+        with open(archive_path, "rb") as raw, archive.open_stream(raw, limits) as outer:
+            for member in archive.members(outer, budget, container=True):
+                name = "/".join(archive.member_parts(member.name))
+                if member.issym() or member.islnk():
+                    base = name.rsplit("/", 1)[0] + "/" if member.issym() and "/" in name else ""
+                    links[name] = "/".join(archive.member_parts(os.path.normpath(base + member.linkname)))
+                    continue
                 if not member.isfile():
                     continue
-                name = member.name.lstrip("./")
                 handle = outer.extractfile(member)
-                if handle is None:
+                if handle is None:  # pragma: no cover - a regular member always has a stream
                     continue
-                stage = os.path.join(staging, str(len(staged)))
-                if member.size <= SMALL:
-                    data = handle.read()
-                    small[name] = data
-                    try:
-                        layer = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
-                    except tarfile.TarError:
+                head = handle.read(tarfile.BLOCKSIZE)
+                kind = _layer_kind(head)
+                if kind is not None:
+                    stage = os.path.join(staging, str(len(staged)))
+                    if _stage_layer(head, handle, stage, budget, member.name):
+                        staged[name] = stage
                         continue
-                else:
-                    layer = tarfile.open(fileobj=handle, mode="r|*")
-                os.makedirs(stage)
-                with layer:
-                    _extract_layer(layer, stage)
-                staged[name] = stage
-        order = _layer_order(small)
+                if member.size <= METADATA and small_total + member.size <= METADATA_TOTAL \
+                        and head.lstrip()[:1] in (b"{", b"["):
+                    small[name] = head + handle.read()
+                    small_total += member.size
+                # anything else (a large non-layer blob) is read past, never held
+        order = [_resolve(name, links) for name in _layer_order(small)]
         missing = [name for name in order if name not in staged]
         if missing:
             raise MacaLayoutError("the payload lacks layer(s) %s" % ", ".join(missing))
@@ -180,30 +159,34 @@ def extract_maca(archive: str, dest: str) -> None:
             _merge(staged[name], dest)
         if not os.listdir(dest):
             raise MacaLayoutError("the payload image has no /opt/maca")
-    except (tarfile.TarError, lzma.LZMAError, ValueError, KeyError, IndexError) as exc:
-        raise MacaLayoutError("cannot read the payload %s: %s" % (archive, exc))
+    except ArchiveError as exc:
+        raise MacaLayoutError("the payload %s was refused: %s" % (archive_path, exc)) from exc
+    except (tarfile.TarError, lzma.LZMAError, zlib.error, EOFError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise MacaLayoutError("cannot read the payload %s: %s" % (archive_path, exc)) from exc
+    except OSError as exc:  # a damaged gzip layer, or the node's disk
+        raise MacaLayoutError("cannot extract the payload %s: %s" % (archive_path, exc)) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def copy_maca(tree: str, dest: str) -> None:
+def copy_maca(tree: str, dest: str, limits: Limits = archive.DEFAULT_LIMITS) -> None:
     """The MXMACA tree ``tree`` (an image's ``/opt/maca``, read-only) into the new directory ``dest``.
 
     Symbolic links are copied as links (an SDK links its libraries by
-    soname); file data goes through ``shutil.copy2``, which uses the
-    kernel's ``copy_file_range``/``sendfile`` where it can (no user-space
-    buffer for a multi-GB payload).
+    soname), never followed; devices and FIFOs are skipped; the archive
+    bounds apply (:func:`..archive.copy_tree`). File data goes through
+    ``sendfile`` (no user-space buffer for a multi-GB payload).
     """
     if not os.path.isdir(tree):
         raise MacaLayoutError("the payload has no MXMACA tree at %s" % tree)
     if not os.listdir(tree):
         raise MacaLayoutError("the payload's MXMACA tree %s is empty" % tree)
     try:
-        shutil.copytree(tree, dest, symlinks=True)
-    except (OSError, shutil.Error) as exc:
-        raise MacaLayoutError("cannot copy the MXMACA tree %s: %s" % (tree, exc))
-    # the image's modes are kept, but the directory must stay writable for the next switch's cleanup
-    os.chmod(dest, os.stat(dest).st_mode | 0o700)
+        archive.copy_tree(tree, dest, limits)
+    except ArchiveError as exc:
+        raise MacaLayoutError("the MXMACA tree %s was refused: %s" % (tree, exc)) from exc
+    except OSError as exc:
+        raise MacaLayoutError("cannot copy the MXMACA tree %s: %s" % (tree, exc)) from exc
 
 
 def current(host: HostRoot, link: str = MACA_LINK):
@@ -226,26 +209,30 @@ def switch(host: HostRoot, version: str, link: str = MACA_LINK) -> None:
     os.replace(tmp, local)
 
 
-def install(host: HostRoot, archive: Optional[str], version: str, keep: int = 1, link: str = MACA_LINK,
-            check_mode: bool = False, tree: Optional[str] = None) -> MacaPlan:
-    """Install ``version`` from ``archive`` or the directory ``tree`` (when not installed), switch to it,
-    drop versions beyond ``keep``."""
+def install(host: HostRoot, archive_path: Optional[str], version: str, keep: int = 1, link: str = MACA_LINK,
+            check_mode: bool = False, tree: Optional[str] = None, limits: Limits = archive.DEFAULT_LIMITS) -> MacaPlan:
+    """Install ``version`` from ``archive_path`` or the directory ``tree`` (when not installed), switch to it,
+    drop versions beyond ``keep``. ``limits`` bound what the payload may hold (:class:`..archive.Limits`)."""
     target, is_dir, installed = current(host, link)
     the_plan = plan(target, is_dir, installed, version, keep)
     if check_mode:
         return the_plan
     parent = host.join(os.path.dirname(link))
     if the_plan.install:
-        if not archive and not tree:
+        if not archive_path and not tree:
             raise MacaLayoutError("MXMACA %s is not installed and no payload was given" % version)
         os.makedirs(parent, exist_ok=True)
         final = os.path.join(parent, dir_name(version))
         tmp = os.path.join(parent, ".%s.tmp" % dir_name(version))
         shutil.rmtree(tmp, ignore_errors=True)
-        if tree:
-            copy_maca(tree, tmp)
-        else:
-            extract_maca(str(archive), tmp)
+        try:
+            if tree:
+                copy_maca(tree, tmp, limits)
+            else:
+                extract_maca(str(archive_path), tmp, limits)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a refused payload leaves nothing behind
+            raise
         os.replace(tmp, final)
     if the_plan.switch:
         switch(host, version, link)

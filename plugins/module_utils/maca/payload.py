@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
-from ..gpu.model import PRODUCTS_BY_NAME
+from ..gpu.model import family_of, same_product
 from .layout import MacaLayoutError
 
 # c500 in maca-c500, mxc500-maca, maca-c500-container
@@ -31,8 +31,8 @@ def product_of_image(ref: str) -> Optional[str]:
 
 
 def _family(product: Optional[str]) -> Optional[str]:
-    info = PRODUCTS_BY_NAME.get(product or "")
-    return info.family if info else None
+    family = family_of(product or "")
+    return None if family == "unknown" else family
 
 
 def select_image(images: Sequence[str], products: Sequence[str]) -> int:
@@ -49,7 +49,8 @@ def select_image(images: Sequence[str], products: Sequence[str]) -> int:
     named = [product_of_image(ref) for ref in images]
     chosen = set()
     for product in wanted:
-        exact = [i for i, p in enumerate(named) if p == product]
+        # the image says c500, discovery MXC500 (the chip name): one product, two spellings
+        exact = [i for i, p in enumerate(named) if p is not None and same_product(p, product)]
         family = [i for i, p in enumerate(named) if p is not None and _family(p) == _family(product)
                   and _family(product) is not None]
         if exact:

@@ -16,6 +16,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.registry.client import C
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import ArtifactError, AuthError
 from ansible_collections.metax.gpu.plugins.module_utils.registry.push import Options, Pusher, prepare
 from ansible_collections.metax.gpu.plugins.module_utils.registry.sources import read_source
+from ansible_collections.metax.gpu.plugins.module_utils.registry import reference as R
 from ansible_collections.metax.gpu.plugins.module_utils.registry import xzpush, xzsource
 
 
@@ -88,7 +89,19 @@ def connect(req: PushRequest) -> Registry:
                     ca_path=req.ca_path or None, retries=req.retries, pool=max(4, req.concurrency + 2))
 
 
+def check_request(req: PushRequest) -> None:
+    """The names the caller gives, before a source is read or the registry is contacted."""
+    split_registry(req.registry)
+    if req.repository:
+        R.repository(req.repository, "repository")
+    if req.tag:
+        R.tag(req.tag, "tag")
+    if req.concurrency < 1:
+        raise ArtifactError("concurrency must be at least 1, not %d" % req.concurrency)
+
+
 def push(req: PushRequest) -> Dict[str, Any]:
+    check_request(req)
     if req.compression not in B.COMPRESSIONS:
         raise ArtifactError("compression must be one of %s, not %r" % (", ".join(B.COMPRESSIONS), req.compression))
     if os.path.isfile(req.src) and xzsource.is_xz(req.src):

@@ -20,6 +20,7 @@ import tempfile
 import zlib
 from typing import IO, Any, Callable, Dict, Iterator, Optional, Tuple
 
+from ansible_collections.metax.gpu.plugins.module_utils.registry import reference as R
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import ArtifactError
 
 try:  # pragma: no cover - depends on the environment
@@ -179,7 +180,8 @@ class LayerCache:
         self.directory = directory
 
     def _index_path(self, compression: str, diff_id: str) -> str:
-        return os.path.join(self.directory, compression, diff_id.split(":", 1)[-1] + ".json")
+        # diff_id comes from an image config: a digest by the grammar before it names a file
+        return os.path.join(self.directory, compression, R.digest(diff_id, "diff_id").split(":", 1)[-1] + ".json")
 
     def lookup(self, compression: str, diff_id: str, need_file: bool = False) -> Optional[Dict[str, Any]]:
         try:

@@ -23,10 +23,12 @@ import inspect
 import io
 import json
 import os
+import shlex
 import tarfile
 import tempfile
 from typing import Any, Dict, List
 
+from ansible_collections.metax.gpu.plugins.module_utils import archive as _archive
 from ansible_collections.metax.gpu.plugins.module_utils import backoff as _backoff
 from ansible_collections.metax.gpu.plugins.module_utils import errors as _errors
 from ansible_collections.metax.gpu.plugins.module_utils.registry import api as _api
@@ -35,6 +37,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.registry import cli as _
 from ansible_collections.metax.gpu.plugins.module_utils.registry import client as _client
 from ansible_collections.metax.gpu.plugins.module_utils.registry import errors as _rerrors
 from ansible_collections.metax.gpu.plugins.module_utils.registry import push as _push
+from ansible_collections.metax.gpu.plugins.module_utils.registry import reference as _reference
 from ansible_collections.metax.gpu.plugins.module_utils.registry import sources as _sources
 from ansible_collections.metax.gpu.plugins.module_utils.registry import layerstream as _layerstream
 from ansible_collections.metax.gpu.plugins.module_utils.registry import xzpush as _xzpush
@@ -45,8 +48,8 @@ from ansible_collections.metax.gpu.plugins.module_utils.registry.sources import 
 
 FORMAT = 2  # 2: blobs shared between images are hard links
 DEFAULT_REGISTRY = "cr.metax-tech.com/cloud"
-_PUSHER_MODULES = (_errors, _backoff, _api, B, _cli, _client, _rerrors, _push, _sources, _layerstream, _xzpush,
-                   _xzsource)
+_PUSHER_MODULES = (_errors, _archive, _backoff, _api, B, _cli, _client, _rerrors, _push, _reference, _sources,
+                   _layerstream, _xzpush, _xzsource)
 _MU = "ansible_collections/metax/gpu/plugins/module_utils/"
 
 
@@ -73,9 +76,18 @@ def _read_images(images: List[Dict[str, Any]]):
         if len(arts) != 1:
             raise ArtifactError("%s: expected one image, found %d" % (spec["archive"], len(arts)))
         art = arts[0]
-        art.name, art.tag = spec["name"], str(spec["tag"])
+        # the name becomes a directory of the payload and a word of the .run script's IMAGES list
+        art.name = _reference.repository(spec["name"], "image name")
+        art.tag = _reference.tag(str(spec["tag"]), "image %s: tag" % spec["name"])
         out.append(art)
     return out
+
+
+def check_values(version: str, registry: str) -> None:
+    """``version`` and ``registry`` go into the .run script (a comment, the usage text, a variable):
+    only values of their grammar, so that no quoting can be escaped (they are quoted as well)."""
+    _reference.version(version, "version")
+    _reference.registry(registry, "registry")
 
 
 def _chart_entry(path: str) -> Dict[str, Any]:
@@ -101,6 +113,7 @@ def content_key(version: str, registry: str, arts, charts: List[Dict[str, Any]],
 def build(path: str, version: str, images: List[Dict[str, Any]], charts: List[str], registry: str = DEFAULT_REGISTRY,
           check_mode: bool = False, cache_dir: str = "", threads: int = 2) -> Dict[str, Any]:
     """Write the bundle unless an identical one is there; returns the module's result."""
+    check_values(version, registry)
     arts = _read_images(images)
     chart_entries = [_chart_entry(c) for c in charts]
     pusher = _pusher_files()
@@ -175,6 +188,30 @@ def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
     tar.addfile(info)
 
 
+class _Verified:
+    """A blob's bytes as they are copied into the bundle, hashed: ``verify`` refuses a blob whose
+    bytes are not its digest (a corrupted cache file, a layout whose descriptor lies), and the
+    bundle is then not written (build removes its temporary file)."""
+
+    def __init__(self, handle, digest: str) -> None:
+        self.handle = handle
+        self.digest = _reference.digest(digest, "layer digest")
+        self.hash = hashlib.new(digest.split(":", 1)[0])
+        self.size = 0
+
+    def read(self, amount: int = -1) -> bytes:
+        data = self.handle.read(amount)
+        self.hash.update(data)
+        self.size += len(data)
+        return data
+
+    def verify(self, what: str) -> None:
+        got = "%s:%s" % (self.digest.split(":", 1)[0], self.hash.hexdigest())
+        if got != self.digest:
+            raise ArtifactError("%s: its bytes are %s (%d bytes), not %s: the bundle was not written"
+                                % (what, got, self.size, self.digest))
+
+
 def _add_layout(tar: tarfile.TarFile, prepared, registry: str, written: Dict[str, str]) -> None:
     """One OCI layout; a blob another image already wrote (the agents share their base layers) is a hard link."""
     base = "images/%s/" % prepared.repository
@@ -190,7 +227,9 @@ def _add_layout(tar: tarfile.TarFile, prepared, registry: str, written: Dict[str
             continue
         written[blob.digest] = name
         with blob.source.open() as handle:
-            _add(tar, name, blob.size, handle)
+            checked = _Verified(handle, blob.digest)
+            _add(tar, name, blob.size, checked)
+        checked.verify("%s: layer of %s:%s" % (blob.source.path or "memory", prepared.repository, prepared.tag))
     body, media_type = prepared.manifests()[-1]
     _add(tar, base + "blobs/sha256/" + B.sha256_digest(body).split(":")[1], len(body), io.BytesIO(body))
     full = "%s/%s:%s" % (registry.rstrip("/"), prepared.repository, prepared.tag)
@@ -210,7 +249,7 @@ def _render_header(desc: Dict[str, Any]) -> bytes:
     def render(offset: int) -> bytes:
         line = BUNDLE_MAGIC + json.dumps(dict(desc, offset=offset), separators=(",", ":"), sort_keys=True)
         return HEADER.replace("@JSON@", line).replace("@LISTING@", listing.rstrip("\n")) \
-            .replace("@IMAGES@", names).replace("@REGISTRY@", desc["registry"]) \
+            .replace("@IMAGES@", shlex.quote(names)).replace("@REGISTRY@", shlex.quote(desc["registry"])) \
             .replace("@VERSION@", desc["version"]).encode()
 
     # the offset is written inside the header it measures: grow it in 512-byte steps until it fits
@@ -229,8 +268,8 @@ HEADER = r"""#!/bin/sh
 set -eu
 SELF=$0
 OFFSET=$(sed -n 's/^# metax-bundle-json: .*"offset":\([0-9]*\).*/\1/p' "$SELF" | head -n 1)
-REGISTRY_DEFAULT='@REGISTRY@'
-IMAGES='@IMAGES@'
+REGISTRY_DEFAULT=@REGISTRY@
+IMAGES=@IMAGES@
 
 usage() {
   cat <<'EOT'

@@ -19,9 +19,10 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
-from urllib.parse import urlencode, urljoin
+from urllib.parse import urlencode, urljoin, urlsplit
 
 from ansible_collections.metax.gpu.plugins.module_utils.backoff import Backoff
+from ansible_collections.metax.gpu.plugins.module_utils.registry import reference as R
 from ansible_collections.metax.gpu.plugins.module_utils.registry.blobs import CHUNK, sha256_digest
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import (
     AuthError, RegistryError, StreamRefused, TransientError)
@@ -91,8 +92,9 @@ class Registry:
                  retries: int = 5, pool: int = 8) -> None:
         if not HAS_REQUESTS:
             raise RegistryError("the registry client needs the Python package requests (pip install requests)")
-        self.host = host
+        self.host = R.host(host)
         self.base = ("http://" if plain_http else "https://") + host
+        self.origin = origin_of(self.base)
         self.credentials = credentials or Credentials()
         self.timeout = timeout
         self.retries = retries
@@ -162,6 +164,8 @@ class Registry:
         realm = self._challenge.get("realm")
         if not realm:
             raise AuthError("registry %s: bearer challenge without a realm" % self.host)
+        if urlsplit(realm).scheme not in ("http", "https") or not urlsplit(realm).hostname:
+            raise AuthError("registry %s: bearer realm %r is not an http(s) URL" % (self.host, realm))
         # one scope parameter per scope (what Docker's token spec and Harbor expect)
         query = [("service", self._challenge.get("service", ""))] + [("scope", s) for s in (scope or "").split()]
         headers = {"Authorization": self.credentials.basic()} if self.credentials else {}
@@ -181,11 +185,20 @@ class Registry:
     def _send(self, method: str, path: str, scope: Optional[str], body_factory: Optional[Callable[[], object]] = None,
               headers: Optional[Dict[str, str]] = None, params: Optional[Dict[str, str]] = None,
               data: Optional[bytes] = None, stream: bool = False):
-        """One request; on a 401 learn the challenge, authenticate, and send once more."""
+        """One request; on a 401 learn the challenge, authenticate, and send once more.
+
+        Credentials go only to the registry's own origin (scheme, host, port): an upload
+        ``Location`` on another host (a storage backend, or a hostile registry) gets the
+        request without them, and its 401 is not answered with credentials either.
+        Redirects: requests drops the Authorization header when the host, port or scheme
+        changes (``Session.rebuild_auth``); tests/unit/registry/test_credentials_origin.py
+        proves both with two servers.
+        """
         url = path if path.startswith("http") else urljoin(self.base, path)
+        own = origin_of(url) == self.origin
         for attempt in (1, 2):
             hdrs = dict(headers or {})
-            auth = self._authorization(scope)
+            auth = self._authorization(scope) if own else None
             if auth:
                 hdrs["Authorization"] = auth
             body: Any = body_factory() if body_factory else data
@@ -200,7 +213,7 @@ class Registry:
             finally:
                 if hasattr(body, "close"):
                     body.close()
-            if resp.status_code != 401 or attempt == 2:
+            if resp.status_code != 401 or attempt == 2 or not own:
                 return resp
             challenge = resp.headers.get("WWW-Authenticate", "")
             if not challenge:
@@ -218,9 +231,13 @@ class Registry:
 
     @staticmethod
     def scope(repo: str, actions: str = "pull,push", extra: Iterable[str] = ()) -> str:
+        # every request about a repository asks for its scope first: the names are checked here once
+        for name in [repo] + list(extra):
+            R.repository(name)
         return " ".join(["repository:%s:%s" % (repo, actions)] + ["repository:%s:pull" % e for e in extra])
 
     def blob_exists(self, repo: str, digest: str) -> bool:
+        R.digest(digest)
         resp = self._send("HEAD", "/v2/%s/blobs/%s" % (repo, digest), self.scope(repo))
         if resp.status_code == 401:
             raise self._auth_error(resp)
@@ -247,6 +264,7 @@ class Registry:
 
     def mount_blob(self, repo: str, digest: str, from_repo: str) -> bool:
         """Cross-repository mount; False when the registry fell back to an upload session (then cancelled)."""
+        R.digest(digest)
         resp = self._send("POST", "/v2/%s/blobs/uploads/" % repo, self.scope(repo, extra=[from_repo]),
                           params={"mount": digest, "from": from_repo}, headers={"Content-Length": "0"})
         if resp.status_code == 201:
@@ -352,6 +370,7 @@ class Registry:
             pass
 
     def get_blob(self, repo: str, digest: str) -> bytes:
+        R.digest(digest)
         resp = self._send("GET", "/v2/%s/blobs/%s" % (repo, digest), self.scope(repo, "pull"))
         self._check(resp, (200,), "get blob %s of %s" % (digest, repo))
         if sha256_digest(resp.content) != digest:
@@ -362,6 +381,7 @@ class Registry:
 
     def manifest_digest(self, repo: str, reference: str, media_types: Iterable[str]) -> Optional[str]:
         """The digest a tag (or digest) points at, None if absent."""
+        R.reference(reference)
         resp = self._send("HEAD", "/v2/%s/manifests/%s" % (repo, reference), self.scope(repo),
                           headers={"Accept": ", ".join(media_types)})
         if resp.status_code == 404:
@@ -370,6 +390,7 @@ class Registry:
         return resp.headers.get("Docker-Content-Digest")
 
     def get_manifest(self, repo: str, reference: str, media_types: Iterable[str]) -> Tuple[bytes, str]:
+        R.reference(reference)
         resp = self._send("GET", "/v2/%s/manifests/%s" % (repo, reference), self.scope(repo, "pull"),
                           headers={"Accept": ", ".join(media_types)})
         self._check(resp, (200,), "get manifest %s:%s" % (repo, reference))
@@ -378,6 +399,7 @@ class Registry:
         return resp.content, resp.headers.get("Content-Type", "")
 
     def put_manifest(self, repo: str, reference: str, body: bytes, media_type: str) -> str:
+        R.reference(reference)
         backoff = Backoff(initial=0.2, cap=5.0)
         for attempt in range(self.retries + 1):
             try:
@@ -424,9 +446,17 @@ def _error_text(resp) -> str:
         return (resp.reason or "").strip()
 
 
+def origin_of(url: str) -> Tuple[str, str, int]:
+    """(scheme, host, port) of a URL, the port made explicit: what credentials are bound to."""
+    parts = urlsplit(url)
+    scheme = (parts.scheme or "").lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1       # not a port at all: never equal to the registry's
+    return scheme, (parts.hostname or "").lower(), port if port is not None else (443 if scheme == "https" else 80)
+
+
 def split_registry(ref: str) -> Tuple[str, str]:
-    """'DOMAIN[:port]/PROJECT/path' -> ('DOMAIN[:port]', 'PROJECT/path')."""
-    host, _sep, project = ref.strip().rstrip("/").partition("/")
-    if not host:
-        raise RegistryError("registry %r: expected DOMAIN[:port][/PROJECT]" % ref)
-    return host, project
+    """'DOMAIN[:port]/PROJECT/path' -> ('DOMAIN[:port]', 'PROJECT/path'), both checked (reference.registry)."""
+    return R.registry(ref)

@@ -20,6 +20,7 @@ import time
 import zlib
 from typing import IO, Any, Callable, Iterator, Optional
 
+from ansible_collections.metax.gpu.plugins.module_utils import archive as A
 from ansible_collections.metax.gpu.plugins.module_utils.registry import blobs as B
 
 try:  # pragma: no cover - depends on the environment
@@ -97,26 +98,40 @@ class _Compressor:
 
 
 class _PlainReader:
-    """The layer's uncompressed bytes: a docker archive holds plain tars, an OCI layout may hold gzip/zstd."""
+    """The layer's uncompressed bytes: a docker archive holds plain tars, an OCI layout may hold gzip/zstd.
+
+    At most ``CHUNK`` bytes come out of one read, however well the input compresses: a 1 MiB block of
+    gzip can inflate to 1 GiB in one call (issue 39, resource bombs)."""
 
     def __init__(self, raw: IO[bytes]) -> None:
         self.raw = raw
         first = raw.read(CHUNK)
         self.pending = [first] if first else []
+        self.tail = b""
         self.decomp: Any = None
+        self.stream: Any = None
         if first[:2] == b"\x1f\x8b":
             self.decomp = zlib.decompressobj(47)
         elif first[:4] == b"\x28\xb5\x2f\xfd":
             if not B.HAS_ZSTD:
                 raise B.ArtifactError("a zstd-compressed layer needs the Python package zstandard")
-            self.decomp = B._zstd.ZstdDecompressor().decompressobj()  # pylint: disable=protected-access
+            self.pending = []
+            source: Any = A.Prefixed(first, raw)
+            self.stream = B._zstd.ZstdDecompressor().stream_reader(  # pylint: disable=protected-access
+                source, read_across_frames=True)
 
     def read(self) -> bytes:
+        if self.stream is not None:
+            return self.stream.read(CHUNK)
         while True:
-            block = self.pending.pop() if self.pending else self.raw.read(CHUNK)
+            if self.tail:
+                block, self.tail = self.tail, b""
+            else:
+                block = self.pending.pop() if self.pending else self.raw.read(CHUNK)
             if self.decomp is None or not block:
                 return block
-            data = self.decomp.decompress(block)
+            data = self.decomp.decompress(block, CHUNK)
+            self.tail = self.decomp.unconsumed_tail
             if data:
                 return data
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.metax.gpu.plugins.module_utils.registry import blobs as B
+from ansible_collections.metax.gpu.plugins.module_utils.registry import reference as R
 from ansible_collections.metax.gpu.plugins.module_utils.registry.client import Registry
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import RegistryError, StreamRefused
 from ansible_collections.metax.gpu.plugins.module_utils.registry.sources import Artifact, Slice
@@ -100,6 +101,9 @@ class Options:
 
 
 def prepare(artifact: Artifact, repository: str, tag: str, opts: Options) -> Prepared:
+    # the names decide where the push writes: checked before anything is converted or sent
+    R.repository(repository, "%s %s from %s: repository" % (artifact.kind, artifact.name, artifact.origin))
+    R.tag(tag, "%s %s from %s: tag" % (artifact.kind, artifact.name, artifact.origin))
     prepared = Prepared(artifact=artifact, repository=repository, tag=tag)
     if artifact.kind == "index":
         seen = set()

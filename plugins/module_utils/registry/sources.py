@@ -16,7 +16,9 @@ import tarfile
 from dataclasses import dataclass, field
 from typing import IO, Any, Dict, List, Optional, Tuple
 
+from ansible_collections.metax.gpu.plugins.module_utils import archive as A
 from ansible_collections.metax.gpu.plugins.module_utils.registry import blobs as B
+from ansible_collections.metax.gpu.plugins.module_utils.registry import reference as R
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import ArtifactError
 
 try:
@@ -25,6 +27,18 @@ try:
 except ImportError:  # pragma: no cover
     yaml = None
     HAS_YAML = False
+
+if HAS_YAML:
+    class NoAliasLoader(yaml.SafeLoader):
+        """SafeLoader that refuses aliases: Chart.yaml needs none, and 520 bytes of nested aliases
+        became 32 MiB of chart config (issue 39, the "billion laughs")."""
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(None, None, "found the alias *%s: Chart.yaml may not use aliases"
+                                                  % event.anchor, event.start_mark)
+            return super().compose_node(parent, index)
 
 HELM_CONFIG = "application/vnd.cncf.helm.config.v1+json"
 HELM_LAYER = "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
@@ -139,17 +153,31 @@ class _DirStore:
         return Slice(size=os.path.getsize(path), path=path)
 
 
+# an archive's index entry: (kind, file offset of the data or the link's target, size); a TarInfo is ~1 KiB
+_FILE, _HARD, _SYM = 0, 1, 2
+# an image archive or bundle holds a few members per image (layers, configs, manifests): 100,000 is plenty,
+# and keeps the index under some 20 MiB (issue 39: 200k headers kept were +110 to +190 MiB)
+ARCHIVE_LIMITS = A.Limits(max_members=100000)
+
+
 class _TarStore:
-    def __init__(self, path: str, offset: int = 0, prefix: str = "") -> None:
+    def __init__(self, path: str, offset: int = 0, prefix: str = "", limits: A.Limits = ARCHIVE_LIMITS) -> None:
         self.path = path
         self.prefix = prefix
-        self.members: Dict[str, tarfile.TarInfo] = {}
+        self.members: Dict[str, Tuple[int, Any, int]] = {}
         try:
             with open(path, "rb") as handle:
                 handle.seek(offset)
-                with tarfile.open(fileobj=handle, mode="r:") as tar:
-                    for member in tar.getmembers():
-                        self.members[_norm(member.name)] = member
+                with A.open_seekable(handle, limits) as tar:
+                    for member in A.members(tar, A.Budget(limits, path)):
+                        if member.isfile():
+                            self.members[_norm(member.name)] = (_FILE, member.offset_data, member.size)
+                        elif member.islnk():
+                            self.members[_norm(member.name)] = (_HARD, _norm(member.linkname), 0)
+                        elif member.issym():
+                            self.members[_norm(member.name)] = (_SYM, member.linkname, 0)
+        except A.ArchiveError as exc:
+            raise ArtifactError(str(exc)) from exc
         except (OSError, tarfile.TarError, EOFError) as exc:
             raise ArtifactError("%s: not a readable tar archive (%s)" % (path, exc)) from exc
 
@@ -165,14 +193,13 @@ class _TarStore:
             member = self.members.get(key)
             if member is None:
                 return None
-            if member.islnk():
-                key = _norm(member.linkname)
-            elif member.issym():
-                key = _norm(os.path.join(os.path.dirname(key), member.linkname))
-            elif member.isfile():
-                return Slice(size=member.size, path=self.path, offset=member.offset_data)
+            kind, where, size = member
+            if kind == _HARD:
+                key = where
+            elif kind == _SYM:
+                key = _norm(os.path.join(os.path.dirname(key), where))
             else:
-                return None
+                return Slice(size=size, path=self.path, offset=where)
         return None
 
 
@@ -191,7 +218,8 @@ def _json(store, name: str, origin: str) -> Any:
 
 
 def _blob_path(digest: str) -> str:
-    algo, _sep, hexdigest = digest.partition(":")
+    # a descriptor's digest becomes a path: only the digest grammar's characters (no '/', no '..')
+    algo, _sep, hexdigest = R.digest(digest, "blob digest").partition(":")
     return "blobs/%s/%s" % (algo, hexdigest)
 
 
@@ -232,6 +260,8 @@ def read_docker_archive(path: str, store: _TarStore) -> List[Artifact]:
             layers.append(Layer(media_type="", source=blob, diff_id=diff_id))
         tags = entry.get("RepoTags") or []
         name, tag = _split_ref(tags[0]) if tags else ("", "latest")
+        if tags:
+            R.image_reference(tags[0], "%s: RepoTags" % path)
         result.append(Artifact(kind="image", name=name or _stem(path), tag=tag, origin=path,
                                config=_bytes_slice(raw), config_media_type=B.DOCKER_CONFIG,
                                config_digest=B.sha256_digest(raw), layers=layers, docker=True))
@@ -251,6 +281,10 @@ def read_oci_layout(path: str, store, default_name: str) -> List[Artifact]:
         name, tag = _split_ref(ref) if ref else ("", "latest")
         if ref and "/" not in ref and ":" not in ref:
             tag = ref
+        if ref and ("/" in ref or ":" in ref):
+            R.image_reference(ref, "%s: annotation" % path)
+        else:
+            R.tag(tag, "%s: annotation" % path)
         artifact = _read_oci_manifest(path, store, desc, name or default_name, tag)
         result.append(artifact)
     if not result:
@@ -317,14 +351,20 @@ def _collect_verbatim(path: str, store, raw: bytes, media_type: str, art: Artifa
 
 
 def read_chart(path: str) -> Artifact:
+    """A packaged Helm chart (``<chart>/Chart.yaml`` inside a .tgz): read forward until Chart.yaml, within
+    Helm's own bounds (:data:`archive.CHART_LIMITS`), no header kept, no YAML alias expanded."""
+    chart_yaml = None
+    budget = A.Budget(A.CHART_LIMITS, path)
     try:
-        with tarfile.open(path, "r:gz") as tar:
-            chart_yaml = None
-            for member in tar.getmembers():
+        with open(path, "rb") as raw, A.open_stream(raw, A.CHART_LIMITS) as tar:
+            for member in A.members(tar, budget, container=True):
                 parts = member.name.split("/")
                 if len(parts) == 2 and parts[1] == "Chart.yaml" and member.isfile():
+                    budget.file(member)
                     chart_yaml = tar.extractfile(member).read()  # type: ignore[union-attr]
                     break
+    except A.ArchiveError as exc:
+        raise ArtifactError(str(exc)) from exc
     except (OSError, tarfile.TarError, EOFError) as exc:
         raise ArtifactError("%s: not a readable Helm chart archive (%s)" % (path, exc)) from exc
     if chart_yaml is None:
@@ -332,9 +372,11 @@ def read_chart(path: str) -> Artifact:
     if not HAS_YAML:
         raise ArtifactError("pushing a Helm chart needs the Python package PyYAML")
     try:
-        meta = yaml.safe_load(chart_yaml) or {}
+        meta = yaml.load(chart_yaml, Loader=NoAliasLoader) or {}
     except yaml.YAMLError as exc:
         raise ArtifactError("%s: Chart.yaml is not valid YAML (%s)" % (path, exc)) from exc
+    if not isinstance(meta, dict):
+        raise ArtifactError("%s: Chart.yaml is not a mapping" % path)
     if not meta.get("name") or not meta.get("version"):
         raise ArtifactError("%s: Chart.yaml lacks name or version" % path)
     config = helm_config(meta)
@@ -380,14 +422,42 @@ def read_bundle_header(path: str) -> Optional[Dict[str, Any]]:
         text = line.decode("utf-8", "replace")
         if text.startswith(BUNDLE_MAGIC):
             try:
-                return json.loads(text[len(BUNDLE_MAGIC):])
+                doc = json.loads(text[len(BUNDLE_MAGIC):])
             except ValueError:
                 return None
+            if not isinstance(doc, dict):
+                raise ArtifactError("%s: the bundle header's JSON is not an object" % path)
+            return doc
     return None
 
 
+def _bundle_offset(path: str, header: Dict[str, Any]) -> int:
+    offset = header.get("offset")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or offset % 512:
+        raise ArtifactError("%s: the bundle header's offset is %s, not a non-negative multiple of 512: "
+                            "a damaged or foreign header" % (path, "missing" if offset is None else repr(offset)))
+    return offset
+
+
+def _check_bundle_header(path: str, header: Dict[str, Any]) -> None:
+    """Every name the header gives becomes a member path or a repository: checked before either."""
+    for image in header.get("images") or []:
+        if not isinstance(image, dict):
+            raise ArtifactError("%s: the bundle header lists an image that is not an object: %r" % (path, image))
+        R.repository(image.get("name"), "%s: bundle image name" % path)  # type: ignore[arg-type]
+        R.tag(image.get("tag"), "%s: bundle image %s: tag" % (path, image.get("name")))  # type: ignore[arg-type]
+    for chart in header.get("charts") or []:
+        if not isinstance(chart, dict) or not isinstance(chart.get("file"), str) or not isinstance(chart.get("metadata"), dict):
+            raise ArtifactError("%s: the bundle header lists a chart without file or metadata: %r" % (path, chart))
+        if "/" in chart["file"] or chart["file"] in ("", ".", ".."):
+            raise ArtifactError("%s: bundle chart file %r is not a plain file name" % (path, chart["file"]))
+        R.repository(chart.get("name"), "%s: bundle chart name" % path)  # type: ignore[arg-type]
+        R.digest(chart.get("digest"), "%s: bundle chart %s: digest" % (path, chart.get("name")))  # type: ignore[arg-type]
+
+
 def read_bundle(path: str, header: Dict[str, Any]) -> List[Artifact]:
-    offset = int(header["offset"])
+    offset = _bundle_offset(path, header)
+    _check_bundle_header(path, header)
     store = _TarStore(path, offset=offset)
     result: List[Artifact] = []
     for image in header.get("images") or []:

@@ -34,9 +34,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.metax.gpu.plugins.module_utils import archive as A
 from ansible_collections.metax.gpu.plugins.module_utils.backoff import Backoff
 from ansible_collections.metax.gpu.plugins.module_utils.registry import blobs as B
 from ansible_collections.metax.gpu.plugins.module_utils.registry import layerstream as LS
+from ansible_collections.metax.gpu.plugins.module_utils.registry import reference as R
 from ansible_collections.metax.gpu.plugins.module_utils.registry import xzsource as X
 from ansible_collections.metax.gpu.plugins.module_utils.registry.client import Registry
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import (
@@ -123,6 +125,8 @@ class XzPusher:
         return results
 
     def _named(self, image: X.ImageRef) -> X.ImageRef:
+        R.repository(repo_of(self.opts.project, self.opts.repository or image.name), "%s: repository" % self.path)
+        R.tag(self.opts.tag or image.tag, "%s: tag" % self.path)
         return X.ImageRef(name=self.opts.repository or image.name, tag=self.opts.tag or image.tag,
                           config=image.config, layers=image.layers)
 
@@ -168,7 +172,7 @@ class XzPusher:
         with X.XzReader(self.path, self.opts.xz_tool) as reader:
             try:
                 tar = X.open_tar(reader)
-                for member in tar:
+                for member in A.members(tar, A.Budget(A.DEFAULT_LIMITS, self.path), container=True):
                     name = X.norm(member.name)
                     if member.issym() or member.islnk():
                         target = member.linkname if member.islnk() else \
@@ -190,6 +194,8 @@ class XzPusher:
                         continue
                     found.layers[name] = self._stream_layer(staging, tar, member, found)
                 reader.drain()
+            except A.ArchiveError as exc:
+                raise ArtifactError(str(exc)) from exc
             except (tarfile.TarError, EOFError) as exc:
                 raise X.corrupt(self.path, exc) from exc
 
@@ -273,6 +279,8 @@ class XzPusher:
                 layers.append(layer)
             tags = entry.get("RepoTags") or []
             name, tag = _split_ref(tags[0]) if tags else (X.guess_name(self.path), "latest")
+            if tags:    # RepoTags is the archive's word: checked before it names anything
+                R.image_reference(tags[0], "%s: RepoTags" % self.path)
             images.append(X.ImageRef(name=name, tag=tag, config=config, layers=layers))
         if (self.opts.repository or self.opts.tag) and len(images) != 1:
             raise ArtifactError("%s holds %d images: repository/tag overrides need exactly one" % (self.path, len(images)))

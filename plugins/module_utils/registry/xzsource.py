@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import IO, Any, Dict, List, Optional
 
+from ansible_collections.metax.gpu.plugins.module_utils import archive as A
 from ansible_collections.metax.gpu.plugins.module_utils.registry.errors import ArtifactError
 
 XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -162,8 +163,10 @@ class _NoClose:
         return self.handle.read(amount)
 
 
-def open_tar(reader: XzReader) -> tarfile.TarFile:
-    return tarfile.open(fileobj=reader, mode="r|", bufsize=1 << 20)  # type: ignore[call-overload]
+def open_tar(reader: XzReader, limits: A.Limits = A.DEFAULT_LIMITS) -> tarfile.TarFile:
+    """The decompressed archive as a forward-only tar whose extended headers are bounded (issue 39);
+    iterate it with :func:`archive.members`, which keeps no header."""
+    return A.open_stream(reader, limits)  # type: ignore[arg-type]
 
 
 def member_stream(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:

@@ -89,8 +89,10 @@ class Outcome:
         return [
             {"before_header": "manifest", "after_header": "manifest",
              "before": self.manifest_before, "after": self.manifest_after},
+            # keyData (a private key) shows as a mask with a fingerprint: Ansible's own no_log masking
+            # only catches the value where it appears verbatim
             {"before_header": "extender configuration", "after_header": "extender configuration",
-             "before": self.config_before or "", "after": self.config_after or ""},
+             "before": cfg.mask_secrets(self.config_before) or "", "after": cfg.mask_secrets(self.config_after) or ""},
         ]
 
 
@@ -296,6 +298,8 @@ class SchedulerExtender:
         mode = 0o644
         if self.host.exists(path):
             mode = os.stat(local).st_mode & 0o7777
+        if cfg.holds_secret(text):
+            mode &= 0o700     # a private key inside: readable by its owner only (kube-scheduler runs as root)
         os.makedirs(os.path.dirname(local), exist_ok=True)
         # dot-prefixed temporary file in the same directory, renamed over the target:
         # the kubelet ignores hidden files and never sees a half-written manifest
@@ -310,7 +314,9 @@ class SchedulerExtender:
             if text is None:
                 name += ".absent"
                 text = "%s did not exist before this change\n" % path
-            with open(os.path.join(local, name), "w", encoding="utf-8") as handle:
+            # 0600: the configuration may hold a private key (tlsConfig.keyData)
+            with os.fdopen(os.open(os.path.join(local, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                           "w", encoding="utf-8") as handle:
                 handle.write(text)
         return rel
 

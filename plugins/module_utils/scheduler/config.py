@@ -13,6 +13,7 @@ header recording what to put back on disable.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -293,3 +294,57 @@ def previous_arg_of(text: str) -> Tuple[bool, Optional[str]]:
         if not line.startswith("#"):
             break
     return False, None
+
+
+# -- secrets ---------------------------------------------------------------------------------------
+# tlsConfig.keyData is a private key (base64 PEM): masked wherever the configuration is shown, and the
+# file holding it is 0600. The other *Data keys are certificates, public.
+SECRET_KEYS = ("keyData",)
+_SECRET_INLINE = re.compile(r"""(["']?\bkeyData["']?[ \t]*:[ \t]*)(?![|>])([^\s,}\]][^\n,}\]]*)""")
+_SECRET_OPEN = re.compile(r"""^([ \t-]*["']?\bkeyData["']?[ \t]*:)[ \t]*(?:[|>][-+0-9]*)?[ \t]*(?:#.*)?$""")
+
+
+def holds_secret(text: Optional[str]) -> bool:
+    return bool(text) and any(key in text for key in SECRET_KEYS)  # type: ignore[operator]
+
+
+def mask_secrets(text: Optional[str]) -> Optional[str]:
+    """``text`` (a scheduler configuration as YAML) with every keyData value replaced by a mask that
+    carries a short fingerprint, so that a diff still shows that the key changed.
+
+    Works on the text, not on parsed YAML, so the diff keeps the file's own layout: a value on the
+    key's line (block or flow style) and a block scalar or continuation lines below the key."""
+    if not text or not holds_secret(text):
+        return text
+    out: List[str] = []
+    block: Optional[int] = None          # indentation of a keyData key whose value follows on more-indented lines
+    collected: List[str] = []
+    lines = text.splitlines(True)
+
+    def flush(prefix_line: str) -> None:
+        out.append(prefix_line + " " + _mask("".join(collected)) + "\n")
+
+    pending_prefix = ""
+    for line in lines:
+        if block is not None:
+            stripped = line.strip()
+            indent = len(line) - len(line.lstrip(" \t-"))
+            if not stripped or indent > block:
+                collected.append(stripped)
+                continue
+            flush(pending_prefix)
+            block, collected = None, []
+        opened = _SECRET_OPEN.match(line.rstrip("\n"))
+        if opened:
+            block = len(line) - len(line.lstrip(" \t-"))
+            pending_prefix = opened.group(1)
+            continue
+        out.append(_SECRET_INLINE.sub(lambda m: m.group(1) + _mask(m.group(2)), line))
+    if block is not None:
+        flush(pending_prefix)
+    return "".join(out)
+
+
+def _mask(value: str) -> str:
+    digest = hashlib.sha256(value.strip().strip("'\"").encode("utf-8", "replace")).hexdigest()[:12]
+    return "'******** (masked; sha256 %s)'" % digest

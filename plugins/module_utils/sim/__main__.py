@@ -11,7 +11,8 @@ status DIR                   print the node state as JSON
 install-hook DIR             (re)install the kernel hook (roots made before it existed)
 install-mx-smi DIR           (re)install usr/bin/mx-smi (roots made before it changed, e.g. the real -L form)
 driver-tools DIR [--kind K]  add fake dpkg/rpm + modprobe (sim.pkgtool); --remove undoes it
-make-package DIR --kind K --version V [--broken]   write a simulated driver package
+make-package DIR --kind K --version V [--broken] [--driver-version D]   write a simulated driver package
+make-payload DIR --version V [--driver-version D] [--layout L ...]   a driver payload (prebuilt: MetaX's layout)
 set-mx-smi-layout DIR real|legacy   what mx-smi prints (real: MetaX's layout, the default)
 set-mx-smi-version DIR VERSION      what mx-smi says it is (before 2.2.12: no -j)
 workload DIR --bdf BDF --utilization U [--processes N] | --clear   a workload on a GPU or VF
@@ -27,7 +28,7 @@ from typing import List, Optional
 from ..host import HostRoot
 from . import generator
 from .kernel import install_hook
-from .pkgtool import install_tools, make_package, remove_tools
+from .pkgtool import LAYOUTS, install_tools, make_package, make_payload, remove_tools
 from .spec import PRESETS, preset
 
 
@@ -60,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     package.add_argument("--kind", choices=("deb", "rpm", "run"), required=True)
     package.add_argument("--version", required=True)
     package.add_argument("--broken", action="store_true", help="loads but probes no GPU")
+    package.add_argument("--driver-version", help="the kernel driver it installs, when not --version")
+    whole = sub.add_parser("make-payload", help="write a simulated driver payload (the payload image's /payload)")
+    whole.add_argument("directory")
+    whole.add_argument("--version", required=True)
+    whole.add_argument("--driver-version", help="the kernel driver it declares, when not --version")
+    whole.add_argument("--layout", action="append", choices=LAYOUTS, help="repeat; default deb, rpm and run")
     layout = sub.add_parser("set-mx-smi-layout", help="choose what mx-smi prints")
     layout.add_argument("root")
     layout.add_argument("layout", choices=generator.MX_SMI_LAYOUTS)
@@ -85,7 +92,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 host.path, len(state["gpus"]), args.preset, state["driver_version"]))
             return 0
         if args.command == "make-package":
-            sys.stdout.write(make_package(args.directory, args.kind, args.version, broken=args.broken) + "\n")
+            sys.stdout.write(make_package(args.directory, args.kind, args.version, broken=args.broken,
+                                          driver_version=args.driver_version) + "\n")
+            return 0
+        if args.command == "make-payload":
+            sys.stdout.write(make_payload(args.directory, args.version, args.driver_version,
+                                          layouts=args.layout or ("deb", "rpm", "run")) + "\n")
             return 0
         if args.command == "driver-tools":
             if args.remove:

@@ -38,14 +38,17 @@ import os
 import sys
 import time
 
+# the legend of 2.2.9 (samples/mx-smi/topo-m-2.2.9-8xC500.txt), in its order
 LEGEND = [
     ("X", "Self"),
-    ("MX", "Connection traversing MetaXLink"),
-    ("SYS", "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes"),
+    ("SYS", "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)"),
     ("NODE", "Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node"),
     ("PHB", "Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)"),
     ("PXB", "Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)"),
     ("PIX", "Connection traversing at most a single PCIe bridge"),
+    ("MX", "Connection traversing MetaXLink"),
+    ("ETH", "Connection traversing Eth"),
+    ("NA", "Connection type is unknown"),
 ]
 
 
@@ -131,6 +134,7 @@ def _version_tuple(text):
 
 
 LAYOUTS = ("real", "legacy")
+BIOS_VERSION = "1.22.3.0"
 BANNER = "=================== MetaX System Management Interface Log ==================="
 
 
@@ -142,32 +146,41 @@ def _table(state):
     return _table_real(state) if _layout(state) == "real" else _table_legacy(state)
 
 
+_RULE_229 = "+------------------+-----------------+---------------------+----------------------+"
+_BOX = "+---------------------------------------------------------------------------------+"
+
+
 def _table_real(state):
+    """The table as 2.2.9 prints it, cell for cell (samples/mx-smi/table-2.2.9-8xC500.txt)."""
     gpus = _visible(state)
-    rule = "+-------------------------+-----------------+---------------------+----------------------+"
-    out = ["mx-smi  version: %s" % state["mx_smi_version"],
-           "Kernel Mode Driver Version: %s" % state["driver_version"],
-           "MACA Version: %s" % state["maca_version"], "",
+    out = ["mx-smi  version: %s" % state["mx_smi_version"], "",
            BANNER,
-           "Attached GPUs                                     : %d" % len(gpus),
-           rule,
-           "| Board Name   | GPU Persist-M | Bus-id              | GPU-Util      sGPU-M |",
-           "| Pwr:Usage/Cap| Temp   Perf  | Memory-Usage        | GPU-State            |",
-           "|-------------------------+-----------------+---------------------+----------------------|"]
+           "Timestamp                                         : %s" % time.strftime("%a %b %d %H:%M:%S %Y",
+                                                                                     time.gmtime(_now())),
+           "", "Attached GPUs                                     : %d" % len(gpus), _BOX,
+           "| %-34s %-44s |" % ("MX-SMI %s" % state["mx_smi_version"],
+                                "Kernel Mode Driver Version: %s" % state["driver_version"]),
+           "| %-34s %-44s |" % ("MACA Version: %s" % state["maca_version"], "BIOS Version: %s" % BIOS_VERSION),
+           "|------------------+-----------------+---------------------+----------------------|",
+           "| Board       Name | GPU   Persist-M | Bus-id              | GPU-Util      sGPU-M |",
+           "| Pwr:Usage/Cap    | Temp       Perf | Memory-Usage        | GPU-State            |",
+           "|==================+=================+=====================+======================|"]
     loads, now = _loads(), _now()
     processes = []
     for pos, gpu in enumerate(gpus):
         status = "Unavailable" if gpu["failed"] else "Available"
         r = _gpu_readings(state, gpu, loads, now)
-        out.append("| %d  MetaX %s | %d  Off | %s | %d%%  Disabled |"
-                   % (pos, gpu["product"], pos, gpu["bdf"], round(r["util"] * 100)))
-        out.append("| %dW / %dW   | %dC  P0  | %d/%d MiB | %-20s |"
-                   % (r["power"], r["cap"], r["temp"], r["memory_used"], gpu["memory_mib"], status))
-        out.append(rule)
+        name, util = "MetaX %s" % gpu["product"], "%d%%" % round(r["util"] * 100)
+        out.append("| %s%s | %s%s | %-19s | %s%s |" % (str(pos).ljust(16 - len(name)), name, str(pos).ljust(12), "Off",
+                                                      gpu["bdf"], util.ljust(12), "Disabled"))
+        out.append("| %-16s | %s%s | %-19s | %-20s |" % ("%dW / %dW" % (r["power"], r["cap"]),
+                                                         ("%dC" % r["temp"]).ljust(13), "P0",
+                                                         "%d/%d MiB" % (r["memory_used"], gpu["memory_mib"]), status))
+        out.append(_RULE_229)
         for k in range(r["processes"]):
             processes.append((pos, 10000 + 100 * gpu["index"] + k, (r["memory_used"] - IDLE_MEMORY_MIB)
                               // max(1, r["processes"])))
-    out += ["", "+---------------------------------------------------------------------------------+",
+    out += ["", _BOX,
             "| Process:                                                                        |",
             "|  GPU                    PID         Process Name                 GPU Memory     |",
             "|                                                                  Usage(MiB)     |",
@@ -175,9 +188,8 @@ def _table_real(state):
     if not processes:
         out.append("|  no process found                                                               |")
     for pos, pid, mib in processes:
-        out.append("|  %-20d %-11d %-28s %-14d |" % (pos, pid, "python", mib))
-    out += ["+---------------------------------------------------------------------------------+",
-            "", "End of Log"]
+        out.append("|  %-21s%-14s%-29s%-15s|" % (pos, pid, "python", mib))
+    out += [_BOX, "", "End of Log"]
     return "\n".join(out)
 
 
@@ -192,10 +204,13 @@ def _json(state):
         r = _gpu_readings(state, gpu, loads, now)
         rails = (0.42, 0.43, 0.15)     # the real capture's split of board power over three rails
         doc[gpu["bdf"]] = {
-            "device_id": pos, "vbios_version": "1.33.5.0",
+            "device_id": pos, "vbios_version": BIOS_VERSION,
             "unavailable_reason": "GPU is unavailable" if gpu["failed"] else "",
             "hotspot": "%.3f" % (r["temp"] + 3.5), "utilization": int(round(r["util"] * 100)),
+            # the capture's idle clocks; the core clock rises with the load
+            "clocks": {"XCORE": int(round(1125 + 475 * r["util"])), "MC": 1800, "VPUE": 535, "VPUD": 525},
             "board_power": {"power": {"Way%d" % i: "%.3f" % (r["power"] * share) for i, share in enumerate(rails)}},
+            "pci_event_info": {"aer_ue": [], "aer_ce": [], "synfld": [], "dbe": [], "mmio": []},
             "sgpu_count": 0, "sgpu_info": [],
         }
         for k, vf in enumerate(_vf_bdfs(gpu)):
@@ -216,7 +231,7 @@ def _table_legacy(state):
     out.append("+---------------------------------------------------------------------------------+")
     versions = ("MX-SMI %s" % state["mx_smi_version"], "Kernel Mode Driver Version: %s" % state["driver_version"])
     out.append("| %-35s %-43s |" % versions)
-    out.append("| %-35s %-43s |" % ("MACA Version: %s" % state["maca_version"], "BIOS Version: 1.22.3.0"))
+    out.append("| %-35s %-43s |" % ("MACA Version: %s" % state["maca_version"], "BIOS Version: %s" % BIOS_VERSION))
     out.append("|------------------------------------+---------------------+----------------------|")
     out.append("| GPU         NAME                   | Bus-id              | GPU-Util             |")
     out.append("| Temp        Pwr:Usage/Cap          | Memory-Usage        | GPU-State            |")
@@ -256,14 +271,20 @@ def _topo(state):
 
 
 def _topo_real(state):
+    """``topo -m`` as 2.2.9 prints it (samples/mx-smi/topo-m-2.2.9-8xC500.txt): affinity columns, legend."""
     gpus = _visible(state)
-    out = [BANNER, "Attached GPUs                                     : %d" % len(gpus),
-           "        " + "".join("GPU%-5d" % i for i in range(len(gpus))).rstrip()]
+    out = ["mx-smi  version: %s" % state["mx_smi_version"], "", BANNER,
+           "Timestamp                                         : %s" % time.strftime("%a %b %d %H:%M:%S %Y",
+                                                                                     time.gmtime(_now())),
+           "", "Attached GPUs                                     : %d" % len(gpus), "Device link type matrix",
+           "        " + "".join("GPU%-5d" % i for i in range(len(gpus))) + "Node Affinity  CPU Affinity"]
     for i, a in enumerate(gpus):
         cells = ["X" if i == j else state["links"][a["index"]][b["index"]] for j, b in enumerate(gpus)]
-        out.append(("GPU%-5d" % i + "".join("%-8s" % c for c in cells)).rstrip())
-    out.append("Legend:")
-    out += ["%-4s = %s" % item for item in LEGEND]
+        numa = a["numa_node"]
+        # two hardware threads per core, as the capture's 0-31,64-95
+        cpus = "%d-%d,%d-%d" % (numa * 32, numa * 32 + 31, 64 + numa * 32, 64 + numa * 32 + 31)
+        out.append("GPU%-5d" % i + "".join("%-8s" % c for c in cells) + "%-15s%s" % (numa, cpus))
+    out += ["", "Legend:"] + ["  %-4s = %s" % item for item in LEGEND]
     return "\n".join(out)
 
 
@@ -287,6 +308,27 @@ def _topo_legacy(state):
     return "\n".join(lines)
 
 
+ECC_KEYS = (("SRAM Correctable", "sram_correctable"), ("SRAM Uncorrectable", "sram_uncorrectable"),
+            ("DRAM Correctable", "dram_correctable"), ("DRAM Uncorrectable", "dram_uncorrectable"))
+
+
+def _count_ecc(state):
+    """``mx-smi --count-ecc`` as 2.2.12 prints it (samples/mx-smi/count-ecc-2.2.12-1xC500.txt)."""
+    gpus = _visible(state)
+    out = ["mx-smi  version: %s" % state["mx_smi_version"], "", BANNER,
+           "Timestamp                                         : %s" % time.strftime("%a %b %d %H:%M:%S %Y",
+                                                                                     time.gmtime(_now())),
+           "", "Attached GPUs                                     : %d" % len(gpus)]
+    for pos, gpu in enumerate(gpus):
+        counts = gpu.get("ecc") or {}
+        out.append("GPU#%d  MX%s  %s" % (pos, gpu["product"], gpu["bdf"]))
+        out.append("    ECC Errors")
+        out += ["        %-42s: %d " % (label, counts.get(key, 0)) for label, key in ECC_KEYS]
+        out += ["    Retired Pages", "        %-42s: %d " % ("Double Bit ECC", counts.get("retired_dbe", 0))]
+    out += ["", "End of Log"]
+    return "\n".join(out)
+
+
 def main(argv):
     try:
         state = _state()
@@ -308,6 +350,11 @@ def main(argv):
             sys.stderr.write("mx-smi: unrecognized option '%s'\n" % args[0])
             return 2
         sys.stdout.write(_json(state) + "\n")
+    elif args[0] == "--count-ecc":
+        if _version_tuple(state["mx_smi_version"]) < JSON_SINCE:
+            sys.stderr.write("mx-smi: unrecognized option '%s'\n" % args[0])
+            return 2
+        sys.stdout.write(_count_ecc(state) + "\n")
     elif args[0] in ("-v", "--version"):
         sys.stdout.write("mx-smi version: %s\n" % state["mx_smi_version"])
     else:

@@ -14,6 +14,7 @@ import errno as errno_codes
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set
 
 from ..gpu import pci
+from ..gpu.users import open_device_users as device_users
 from ..host import HostRoot, HostRootError
 from ..names import RESOURCE_NAME
 from .plan import Change, PfState, Plan, VfnumError
@@ -66,20 +67,8 @@ def device_nodes(host: HostRoot, bdfs: Iterable[str]) -> Set[str]:
 
 
 def open_device_users(host: HostRoot, nodes: Set[str]) -> List[str]:
-    """``"<pid> (<comm>) holds <node>"`` for processes under the host root's /proc holding ``nodes`` open."""
-    users: List[str] = []
-    if not nodes:
-        return users
-    for pid in sorted((p for p in host.listdir("proc") if p.isdigit()), key=int):
-        try:
-            fds = host.listdir("proc/%s/fd" % pid)
-        except HostRootError:
-            continue     # the process ended, or is not ours to read
-        held = sorted({t for t in (host.readlink("proc/%s/fd/%s" % (pid, fd)) for fd in fds) if t in nodes})
-        if held:
-            comm = host.read_attribute("proc/%s/comm" % pid, default="?")
-            users.extend("process %s (%s) holds %s open" % (pid, comm, node) for node in held)
-    return users
+    """``"process <pid> (<comm>) holds <node> open"`` for processes under the host root's /proc holding ``nodes``."""
+    return ["process %s (%s) holds %s open" % (u.pid, u.comm, u.node) for u in device_users(host, nodes)]
 
 
 def in_use(host: HostRoot, pfs: Sequence[PfState], plan: Plan, gpu_pods: Sequence[str] = ()) -> List[str]:

@@ -107,11 +107,10 @@ class Recorder:
         return value
 
 
-def payload(tmp_path, version=PAYLOAD, broken=()):
+def payload(tmp_path, version=PAYLOAD, broken=(), kmd=None, layouts=("deb", "rpm", "run")):
+    """The payload image's /payload (sim.pkgtool.make_payload): ``kmd``, the kernel driver it declares."""
     root = tmp_path / ("payload-" + version)
-    for kind in ("deb", "rpm", "run"):
-        pkgtool.make_package(str(root / kind), kind, version, broken=kind in broken)
-    return str(root)
+    return pkgtool.make_payload(str(root), version, kmd, layouts=layouts, broken=broken)
 
 
 def node(tmp_path, preset_name="1xC500", kind="deb", driver=True, os_release="ID=debian\n"):
@@ -128,10 +127,10 @@ def node(tmp_path, preset_name="1xC500", kind="deb", driver=True, os_release="ID
 
 
 def manager(tmp_path, host, pol="IfNotPresent", data=None, version=PAYLOAD, broken=(), kube=None,
-            vfnum_policy=dm.VfnumPolicy()):
+            vfnum_policy=dm.VfnumPolicy(), kmd=None, layouts=("deb", "rpm", "run")):
     kube = kube or Recorder("n1", data or {})
-    mgr = dm.Manager(host, kube, pol, payload(tmp_path, version, broken), version, str(tmp_path / "ready"),
-                     vfnum_policy=vfnum_policy)
+    mgr = dm.Manager(host, kube, pol, payload(tmp_path, version, broken, kmd, layouts), version,
+                     str(tmp_path / "ready"), vfnum_policy=vfnum_policy)
     mgr.verify_pause = 0.0
     return mgr, kube
 
@@ -663,9 +662,12 @@ def test_quiet_rounds_write_the_driver_mode_once_and_again_only_when_the_node_lo
     assert mgr.round() and mgr.round() and mgr.round()
     modes = [p["labels"] for p in kube.patches if N.LABEL_DRIVER_MODE in p["labels"]]
     assert modes == [{N.LABEL_DRIVER_MODE: "native"}]          # not a write per round
+    # the payload's declaration too: once, not a write per round
+    declared = [p["annotations"] for p in kube.patches if p["annotations"]]
+    assert declared == [{N.ANNOTATION_DRIVER_PAYLOAD_VERSION: PAYLOAD, N.ANNOTATION_DRIVER_PAYLOAD_DRIVER: PAYLOAD}]
     del kube.node_labels[N.LABEL_DRIVER_MODE]
     assert mgr.round()
-    assert kube.node_labels[N.LABEL_DRIVER_MODE] == "native" and len(kube.patches) == 2
+    assert kube.node_labels[N.LABEL_DRIVER_MODE] == "native" and len(kube.patches) == 3
 
 
 class _RawAnswer:
@@ -788,3 +790,108 @@ def test_a_watch_the_server_ends_is_resumed_from_its_last_version_and_listed_aga
     assert all(k["allow_watch_bookmarks"] for k in _ResumingWatch.openings)
     # a bookmark is not an event of the object: never handed to the decision
     assert watched.events == [("MODIFIED", "12"), ("MODIFIED", "31")] and wake.is_set()
+
+
+# -- the vendor's payloads: a payload version apart from its kernel driver's, and the prebuilt layout -------------
+VENDOR, VENDOR_KMD = "2.29.0.13", "2.12.13"
+
+
+@pytest.mark.parametrize("layouts", [("deb", "rpm", "run"), ("prebuilt",)])
+def test_a_vendor_payload_installs_verifies_is_ready_and_declares_its_kernel_driver(tmp_path, layouts):
+    host = node(tmp_path, driver=False)
+    mgr, kube = manager(tmp_path, host, version=VENDOR, kmd=VENDOR_KMD, layouts=layouts)
+    assert mgr.round()
+    assert loaded(host) == VENDOR_KMD and os.path.exists(str(tmp_path / "ready"))
+    assert kube.node_annotations[N.ANNOTATION_DRIVER_PAYLOAD_VERSION] == VENDOR
+    assert kube.node_annotations[N.ANNOTATION_DRIVER_PAYLOAD_DRIVER] == VENDOR_KMD
+    kind = dm.backend.observe(host, mgr.cmds, dm.backend.Request()).package_kind
+    assert kind == ("deb" if "deb" in layouts else "prebuilt")
+    # quiet afterwards: the module 2.12.13 is the payload 2.29.0.13's, nothing reloads or re-installs
+    kube.patches.clear()
+    assert mgr.round() and mgr.round()
+    assert loaded(host) == VENDOR_KMD and kube.patches == [] and kube.restarts == 1
+    assert os.path.exists(str(tmp_path / "ready"))
+
+
+@pytest.mark.parametrize("pol", ["Always", "PreferCloud"])
+def test_always_sees_a_vendor_payload_on_target_by_its_declared_kernel_driver(tmp_path, pol):
+    host = node(tmp_path, driver=False)
+    mgr, kube = manager(tmp_path, host, pol, version=VENDOR, kmd=VENDOR_KMD)
+    assert mgr.round() and loaded(host) == VENDOR_KMD
+    events = len(kube.events)
+    assert mgr.round() and mgr.round()
+    assert len(kube.events) == events and loaded(host) == VENDOR_KMD     # no converge round after round
+
+
+@pytest.mark.parametrize("old_kmd, new_kmd", [(None, None), ("2.12.11", VENDOR_KMD)])
+def test_both_numbering_schemes_round_trip_through_upgrade_and_rollback(tmp_path, old_kmd, new_kmd):
+    """Same-numbered payloads (ours) and vendor-numbered ones: upgrade to the new payload, verified
+    against what it declares; a broken one rolls back to the old, verified against what that declared."""
+    host = node(tmp_path, driver=False)
+    first, kube = manager(tmp_path, host, version=OLD, kmd=old_kmd)
+    assert first.round() and loaded(host) == (old_kmd or OLD)
+    good, kube = manager(tmp_path, host, "Always", version=VENDOR, kmd=new_kmd, kube=kube)
+    assert good.round() and loaded(host) == (old_kmd or OLD)              # waits for upgrade-required
+    assert kube.node_annotations[N.ANNOTATION_DRIVER_PAYLOAD_DRIVER] == (new_kmd or VENDOR)
+    kube.start_upgrade(VENDOR)
+    assert good.round()
+    assert loaded(host) == (new_kmd or VENDOR) and kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == "done"
+    if new_kmd:
+        assert "(kernel driver %s)" % new_kmd in kube.events[-1][1]
+    # the controller finishes; then a broken payload of a later version fails and rolls back to VENDOR
+    del kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE]
+    bad, kube = manager(tmp_path, host, "Always", version="2.30.0.1", kmd=new_kmd and "2.13.0", broken=("deb",),
+                        kube=kube)
+    kube.start_upgrade("2.30.0.1")
+    bad.round()
+    assert kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == "failed"
+    assert "rolled back to " + VENDOR in kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]
+    assert loaded(host) == (new_kmd or VENDOR) and os.path.exists(str(tmp_path / "ready"))
+
+
+def test_an_in_place_upgrade_waits_while_a_pod_uses_the_gpus_says_so_and_goes_once_idle(tmp_path):
+    """enableRollout false: no cordon; the upgrade goes only while the node's GPUs are idle."""
+    host, kube = cloud_node(tmp_path)
+    mgr, kube = manager(tmp_path, host, kube=kube, version=VENDOR, kmd=VENDOR_KMD)
+    kube.pods = ["ml/train-0"]
+    kube.start_upgrade(VENDOR)
+    kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE] = "true"
+    assert mgr.round() and mgr.round()                      # a wait, not a failure: no DriverFailed
+    assert loaded(host) == OLD and kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_REQUIRED
+    message = kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]
+    assert message.startswith("pending: in use (pod ml/train-0 requests metax-tech.com/gpu)")
+    assert [p for p in kube.patches if N.ANNOTATION_DRIVER_UPGRADE_MESSAGE in p["annotations"]] == [
+        {"labels": {}, "annotations": {N.ANNOTATION_DRIVER_UPGRADE_MESSAGE: message}}]   # said once
+    assert not any(e[0] == "DriverFailed" for e in kube.events) and kube.evictions == []
+    assert os.path.exists(str(tmp_path / "ready"))          # the old driver stays ready meanwhile
+    kube.pods = []
+    assert mgr.round()
+    assert loaded(host) == VENDOR_KMD and kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_DONE
+    assert N.ANNOTATION_DRIVER_UPGRADE_MESSAGE not in kube.node_annotations
+
+
+def test_an_in_place_upgrade_waits_for_a_process_holding_a_gpu_too(tmp_path):
+    host, kube = cloud_node(tmp_path)
+    mgr, kube = manager(tmp_path, host, kube=kube)
+    _hold(host)
+    kube.start_upgrade(PAYLOAD)
+    kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE] = "true"
+    assert mgr.round()
+    assert loaded(host) == OLD and "process" in kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]
+
+
+def _hold(host):
+    """A process holding /dev/mxcd open, as inuse.open_device_users reads it under the root."""
+    os.makedirs(host.join("proc/4242/fd"), exist_ok=True)
+    os.symlink("/dev/mxcd", host.join("proc/4242/fd/3"))
+    with open(host.join("proc/4242/comm"), "w") as handle:
+        handle.write("python3\n")
+
+
+def test_a_declaration_of_another_version_than_the_payloads_is_reported_and_changes_nothing(tmp_path):
+    host, kube = cloud_node(tmp_path)
+    mgr, kube = manager(tmp_path, host, "Always", kube=kube)
+    pkgtool.make_declaration(mgr.payload_dir, "9.9.9", "2.12.13")
+    assert not mgr.round()
+    assert "declares version 9.9.9" in kube.node_annotations[N.ANNOTATION_DRIVER_MESSAGE]
+    assert loaded(host) == OLD

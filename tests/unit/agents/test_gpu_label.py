@@ -60,7 +60,7 @@ def test_labels_written_once_and_foreign_labels_kept(make_node):
     lab = labeller(make_node("8xC500"), node)
     patch = lab.sync()
     assert len(patch) == 12
-    assert node.labels[P + "gpu.installed"] == "true" and node.labels[P + "gpu.product"] == "C500"
+    assert node.labels[P + "gpu.installed"] == "true" and node.labels[P + "gpu.product"] == "MXC500"
     for key, value in FOREIGN.items():
         assert node.labels[key] == value
     assert lab.sync() == {} and len(node.patches) == 1           # nothing changed: nothing written
@@ -71,12 +71,13 @@ def test_wrong_values_corrected_and_stale_keys_removed(make_node):
     node = NodeLabels(dict(FOREIGN, **{P + "gpu.product": "N100", P + "gpu.vfnum": "8"}))
     lab = labeller(host, node)
     lab.sync()
-    assert node.labels[P + "gpu.product"] == "C500" and node.labels[P + "gpu.vfnum"] == "0"
+    assert node.labels[P + "gpu.product"] == "MXC500" and node.labels[P + "gpu.vfnum"] == "0"
     generator.unload_driver(host)
     patch = lab.sync()
     assert patch == {P + "driver.ready": "false", P + "gpu.driver.major": None,
                      P + "gpu.driver.minor": None, P + "gpu.driver.patch": None}
-    assert node.labels[P + "gpu.installed"] == "true"
+    # the driver unloaded, PCI says only "MXC": the product mx-smi named stays (no selector flaps)
+    assert node.labels[P + "gpu.installed"] == "true" and node.labels[P + "gpu.product"] == "MXC500"
     generator.load_driver(host)
     assert lab.sync()[P + "driver.ready"] == "true"
 
@@ -215,7 +216,8 @@ def test_garbage_mx_smi_still_labels_from_pci_and_warns_once(make_node, caplog):
     caplog.set_level("WARNING")
     lab.sync()
     lab.sync()
-    assert node.labels[P + "gpu.product"] == "C500" and node.labels[P + "gpu.count"] == "8"
+    # the PCI id 0x4001 says only the family (an MXC500 or an MXC550)
+    assert node.labels[P + "gpu.product"] == "MXC" and node.labels[P + "gpu.count"] == "8"
     assert node.labels[P + "gpu.memory"] == "64GB" and node.labels[P + "driver.ready"] == "true"
     warned = [r.getMessage() for r in caplog.records if "mx-smi" in r.getMessage()]
     assert len(warned) == 1 and "(line 1: 'mx-smi 3.0: new layout')" in warned[0]

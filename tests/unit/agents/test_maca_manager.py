@@ -78,7 +78,7 @@ def test_a_node_no_payload_fits_is_not_ready_and_retried_with_backoff(make_node,
                      stderr=handle)
     try:
         # from the first refusal on (a loaded machine may take seconds to start the agent), 3 s of retries
-        assert wait_for(proc, lambda: "no MXMACA payload for N100" in log.read_text(), attempts=1200), log.read_text()
+        assert wait_for(proc, lambda: "no MXMACA payload for MXN100" in log.read_text(), attempts=1200), log.read_text()
         time.sleep(3)
         assert proc.poll() is None and not ready.exists()
         assert not os.path.lexists(host.join("opt/maca"))
@@ -86,4 +86,4 @@ def test_a_node_no_payload_fits_is_not_ready_and_retried_with_backoff(make_node,
         stop(proc)
     err = log.read_text()
     # retried with backoff (2 s, 4 s, ...), not every --interval (0.2 s: some 15 times in 3 s)
-    assert 1 <= err.count("no MXMACA payload for N100") < 5, err
+    assert 1 <= err.count("no MXMACA payload for MXN100") < 5, err

@@ -29,7 +29,7 @@ def owned(api_version: str, kind: str, name: str, spec: Dict[str, Any]) -> Dict[
 
 MONITOR = owned("monitoring.coreos.com/v1", "ServiceMonitor", "gpu-exporter", {"endpoints": [{"port": "metrics"}]})
 RULE = owned("monitoring.coreos.com/v1", "PrometheusRule", "gpu-exporter", {"groups": [{"name": "metax-gpu"}]})
-DAEMONSET = owned("apps/v1", "DaemonSet", "gpu-device", {"template": {}})
+DAEMONSET = owned("apps/v1", "DaemonSet", N.DAEMONSET_GPU_DEVICE, {"template": {}})
 
 
 class RecordedCluster:
@@ -57,7 +57,7 @@ class RecordedCluster:
 def operator_over(cluster: RecordedCluster) -> Operator:
     operator = Operator(cluster, "helm", "/nonexistent", REGISTRY)   # type: ignore[arg-type]
     # what the last reconcile of this CR version rendered (helm is not run here)
-    operator._remember(OWNER, {"gpu-exporter": [MONITOR, RULE], "gpu-device": [DAEMONSET]})  # pylint: disable=protected-access
+    operator._remember(OWNER, {N.DAEMONSET_GPU_EXPORTER: [MONITOR, RULE], N.DAEMONSET_GPU_DEVICE: [DAEMONSET]})  # pylint: disable=protected-access
     return operator
 
 

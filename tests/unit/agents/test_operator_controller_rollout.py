@@ -31,10 +31,13 @@ def merge(target: Dict[str, Any], patch: Dict[str, Any]) -> None:
             target[key] = value
 
 
-def gpu_node(name: str, version: str = OLD, cordoned: bool = False) -> Dict[str, Any]:
+def gpu_node(name: str, version: str = OLD, cordoned: bool = False, payload: str = NEW,
+             kmd: str = "") -> Dict[str, Any]:
+    """A GPU node whose driver-manager (of ``payload``) declared the kernel driver ``kmd`` (or the same)."""
     labels = {N.LABEL_GPU_INSTALLED: "true", N.LABEL_DRIVER_MODE: "cloud", N.LABEL_DRIVER_READY: "true"}
     labels.update(zip((N.LABEL_DRIVER_MAJOR, N.LABEL_DRIVER_MINOR, N.LABEL_DRIVER_PATCH), version.split(".")))
-    return {"metadata": {"name": name, "labels": labels, "annotations": {}},
+    annotations = {N.ANNOTATION_DRIVER_PAYLOAD_VERSION: payload, N.ANNOTATION_DRIVER_PAYLOAD_DRIVER: kmd or payload}
+    return {"metadata": {"name": name, "labels": labels, "annotations": annotations},
             "spec": {"unschedulable": True} if cordoned else {},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 
@@ -88,10 +91,12 @@ class RecordedApi:
                     N.LABEL_DRIVER_UPGRADE_STATE) == N.DRIVER_UPGRADE_REQUIRED]
 
 
-def cr(policy: Dict[str, Any], deploy: bool = True, status: Any = None) -> Dict[str, Any]:
+def cr(policy: Any, deploy: bool = True, status: Any = None, payload: str = NEW) -> Dict[str, Any]:
+    """The CR; ``policy`` is upgradePolicy over a rolling one (enableRollout true, no steps); None: unset."""
     body = {"metadata": {"name": N.OPERATOR_CR_NAME, "uid": "u1", "generation": 3},
-            "spec": {"driver": {"deploy": deploy, "deployPolicy": "IfNotPresent", "payload": {"version": NEW},
-                                "upgradePolicy": policy}}}
+            "spec": {"driver": {"deploy": deploy, "deployPolicy": "IfNotPresent", "payload": {"version": payload}}}}
+    if policy is not None:
+        body["spec"]["driver"]["upgradePolicy"] = dict({"enableRollout": True, "upgradeSteps": []}, **policy)
     if status is not None:
         body["status"] = status
     return body
@@ -109,11 +114,11 @@ def driver_condition(status: Dict[str, Any], kind: str) -> Dict[str, Any]:
     return next(c for c in entry["conditions"] if c["type"] == kind)
 
 
-def node_agents_finish(api: RecordedApi, name: str) -> None:
-    """driver-manager's and gpu-label's part: the new driver verified, its version published."""
+def node_agents_finish(api: RecordedApi, name: str, kmd: str = NEW) -> None:
+    """driver-manager's and gpu-label's part: the new driver verified, its (kernel driver) version published."""
     labels = api.held[name]["metadata"]["labels"]
     labels[N.LABEL_DRIVER_UPGRADE_STATE] = N.DRIVER_UPGRADE_DONE
-    labels.update(zip((N.LABEL_DRIVER_MAJOR, N.LABEL_DRIVER_MINOR, N.LABEL_DRIVER_PATCH), NEW.split(".")))
+    labels.update(zip((N.LABEL_DRIVER_MAJOR, N.LABEL_DRIVER_MINOR, N.LABEL_DRIVER_PATCH), kmd.split(".")))
 
 
 def test_the_status_round_rolls_the_driver_within_max_unavailable_and_reports_it():
@@ -170,7 +175,7 @@ def test_without_the_driver_component_there_is_no_rollout():
 def test_a_failed_node_stays_cordoned_pauses_the_rollout_and_is_degraded():
     api = RecordedApi([gpu_node("a"), gpu_node("b")])
     operator = Operator(api, "helm", "/nonexistent", REGISTRY)   # type: ignore[arg-type]
-    body = cr({"maxParallel": 1, "maxUnavailable": 1})
+    body = cr({"maxParallel": 1, "maxUnavailable": 1, "maxFailureThreshold": 1})
     round_(operator, body, T0)
     assert api.starts() == ["a"]
     meta = api.held["a"]["metadata"]
@@ -222,6 +227,35 @@ def test_the_driver_component_switched_off_mid_rollout_hands_the_nodes_back():
     assert failed["labels"][N.LABEL_DRIVER_UPGRADE_STATE] == "failed"
     assert failed["annotations"][N.ANNOTATION_DRIVER_UPGRADE_MESSAGE] == "driver verification failed"
     assert "c" not in [name for _call, name, _body in api.calls]
-    # a node outside the rollout: only the component's own labels go (driver.mode, driver.ready), never its cordon
+    # a node outside the rollout: only the component's own keys go (driver.mode, driver.ready, its
+    # driver-manager's payload declaration), never its cordon
     assert [body for _call, name, body in api.calls if name == "d"] == [
-        {"metadata": {"labels": {N.LABEL_DRIVER_MODE: None, N.LABEL_DRIVER_READY: None}}}]
+        {"metadata": {"labels": {N.LABEL_DRIVER_MODE: None, N.LABEL_DRIVER_READY: None},
+                      "annotations": {N.ANNOTATION_DRIVER_PAYLOAD_VERSION: None,
+                                      N.ANNOTATION_DRIVER_PAYLOAD_DRIVER: None}}}]
+
+
+def test_an_unset_upgrade_policy_upgrades_in_place_and_never_cordons():
+    """The real CR's defaults: a new payload version reaches every node in place, never a cordon, and
+    the vendor's numbering (payload 2.29.0.13, kernel driver 2.12.13) finishes."""
+    payload, kmd = "2.29.0.13", "2.12.13"
+    api = RecordedApi([gpu_node(n, version="2.12.11", payload=payload, kmd=kmd) for n in ("a", "b", "c")]
+                      + [gpu_node("d", version="2.12.11", cordoned=True, payload=payload, kmd=kmd)])
+    operator = Operator(api, "helm", "/nonexistent", REGISTRY)   # type: ignore[arg-type]
+    body = cr(None, payload=payload)
+    status = round_(operator, body, T0)
+    assert sorted(api.starts()) == ["a", "b", "c", "d"]
+    assert all("spec" not in body_ for _call, _name, body_ in api.calls)       # not one cordon
+    assert all(n["metadata"]["annotations"][N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE] == "true" for n in api.held.values())
+    assert status["driverUpgrade"]["message"].startswith("in place")
+    for name in ("a", "b", "c", "d"):
+        node_agents_finish(api, name, kmd)
+    api.calls.clear()
+    status = round_(operator, body, T0 + 5)
+    assert all("spec" not in body_ for _call, _name, body_ in api.calls)       # nor an uncordon
+    assert api.held["d"]["spec"]["unschedulable"] is True                        # the administrator's, kept
+    assert not any(n["spec"].get("unschedulable") for name, n in api.held.items() if name != "d")
+    assert status["driverUpgrade"]["upgraded"] == 4 and status["driverUpgrade"]["inProgress"] == []
+    for node in api.held.values():
+        assert N.LABEL_DRIVER_UPGRADE_STATE not in node["metadata"]["labels"]
+        assert N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE not in node["metadata"]["annotations"]

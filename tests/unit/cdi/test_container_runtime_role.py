@@ -57,9 +57,22 @@ def test_docker_25_daemon_json_then_absent_is_byte_identical(tmp_path):
     assert snapshot(host.path) == before
 
 
-def test_containerd_2_changes_nothing(tmp_path):
+def test_containerd_2_gets_only_the_metax_handler_then_absent_is_byte_identical(tmp_path):
+    """containerd 2.x reads CDI by default: only the runtime handler metax of the RuntimeClass metax is added
+    (a copy of the built-in runc here, the config defining none); the vendor's config, which has its own
+    metax, changes nothing at all."""
     host = node_with(tmp_path, {rc.CONTAINERD_CONFIG: (b"version = 3\n", 0o644)})
     before = snapshot(host.path)
-    assert run_role(tmp_path, container_runtime_host_root=host.path,
-                    container_runtime_version="containerd://2.4.2")[0] == 0
+    common = {"container_runtime_host_root": host.path, "container_runtime_version": "containerd://2.4.2",
+              "container_runtime_restart": False}
+    assert run_role(tmp_path, **common)[0] == 1
+    dropin = tomllib.loads(open(host.join(rc.CONTAINERD_DROPIN), encoding="utf-8").read())
+    assert dropin == {"version": 3, "plugins": {"io.containerd.cri.v1.runtime": {"containerd": {"runtimes": {
+        "metax": {"runtime_type": "io.containerd.runc.v2"}}}}}}
+    assert run_role(tmp_path, **common)[0] == 0                                         # idempotent
+    assert run_role(tmp_path, container_runtime_state="absent", **common)[0] == 1
     assert snapshot(host.path) == before
+    vendor = node_with(tmp_path / "vendor", {rc.CONTAINERD_CONFIG: (vendor_text().encode(), 0o644)})
+    untouched = snapshot(vendor.path)
+    assert run_role(tmp_path, **dict(common, container_runtime_host_root=vendor.path))[0] == 0
+    assert snapshot(vendor.path) == untouched

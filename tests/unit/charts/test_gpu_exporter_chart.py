@@ -47,7 +47,7 @@ def test_daemonset_and_service():
     rc, objects, err = render(HELM, {"gpuExporter": {"enabled": True, "port": 9555, "interval": 30}})
     assert rc == 0, err
     objs = objects_by_kind_name(objects)
-    pod = objs[("DaemonSet", "gpu-exporter")]["spec"]["template"]["spec"]
+    pod = objs[("DaemonSet", "metax-gpu-exporter")]["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {names.LABEL_GPU_INSTALLED: "true"}
     container = pod["containers"][0]
     args = gpu_exporter.build_parser().parse_args(container["args"])
@@ -62,7 +62,7 @@ def test_daemonset_and_service():
     assert not [o for o in objects if o["kind"] in ("ClusterRole", "Role") and "exporter" in o["metadata"]["name"]]
     service = objs[("Service", "gpu-exporter")]
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 9555, "targetPort": "metrics"}]
-    pod_labels = objs[("DaemonSet", "gpu-exporter")]["spec"]["template"]["metadata"]["labels"]
+    pod_labels = objs[("DaemonSet", "metax-gpu-exporter")]["spec"]["template"]["metadata"]["labels"]
     assert all(pod_labels[k] == v for k, v in service["spec"]["selector"].items())
     # no Prometheus Operator: nothing of it rendered, the chart still installs
     assert ("ServiceMonitor", "gpu-exporter") not in objs and ("PrometheusRule", "gpu-exporter") not in objs

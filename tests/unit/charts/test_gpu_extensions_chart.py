@@ -28,8 +28,12 @@ from .helm import CHART, CHARTS, ROOT, find_helm, helm_required, render
 HELM = find_helm()
 pytestmark = helm_required(HELM)
 
-PARSERS = {"gpu-device": gpu_device.build_parser, "gpu-label": gpu_label.build_parser,
-           "gpu-aware": gpu_aware.build_parser, "gpu-exporter": gpu_exporter.build_parser}
+# by container name (the workload's: MetaX operator 0.9.2's metax-gpu-device, ...; names.py)
+PARSERS = {names.DAEMONSET_GPU_DEVICE: gpu_device.build_parser, names.DAEMONSET_GPU_LABEL: gpu_label.build_parser,
+           "gpu-aware": gpu_aware.build_parser, names.DAEMONSET_GPU_EXPORTER: gpu_exporter.build_parser}
+# the image of each container: the agent's own name
+IMAGES = {names.DAEMONSET_GPU_DEVICE: "gpu-device", names.DAEMONSET_GPU_LABEL: "gpu-label",
+          "gpu-aware": "gpu-aware", names.DAEMONSET_GPU_EXPORTER: "gpu-exporter"}
 
 SIM = {"hostRoot": {"path": "/var/lib/metax-sim", "subPathExpr": "$(NODE_NAME)"}}
 
@@ -83,11 +87,11 @@ def test_every_container_parses_with_its_agent(case):
     for _obj, _pod, container in containers(objects):
         parse(container)
         seen.add(container["name"])
-    expected = {"gpu-device", "gpu-label"}
+    expected = {"metax-gpu-device", "metax-gpu-label"}
     if VALUE_SETS[case].get("deployExtenderGPUAware"):
         expected.add("gpu-aware")
     if VALUE_SETS[case].get("gpuExporter", {}).get("enabled"):
-        expected.add("gpu-exporter")
+        expected.add("metax-gpu-exporter")
     assert seen == expected
 
 
@@ -95,7 +99,7 @@ def test_manual_options_reach_the_agents():
     rc, objects, err = render(HELM, VALUE_SETS["per-component-logs"])
     assert rc == 0, err
     args = {c["name"]: parse(c) for _obj, _pod, c in containers(objects)}
-    dev, lab, aware = args["gpu-device"], args["gpu-label"], args["gpu-aware"]
+    dev, lab, aware = args["metax-gpu-device"], args["metax-gpu-label"], args["gpu-aware"]
     assert dev.healthy_interval == 0
     # component members override the global Log Options, the rest is inherited
     assert (dev.log_level, dev.log_dir, dev.log_format) == ("debug", "/var/log/metax-dev", "text")
@@ -109,12 +113,12 @@ def test_defaults_are_the_manuals():
     assert rc == 0, err
     for obj, _pod, container in containers(objects):
         parsed = parse(container)
-        assert container["image"] == "cr.metax-tech.com/cloud/%s:%s" % (container["name"], chart_meta()["appVersion"])
+        assert container["image"] == "cr.metax-tech.com/cloud/%s:%s" % (IMAGES[container["name"]], chart_meta()["appVersion"])
         assert container["imagePullPolicy"] == "IfNotPresent"
         assert (parsed.log_dir, parsed.log_level, parsed.log_format, parsed.log_rotation_time,
                 parsed.log_max_age) == ("/var/log/metax", "info", "json", "1w", "26w")
         assert obj["metadata"]["namespace"] == names.NAMESPACE
-    device = [c for _obj, _pod, c in containers(objects) if c["name"] == "gpu-device"][0]
+    device = [c for _obj, _pod, c in containers(objects) if c["name"] == "metax-gpu-device"][0]
     assert parse(device).healthy_interval == 5
 
 
@@ -138,7 +142,7 @@ def test_extender_objects_only_when_asked():
 def test_gpu_device_runs_only_on_labelled_nodes_privileged_with_few_host_paths():
     rc, objects, err = render(HELM, {})
     assert rc == 0, err
-    ds = by_kind_name(objects)[("DaemonSet", "gpu-device")]["spec"]["template"]["spec"]
+    ds = by_kind_name(objects)[("DaemonSet", "metax-gpu-device")]["spec"]["template"]["spec"]
     assert ds["nodeSelector"] == {names.LABEL_GPU_INSTALLED: "true"}
     assert all(k.startswith(names.LABEL_PREFIX) for k in ds["nodeSelector"])
     assert ds["containers"][0]["securityContext"] == {"privileged": True}
@@ -149,7 +153,7 @@ def test_gpu_device_runs_only_on_labelled_nodes_privileged_with_few_host_paths()
     # the node root read-only and whole: discovery runs the node's mx-smi with its libraries
     root_mounts = [m for m in ds["containers"][0]["volumeMounts"] if m["name"] == "host-root"]
     assert root_mounts == [{"name": "host-root", "mountPath": "/host", "readOnly": True}]
-    for name in ("gpu-label",):
+    for name in ("metax-gpu-label",):
         spec = by_kind_name(objects)[("DaemonSet", name)]["spec"]["template"]["spec"]
         ctx = spec["containers"][0]["securityContext"]
         assert not ctx.get("privileged") and ctx["capabilities"] == {"drop": ["ALL"]}
@@ -161,7 +165,7 @@ def test_gpu_device_runs_only_on_labelled_nodes_privileged_with_few_host_paths()
 def test_gpu_device_cdi_mode_is_a_chart_value(values, mode):
     rc, objects, err = render(HELM, values)
     assert rc == 0, err
-    args = by_kind_name(objects)[("DaemonSet", "gpu-device")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = by_kind_name(objects)[("DaemonSet", "metax-gpu-device")]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--cdi-mode=%s" % mode in args and "--cdi-spec-dir=/var/run/cdi" in args
 
 
@@ -174,7 +178,7 @@ def test_simulated_nodes_use_their_own_root_and_prefix():
     rc, objects, err = render(HELM, VALUE_SETS["simulated-nodes"])
     assert rc == 0, err
     objs = by_kind_name(objects)
-    device = objs[("DaemonSet", "gpu-device")]["spec"]["template"]["spec"]
+    device = objs[("DaemonSet", "metax-gpu-device")]["spec"]["template"]["spec"]
     parsed = parse(device["containers"][0])
     assert (parsed.host_root, parsed.host_prefix) == ("/host", "/var/lib/metax-sim/$(NODE_NAME)")
     mounts = {m["mountPath"]: m for m in device["containers"][0]["volumeMounts"]}
@@ -183,7 +187,7 @@ def test_simulated_nodes_use_their_own_root_and_prefix():
     assert "NODE_NAME" in env    # the kubelet expands $(NODE_NAME) from it
     # stderr-only logging: no log volume, and the unprivileged agents run as non-root
     assert not [v for v in device["volumes"] if v["name"] == "log"]
-    for name, kind in (("gpu-label", "DaemonSet"), ("gpu-aware", "Deployment")):
+    for name, kind in (("metax-gpu-label", "DaemonSet"), ("gpu-aware", "Deployment")):
         ctx = objs[(kind, name)]["spec"]["template"]["spec"]["containers"][0]["securityContext"]
         assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] != 0
     assert device["containers"][0]["image"].endswith("/gpu-device:dev")
@@ -194,7 +198,8 @@ def test_rbac_is_least_privilege_per_agent():
     assert rc == 0, err
     objs = by_kind_name(objects)
     # gpu-exporter reads only the node: no role at all (tests/unit/charts/test_gpu_exporter_chart.py)
-    rules = {name: objs[("ClusterRole", "metax-gpu-" + name)]["rules"] for name in PARSERS if name != "gpu-exporter"}
+    # the service accounts (and so the roles) keep the agents' names: gpu-device, gpu-label, gpu-aware
+    rules = {name: objs[("ClusterRole", "metax-gpu-" + name)]["rules"] for name in ("gpu-device", "gpu-label", "gpu-aware")}
     # get: its node's runtime version (gpuDevice.cdiMode auto) and its annotations on resync
     assert rules["gpu-device"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert rules["gpu-label"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
@@ -202,7 +207,8 @@ def test_rbac_is_least_privilege_per_agent():
     assert objs[("Role", "gpu-aware")]["rules"] == [
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]}]
     for obj, pod, _container in containers(objects):
-        assert pod["serviceAccountName"] == obj["metadata"]["name"]
+        # each workload runs as its agent: the service account is the image's name (metax-gpu-device runs gpu-device)
+        assert pod["serviceAccountName"] == IMAGES[obj["metadata"]["name"]]
     for obj in objects:
         for rule in obj.get("rules", []):
             assert "*" not in rule["verbs"] and "*" not in rule["resources"]
@@ -281,7 +287,7 @@ def test_node_agents_stay_off_paused_nodes():
     rc, objects, err = render(HELM, {})
     assert rc == 0, err
     daemonsets = [o for o in objects if o["kind"] == "DaemonSet"]
-    assert {d["metadata"]["name"] for d in daemonsets} >= {"gpu-device", "gpu-label"}
+    assert {d["metadata"]["name"] for d in daemonsets} >= {"metax-gpu-device", "metax-gpu-label"}
     for ds in daemonsets:
         terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -298,7 +304,50 @@ def test_gpu_aware_has_its_own_priority_class():
                 if o["kind"] in ("Deployment", "DaemonSet")}
     found = pods(VALUE_SETS["extender"])
     assert found["gpu-aware"]["priorityClassName"] == "system-cluster-critical"
-    assert found["gpu-device"]["priorityClassName"] == found["gpu-label"]["priorityClassName"] == "system-node-critical"
+    assert found["metax-gpu-device"]["priorityClassName"] == found["metax-gpu-label"]["priorityClassName"] == \
+        "system-node-critical"
     unset = pods(dict(VALUE_SETS["extender"], gpuAware={"priorityClassName": ""}))
     assert "priorityClassName" not in unset["gpu-aware"]
-    assert unset["gpu-device"]["priorityClassName"] == "system-node-critical"
+    assert unset["metax-gpu-device"]["priorityClassName"] == "system-node-critical"
+
+
+def test_the_daemonsets_carry_the_real_products_names_and_the_components_too():
+    """MetaX operator 0.9.2's names (samples/kubernetes/operator-0.9.2-daemonsets.txt), in both schemes:
+    the DaemonSet, its pods' app.kubernetes.io/name and its container; the operator's components the same."""
+    from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import components
+    rc, objects, err = render(HELM, {"containerRuntime": {"enabled": True}, "gpuExporter": {"enabled": True}})
+    assert rc == 0, err
+    daemonsets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DaemonSet"}
+    assert sorted(daemonsets) == ["metax-container-runtime", "metax-gpu-device", "metax-gpu-exporter",
+                                  "metax-gpu-label"]
+    for name, ds in daemonsets.items():
+        assert ds["metadata"]["labels"]["app.kubernetes.io/name"] == name
+        assert ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == name
+        assert ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == name
+        assert [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]] == [name]
+        assert components.BY_NAME[name].kind == "DaemonSet"
+    assert {c.name for c in components.REGISTRY} >= set(daemonsets) | {"metax-driver", "metax-maca"}
+    # the images keep the agents' names, as the real ClusterOperator's image.name shows
+    images = {name: ds["spec"]["template"]["spec"]["containers"][0]["image"].rsplit("/", 1)[1].split(":")[0]
+              for name, ds in daemonsets.items()}
+    assert images == {"metax-container-runtime": "container-runtime", "metax-gpu-device": "gpu-device",
+                      "metax-gpu-exporter": "gpu-exporter", "metax-gpu-label": "gpu-label"}
+    # gpu-exporter's Service selects the renamed pods
+    service = by_kind_name(objects)[("Service", "gpu-exporter")]
+    assert service["spec"]["selector"]["app.kubernetes.io/name"] == "metax-gpu-exporter"
+
+
+def test_the_runtime_class_metax_comes_with_container_runtime_only():
+    rc, off, err = render(HELM, {})
+    assert rc == 0, err
+    assert not [o for o in off if o["kind"] == "RuntimeClass"]
+    rc, on, err = render(HELM, {"containerRuntime": {"enabled": True}})
+    assert rc == 0, err
+    (runtime_class,) = [o for o in on if o["kind"] == "RuntimeClass"]
+    assert runtime_class["apiVersion"] == "node.k8s.io/v1"
+    assert runtime_class["metadata"]["name"] == names.RUNTIME_CLASS == "metax"
+    assert runtime_class["handler"] == names.RUNTIME_HANDLER == "metax"
+    assert "namespace" not in runtime_class["metadata"]          # cluster-scoped
+    # no scheduling constraint and no overhead: a pod naming it is placed as without it
+    assert set(runtime_class) == {"apiVersion", "kind", "metadata", "handler"}
+    assert runtime_class["metadata"]["labels"]["app.kubernetes.io/name"] == "metax-container-runtime"

@@ -67,7 +67,7 @@ def test_every_role_variable_reaches_its_agent(tmp_path):
     assert rc == 0, err
     pods = {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in objects
             if o["kind"] in ("DaemonSet", "Deployment")}
-    device = pods["gpu-device"]["containers"][0]
+    device = pods["metax-gpu-device"]["containers"][0]
     aware = pods["gpu-aware"]["containers"][0]
     dev = gpu_device.build_parser().parse_args(device["args"])
     awa = gpu_aware.build_parser().parse_args(aware["args"])

@@ -50,8 +50,10 @@ SUPPORTED = ["--api-versions", VAP_API, "--kube-version", "1.30.0"]
 EXTENSIONS_AGENTS = {"gpu-device", "gpu-label"}
 
 
-def policy_objects(objects: List[Dict[str, Any]]):
-    found = {o["kind"]: o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")}
+def policy_objects(objects: List[Dict[str, Any]], pods: bool = False):
+    """The node policy and its binding, or (``pods``) the policy on the pods the agents delete."""
+    found = {o["kind"]: o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")
+             and o["metadata"]["name"].endswith("-pods") == pods}
     return found.get("ValidatingAdmissionPolicy"), found.get("ValidatingAdmissionPolicyBinding")
 
 
@@ -222,6 +224,72 @@ def test_every_node_writer_of_the_chart_is_confined(namespace):
 
 
 @needs_helm
+def test_driver_manager_of_the_extensions_chart_is_confined():
+    """With driverManager.enabled the Extensions chart runs driver-manager, which patches its node: it is in
+    the chart's policy (issue 39: it was left out), and every node writer of the chart is still named."""
+    namespace = "metax-gpu"
+    rc, objects, err = render(HELM, {"driverManager": {"enabled": True, "payload": {"version": "2.14.3"}}},
+                              namespace=namespace, extra=SUPPORTED)
+    assert rc == 0, err
+    policy, _binding = policy_objects(objects)
+    writers = node_writers(objects)
+    assert "system:serviceaccount:%s:driver-manager" % namespace in writers
+    agent_of = agent_map(policy)
+    assert set(agent_of) == writers
+    assert set(agent_of.values()) == EXTENSIONS_AGENTS | {"driver-manager"}
+    pods, _pods_binding = policy_objects(objects, pods=True)
+    assert agent_map(pods) == agent_of
+    # and without it the policy names the two agents only
+    rc, objects, err = render(HELM, {}, namespace=namespace, extra=SUPPORTED)
+    assert rc == 0, err
+    assert set(agent_map(policy_objects(objects)[0]).values()) == EXTENSIONS_AGENTS
+
+
+def pod_deleters(objects: List[Dict[str, Any]]) -> set:
+    """Users of the service accounts that the objects' bindings let delete pods (anywhere they bind)."""
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objects
+             if o["kind"] in ("ClusterRole", "Role")}
+    users = set()
+    for binding in (o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace") if ref["kind"] == "Role" else None
+        role = roles.get((ref["kind"], namespace, ref["name"]))
+        if role and any(set(r["resources"]) & {"pods", "*"} and set(r["verbs"]) & {"delete", "deletecollection", "*"}
+                        for r in role["rules"]):
+            users |= {"system:serviceaccount:%s:%s" % (s["namespace"], s["name"]) for s in binding["subjects"]}
+    return users
+
+
+@needs_helm
+@POLICY_CHARTS
+def test_pods_policy_shape(chart):
+    """The pods an agent deletes are its own node's: DELETE of pods by the node agents, checked on the old object."""
+    values = {"driverManager": {"enabled": True, "payload": {"version": "2.14.3"}}} if chart == CHART else {}
+    rc, objects, err = render(HELM, chart_values(chart, values), extra=SUPPORTED, chart=chart)
+    assert rc == 0, err
+    node_policy, _binding = policy_objects(objects)
+    policy, binding = policy_objects(objects, pods=True)
+    spec = policy["spec"]
+    assert policy["metadata"]["name"] == node_policy["metadata"]["name"] + "-pods"
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": [""], "apiVersions": ["*"], "operations": ["DELETE"], "resources": ["pods"]}]
+    assert spec["matchConditions"] == node_policy["spec"]["matchConditions"]
+    got = variables(policy)
+    assert got["nodeName"] == variables(node_policy)["nodeName"]
+    assert "oldObject.spec.?nodeName" in got["podNode"] and "oldObject != null" in got["podNode"]
+    checks = [r["expression"] for r in spec["validations"]]
+    assert checks == ['variables.nodeName != ""', "variables.podNode == variables.nodeName"]
+    assert all(r["reason"] == "Forbidden" and r["messageExpression"].startswith("variables.agent + ")
+               for r in spec["validations"])
+    if chart == CHART:
+        # the chart's own pod deleter (driver-manager: its node's gpu-device pod) is one of the agents matched
+        deleters = pod_deleters(objects)
+        assert deleters and deleters <= set(agent_map(policy))
+
+
+@needs_helm
 @pytest.mark.parametrize("namespace", ["metax-operator", "gpu-operator"])
 def test_every_node_agent_the_operator_deploys_is_confined(namespace):
     """The operator chart's policy names exactly the node-writing service accounts the CONTROLLER creates.
@@ -250,7 +318,7 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
     rendered = operator_render.helm_template(HELM, str(CHART), operator_render.chart_values(cr["spec"]), namespace)
     deployed = [o for objs in operator_render.desired_objects(rendered, cr["spec"], owner).values() for o in objs]
     assert {c for c, objs in operator_render.desired_objects(rendered, cr["spec"], owner).items() if objs} == {
-        "gpu-device", "gpu-label", "gpu-aware", "metax-driver"}
+        "metax-gpu-device", "metax-gpu-label", "gpu-aware", "metax-driver"}
     writers = node_writers(deployed)
     agent_of = agent_map(policy)
     assert set(agent_of) == writers

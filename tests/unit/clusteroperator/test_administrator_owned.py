@@ -22,7 +22,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.agents import operator_c
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import contract, render
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.apis import ServedKinds
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.cluster import event_for
-from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import REGISTRY
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import GPU_DEVICE, REGISTRY
 
 from charts.helm import CHART, find_helm, helm_required
 
@@ -74,6 +74,9 @@ class RecordedCluster:
         self.held[self.key(obj)]["metadata"].setdefault("annotations", {}).update(annotations)
 
     def prune(self, *_args: Any, **_kwargs: Any) -> int:
+        return 0
+
+    def prune_former(self, *_args: Any, **_kwargs: Any) -> int:
         return 0
 
     def pods(self, *_args: Any) -> List[Dict[str, Any]]:
@@ -148,11 +151,11 @@ def test_a_deleted_one_is_created_again_and_other_objects_are_still_put_back(ren
     operator, cluster, body = rendered
     gone = cluster.held.pop(("ConfigMap", N.GPU_AWARE_CONFIGMAP))
     assert operator.repair("DELETED", gone, body) == "recreated"
-    device = copy.deepcopy(cluster.held[("DaemonSet", "gpu-device")])
+    device = copy.deepcopy(cluster.held[("DaemonSet", GPU_DEVICE.name)])
     device["spec"]["template"]["spec"]["nodeSelector"] = {"edited": "by-hand"}
-    cluster.held[("DaemonSet", "gpu-device")] = device
+    cluster.held[("DaemonSet", GPU_DEVICE.name)] = device
     assert operator.repair("MODIFIED", device, body) == "restored"
-    assert cluster.held[("DaemonSet", "gpu-device")]["spec"]["template"]["spec"]["nodeSelector"] != {"edited": "by-hand"}
+    assert cluster.held[("DaemonSet", GPU_DEVICE.name)]["spec"]["template"]["spec"]["nodeSelector"] != {"edited": "by-hand"}
 
 
 def test_a_vfnums_config_change_after_install_is_not_applied_and_says_so(rendered):
@@ -204,7 +207,7 @@ def test_a_carried_over_cr_keeps_the_owner_id_of_its_objects():
     cluster = RecordedCluster(carried)
     operator = oc.Operator(cluster, HELM, EXTENSIONS, REGISTRY)   # type: ignore[arg-type]
     desired = operator._render(carried, frozenset())              # pylint: disable=protected-access
-    device = next(o for o in desired["gpu-device"] if o["kind"] == "DaemonSet")
+    device = next(o for o in desired[GPU_DEVICE.name] if o["kind"] == "DaemonSet")
     assert device["metadata"]["labels"][N.LABEL_OPERATOR_OWNER] == "old-uid"
     assert device["spec"]["template"]["metadata"]["labels"][N.LABEL_OPERATOR_OWNER] == "old-uid"
     assert device["metadata"]["ownerReferences"][0]["uid"] == UID          # the new CR owns it

@@ -112,7 +112,7 @@ def test_a_failed_discovery_is_not_cached():
 def exporter_objects(served):
     rendered = render.helm_template(HELM, str(CHART), render.chart_values(EXPORTER), names.OPERATOR_NAMESPACE,
                                     api_versions=apis.helm_api_versions(served))
-    return render.desired_objects(rendered, EXPORTER, OWNER)["gpu-exporter"]
+    return render.desired_objects(rendered, EXPORTER, OWNER)["metax-gpu-exporter"]
 
 
 @helm_required(HELM)
@@ -143,7 +143,7 @@ def test_the_chart_renders_the_monitoring_objects_only_with_their_api_versions()
     # not deployed: nothing, whatever the cluster serves
     rendered = render.helm_template(HELM, str(CHART), render.chart_values({}), names.OPERATOR_NAMESPACE,
                                     api_versions=apis.helm_api_versions(BOTH))
-    assert render.desired_objects(rendered, {}, OWNER)["gpu-exporter"] == []
+    assert render.desired_objects(rendered, {}, OWNER)["metax-gpu-exporter"] == []
 
 
 @helm_required(HELM)
@@ -156,7 +156,9 @@ def test_the_operator_chart_grants_every_verb_on_every_owned_kind():
     for doc in yaml.safe_load_all(proc.stdout):
         if doc and doc["kind"] in ("Role", "ClusterRole"):
             for rule in doc["rules"]:
-                if rule.get("resourceNames"):
+                # a named rule grants only those objects: enough for the agents' ClusterRoles and
+                # bindings, whose names tests/unit/charts/test_operator_rbac_names.py pins to the render
+                if rule.get("resourceNames") and rule["apiGroups"] != ["rbac.authorization.k8s.io"]:
                     continue
                 for group in rule["apiGroups"]:
                     for res in rule["resources"]:
@@ -165,7 +167,7 @@ def test_the_operator_chart_grants_every_verb_on_every_owned_kind():
     watched = {(group, plural) for group, _version, plural in DRIFT_WATCHED}
     for api_version, kind in OWNED_KINDS:
         group = api_version.rpartition("/")[0]
-        plural = kind.lower() + "s"
+        plural = kind.lower() + ("es" if kind.endswith("s") else "s")   # runtimeclasses
         role = "ClusterRole" if kind in CLUSTER_KINDS else "Role"
         # server-side apply creates or patches; prune lists and deletes; drift watches
         needed = {"list", "create", "patch", "delete"} | ({"watch"} if (group, plural) in watched else set())

@@ -49,9 +49,9 @@ def test_each_component_gets_its_own_objects_owned_by_the_cr():
     objs = objects(SPEC)
     assert objs["gpu-aware"] == []
     kinds = {name: sorted(o["kind"] for o in objs[name]) for name in objs}
-    assert kinds["gpu-device"] == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
-    assert kinds["gpu-label"] == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
-    for obj in objs["gpu-device"] + objs["gpu-label"]:
+    assert kinds["metax-gpu-device"] == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    assert kinds["metax-gpu-label"] == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    for obj in objs["metax-gpu-device"] + objs["metax-gpu-label"]:
         labels = obj["metadata"]["labels"]
         assert labels[names.LABEL_OPERATOR_OWNER] == "u-1"
         assert "helm.sh/chart" not in labels
@@ -63,7 +63,7 @@ def test_each_component_gets_its_own_objects_owned_by_the_cr():
 
 
 def test_cr_fields_reach_the_daemonset():
-    ds = workload(objects(SPEC), "gpu-device")
+    ds = workload(objects(SPEC), "metax-gpu-device")
     pod = ds["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == "127.0.0.1:5000/metax-gpu/gpu-device:abc"
@@ -82,8 +82,8 @@ def test_a_changed_field_changes_only_its_component():
     spec = json.loads(json.dumps(SPEC))
     spec["devicePlugin"]["healthyInterval"] = 9
     after = objects(spec)
-    assert after["gpu-label"] == before["gpu-label"]
-    assert workload(after, "gpu-device") != workload(before, "gpu-device")
+    assert after["metax-gpu-label"] == before["metax-gpu-label"]
+    assert workload(after, "metax-gpu-device") != workload(before, "metax-gpu-device")
 
 
 def test_minimal_mode_and_gpu_aware():
@@ -92,9 +92,9 @@ def test_minimal_mode_and_gpu_aware():
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Role", "RoleBinding", "Service",
         "ServiceAccount"]
     minimal = objects(dict(SPEC, gpuAware={"deploy": True}, minimal=True))
-    assert minimal["gpu-aware"] == [] and minimal["gpu-device"] and minimal["gpu-label"]
+    assert minimal["gpu-aware"] == [] and minimal["metax-gpu-device"] and minimal["metax-gpu-label"]
     off = objects(dict(SPEC, labelgen={"deploy": False}))
-    assert off["gpu-label"] == [] and off["gpu-device"]
+    assert off["metax-gpu-label"] == [] and off["metax-gpu-device"]
 
 
 def test_drift_is_a_changed_or_missing_field_of_ours_not_what_the_server_adds():
@@ -125,19 +125,19 @@ def test_drift_is_a_changed_or_missing_field_of_ours_not_what_the_server_adds():
 
 
 def test_data_exporter_deploys_gpu_exporter_from_the_extensions_chart():
-    assert objects(SPEC)["gpu-exporter"] == []          # off unless the CR asks (as in the real product)
+    assert objects(SPEC)["metax-gpu-exporter"] == []    # off unless the CR asks (as in the real product)
     spec = dict(SPEC, dataExporter={"deploy": True, "interval": 5, "service": {"port": 30445, "type": "NodePort"},
                                     "image": dict(IMAGE, name="gpu-exporter"), "log": {"format": "text"},
                                     "resources": {"limits": {"memory": "96Mi"}}})
     objs = objects(spec)
-    assert sorted((o["kind"], o["metadata"]["name"]) for o in objs["gpu-exporter"]) == [
-        ("ConfigMap", "gpu-exporter-dashboard"), ("DaemonSet", "gpu-exporter"), ("Service", "gpu-exporter"),
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in objs["metax-gpu-exporter"]) == [
+        ("ConfigMap", "gpu-exporter-dashboard"), ("DaemonSet", "metax-gpu-exporter"), ("Service", "gpu-exporter"),
         ("ServiceAccount", "gpu-exporter")]
-    for obj in objs["gpu-exporter"]:
+    for obj in objs["metax-gpu-exporter"]:
         assert obj["metadata"]["namespace"] == names.OPERATOR_NAMESPACE
         assert obj["metadata"]["ownerReferences"][0]["uid"] == "u-1"
         assert obj["metadata"]["labels"][names.LABEL_OPERATOR_OWNER] == "u-1"
-    ds = workload(objs, "gpu-exporter")
+    ds = workload(objs, "metax-gpu-exporter")
     pod = ds["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == "127.0.0.1:5000/metax-gpu/gpu-exporter:abc"
@@ -145,26 +145,31 @@ def test_data_exporter_deploys_gpu_exporter_from_the_extensions_chart():
     args = gpu_exporter.build_parser().parse_args(container["args"])
     assert (args.port, args.interval, args.log_format) == (30445, 5.0, "text")
     assert container["ports"] == [{"name": "metrics", "containerPort": 30445}]
-    service = next(o for o in objs["gpu-exporter"] if o["kind"] == "Service")
+    service = next(o for o in objs["metax-gpu-exporter"] if o["kind"] == "Service")
     assert (service["spec"]["type"], service["spec"]["ports"][0]["port"]) == ("NodePort", 30445)
     # GPU nodes only; driver.ready joins the gate once a driver component is deployed
     assert pod["nodeSelector"] == {names.LABEL_GPU_INSTALLED: "true"}
     assert ds["spec"]["template"]["metadata"]["annotations"] == {"team": "gpu"}
     # the other components are untouched by it
-    assert objs["gpu-device"] == objects(SPEC)["gpu-device"]
-    assert objects(dict(spec, minimal=True))["gpu-exporter"] == []
+    assert objs["metax-gpu-device"] == objects(SPEC)["metax-gpu-device"]
+    assert objects(dict(spec, minimal=True))["metax-gpu-exporter"] == []
 
 
 def test_runtime_deploys_container_runtime_and_gates_gpu_device_on_runtime_ready():
     from ansible_collections.metax.gpu.plugins.module_utils.agents import container_runtime
-    assert objects(SPEC)["container-runtime"] == []            # off: SPEC switches it off
+    assert objects(SPEC)["metax-container-runtime"] == []      # off: SPEC switches it off
     spec = dict(SPEC, runtime={"deploy": True, "image": dict(IMAGE, name="container-runtime")})
     objs = objects(spec)
-    assert sorted(o["kind"] for o in objs["container-runtime"]) == [
-        "ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
-    role = next(o for o in objs["container-runtime"] if o["kind"] == "ClusterRole")
+    assert sorted(o["kind"] for o in objs["metax-container-runtime"]) == [
+        "ClusterRole", "ClusterRoleBinding", "DaemonSet", "RuntimeClass", "ServiceAccount"]
+    # the RuntimeClass metax of real MetaX clusters: cluster-scoped, found again by the owner label
+    runtime_class = next(o for o in objs["metax-container-runtime"] if o["kind"] == "RuntimeClass")
+    assert runtime_class["metadata"]["name"] == names.RUNTIME_CLASS and runtime_class["handler"] == names.RUNTIME_HANDLER
+    assert "namespace" not in runtime_class["metadata"] and "ownerReferences" not in runtime_class["metadata"]
+    assert runtime_class["metadata"]["labels"][names.LABEL_OPERATOR_OWNER]
+    role = next(o for o in objs["metax-container-runtime"] if o["kind"] == "ClusterRole")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
-    pod = workload(objs, "container-runtime")["spec"]["template"]["spec"]
+    pod = workload(objs, "metax-container-runtime")["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == "127.0.0.1:5000/metax-gpu/container-runtime:abc"
     args = container_runtime.build_parser().parse_args(container["args"])
@@ -172,7 +177,8 @@ def test_runtime_deploys_container_runtime_and_gates_gpu_device_on_runtime_ready
     assert pod["hostPID"] is True and container["readinessProbe"]["exec"]["command"][-1] == container_runtime.READY_FILE
     assert pod["nodeSelector"] == {names.LABEL_GPU_INSTALLED: "true"}
     # gpu-device now waits for the runtime to read CDI
-    assert workload(objs, "gpu-device")["spec"]["template"]["spec"]["nodeSelector"][names.LABEL_RUNTIME_READY] == "true"
+    device = workload(objs, "metax-gpu-device")["spec"]["template"]["spec"]
+    assert device["nodeSelector"][names.LABEL_RUNTIME_READY] == "true"
 
 
 def test_maca_deploys_metax_maca_with_one_image_volume_per_payload_and_gates_gpu_device():
@@ -202,7 +208,7 @@ def test_maca_deploys_metax_maca_with_one_image_volume_per_payload_and_gates_gpu
     # after runtime.ready, as the real one; gpu-device then waits for maca.ready too
     assert pod["nodeSelector"] == {names.LABEL_GPU_INSTALLED: "true", names.LABEL_RUNTIME_READY: "true",
                                    "kubernetes.io/os": "linux"}
-    device = workload(objs, "gpu-device")["spec"]["template"]["spec"]["nodeSelector"]
+    device = workload(objs, "metax-gpu-device")["spec"]["template"]["spec"]["nodeSelector"]
     assert device[names.LABEL_MACA_READY] == "true" and device[names.LABEL_RUNTIME_READY] == "true"
 
 

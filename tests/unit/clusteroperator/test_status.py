@@ -50,7 +50,7 @@ def test_rolling_out_and_degraded_name_the_nodes():
     assert cond(entry, "Degraded") == {"type": "Degraded", "status": "True", "reason": "ImagePullBackOff",
                                        "message": "pods failing on vm-2"}
     top = overall([entry, component_status(components.GPU_LABEL, {}, ds(3, 3), [], {})])
-    assert top[0]["status"] == "False" and top[0]["message"].startswith("gpu-device: ")
+    assert top[0]["status"] == "False" and top[0]["message"].startswith("metax-gpu-device: ")
     assert top[2]["status"] == "True"
 
 
@@ -62,7 +62,7 @@ def test_not_deployed_and_missing_workload():
     creating = component_status(components.GPU_DEVICE, {}, None, [], {})
     assert cond(creating, "Ready")["reason"] == "Creating"
     top = overall([off, component_status(components.GPU_LABEL, {}, ds(1, 1), [], {})])
-    assert top[0] == {"type": "Ready", "status": "True", "reason": "AllComponentsReady", "message": "gpu-label ready"}
+    assert top[0] == {"type": "Ready", "status": "True", "reason": "AllComponentsReady", "message": "metax-gpu-label ready"}
 
 
 def test_waiting_nodes_name_the_missing_readiness_label():
@@ -156,3 +156,11 @@ def test_ignored_fields_name_what_the_cr_and_the_values_carry_and_we_do_not_act_
     # one condition for all, with a stable transition time while the list stays
     first = with_transition_times([extra], None, "t1")
     assert with_transition_times([extra], first, "t2")[0]["lastTransitionTime"] == "t1"
+
+
+def test_an_in_place_upgrade_waiting_for_idle_gpus_is_no_failure():
+    waiting = {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: names.PENDING_MESSAGE_PREFIX + "in use (pod ml/train-0 "
+               "requests metax-tech.com/gpu); the upgrade to 2.29.0.13 waits until the node's GPUs are idle"}
+    failed = {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: "driver verification failed; rolled back to 2.14.6"}
+    nodes = [{"metadata": {"name": "vm", "annotations": waiting}}, {"metadata": {"name": "vm-2", "annotations": failed}}]
+    assert node_messages(components.DRIVER, nodes) == {"vm-2": "driver verification failed; rolled back to 2.14.6"}

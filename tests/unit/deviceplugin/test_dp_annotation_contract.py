@@ -9,8 +9,7 @@ import random
 
 import pytest
 
-from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.annotations import MAX_LOSS, bounded_loss
-from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import per_count_tables
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import MAX_LOSS, bounded_loss, per_count_tables
 from ansible_collections.metax.gpu.plugins.module_utils.sim import alloc_synth
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import PRESETS, preset
 

@@ -131,3 +131,80 @@ def test_applying_a_plan_reaches_a_fixed_point(loaded, pkg, avail, state, want):
     assert plan(request, seen(loaded=running, pkg=disk, packages=packages)).steps == []
     if state != "absent":
         assert running == (first.to_version or running)
+
+
+# -- a payload's own version and the kernel driver it declares; the prebuilt layout ---------------------------
+VENDOR = Package("/c/metax-driver-2.29.0.13-x86_64.run", "run", "2.29.0.13", driver_version="2.12.13")
+TREE = Package("/c/image", "prebuilt", "2.29.0.13", driver_version="2.12.13", kernels=("5.15.0-105-generic",))
+
+
+@pytest.mark.parametrize("have,want,match", [
+    ("2.12.13", "2.12.13", True), ("2.12.13", "2.29.0.13", False),      # never the payload's own number
+    ("2.12.13.4", "2.12.13", True), ("2.12", "2.12.13", True),          # as far as both say (labels: 3 parts)
+    ("2.12.14", "2.12.13", False), (None, "2.12.13", False), ("2.12.13", None, False), ("", "", False)])
+def test_driver_matches_is_the_one_on_target_comparison(have, want, match):
+    assert package.driver_matches(have, want) is match
+
+
+def test_declarations_parse_like_os_release_and_refuse_what_is_not_a_version():
+    found = package.parse_declaration("# MetaX\nversion=2.29.0.13\ndriver = \"2.12.13\"\n\n")
+    assert (found.version, found.driver, found.driver_version) == ("2.29.0.13", "2.12.13", "2.12.13")
+    assert package.parse_declaration("version=2.40.1").driver_version == "2.40.1"     # no driver: the same
+    for bad in ("driver=2.12.13", "version=latest", "version=2.29.0.13\ndriver=2.x", "version 2.29"):
+        with pytest.raises(package.DriverPackageError):
+            package.parse_declaration(bad)
+    text = package.format_declaration("2.29.0.13", "2.12.13")
+    assert package.parse_declaration(text) == package.Declaration("2.29.0.13", "2.12.13")
+    assert package.is_declaration("metax-driver.version", "metax-driver")
+    assert package.is_declaration("/d/metax-driver-2.29.0.13.version", "metax-driver")
+    assert not package.is_declaration("metax-driverx.version", "metax-driver")
+    assert not package.is_declaration("metax-driver_2.1_amd64.deb", "metax-driver")
+
+
+def test_declarations_beside_packages_name_the_kernel_driver_of_their_version_only():
+    found = package.candidates(["/d/metax-driver-2.29.0.13-x86_64.run", "/d/metax-driver_2.14.6_amd64.deb"],
+                               "metax-driver", {"2.29.0.13": "2.12.13"})
+    assert [(p.version, p.driver) for p in found] == [("2.14.6", "2.14.6"), ("2.29.0.13", "2.12.13")]
+
+
+def test_a_prebuilt_tree_is_chosen_only_for_its_kernels_after_the_nodes_own_kind_before_run():
+    deb = Package("/c/metax-driver_2.29.0.13_amd64.deb", "deb", "2.29.0.13", driver_version="2.12.13")
+    kernel = "5.15.0-105-generic"
+    assert package.choose([VENDOR, TREE, deb], "deb", "2.29.0.13", kernel) is deb
+    assert package.choose([VENDOR, TREE, deb], "rpm", "2.29.0.13", kernel) is TREE
+    assert package.choose([VENDOR, TREE], None, None, "6.1.0-other") is VENDOR
+    assert package.choose([TREE], "deb", None, "6.1.0-other") is None
+    assert package.choose([TREE], "deb", None, None) is None            # kernel unknown: never a guess
+    with pytest.raises(package.DriverPackageError, match="lib/modules"):
+        package.prebuilt("/c/empty", package.Declaration("2.29.0.13", "2.12.13"), [])
+
+
+def vendor_seen(loaded="2.12.13", pkg="2.29.0.13", declared="2.12.13", packages=(), kind="run"):
+    return Observed(node_kind="deb", loaded_version=loaded, package_version=pkg, package_kind=kind if pkg else None,
+                    mxcd=True, packages=list(packages), package_driver=declared, kernel="5.15.0-105-generic")
+
+
+def test_the_plan_compares_the_loaded_module_with_the_declared_driver_not_the_payload_version():
+    # installed and loaded as declared: nothing to do, with or without the package at hand
+    at_rest = plan(Request(version="2.29.0.13"), vendor_seen())
+    assert at_rest.steps == [] and at_rest.to_driver == "2.12.13"
+    assert plan(Request(), vendor_seen()).steps == []
+    assert plan(Request(version="2.29.0.13", src="/c"), vendor_seen(declared=None, packages=[VENDOR])).steps == []
+    # another module loaded than the installed payload declares: reload
+    stale = plan(Request(version="2.29.0.13"), vendor_seen(loaded="2.12.11"))
+    assert stale.steps == ["unload", "load"] and stale.to_driver == "2.12.13"
+    # an upgrade to a vendor payload says both numbers
+    up = plan(Request(version="2.29.0.13", src="/c"), vendor_seen(loaded="2.14.6", pkg="2.14.6", declared=None,
+                                                                  kind="deb", packages=[TREE]))
+    assert up.steps == ["unload", "remove", "install", "load"] and up.package is TREE
+    assert (up.from_version, up.to_version, up.from_driver, up.to_driver) == ("2.14.6", "2.29.0.13", "2.14.6",
+                                                                              "2.12.13")
+    assert "kernel driver 2.12.13" in up.reason
+    # deploy_policy Never accepts the vendor payload it was asked for by its declared module
+    never = plan(Request(version="2.29.0.13", deploy_policy="Never"), vendor_seen(pkg=None, declared=None,
+                                                                                   packages=[VENDOR]))
+    assert never.steps == [] and never.to_driver == "2.12.13"
+    # a prebuilt tree replaced by the next one: its files go first
+    again = plan(Request(version="2.30.0.1", src="/c"), vendor_seen(kind="prebuilt", packages=[
+        Package("/c/next", "prebuilt", "2.30.0.1", "2.13.0", ("5.15.0-105-generic",))]))
+    assert again.steps == ["unload", "remove", "install", "load"] and again.to_driver == "2.13.0"

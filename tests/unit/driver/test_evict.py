@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.metax.gpu.plugins.module_utils.driver.inuse import gpu_pods
+from ansible_collections.metax.gpu.plugins.module_utils.kube.pods import gpu_pods
 from ansible_collections.metax.gpu.plugins.module_utils.kube import evict as ev
 from ansible_collections.metax.gpu.plugins.module_utils.kube.client import ApiException
 from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout import (
-    WAIT_BUDGET, WAIT_DISABLED, WAIT_NOT_READY, WAIT_PARALLEL, WAIT_PAUSED, WAIT_SKIP, WAIT_STEP, WAIT_STEP_PAUSE,
+    WAIT_BUDGET, WAIT_NOT_READY, WAIT_PARALLEL, WAIT_PAUSED, WAIT_PAYLOAD, WAIT_SKIP, WAIT_STEP, WAIT_STEP_PAUSE,
     Policy, PolicyError, RolloutNode, Step, StepPause, count_of, decide, finished_node, plan_batches, same_version)
 
 OLD, NEW = "2.14.6", "2.40.1"
@@ -26,7 +26,8 @@ def rollout_nodes(draw, max_size=14):
             name="n%02d" % i, ready=draw(st.booleans() | st.just(True)), cordoned=cordoned,
             admin_cordoned=recorded or (cordoned and state is None), state=state,
             skip=draw(st.sampled_from((False, False, False, True))),
-            current_version=draw(st.sampled_from((OLD, OLD, NEW, None))), target_version=NEW))
+            current_version=draw(st.sampled_from((OLD, OLD, NEW, None))), target_version=NEW,
+            declared=draw(st.sampled_from((True, True, True, False)))))
     return nodes
 
 
@@ -54,13 +55,18 @@ def test_limits_hold_for_any_fleet_and_policy(nodes, policy, now, pause):
     d = decide(nodes, policy, now, pause)
     nodes_by = by_name(nodes)
     started = [nodes_by[s] for s in d.start]
-    # never exceeds maxParallel
-    assert not d.start or len(d.in_flight) + len(d.start) <= d.max_parallel
-    # never exceeds maxUnavailable, counting nodes already cordoned or NotReady
-    # (a node cordoned already costs nothing: starting it adds no unavailable node)
-    before = {n.name for n in nodes if n.unavailable}
-    after = before | set(d.start)
-    assert len(after) <= max(d.max_unavailable, len(before))
+    # enableRollout false: never a cordon; every candidate in place, limits and steps do not apply
+    assert d.cordon == policy.enabled
+    if d.cordon:
+        # never exceeds maxParallel
+        assert not d.start or len(d.in_flight) + len(d.start) <= d.max_parallel
+        # never exceeds maxUnavailable, counting nodes already cordoned or NotReady
+        # (a node cordoned already costs nothing: starting it adds no unavailable node)
+        before = {n.name for n in nodes if n.unavailable}
+        after = before | set(d.start)
+        assert len(after) <= max(d.max_unavailable, len(before))
+    # a node whose target's kernel driver is not declared yet is never started
+    assert not any(not node.declared for node in started)
     assert set(d.unavailable) == {n.name for n in nodes if n.unavailable}
     # never a failed, skipped, NotReady, in-flight or up-to-date node
     for node in started:
@@ -70,10 +76,13 @@ def test_limits_hold_for_any_fleet_and_policy(nodes, policy, now, pause):
     # pauses at the failure threshold
     if len(d.failed) >= max(1, policy.max_failures):
         assert d.start == () and d.paused
-    if not policy.enabled or policy.paused:
+    if policy.paused:
         assert d.start == ()
+    elif not policy.enabled and not d.paused:
+        assert set(d.start) == {n.name for n in nodes if n.ready and not n.skip and n.declared and n.outdated
+                                and n.name not in set(d.failed) | set(d.in_flight)}
     # the step caps: nodes touched never exceed the current step's replicas
-    if policy.steps and d.step is not None and d.start:
+    if policy.steps and d.step is not None and d.start and d.cordon:
         cap = count_of(policy.steps[d.step].replicas, len(nodes), "r", round_up=True, minimum=0)
         assert len(d.done) + len(d.in_flight) + len(d.failed) + len(d.start) <= cap
     # a step pause starts nothing and ends in the future
@@ -91,7 +100,7 @@ def test_limits_hold_for_any_fleet_and_policy(nodes, policy, now, pause):
 @given(rollout_nodes(), int_or_percent, int_or_percent)
 def test_progress_whenever_a_limit_allows_it(nodes, parallel, unavailable):
     """Without failures, pauses or steps, something starts when a ready node fits the limits."""
-    nodes = [n for n in nodes if n.state is None]
+    nodes = [n for n in nodes if n.state is None and n.declared]
     policy = Policy(max_parallel=parallel, max_unavailable=unavailable)
     d = decide(nodes, policy)
     candidates = [n for n in nodes if n.ready and not n.skip and n.outdated]
@@ -104,7 +113,7 @@ def test_progress_whenever_a_limit_allows_it(nodes, parallel, unavailable):
 @settings(max_examples=300, deadline=None)
 @given(rollout_nodes(), policies())
 def test_batches_played_forward_respect_the_limits_and_cover_every_candidate(nodes, policy):
-    nodes = [n for n in nodes if n.state is None]
+    nodes = [n for n in nodes if n.state is None and n.declared]
     policy = Policy(max_parallel=policy.max_parallel, max_unavailable=policy.max_unavailable, steps=policy.steps)
     plan = plan_batches(nodes, policy)
     current = {n.name: n for n in nodes}
@@ -191,7 +200,9 @@ def test_done_nodes_count_toward_steps_and_wait_for_their_labels():
 
 def test_rollout_switches():
     nodes = fleet(2)
-    assert decide(nodes, Policy(enabled=False)).reasons(WAIT_DISABLED) == ("n0", "n1")
+    d = decide(nodes, Policy(enabled=False))
+    assert d.start == ("n0", "n1") and not d.cordon       # in place, never cordoned
+    assert decide(nodes, Policy(enabled=False, paused=True)).start == ()
     d = decide(nodes, Policy(paused=True))
     assert d.paused and d.start == () and d.reasons(WAIT_PAUSED) == ("n0", "n1")
     skip = [RolloutNode("a", skip=True, current_version=OLD, target_version=NEW)]
@@ -222,3 +233,38 @@ def test_policy_errors():
 def test_same_version_compares_what_both_say():
     assert same_version("2.29.0", "2.29.0.13") and not same_version("2.29.1", "2.29.0.13")
     assert not same_version(None, "2.29.0") and not same_version("2.29.0", "")
+
+
+def test_enable_rollout_false_starts_every_node_in_place_whatever_the_limits():
+    """The real CR's defaults: enableRollout false with maxUnavailable 0% and a one-node first step:
+    no node is cordoned, so none of them limits anything; in flight ones stay, failed ones hold."""
+    policy = Policy(max_parallel="100%", max_unavailable="0%", steps=(Step(1, 30.0), Step("100%", 0.0)),
+                    max_failures=5, enabled=False)
+    nodes = fleet(5, cordoned={"n4"}, admin={"n4"}, states={"n1": N.DRIVER_UPGRADE_REQUIRED}, ready={"n2": False})
+    d = decide(nodes, policy, now=10.0)
+    assert d.start == ("n0", "n3", "n4") and not d.cordon and d.in_flight == ("n1",)
+    assert d.reasons(WAIT_NOT_READY) == ("n2",) and d.step is None and d.pause_until is None
+    failed = fleet(6, states={"n%d" % i: "failed" for i in range(5)})
+    assert decide(failed, policy).paused and decide(failed, policy).start == ()
+    # finished in place: the administrator's cordon of n4 stays, nothing of ours to lift
+    assert finished_node(RolloutNode("n4", cordoned=True, in_place=True, current_version=OLD,
+                                     target_version=NEW)).cordoned
+    assert not finished_node(RolloutNode("n0", in_place=True, current_version=OLD, target_version=NEW)).cordoned
+
+
+def test_a_node_waits_until_its_target_payload_declares_its_kernel_driver():
+    """Payload 2.29.0.13 installs 2.12.13: a node is on target when its labels say 2.12.13."""
+    nodes = [RolloutNode("a", current_version="2.12.13", target_version="2.12.13"),
+             RolloutNode("b", current_version="2.12.11", target_version="2.12.13"),
+             RolloutNode("c", current_version="2.12.11", target_version=None, declared=False),
+             RolloutNode("d", current_version="2.12.13", cordoned=True, state=N.DRIVER_UPGRADE_DONE,
+                         target_version=None, declared=False)]
+    d = decide(nodes, Policy(max_parallel=3, max_unavailable=3))
+    assert d.done == ("a",) and d.start == ("b",) and d.reasons(WAIT_PAYLOAD) == ("c",)
+    assert d.in_flight == ("d",) and not d.finished          # d validates once its target is known
+
+
+def test_the_payload_number_never_decides_on_target():
+    assert same_version("2.12.13", "2.12.13") and not same_version("2.12.13", "2.29.0.13")
+    assert not RolloutNode("a", current_version="2.12.13", target_version="2.12.13").outdated
+    assert RolloutNode("a", current_version="2.12.13", target_version="2.29.0.13").outdated

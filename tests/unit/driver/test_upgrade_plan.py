@@ -6,7 +6,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.metax.gpu.plugins.filter.driver_upgrade import (
     driver_upgrade_evictions, driver_upgrade_host_map, driver_upgrade_node_plan, driver_upgrade_plan,
-    driver_upgrade_validation, metax_label_removal)
+    driver_upgrade_failures, driver_upgrade_validation, metax_label_removal)
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 
 
@@ -118,9 +118,39 @@ def test_node_plan_joins_the_node_checks_and_the_evictions():
     rollback = [{"item": changes[0], "plan": {"package": {"path": "/var/cache/metax-driver/a.deb"}}},
                 {"item": changes[1], "failed": True, "plan": {"package": {"path": "/x.deb"}}}]
     plan = driver_upgrade_node_plan(["a", "b", "c"], changes, rollback, {"a": ["ml/p"]}, ["b"])
-    assert plan["a"] == {"from": "2.1", "to": "2.2", "steps": ["unload"], "evict": ["ml/p"],
+    assert plan["a"] == {"from": "2.1", "to": "2.2", "to_driver": "2.2", "steps": ["unload"], "evict": ["ml/p"],
                          "rollback_package": "/var/cache/metax-driver/a.deb", "pre_cordoned": False}
     assert plan["b"]["rollback_package"] == "" and plan["b"]["pre_cordoned"] is True
     # not asked (driver_upgrade_check_nodes: false in check mode): the plan without versions
-    assert plan["c"] == {"from": None, "to": None, "steps": [], "evict": [], "rollback_package": "",
-                         "pre_cordoned": False}
+    assert plan["c"] == {"from": None, "to": None, "to_driver": None, "steps": [], "evict": [],
+                         "rollback_package": "", "pre_cordoned": False}
+
+
+def test_a_vendor_payload_validates_against_the_kernel_driver_it_declares():
+    """Payload 2.29.0.13 installs kernel driver 2.12.13: the node plan carries both, the labels (2/12/13)
+    validate against the declared one, and a node whose labels say the payload's number does not."""
+    changes = [{"item": "a", "plan": {"from_version": "2.14.6", "to_version": "2.29.0.13",
+                                      "to_driver_version": "2.12.13", "steps": ["unload", "install", "load"]}}]
+    plan = driver_upgrade_node_plan(["a"], changes, [], {}, [])
+    assert (plan["a"]["to"], plan["a"]["to_driver"]) == ("2.29.0.13", "2.12.13")
+    labels = {N.LABEL_GPU_INSTALLED: "true", N.LABEL_DRIVER_READY: "true", N.LABEL_DRIVER_MAJOR: "2",
+              N.LABEL_DRIVER_MINOR: "12", N.LABEL_DRIVER_PATCH: "13", N.LABEL_DRIVER_MODE: "cloud",
+              N.LABEL_GPU_FAMILY: "MXC", N.LABEL_GPU_MEMORY: "64GB", N.LABEL_GPU_PRODUCT: "MXC550",
+              N.LABEL_GPU_SRIOV: "forbidden", N.LABEL_GPU_VFNUM: "0", N.LABEL_GPU_COUNT: "1"}
+    real = node("a", labels=labels)
+    real["status"].update({"capacity": {N.RESOURCE_NAME: "1"}, "allocatable": {N.RESOURCE_NAME: "1"}})
+    assert driver_upgrade_validation(real, plan["a"]["to_driver"]) == []
+    assert driver_upgrade_failures([real], plan) == []
+    # compared with the payload's own number it would never validate: the bug this guards against
+    assert driver_upgrade_validation(real, "2.29.0.13") == ["driver labels say 2.12.13, expected 2.29.0"]
+    # a plan from before to_driver existed still validates against its payload version
+    assert driver_upgrade_failures([real], {"a": {"to": "2.12.13"}}) == []
+
+
+def test_the_roles_declaration_filter_is_the_driver_modules_parser():
+    from ansible_collections.metax.gpu.plugins.filter.driver_upgrade import driver_payload_declaration
+    assert driver_payload_declaration("# MetaX\nversion=2.29.0.13\ndriver=2.12.13\n") == {
+        "version": "2.29.0.13", "driver": "2.12.13"}
+    assert driver_payload_declaration('version="2.40.1"') == {"version": "2.40.1", "driver": "2.40.1"}
+    with pytest.raises(AnsibleFilterError, match="driver_upgrade_declaration"):
+        driver_payload_declaration("driver=2.12.13\n")        # no version: the copy could not be named

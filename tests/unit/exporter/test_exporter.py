@@ -12,12 +12,13 @@ import pytest
 
 from ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_exporter import Exporter, timeouts
 from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import JSON_RETRY_READINGS, NodeReader
+from ansible_collections.metax.gpu.plugins.module_utils.exporter.mx_families import MX_FAMILIES
 from ansible_collections.metax.gpu.plugins.module_utils.exporter.readings import MIB
 from ansible_collections.metax.gpu.plugins.module_utils.exporter.render import DEVICE_METRICS, EXPORTER_METRICS
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from exposition import promtool_check, samples, series  # noqa: E402
+from exposition import promtool_check_mx, samples, series  # noqa: E402
 
 FIXED_TIME = "1790000000"
 
@@ -57,7 +58,7 @@ def test_every_reading_of_a_loaded_gpu_in_base_units(make_node):
     # labels: index, UUID and product from discovery
     labels = next(lab for name, lab, _v in samples(text) if name == "metax_gpu_healthy" and lab["bdf"] == busy)
     assert labels == {"node": "node-a", "gpu": "2", "uuid": state["gpus"][2]["uuid"], "bdf": busy,
-                      "product": "C500", "function": "pf"}
+                      "product": "MXC500", "function": "pf"}
     assert series(text, "metax_gpu_exporter_mx_smi_up") == {"": 1.0}
     assert series(text, "metax_gpu_exporter_mx_smi_runs_total", command="json", result="ok") == {"": 1.0}
     assert series(text, "metax_gpu_exporter_mx_smi_runs_total", command="table", result="ok") == {"": 1.0}
@@ -73,13 +74,14 @@ def test_promtool_accepts_the_exposition(make_node):
     generator.fail_gpu(host, 1, "smi")
     reader = NodeReader(host, timeout=20.0, allocations=lambda: {vf: ("team-a", "train-0", "main")})
     text = scrape(reader)
-    rc, output = promtool_check(text)
-    assert rc == 0 and output == "", output
+    ok, output = promtool_check_mx(text)
+    assert ok, output
     names = {name for name, _l, _v in samples(text)}
     assert {m.name for m in DEVICE_METRICS} <= names
     assert {m.name for m in EXPORTER_METRICS} <= names
+    assert {m.name for m in MX_FAMILIES} <= names
     for name, _labels, _value in samples(text):
-        assert name.startswith("metax_gpu_")
+        assert name.startswith("metax_gpu_") or name in {m.name for m in MX_FAMILIES}
 
 
 def test_vfs_pod_labels_and_health(make_node):
@@ -94,7 +96,7 @@ def test_vfs_pod_labels_and_health(make_node):
     healthy = series(text, "metax_gpu_healthy")
     assert healthy == {pf0: 1.0, **{v: 1.0 for v in vfs}, pf1: 0.0}
     owned = [lab for name, lab, v in samples(text) if name == "metax_gpu_allocated" and v == 1.0]
-    assert owned == [{"node": "node-a", "gpu": "0", "uuid": "", "bdf": vfs[1], "product": "C550",
+    assert owned == [{"node": "node-a", "gpu": "0", "uuid": "", "bdf": vfs[1], "product": "MXC550",
                       "function": "vf", "namespace": "team-a", "pod": "train-0", "container": "main"}]
     # the pod's utilisation is found by its pod label (what a PromQL query does)
     by_pod = series(text, "metax_gpu_utilization_ratio", pod="train-0")
@@ -202,8 +204,8 @@ def test_failing_mx_smi_is_a_metric_and_a_problem(make_node, caplog):
     # no readings invented; health from sysfs and the driver
     assert series(text, "metax_gpu_utilization_ratio") == {}
     assert set(series(text, "metax_gpu_healthy").values()) == {1.0}
-    rc, output = promtool_check(text)
-    assert rc == 0, output
+    ok, output = promtool_check_mx(text)
+    assert ok, output
 
 
 def test_hung_mx_smi_ends_at_the_timeout(make_node):

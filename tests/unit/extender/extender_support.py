@@ -87,7 +87,7 @@ def make_node(index: int, rng: Optional[random.Random] = None, devices: int = 8,
         "metax-tech.com/gpu.driver.major": "2", "metax-tech.com/gpu.driver.minor": "31",
         "metax-tech.com/gpu.driver.patch": "4", "metax-tech.com/gpu.driver.mode": "native",
         "metax-tech.com/gpu.family": "MXC", "metax-tech.com/gpu.memory": "64GB",
-        "metax-tech.com/gpu.product": "C500", "metax-tech.com/gpu.sriov": "off", "metax-tech.com/gpu.vfnum": "0",
+        "metax-tech.com/gpu.product": "MXC500", "metax-tech.com/gpu.sriov": "off", "metax-tech.com/gpu.vfnum": "0",
     }
     for feature in ("cpu-cpuid.AVX512F", "cpu-cpuid.AVX512BW", "cpu-cpuid.AMXBF16", "cpu-hardware_multithreading",
                     "cpu-model.family", "cpu-model.id", "cpu-model.vendor_id", "kernel-version.full",

@@ -164,6 +164,9 @@ def test_agent_without_any_kubernetes_configuration(agents):
     (["--tls-cert", "/x"], "go together"),
     (["--tls-cert", "/nonexistent", "--tls-key", "/nonexistent"], "--tls-cert"),
     (["--max-body-bytes", "10"], "too small"),
+    (["--max-connections", "1"], "--max-connections"),
+    (["--idle-timeout", "0"], "--idle-timeout"),
+    (["--request-timeout", "-1"], "--request-timeout"),
 ])
 def test_usage_errors(args, message):
     proc = subprocess.run([sys.executable, "-m", MODULE, "--port", "0", *args], capture_output=True, text=True,

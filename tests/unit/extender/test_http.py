@@ -330,8 +330,11 @@ def test_graceful_stop_finishes_requests_in_progress(running):
 
 
 def test_default_body_limit_admits_5000_real_nodes():
-    node = json.dumps(make_node(1), separators=(",", ":"))
-    assert 5000 * len(node) * 2 < DEFAULT_MAX_BODY_BYTES      # twice a 5,000-node list of ~9 KB nodes
+    # The largest request kube-scheduler sends: 5,000 full Nodes, each with the kubelet's maximum of
+    # 50 images (nodeStatusMaxImages), in the Pod's ExtenderArgs; the limit leaves 1.6 times its size.
+    nodes = [json.dumps(make_node(i, images=50), separators=(",", ":")) for i in range(50)]
+    body = len(extender_args(gpu_pod(2), [])) + 100 * sum(len(n) + 1 for n in nodes)
+    assert 75 * 10 ** 6 < body and 1.6 * body < DEFAULT_MAX_BODY_BYTES
 
 
 def test_a_large_request(running):

@@ -8,10 +8,8 @@ import json
 
 import pytest
 
-from ansible_collections.metax.gpu.plugins.module_utils.extender import nodeinfo
 from ansible_collections.metax.gpu.plugins.module_utils.extender.nodeinfo import (
     ANNOTATION_DEVICES, ANNOTATION_LOSSES, ANNOTATION_SCORES, StateCache, gpu_state, node_fields)
-from ansible_collections.metax.gpu.plugins.module_utils.gpu import scoring
 from extender_support import GPU, annotations, make_node
 
 
@@ -26,11 +24,6 @@ def _node(annots=None, capacity=None, allocatable=None):
 
 def _state(node):
     return gpu_state(node_fields(node))
-
-
-def test_annotation_names_match_the_allocator():
-    assert nodeinfo.ANNOTATION_SCORES == scoring.ANNOTATION_SCORES
-    assert nodeinfo.ANNOTATION_LOSSES == scoring.ANNOTATION_LOSSES
 
 
 def test_devices_annotation_gives_free_and_total():

@@ -15,11 +15,12 @@ from ansible_collections.metax.gpu.plugins.module_utils.sim.alloc_synth import (
     random_matrix, random_spec, random_ultrametric, topology_from_spec)
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.alloc_tree import hierarchy
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import (
-    AllocationError, allocate, per_count_tables, preferred_allocation, topology_annotations)
+    MAX_LOSS, MAX_SCORE, AllocationError, allocate, bounded_loss, per_count_tables, preferred_allocation,
+    topology_annotations)
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass
-from ansible_collections.metax.gpu.plugins.module_utils.gpu.scoring import (
-    ANNOTATION_LOSSES, ANNOTATION_SCORES, evaluate, exhaustive_best)
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.scoring import evaluate, exhaustive_best
+from ansible_collections.metax.gpu.plugins.module_utils.names import ANNOTATION_LOSSES, ANNOTATION_SCORES
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset
 
 C500x8 = topology_from_spec(preset("8xC500"))
@@ -206,6 +207,37 @@ def test_annotations_are_json_objects_keyed_by_count():
     assert all(isinstance(v, int) for v in list(scores.values()) + list(losses.values()))
 
 
+def test_annotations_pad_to_capacity_with_the_worst_values():
+    """Keys "1".."C" always present (HAMi reads a missing key as 0): unservable sizes are worst."""
+    scores, losses = per_count_tables(C500x8, range(2, 8))
+    notes = topology_annotations(C500x8, range(2, 8), capacity=8)
+    published_scores = json.loads(notes[ANNOTATION_SCORES])
+    published_losses = json.loads(notes[ANNOTATION_LOSSES])
+    assert list(published_scores) == [str(n) for n in range(1, 9)] == list(published_losses)
+    assert {n: published_scores[str(n)] for n in scores} == scores
+    assert {n: published_losses[str(n)] for n in losses} == {n: bounded_loss(v) for n, v in losses.items()}
+    assert [published_scores["7"], published_scores["8"]] == [0, 0]
+    assert [published_losses["7"], published_losses["8"]] == [MAX_LOSS, MAX_LOSS]
+    assert all(0 <= v <= MAX_SCORE for v in published_scores.values())
+
+
+def test_annotations_without_free_devices_or_topology():
+    assert topology_annotations(C500x8, [], capacity=2) == {
+        ANNOTATION_SCORES: '{"1":0,"2":0}', ANNOTATION_LOSSES: '{"1":%d,"2":%d}' % (MAX_LOSS, MAX_LOSS)}
+    assert topology_annotations(None, range(4), capacity=1) == {
+        ANNOTATION_SCORES: '{"1":0}', ANNOTATION_LOSSES: '{"1":%d}' % MAX_LOSS}
+    assert topology_annotations(C500x8, []) == {ANNOTATION_SCORES: "{}", ANNOTATION_LOSSES: "{}"}
+
+
+def test_bounded_loss_is_monotone_and_below_max():
+    previous = -1
+    for raw in list(range(0, 5000)) + [70880, 10 ** 6, 10 ** 9]:
+        value = bounded_loss(raw)
+        assert previous <= value < MAX_LOSS
+        previous = value
+    assert bounded_loss(0) == 0 and bounded_loss(1) >= 1
+
+
 def test_tables_are_fast_enough_for_128_vfs():
     import time
     topo = topology_from_spec(preset("16xC500"), 8)
@@ -251,14 +283,21 @@ def test_cli_errors(make_node, capsys):
 
 
 def test_cli_preset_and_module_entry_point():
+    """Presets come from the simulator's entry point (the library's CLI imports no simulator)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     proc = subprocess.run(
-        [sys.executable, "-m", "ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator_cli",
+        [sys.executable, "-m", "ansible_collections.metax.gpu.plugins.module_utils.sim.allocator_cli",
          "--preset", "2xC550-sriov", "--vfs", "4", "--exclude", "0", "--size", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, check=False, universal_newlines=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["devices"] == [1, 2]
+    # the library's own entry point still runs, and offers no --preset
+    proc = subprocess.run(
+        [sys.executable, "-m", "ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator_cli",
+         "--preset", "2xC550-sriov", "--size", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, check=False, universal_newlines=True)
+    assert proc.returncode == 2 and "--host-root is required" in proc.stderr
 
 
 # -- properties ----------------------------------------------------------------

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import DiscoveryError, discover
-from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass
+from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import (
+    PRODUCTS_BY_NAME, LinkClass, chip_name, identify_device_id,
+)
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.mxsmi import parse_table
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
@@ -27,7 +29,7 @@ def test_8xc500(make_node):
     assert inv.topology.link(0, 1) == LinkClass.MX and inv.topology.link(3, 4) == LinkClass.SYS
     assert inv.driver.loaded and inv.driver.version == "2.14.6"
     assert inv.sriov.status == "forbidden" and inv.mx_smi_available and inv.maca_version
-    assert all(g.healthy and g.uuid and g.product == "C500" and g.memory_gib == 64 for g in inv.gpus)
+    assert all(g.healthy and g.uuid and g.product == "MXC500" and g.memory_gib == 64 for g in inv.gpus)
     assert [g.numa_node for g in inv.gpus] == [0] * 4 + [1] * 4
     assert len({g.switch for g in inv.gpus}) == 2
     assert inv.devices[2].drm_card == "card2" and inv.devices[2].drm_render == "renderD130"
@@ -81,7 +83,7 @@ def test_uuids_from_the_real_list_form_and_serials_from_sysfs(make_node):
         real = handle.read().splitlines()
     listing = [real[0], real[2].replace("0000:3c:00.0", BDFS_8XC500[7]).replace("GPU#7", "GPU#0"),
                real[1].replace("0000:08:00.0", BDFS_8XC500[0]).replace("GPU#0", "GPU#7")]
-    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+    with open(os.path.join(SAMPLES, REAL_TOPO)) as handle:
         fake_mx_smi_printing(host, real_table_for(BDFS_8XC500), handle.read(), "\n".join(listing))
     inv = discover(host)
     assert inv.warnings == ()
@@ -142,7 +144,7 @@ def test_garbage_mx_smi_degrades_to_pci_with_a_warning(make_node):
     write_fake_mx_smi(host, "echo '| 0  MXC500 | not-a-bdf | 0% |'")
     inv = discover(host)
     assert inv.gpu_count == 8 and len(inv.devices) == 8 and not inv.mx_smi_available
-    assert all(g.healthy and g.product == "C500" and g.memory_gib == 64 for g in inv.gpus)
+    assert all(g.healthy and g.product == "MXC" and g.family == "MXC" and g.memory_gib == 64 for g in inv.gpus)
     assert not inv.topology.metaxlink_known and inv.topology.link(0, 1) == LinkClass.PIX
     assert len(inv.unparsed) == 1 and inv.unparsed[0] in inv.warnings
     assert host.join("usr/bin/mx-smi") in inv.unparsed[0] and "not-a-bdf" in inv.unparsed[0]
@@ -224,7 +226,10 @@ def test_any_generated_topology_is_discovered_as_generated(tmp_path_factory, spe
     inv = discover(host)
     ordered = generator.canonical_gpus(spec)
     assert inv.gpu_count == len(ordered)
-    assert [g.product for g in inv.gpus] == [g.product for g in ordered]
+    # mx-smi names the chip; without it the PCI id names the product only where no other shows that id
+    assert [g.product for g in inv.gpus] == [
+        chip_name(g.product) if with_mx_smi else identify_device_id(PRODUCTS_BY_NAME[g.product].pci_device_id).product
+        for g in ordered]
     assert [g.numa_node for g in inv.gpus] == [g.numa_node for g in ordered]
     for a in range(len(ordered)):
         for b in range(a + 1, len(ordered)):
@@ -241,17 +246,21 @@ BDFS_8XC500 = ["0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0",
                "0000:43:00.0", "0000:44:00.0", "0000:45:00.0", "0000:46:00.0"]
 
 
+REAL_TABLE = "table-2.2.9-8xC500.txt"
+REAL_TOPO = "topo-m-2.2.9-8xC500.txt"      # two MetaXLink groups of four, NODE across
+
+
 def real_table_for(bdfs):
-    """The real table sample (GPU 0 only), extended to ``bdfs`` the way the guide elides it."""
-    with open(os.path.join(SAMPLES, "table-C500-excerpt.txt")) as handle:
-        lines = handle.read().splitlines()
-    head, row1, row2 = lines[:6], lines[6], lines[7]
-    out = list(head)
-    for index, bdf in enumerate(bdfs):
-        out.append(row1.replace("| 0  MetaX", "| %d  MetaX" % index).replace("| 0  Off", "| %d  Off" % index)
-                   .replace("0000:0e:00.0", bdf))
-        out.append(row2)
-    return "\n".join(out)
+    """The real 2.2.9 capture of 8 x C500, its PCI addresses replaced by ``bdfs`` (in order)."""
+    with open(os.path.join(SAMPLES, REAL_TABLE)) as handle:
+        text = handle.read()
+    from ansible_collections.metax.gpu.plugins.module_utils.gpu.mxsmi import parse_table as parse
+    printed = [g.bdf for g in parse(text).gpus]
+    assert len(printed) == len(bdfs)
+    for old, new in zip(printed, bdfs):
+        text = text.replace(old, new)
+    # the simulated node's driver (else discovery rightly warns that mx-smi reports another one)
+    return text.replace("Kernel Mode Driver Version: 3.4.4 ", "Kernel Mode Driver Version: 2.14.6")
 
 
 def fake_mx_smi_printing(host, table, topo, listing=""):
@@ -265,13 +274,13 @@ def fake_mx_smi_printing(host, table, topo, listing=""):
 def test_real_samples_discovered_on_8xc500(make_node):
     host = make_node("8xC500")
     assert [g.bdf for g in discover(host).gpus] == BDFS_8XC500
-    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+    with open(os.path.join(SAMPLES, REAL_TOPO)) as handle:
         fake_mx_smi_printing(host, real_table_for(BDFS_8XC500), handle.read())
     inv = discover(host)
     assert inv.warnings == () and inv.mx_smi_available and inv.topology.metaxlink_known
-    assert all(g.healthy and g.product == "C500" and g.family == "MXC" and g.memory_gib == 64 for g in inv.gpus)
+    assert all(g.healthy and g.product == "MXC500" and g.family == "MXC" and g.memory_gib == 64 for g in inv.gpus)
     assert groups(inv) == [("metaxlink", (0, 1, 2, 3)), ("metaxlink", (4, 5, 6, 7))]
-    assert inv.topology.link(0, 3) == LinkClass.MX and inv.topology.link(3, 4) == LinkClass.SYS
+    assert inv.topology.link(0, 3) == LinkClass.MX and inv.topology.link(3, 4) == LinkClass.NODE
 
 
 def test_legacy_layout_is_discovered_alike(make_node):
@@ -285,11 +294,11 @@ def test_legacy_layout_is_discovered_alike(make_node):
 def test_one_unreadable_record_keeps_that_gpu_healthy_from_pci(make_node):
     host = make_node("8xC500")
     table = real_table_for(BDFS_8XC500).replace("0000:05:00.0", "0000:zz:00.0")
-    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+    with open(os.path.join(SAMPLES, REAL_TOPO)) as handle:
         fake_mx_smi_printing(host, table, handle.read())
     inv = discover(host)
     assert inv.gpu_count == 8 and all(g.healthy for g in inv.gpus)
-    assert len(inv.unparsed) >= 1 and "0000:zz:00.0" in inv.unparsed[0] and "(line 11:" in inv.unparsed[0]
+    assert len(inv.unparsed) >= 1 and "0000:zz:00.0" in inv.unparsed[0] and "(line 18:" in inv.unparsed[0]
     # topo -m now names a GPU the table lost: MetaXLink unknown rather than guessed
     assert not inv.topology.metaxlink_known and any("topo -m" in w for w in inv.unparsed)
 
@@ -322,12 +331,13 @@ def test_garbage_from_mx_smi_never_leaves_discovery(tmp_path_factory, table, top
 def test_metaxlink_known_only_when_topo_covers_every_gpu(make_node):
     host = make_node("8xC500")
     table = real_table_for(BDFS_8XC500).replace("0000:05:00.0", "0000:zz:00.0")
-    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+    with open(os.path.join(SAMPLES, REAL_TOPO)) as handle:
         rows = [line.split() for line in handle.read().splitlines()]
     # GPU2's row and column taken out: topo -m agrees with the table that GPU2 is not there
     keep = [i for i in range(8) if i != 2]
     topo = ["\t" + "\t".join("GPU%d" % i for i in keep)]
-    topo += ["GPU%d\t" % i + "\t".join(rows[3 + i][1 + j] for j in keep) for i in keep]
+    first = next(n for n, row in enumerate(rows) if row[:2] == ["GPU0", "X"])
+    topo += ["GPU%d\t" % i + "\t".join(rows[first + i][1 + j] for j in keep) for i in keep]
     fake_mx_smi_printing(host, table, "\n".join(topo))
     inv = discover(host)
     assert all(g.healthy for g in inv.gpus) and inv.topology.link(0, 1) == LinkClass.MX
@@ -351,7 +361,7 @@ def test_mx_smi_that_cannot_run_degrades_like_one_that_fails(make_node):
 @given(data=st.data())
 def test_mutated_real_layouts_never_leave_discovery_nor_fail_a_gpu(tmp_path_factory, data):
     host = generator.create(str(tmp_path_factory.mktemp("node")), preset("8xC500"))
-    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
+    with open(os.path.join(SAMPLES, REAL_TOPO)) as handle:
         texts = [real_table_for(BDFS_8XC500).splitlines(), handle.read().splitlines()]
     for lines in texts:
         for _step in range(data.draw(st.integers(0, 3))):
@@ -377,6 +387,62 @@ def test_mutated_real_layouts_never_leave_discovery_nor_fail_a_gpu(tmp_path_fact
     table = "\n".join(texts[0])
     for gpu in inv.gpus:
         assert gpu.healthy or (gpu.bdf not in table and not parse_table(table).problems), inv.warnings
-    assert all(g.product == "C500" and g.memory_gib == 64 for g in inv.gpus)
+    # the chip name where mx-smi was read, the family where only the PCI id speaks (never a wrong product)
+    assert all(g.product in ("MXC500", "MXC") and g.family == "MXC" and g.memory_gib == 64 for g in inv.gpus)
     if inv.topology.metaxlink_known:
         assert groups(inv) == [("metaxlink", (0, 1, 2, 3)), ("metaxlink", (4, 5, 6, 7))]
+
+
+# -- product names: the chip names MetaX's tools and labels use (issue 38) -------------------------
+def _sample_rows_for(name, bdfs):
+    """A real table sample with its PCI addresses replaced by the simulated node's (same GPU count)."""
+    with open(os.path.join(SAMPLES, name)) as handle:
+        text = handle.read()
+    from ansible_collections.metax.gpu.plugins.module_utils.gpu.mxsmi import parse_table as parse
+    for gpu, bdf in zip(parse(text).gpus, bdfs):
+        text = text.replace(gpu.bdf, bdf)
+    return text
+
+
+@pytest.mark.parametrize("sample, printed_as", [
+    ("table-2.1.6-4xMXC500-processes.txt", "MXC500"),
+    ("table-2.2.4-8xC550.txt", "MXC550"),
+    ("table-2.2.9-8xC500.txt", "MXC500"),
+])
+def test_every_real_table_sample_names_the_chip_through_discovery(make_node, sample, printed_as):
+    host = make_node("8xC500")
+    text = _sample_rows_for(sample, BDFS_8XC500)
+    fake_mx_smi_printing(host, text, "garbage")
+    inv = discover(host, topology=False)
+    read = [g for g in inv.gpus if g.bdf in text]
+    assert read and all(g.product == printed_as and g.family == "MXC" and g.memory_gib == 64 for g in read)
+
+
+def test_the_chip_name_of_mx_smi_l_wins_suffix_included(make_node):
+    host = make_node("8xC500")
+    listing = "\n".join("GPU#%d    MXC550-PL   %s   Available (UUID: GPU-%d)" % (i, bdf, i)
+                        for i, bdf in enumerate(BDFS_8XC500))
+    fake_mx_smi_printing(host, real_table_for(BDFS_8XC500), "garbage", listing)
+    inv = discover(host, topology=False)
+    assert {g.product for g in inv.gpus} == {"MXC550-PL"} and {g.family for g in inv.gpus} == {"MXC"}
+    assert all(g.uuid == "GPU-%d" % g.index for g in inv.gpus)
+
+
+def test_pci_fallback_names_the_family_where_an_id_is_shared_and_the_product_where_not(make_node):
+    for preset, product, family, memory in (("8xC500", "MXC", "MXC", 64), ("2xC550-sriov", "MXC", "MXC", 64),
+                                            ("4xN100", "MXN100", "MXN", 16)):
+        host = make_node(preset)
+        os.unlink(host.join("usr/bin/mx-smi"))
+        inv = discover(host)
+        assert {(g.product, g.family, g.memory_gib) for g in inv.gpus} == {(product, family, memory)}, preset
+    # a real MXC500 shows 9999:4001 in lspci, and so does the simulated one
+    assert identify_device_id(0x4001).product == "MXC" and not identify_device_id(0x4001).exact
+    assert PRODUCTS_BY_NAME["C500"].pci_device_id == 0x4001 == PRODUCTS_BY_NAME["MXC500"].pci_device_id
+
+
+def test_mx_smi_naming_another_family_than_the_pci_id_warns_and_wins(make_node):
+    host = make_node("8xC500")
+    fake_mx_smi_printing(host, real_table_for(BDFS_8XC500).replace("MetaX C500", "MetaX N260"), "garbage")
+    inv = discover(host, topology=False)
+    assert {g.product for g in inv.gpus} == {"MXN260"} and {g.family for g in inv.gpus} == {"MXN"}
+    assert sum("mx-smi names it 'MetaX N260', its PCI device id 0x4001 is an MXC" in w for w in inv.warnings) == 8

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 
 import pytest
 
@@ -25,7 +27,7 @@ def test_8xc500_native(make_node):
         P + "gpu.driver.mode": "native",
         P + "gpu.family": "MXC",
         P + "gpu.memory": "64GB",
-        P + "gpu.product": "C500",
+        P + "gpu.product": "MXC500",
         P + "gpu.sriov": "forbidden",
         P + "gpu.vfnum": "0",
         P + "gpu.count": "8",
@@ -34,7 +36,7 @@ def test_8xc500_native(make_node):
 
 def test_4xn100_cloud(make_node):
     labels = L.node_labels(discover(make_node("4xN100")), "cloud")
-    assert labels[P + "gpu.family"] == "MXN" and labels[P + "gpu.product"] == "N100"
+    assert labels[P + "gpu.family"] == "MXN" and labels[P + "gpu.product"] == "MXN100"
     assert labels[P + "gpu.memory"] == "16GB" and labels[P + "gpu.driver.mode"] == "cloud"
 
 
@@ -47,7 +49,7 @@ def test_sriov_on_reports_vfnum(make_node):
         host.write_attribute("/sys/bus/pci/devices/%s/sriov_numvfs" % gpu.bdf, "4")
     labels = L.node_labels(discover(host), "cloud")
     assert labels[P + "gpu.sriov"] == "on" and labels[P + "gpu.vfnum"] == "4"
-    assert labels[P + "gpu.count"] == "2" and labels[P + "gpu.product"] == "C550"
+    assert labels[P + "gpu.count"] == "2" and labels[P + "gpu.product"] == "MXC550"
 
 
 def test_no_gpu_only_installed_false(make_node):
@@ -63,7 +65,9 @@ def test_driver_not_loaded_drops_version_labels(make_node):
     labels = L.node_labels(discover(host), "native")
     assert labels[P + "driver.ready"] == "false"
     assert not any(k in labels for k in (N.LABEL_DRIVER_MAJOR, N.LABEL_DRIVER_MINOR, N.LABEL_DRIVER_PATCH))
-    assert labels[P + "gpu.product"] == "C500"     # PCI ids still say what is installed
+    # without mx-smi the PCI device id says only the family: 0x4001 may be an MXC500 or an MXC550
+    assert labels[P + "gpu.product"] == "MXC" and labels[P + "gpu.family"] == "MXC"
+    assert labels[P + "gpu.memory"] == "64GB"
 
 
 def test_driver_override_and_partial_version(make_node):
@@ -79,10 +83,10 @@ def test_driver_override_and_partial_version(make_node):
 def test_mixed_and_unknown_products(make_node):
     inv = discover(make_node("8xC500"))
     gpus = list(inv.gpus)
-    gpus[5] = dataclasses.replace(gpus[5], product="N100", family="MXN", memory_gib=16)
+    gpus[5] = dataclasses.replace(gpus[5], product="MXN100", family="MXN", memory_gib=16)
     gpus[6] = dataclasses.replace(gpus[6], product="new model/X (rev 2)", family="unknown", memory_gib=0)
     labels = L.node_labels(dataclasses.replace(inv, gpus=tuple(gpus)), "native")
-    assert labels[N.LABEL_GPU_PRODUCT] == "C500_N100_new-model-X-rev-2"
+    assert labels[N.LABEL_GPU_PRODUCT] == "MXC500_MXN100_new-model-X-rev-2"
     assert labels[N.LABEL_GPU_FAMILY] == "MXC_MXN_unknown"
     assert labels[N.LABEL_GPU_MEMORY] == "64GB_16GB"
 
@@ -114,3 +118,54 @@ def test_label_changes_removes_stale_owned_keys_only():
     desired = {N.LABEL_DRIVER_READY: "false", N.LABEL_GPU_INSTALLED: "true"}
     assert L.label_changes(current, desired) == {N.LABEL_DRIVER_READY: "false", N.LABEL_DRIVER_MAJOR: None}
     assert L.label_changes(desired, desired) == {}
+
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+
+
+def _real_node_labels():
+    """The metax-tech.com/ labels of the real MXC550 node running MetaX's operator 0.9.2."""
+    with open(os.path.join(FIXTURES, "kubernetes", "node-labels-operator-0.9.2-MXC550.txt")) as handle:
+        found = re.findall(r"^\s+(metax-tech\.com/[^:]+):\s*\"?([^\"\n]*)\"?$", handle.read(), re.MULTILINE)
+    return dict(found)
+
+
+def test_an_mxc550_node_carries_the_labels_metax_operator_0_9_2_writes(make_node):
+    real = _real_node_labels()
+    assert real[N.LABEL_GPU_PRODUCT] == "MXC550" and real[N.LABEL_GPU_FAMILY] == "MXC"
+    inv = discover(make_node("2xC550-sriov"))
+    ours = L.node_labels(inv, "cloud", DriverState(loaded=True, version="2.12.13"))
+    same = (N.LABEL_GPU_PRODUCT, N.LABEL_GPU_FAMILY, N.LABEL_GPU_MEMORY, N.LABEL_GPU_INSTALLED, N.LABEL_DRIVER_MODE,
+            N.LABEL_DRIVER_MAJOR, N.LABEL_DRIVER_MINOR, N.LABEL_DRIVER_PATCH)
+    assert {k: ours[k] for k in same} == {k: real[k] for k in same}
+    # gpu.sriov says what this node's GPUs can do (the simulated C550 can split, the real one could not)
+    assert real[N.LABEL_GPU_SRIOV] == "forbidden" and ours[N.LABEL_GPU_SRIOV] == "off"
+    # the real node shows no gpu.vfnum; ours is an additional label (docs/discovery.md says why it stays)
+    assert N.LABEL_GPU_VFNUM not in real and ours[N.LABEL_GPU_VFNUM] == "0"
+
+
+@pytest.mark.parametrize("printed, product, family", [
+    ("MXC550-PL", "MXC550-PL", "MXC"), ("MetaX C500", "MXC500", "MXC"), ("MetaX N260", "MXN260", "MXN"),
+])
+def test_a_chip_name_with_a_suffix_or_a_new_model_is_labelled_as_printed(make_node, printed, product, family):
+    from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import chip_name, family_of
+    inv = discover(make_node("1xC500"))
+    gpus = tuple(dataclasses.replace(g, product=chip_name(printed), family=family_of(printed)) for g in inv.gpus)
+    labels = L.node_labels(dataclasses.replace(inv, gpus=gpus), "native")
+    assert labels[N.LABEL_GPU_PRODUCT] == product and labels[N.LABEL_GPU_FAMILY] == family
+
+
+@pytest.mark.parametrize("current, desired_product, desired_family, kept", [
+    ("MXC500", "MXC", "MXC", "MXC500"),          # driver unloaded: the product mx-smi named stays
+    ("MXC550-PL", "MXC", "MXC", "MXC550-PL"),
+    ("MXN100", "MXC", "MXC", "MXC"),             # another family: the hardware changed
+    ("MXC", "MXC", "MXC", "MXC"),
+    (None, "MXC", "MXC", "MXC"),
+    ("MXC500", "MXC550", "MXC", "MXC550"),       # mx-smi names a product: it wins
+    ("MXC500", "MXC_MXN", "MXC_MXN", "MXC_MXN"),
+])
+def test_a_family_only_answer_keeps_the_product_mx_smi_named(current, desired_product, desired_family, kept):
+    desired = {N.LABEL_GPU_PRODUCT: desired_product, N.LABEL_GPU_FAMILY: desired_family}
+    now = {N.LABEL_GPU_PRODUCT: current} if current else {}
+    assert L.keep_known_product(now, desired)[N.LABEL_GPU_PRODUCT] == kept
+    assert L.keep_known_product(now, desired)[N.LABEL_GPU_FAMILY] == desired_family

@@ -155,12 +155,13 @@ def test_topology_round_trips_through_the_printed_matrix(case, layout):
     n, cells = case
     matrix = [[None if a == b else cells[min(a, b) * n + max(a, b)] for b in range(n)] for a in range(n)]
     state = {"gpus": [{"index": i, "failed": None, "numa_node": i % 2} for i in range(n)], "links": matrix,
+             "mx_smi_version": "2.2.12",
              "mx_smi_layout": layout}
     parsed = mxsmi.parse_topology(fake._topo(state))
     assert parsed == {(a, b): LinkClass.from_legend(matrix[a][b]) for a in range(n) for b in range(a + 1, n)}
 
 
-# -- the real samples (tests/unit/gpu/fixtures/mx-smi, from MetaX's vLLM-MetaX guide) ------------
+# -- the real samples (tests/unit/gpu/fixtures/mx-smi, copies of ../shared/samples/mx-smi) -------------
 SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "mx-smi")
 
 
@@ -169,27 +170,74 @@ def sample(name):
         return handle.read()
 
 
-def test_real_table_sample():
-    table = mxsmi.parse_table(sample("table-C500-excerpt.txt"))
-    # the guide elides GPUs 1..7 but keeps "Attached GPUs : 8": reported, not fatal
-    assert table.problems == ("`mx-smi` output not understood: 8 GPUs attached, 1 read from the table "
-                              "(line 2: 'Attached GPUs                                     : 8')",)
-    assert table.gpus == (mxsmi.MxSmiGpu(0, "MetaX C500", "0000:0e:00.0", 65536, "Available"),)
-    assert table.gpus[0].product == "C500" and table.gpus[0].available
+# Every real table layout gives its product exactly, as the chip name MetaX's -L, -j and labels use.
+@pytest.mark.parametrize("name, count, printed, product", [
+    ("table-2.1.6-4xMXC500-processes.txt", 4, "MXC500", "MXC500"),
+    ("table-2.2.4-8xC550.txt", 8, "MetaX C550", "MXC550"),
+    ("table-2.2.9-8xC500.txt", 8, "MetaX C500", "MXC500"),
+])
+def test_every_real_table_layout_gives_its_product_exactly(name, count, printed, product):
+    table = mxsmi.parse_table(sample(name))
+    assert table.problems == ()
+    assert [g.index for g in table.gpus] == list(range(count))
+    assert {g.name for g in table.gpus} == {printed}
+    assert {g.product for g in table.gpus} == {product}
 
 
-def test_real_topology_sample():
-    links = mxsmi.parse_topology(sample("topo-m-8xC500.txt"))
+# The shape issue 38 describes for 2.2.8 (no capture of it is available): the name
+# cell also carries the persistence mode, under a header cell naming both.
+TABLE_228 = """mx-smi  version: 2.2.8
+
+Attached GPUs                                     : 3
++---------------------------------------------------------------------------------+
+| MX-SMI 2.2.8                        Kernel Mode Driver Version: 2.14.6          |
+| MACA Version: 2.31.0.4              BIOS Version: 1.24.0.0                      |
+|------------------------------------+---------------------+----------------------+
+| GPU         NAME       Persistence-M | Bus-id              | GPU-Util             |
+| Temp        Pwr:Usage/Cap          | Memory-Usage        | GPU-State            |
+|====================================+=====================+======================|
+| 0           MetaX N260         OFF | 0000:0f:00.0        | 0%                   |
+| 29C         53W / 225W             | 858/65536 MiB       | Available            |
++------------------------------------+---------------------+----------------------+
+| 1           MetaX N260  On         | 0000:34:00.0        | 3%                   |
+| 29C         53W / 225W             | 858/65536 MiB       | Available            |
++------------------------------------+---------------------+----------------------+
+| 2           MetaX N260  N/A        | 0000:48:00.0        | 0%                   |
+| 29C         53W / 225W             | 858/65536 MiB       | Available            |
++------------------------------------+---------------------+----------------------+
+"""
+
+
+def test_a_name_cell_that_also_carries_persistence_m_gives_the_product():
+    table = mxsmi.parse_table(TABLE_228)
+    assert table.problems == ()
+    assert [(g.index, g.name, g.product) for g in table.gpus] == [
+        (0, "MetaX N260", "MXN260"), (1, "MetaX N260", "MXN260"), (2, "MetaX N260", "MXN260")]
+
+
+def test_a_column_spaced_on_off_after_the_name_is_not_part_of_it_even_without_the_header():
+    text = TABLE_228.replace("NAME       Persistence-M", "NAME                   ")
+    assert [g.product for g in mxsmi.parse_table(text).gpus] == ["MXN260", "MXN260", "N260 N/A"]
+
+
+def test_list_sample_gives_the_chip_name():
+    parsed = mxsmi.parse_list(sample("list-2.2.9-MXC500-excerpt.txt"))
+    assert {mxsmi.product_of(f["name"]) for f in parsed.values()} == {"MXC500"}
+
+
+def test_real_topology_2_2_9_sample_with_affinity_columns():
+    links = mxsmi.parse_topology(sample("topo-m-2.2.9-8xC500.txt"))
     assert len(links) == 28
     for (a, b), link in links.items():
-        assert link == (LinkClass.MX if a // 4 == b // 4 else LinkClass.SYS), (a, b)
+        assert link == (LinkClass.MX if a // 4 == b // 4 else LinkClass.NODE), (a, b)
 
 
 @pytest.mark.parametrize("name, product", [
-    ("MetaX C500", "C500"), ("MXC550", "C550"), ("metax   N100", "N100"), ("C500", "C500"),
-    ("MetaX MXC500", "C500"), ("MetaX X201 Pro", "X201 PRO"), ("", ""),
+    ("MetaX C500", "MXC500"), ("MXC550", "MXC550"), ("metax   N100", "MXN100"), ("C500", "MXC500"),
+    ("MetaX MXC500", "MXC500"), ("MXC550-PL", "MXC550-PL"), ("MetaX N260", "MXN260"),
+    ("MetaX X201 Pro", "MXX201 PRO"), ("Moffett S4", "MOFFETT S4"), ("", ""),
 ])
-def test_product_names_are_the_manuals(name, product):
+def test_product_names_are_the_chip_names(name, product):
     assert mxsmi.product_of(name) == product
 
 
@@ -274,7 +322,8 @@ def _mutate(text, data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from([TABLE, sample("table-C500-excerpt.txt")]), st.data())
+@given(st.sampled_from([TABLE, sample("table-2.2.9-8xC500.txt"), sample("table-2.1.6-4xMXC500-processes.txt"),
+                        TABLE_228]), st.data())
 def test_mutated_tables_parse_or_report_never_crash(text, data):
     mutated = _mutate(text, data)
     try:
@@ -300,10 +349,25 @@ def test_garbage_never_raises_anything_but_a_parse_error(text):
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_mutated_topologies_parse_or_raise_a_parse_error(data):
-    mutated = _mutate(sample("topo-m-8xC500.txt"), data)
+    mutated = _mutate(sample("topo-m-2.2.9-8xC500.txt"), data)
     try:
         links = mxsmi.parse_topology(mutated)
     except mxsmi.MxSmiParseError as exc:
         assert "`mx-smi topo -m`" in str(exc)
         return
     assert all(a < b for a, b in links)
+
+
+def test_count_ecc_reads_the_real_sample_and_reports_what_it_cannot():
+    assert mxsmi.parse_count_ecc(sample("count-ecc-2.2.12-1xC500.txt")) == {
+        "0000:37:00.0": {"sram_correctable": 0, "sram_uncorrectable": 0, "dram_correctable": 0,
+                         "dram_uncorrectable": 0}}
+    text = sample("count-ecc-2.2.12-1xC500.txt").replace("DRAM Correctable                          : 0",
+                                                          "DRAM Correctable                          : 12")
+    assert mxsmi.parse_count_ecc(text)["0000:37:00.0"]["dram_correctable"] == 12
+    problems = []
+    bad = text.replace(": 12", ": N/A")
+    assert mxsmi.parse_count_ecc(bad, problems) == {} and "dram_correctable of 0000:37:00.0 is 'N/A'" in problems[0]
+    with pytest.raises(mxsmi.MxSmiParseError, match="--count-ecc"):
+        mxsmi.parse_count_ecc(bad)
+    assert mxsmi.parse_count_ecc("Moffett mx-smi 1.0\nno devices\n") == {}

@@ -47,3 +47,13 @@ def test_a_node_whose_gpus_need_two_payloads_is_refused():
         select_image([C500, N100], ["C500", "N100"])
     # two products of one family share the payload
     assert select_image([C500, N100], ["C500", "C550"]) == 0
+
+
+def test_discoverys_chip_names_and_a_family_only_answer_find_their_image():
+    mxc550 = "r/mxc550-maca:2.24.0.0"
+    # discovery spells products as MetaX's tools do (MXC550); the image says c550
+    assert select_image([REAL, mxc550, N100], ["MXC550"] * 2) == 1
+    assert select_image([REAL, mxc550, N100], ["MXC500"]) == 0
+    assert select_image([REAL, mxc550, N100], ["MXN100"]) == 2
+    # without mx-smi the PCI id may say only the family: the family's first image
+    assert select_image([N100, mxc550, REAL], ["MXC"]) == 1

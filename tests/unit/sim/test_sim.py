@@ -55,7 +55,7 @@ def test_mx_smi_prints_table_list_and_topology(make_node):
     assert "Kernel Mode Driver Version: 2.14.6" in table.stdout
     topo = mx_smi(host, "topo", "-m").stdout
     assert "PIX" in topo and "PHB" in topo and "MX " not in topo.split("Legend")[0]
-    assert "Affinity" not in topo
+    assert "Node Affinity  CPU Affinity" in topo      # as 2.2.9 prints it
     listing = mx_smi(host, "-L").stdout.splitlines()
     assert listing[0] == "mx-smi  version: %s" % generator.load_state(host)["mx_smi_version"]
     assert len(listing) == 5 and all(re.match(r"GPU#\d +MXN100 +0000:\S+ +Available \(UUID: GPU-", line)
@@ -80,19 +80,42 @@ def test_list_prints_the_real_form_and_unavailable_gpus(make_node):
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu", "fixtures", "mx-smi")
 
 
+def _shape(line):
+    """A line with its numbers and PCI addresses masked and its spacing collapsed: what a layout is made of."""
+    line = re.sub(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", "BDF", line)
+    return " ".join(re.sub(r"\d+", "#", line).split())
+
+
+def _capture(name):
+    with open(os.path.join(SAMPLES, name)) as handle:
+        return handle.read().splitlines()
+
+
 def test_real_layout_is_the_default_and_matches_the_real_samples(make_node):
     host = make_node("8xC500")
     table = mx_smi(host).stdout.splitlines()
-    with open(os.path.join(SAMPLES, "table-C500-excerpt.txt")) as handle:
-        sample = handle.read().splitlines()
-    start = table.index(sample[0])
-    # the sample's GPU 0 sits at 0000:0e:00.0; everything else is printed alike
-    assert [line.replace("0000:03:00.0", "0000:0e:00.0") for line in table[start:start + len(sample)]] == sample
-    with open(os.path.join(SAMPLES, "topo-m-8xC500.txt")) as handle:
-        real_topo = handle.read().split()
-    printed = mx_smi(host, "topo", "-m").stdout.split()
-    # same tokens up to the legend lines the sample leaves out
-    assert printed[:len(real_topo)] == real_topo
+    sample = _capture("table-2.2.9-8xC500.txt")
+    # the capture from its version box through GPU 0's record, cell for cell (values masked), same widths
+    start = next(i for i, line in enumerate(sample) if line.startswith("+---"))
+    ours = next(i for i, line in enumerate(table) if line.startswith("+---"))
+    assert [_shape(line) for line in table[ours:ours + 10]] == [_shape(line) for line in sample[start:start + 10]]
+    assert {len(line) for line in table if line.startswith(("|", "+"))} == {83}
+    # the process table's head and its "no process found", as the capture prints them
+    head = sample.index("| Process:                                                                        |")
+    assert table[table.index(sample[head]):table.index(sample[head]) + 6] == sample[head:head + 6]
+    assert [_shape(line) for line in table[:6] if line.startswith(("===", "Attached", "mx-smi"))] == [
+        "mx-smi version: #.#.#", "=================== MetaX System Management Interface Log ===================",
+        "Attached GPUs : #"]
+    topo = mx_smi(host, "topo", "-m").stdout.splitlines()
+    real = _capture("topo-m-2.2.9-8xC500.txt")
+    for marker in ("Device link type matrix", "Legend:"):
+        assert marker in topo
+    header = next(line for line in real if line.strip().startswith("GPU0"))
+    assert header in topo
+    assert topo[topo.index("Legend:"):] == real[real.index("Legend:"):]
+    # a row: GPU, the link cells, Node Affinity, CPU Affinity
+    assert [len(line.split()) for line in topo if line.startswith("GPU")] == [11] * 8
+    assert topo[topo.index(header) + 1].split()[-2:] == real[real.index(header) + 1].split()[-2:]
 
 
 def test_legacy_layout_stays_available(make_node):

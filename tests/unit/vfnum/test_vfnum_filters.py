@@ -33,6 +33,13 @@ def test_role_names_equal_names_py():
     assert role["set_vfnum_state_label"] == N.LABEL_VFNUM_STATE
     assert role["set_vfnum_message_annotation"] == N.ANNOTATION_VFNUM_MESSAGE
     assert role["set_vfnum_paused_label"] == N.LABEL_AGENTS_PAUSED
+    assert role["set_vfnum_agent_selector"] == N.NODE_AGENT_POD_SELECTOR
+
+
+def test_driver_upgrade_waits_for_the_agents_by_names_py_selector():
+    with open(os.path.join(ROOT, "roles", "driver_upgrade", "tasks", "batch.yml")) as handle:
+        text = handle.read()
+    assert "- " + N.NODE_AGENT_POD_SELECTOR + "\n" in text
 
 
 def test_gpu_pods_only_running_ones_requesting_the_resource():

@@ -5,6 +5,8 @@
     "driver-manager": {
       "annotations": [
         "metax-tech.com/driver.message",
+        "metax-tech.com/driver.payload.driver-version",
+        "metax-tech.com/driver.payload.version",
         "metax-tech.com/driver.upgrade.message",
         "metax-tech.com/gpu.vfnum.message"
       ],

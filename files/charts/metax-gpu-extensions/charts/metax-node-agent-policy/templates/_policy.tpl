@@ -16,6 +16,14 @@ Everyone else (administrators, the kubelet, controllers, the day-two
 playbooks) is outside the policy: matchConditions select the agents' own
 service accounts only.
 
+A second policy, <name>-pods, confines the pods a node agent deletes to the
+pods of its own node (driver-manager deletes its node's gpu-device pod after
+a vfnum or driver change; RBAC cannot say "this node"): on DELETE the
+apiserver hands the policy the pod being deleted (oldObject), and its
+spec.nodeName must be the token's node. A delete without one (deletecollection)
+is denied. Evictions (pods/eviction) are not covered: the Eviction names only
+the pod, and a policy cannot look the pod up (docs/security.md).
+
 Usage, from a chart that lists this library chart as a dependency:
 
   {{- include "metax-node-agent-policy.objects" (dict
@@ -185,6 +193,61 @@ metadata:
   {{- end }}
 spec:
   policyName: {{ .name }}
+  validationActions: [Deny]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {{ .name }}-pods
+  {{- with .labels }}
+  labels:
+    {{- . | nindent 4 }}
+  {{- end }}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [""]
+        apiVersions: ["*"]
+        operations: [DELETE]
+        resources: [pods]
+  matchConditions:
+    - name: node-agent-service-account
+      expression: |-
+        request.userInfo.username in {{ toJson $users }}
+  variables:
+    - name: agent
+      expression: |-
+        {{ toJson $agentOf }}[request.userInfo.username]
+    - name: nodeName
+      expression: |-
+        has(request.userInfo.extra) && "authentication.kubernetes.io/node-name" in request.userInfo.extra && size(request.userInfo.extra["authentication.kubernetes.io/node-name"]) == 1 ? request.userInfo.extra["authentication.kubernetes.io/node-name"][0] : ""
+    # the pod's node ("" for a delete that names no one pod, or a pod not yet bound)
+    - name: podNode
+      expression: |-
+        oldObject != null ? oldObject.spec.?nodeName.orValue("") : ""
+  validations:
+    - expression: variables.nodeName != ""
+      reason: Forbidden
+      message: a node agent may delete only pods of the node its pod runs on, and this token names no node
+      messageExpression: |-
+        variables.agent + " may delete only pods of the node its pod runs on, and this token names no node (no authentication.kubernetes.io/node-name: use the pod's own service-account token)"
+    - expression: variables.podNode == variables.nodeName
+      reason: Forbidden
+      message: a node agent may delete only pods of the node its pod runs on
+      messageExpression: |-
+        variables.agent + " may delete only pods of its own node " + variables.nodeName + ", not " + (variables.podNode == "" ? "pods bound to no node or several pods at once" : "a pod of node " + variables.podNode)
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ .name }}-pods
+  {{- with .labels }}
+  labels:
+    {{- . | nindent 4 }}
+  {{- end }}
+spec:
+  policyName: {{ .name }}-pods
   validationActions: [Deny]
 {{- end -}}
 {{- end -}}

@@ -10,18 +10,12 @@ import os
 import stat
 from typing import Optional
 
-try:
-    import grpc
-    from .api import deviceplugin_v1beta1_pb2 as pb
-    from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-    HAS_GRPC = True
-except ImportError:
-    grpc = pb = pb_grpc = None
-    HAS_GRPC = False
-
 from ..errors import MetaxGpuError
 from ..names import RESOURCE_NAME
 from . import constants as C
+from .grpc_api import HAS_GRPC, grpc
+from .grpc_api import dp_grpc as pb_grpc
+from .grpc_api import dp_pb as pb
 
 LOG = logging.getLogger("gpu-device.registration")
 

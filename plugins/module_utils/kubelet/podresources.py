@@ -15,18 +15,12 @@ from __future__ import annotations
 import logging
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
-try:
-    import grpc
-    from .api import podresources_v1_pb2 as pb
-    from .api import podresources_v1_pb2_grpc as pb_grpc
-    HAS_GRPC = True
-except ImportError:
-    grpc = pb = pb_grpc = None
-    HAS_GRPC = False
-
 from ..errors import MetaxGpuError
 from ..names import RESOURCE_NAME
 from . import constants as C
+from .grpc_api import HAS_GRPC, grpc
+from .grpc_api import pr_grpc as pb_grpc
+from .grpc_api import pr_pb as pb
 
 LOG = logging.getLogger("gpu-device.podresources")
 

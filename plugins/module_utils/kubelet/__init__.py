@@ -1,0 +1,14 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The kubelet's node-local APIs, for the agents that speak them.
+
+``constants``       sockets and versions the kubelet defines
+``grpc_api``        the guarded import of grpc and the kubelet API stubs (once)
+``registration``    Register a device plugin with the kubelet
+``podresources``    which devices the kubelet has assigned to containers
+
+Used by gpu-device (``deviceplugin/``) and gpu-exporter; neither imports the
+other. The stubs themselves stay where their generator writes them
+(``deviceplugin/api/``, ``deviceplugin/gen_protos.sh``).
+"""

@@ -1,0 +1,24 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""grpc and the kubelet API stubs, imported once under the ImportError guard.
+
+grpcio and protobuf are the agents' requirements (requirements/agents.txt),
+not a controller's: a module importing module_utils must load without them.
+``HAS_GRPC`` says whether they are there; when not, every name is None.
+"""
+
+from __future__ import annotations
+
+try:
+    import grpc
+    from ..deviceplugin.api import deviceplugin_v1beta1_pb2 as dp_pb
+    from ..deviceplugin.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+    from ..deviceplugin.api import podresources_v1_pb2 as pr_pb
+    from ..deviceplugin.api import podresources_v1_pb2_grpc as pr_grpc
+    HAS_GRPC = True
+except ImportError:
+    grpc = dp_pb = dp_grpc = pr_pb = pr_grpc = None
+    HAS_GRPC = False
+
+REQUIRED = "grpcio and protobuf are required (requirements/agents.txt)"

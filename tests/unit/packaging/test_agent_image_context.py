@@ -1,0 +1,256 @@
+"""The agent images and their build context are defined once, in files/images/agent/context.py.
+
+The agent_images role and files/images/agent/build.sh both ask context.py for the
+image names and for the context; neither holds a list or a copy step of its own.
+"""
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+AGENT = os.path.join(ROOT, "files", "images", "agent")
+SCRIPT = os.path.join(AGENT, "context.py")
+BUILD_SH = os.path.join(AGENT, "build.sh")
+ROLE = os.path.join(ROOT, "roles", "agent_images")
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("agent_image_context", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+context = _load()
+
+
+def _yaml(*parts):
+    with open(os.path.join(ROLE, *parts)) as handle:
+        return yaml.safe_load(handle)
+
+
+def _role_task(name):
+    for task in _yaml("tasks", "main.yml"):
+        for inner in [task] + task.get("block", []):
+            if inner.get("name") == name:
+                return inner
+    raise AssertionError("no task %r in roles/agent_images/tasks/main.yml" % name)
+
+
+def _render(arg):
+    """The role's argv with its variables: the collection root and the script as vars/main.yml sets them."""
+    return (arg.replace("{{ ansible_playbook_python }}", sys.executable)
+            .replace("{{ agent_images_context_script }}", SCRIPT)
+            .replace("{{ agent_images_collection_root }}", ROOT))
+
+
+def _run(argv):
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
+
+
+# -- the image list -----------------------------------------------------------
+
+def test_the_role_reads_the_names_from_context_py():
+    task = _role_task("Read the agent images (files/images/agent/context.py, which build.sh reads too)")
+    argv = [_render(a) for a in task["ansible.builtin.command"]["argv"]]
+    assert json.loads(_run(argv)) == list(context.IMAGES)
+    assert task["check_mode"] is False      # check mode still knows the images
+    setter = _role_task("Choose the builder")["ansible.builtin.set_fact"]
+    assert setter["agent_images_names"] == "{{ agent_images_names_read.stdout | from_json }}"
+    assert _yaml("vars", "main.yml")["agent_images_context_script"] == (
+        "{{ agent_images_collection_root }}/files/images/agent/context.py")
+
+
+def test_build_sh_reads_the_names_from_context_py():
+    text = open(BUILD_SH).read()
+    assert re.search(r'^CONTEXT=\(nice "\$\{PYTHON\}" "\$\{HERE\}/context\.py" --root "\$\{REPO_ROOT\}"\)$', text, re.M)
+    assert re.search(r'^mapfile -t NAMES < <\("\$\{CONTEXT\[@\]\}" names\)$', text, re.M)
+    assert len(re.findall(r"\bNAMES=", text)) == 0, "build.sh assigns its own image list"
+    lines = _run([sys.executable, SCRIPT, "--root", ROOT, "names"]).split()
+    assert lines == list(context.IMAGES)
+
+
+@pytest.mark.parametrize("path", [BUILD_SH, os.path.join(ROLE, "vars", "main.yml"), os.path.join(ROLE, "tasks", "main.yml"),
+                                  os.path.join(ROLE, "defaults", "main.yml")])
+def test_no_second_list_of_images(path):
+    """A line naming two images or more is a list of them (one image named for its own reason is not)."""
+    for number, line in enumerate(open(path).read().splitlines(), 1):
+        named = [name for name in context.IMAGES if re.search(r"(?<![\w-])%s(?![\w-])" % name, line)]
+        assert len(named) < 2, "%s:%d lists %s: the list lives in context.py" % (os.path.relpath(path, ROOT), number, named)
+
+
+def test_every_image_is_a_containerfile_stage_with_its_entrypoint():
+    text = open(os.path.join(AGENT, "Containerfile")).read()
+    stages = re.findall(r"^FROM \S+ AS (\S+)$", text, re.M)
+    assert set(stages) - {"agents", "combined"} == set(context.IMAGES)
+    links = re.search(r"for name in ([^;]+); do ln -s metax-agent", text).group(1).split()
+    assert set(context.IMAGES) <= set(links)
+    for name in context.IMAGES:
+        assert 'ENTRYPOINT ["/usr/local/bin/%s"]' % name in text
+
+
+# -- the context --------------------------------------------------------------
+
+def test_the_role_and_build_sh_assemble_with_context_py():
+    argv = _role_task("Write the build context")["ansible.builtin.command"]["argv"]
+    assert [_render(a) for a in argv[:5]] == [sys.executable, SCRIPT, "--root", ROOT, "assemble"]
+    assert argv[5:] == ["--helm", "{{ agent_images_helm_binary }}", "{{ agent_images_ctx.path }}"]
+    build = _role_task("Build the agent images")["ansible.builtin.command"]["argv"]
+    assert "agent_images_ctx.path ~ '/Containerfile'" in build        # the context's own Containerfile
+    text = open(BUILD_SH).read()
+    assert '"${CONTEXT[@]}" assemble --helm "${HELM_BIN}" "${ctx}"' in text
+    assert '"${CONTEXT[@]}" tag --helm "${HELM_BIN}" --base-id "${base_id}"' in text
+    assert '-f "${ctx}/Containerfile"' in text
+    # nothing else copies into the context
+    for path in (BUILD_SH, os.path.join(ROLE, "tasks", "main.yml")):
+        body = open(path).read()
+        assert "operator/charts" not in body and "agents.txt" not in body, path
+
+
+def _fake_collection(root, helm_dir):
+    files = {
+        "galaxy.yml": "namespace: metax\nname: gpu\nversion: 1.0.0\n",
+        "README.md": "readme\n", "LICENSE": "license\n", "meta/runtime.yml": "requires_ansible: '>=2.16.0'\n",
+        "plugins/module_utils/names.py": "X = 1\n", "plugins/module_utils/__pycache__/names.cpython-311.pyc": "bytecode",
+        "plugins/modules/stale.pyc": "bytecode", "requirements/agents.txt": "kubernetes\n",
+        "files/charts/metax-gpu-extensions/Chart.yaml": "name: metax-gpu-extensions\n",
+        "files/charts/metax-gpu-extensions/templates/a.yaml": "a: 1\n",
+        "files/charts/metax-operator/crds/clusteroperator.yaml": "kind: CustomResourceDefinition\n",
+        "files/charts/metax-operator/values.yaml": "not: carried\n",
+        "tests/unit/test_x.py": "not carried\n",
+    }
+    for rel, body in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(body)
+    helm = os.path.join(helm_dir, "helm")
+    with open(helm, "w") as handle:
+        handle.write("#!/bin/sh\n")
+    os.chmod(helm, 0o755)
+    return helm
+
+
+EXPECTED = {
+    "Containerfile", "entrypoint", "requirements/agents.txt", "operator/bin/helm",
+    "collection/galaxy.yml", "collection/README.md", "collection/LICENSE", "collection/meta/runtime.yml",
+    "collection/plugins/module_utils/names.py",
+    "operator/charts/metax-gpu-extensions/Chart.yaml", "operator/charts/metax-gpu-extensions/templates/a.yaml",
+    "operator/crds/clusteroperator.yaml",
+}
+
+
+def _tree(directory):
+    return {os.path.relpath(os.path.join(d, f), directory) for d, _dirs, files in os.walk(directory) for f in files}
+
+
+def test_installed_collection_context(tmp_path):
+    """No git: every file under the collection paths but bytecode."""
+    root = tmp_path / "ansible_collections" / "metax" / "gpu"
+    helm = _fake_collection(str(root), str(tmp_path))
+    entries = context.manifest(str(root), context.find_helm(helm))
+    assert {dest for dest, _src in entries} == EXPECTED
+    out = tmp_path / "ctx"
+    subprocess.run([sys.executable, SCRIPT, "--root", str(root), "assemble", "--helm", helm, str(out)], check=True)
+    assert _tree(str(out)) == EXPECTED
+    for dest, src in entries:
+        with open(os.path.join(str(out), dest), "rb") as copied, open(src, "rb") as original:
+            assert copied.read() == original.read(), dest
+    assert os.access(str(out / "entrypoint"), os.X_OK) and os.access(str(out / "operator" / "bin" / "helm"), os.X_OK)
+
+
+@pytest.mark.skipif(not shutil.which("git"), reason="git is not installed")
+def test_checkout_context_follows_git(tmp_path):
+    """A checkout: tracked and untracked work, never what .gitignore excludes."""
+    root = tmp_path / "repo"
+    helm = _fake_collection(str(root), str(tmp_path))
+    (root / ".gitignore").write_text("__pycache__/\n*.pyc\nplugins/module_utils/local.txt\n")
+    (root / "plugins" / "module_utils" / "local.txt").write_text("ignored\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "galaxy.yml", "meta"], check=True)
+    dests = {dest for dest, _src in context.manifest(str(root), context.find_helm(helm))}
+    assert dests == EXPECTED
+
+
+def test_content_tag_follows_every_input(tmp_path):
+    root = tmp_path / "c"
+    helm = _fake_collection(str(root), str(tmp_path))
+
+    def tag(base="sha256:1"):
+        out = _run([sys.executable, SCRIPT, "--root", str(root), "tag", "--helm", helm, "--base-id", base]).strip()
+        assert re.fullmatch(r"[0-9a-f]{12}", out), out
+        return out
+
+    first = tag()
+    assert tag() == first                                   # stable
+    assert tag("sha256:2") != first                         # the base image
+    names = root / "plugins" / "module_utils" / "names.py"
+    names.write_text("X = 2\n")
+    edited = tag()
+    assert edited != first                                  # a collection file
+    (root / "plugins" / "module_utils" / "__pycache__" / "names.cpython-311.pyc").write_text("other")
+    assert tag() == edited                                  # bytecode is not content
+    os.chmod(str(names), 0o755)
+    assert tag() != edited                                  # a file mode
+    os.chmod(str(names), 0o644)
+    (root / "files" / "charts" / "metax-gpu-extensions" / "templates" / "a.yaml").write_text("a: 2\n")
+    assert tag() != edited                                  # the chart operator-controller renders
+
+
+def test_missing_helm_is_a_clear_error(tmp_path):
+    root = tmp_path / "c"
+    _fake_collection(str(root), str(tmp_path))
+    res = subprocess.run([sys.executable, SCRIPT, "--root", str(root), "tag", "--helm", str(tmp_path / "no-helm")],
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 1 and "no-helm is missing" in res.stderr and not res.stdout
+
+
+def test_the_galaxy_artifact_carries_context_py():
+    """The installed role runs it: galaxy.yml's build_ignore must not drop it."""
+    with open(os.path.join(ROOT, "galaxy.yml")) as handle:
+        ignored = yaml.safe_load(handle)["build_ignore"]
+    for rel in ("files/images/agent/context.py", "files/images/agent/Containerfile", "files/images/agent/entrypoint"):
+        for part in [rel] + [os.path.basename(rel)] + rel.split("/")[:-1]:
+            assert not any(fnmatch.fnmatch(part, pattern) for pattern in ignored), (rel, part)
+
+
+def test_build_sh_print_is_the_name_ref_lines_the_integration_tests_read(tmp_path):
+    """build.sh --print: one NAME=REF line per image of context.py, tagged with context.py's hash.
+
+    The container engine is the one stand-in (a podman that has the base image, with a fixed ID);
+    the names, the context and the tag are build.sh's and context.py's own.
+    """
+    cache = tmp_path / "cache"
+    env = dict(os.environ, METAX_CACHE_DIR=str(cache), METAX_REGISTRY="127.0.0.1:5000")
+    env.pop("METAX_AGENT_REPO_PREFIX", None)
+    lib = os.path.join(ROOT, "scripts", "cluster", "lib.sh")
+    helm_dir = subprocess.run(["bash", "-c", 'source "$1" && helm_bin_dir', "-", lib], env=env, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    os.makedirs(helm_dir)
+    helm = os.path.join(helm_dir, "helm")
+    with open(helm, "w") as handle:
+        handle.write("#!/bin/sh\necho fake helm\n")
+    os.chmod(helm, 0o755)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "podman").write_text('#!/bin/sh\ncase "$1 $2" in\n  "image exists") exit 0 ;;\n'
+                                 '  "image inspect") echo sha256:0123 ;;\n  *) exit 3 ;;\nesac\n')
+    os.chmod(str(fake / "podman"), 0o755)
+    env["PATH"] = "%s:%s" % (fake, env["PATH"])
+    res = subprocess.run([BUILD_SH, "--print"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    tag = _run([sys.executable, SCRIPT, "--root", ROOT, "tag", "--helm", helm, "--base-id", "sha256:0123"]).strip()
+    assert res.stdout.splitlines() == ["%s=127.0.0.1:5000/metax-gpu/%s:%s" % (name, name, tag) for name in context.IMAGES]
+    # what tests/integration's agent_images fixtures do with it
+    refs = dict(line.split("=", 1) for line in res.stdout.split() if "=" in line)
+    assert list(refs) == list(context.IMAGES)
