@@ -135,7 +135,8 @@ SHARED_NODE_KEYS: Tuple[str, ...] = (LABEL_DRIVER_MODE,)
 # The GPU Operator scheme (issue 24). The API group, kind, object and
 # namespace are those of MetaX's own operator 0.9.2 (samples/kubernetes), so
 # an administrator's `kubectl patch clusteroperator cluster-operator -n
-# metax-operator ...` keeps working.
+# metax-operator ...` keeps working (the ClusterOperator is cluster-scoped, as
+# the real one: kubectl ignores the -n; OPERATOR_NAMESPACE is the components').
 OPERATOR_GROUP = "gpu." + DOMAIN
 OPERATOR_VERSION = "v1alpha1"
 OPERATOR_KIND = "ClusterOperator"
@@ -153,6 +154,19 @@ LABEL_RUNTIME_READY = LABEL_PREFIX + "runtime.ready"
 # namespaced owner, so cleanup finds them by this label).
 LABEL_OPERATOR_OWNER = OPERATOR_GROUP + "/owner"
 OPERATOR_FIELD_MANAGER = "metax-operator-controller"
+# The owner id a ClusterOperator carried over from a namespaced CRD keeps (the
+# migration, docs/operator.md): LABEL_OPERATOR_OWNER's value, in the pod templates
+# too, stays the old CR's uid, so no component pod is recreated by the move.
+ANNOTATION_OPERATOR_OWNER_ID = OPERATOR_GROUP + "/owner-id"
+# An object the controller creates once for the administrator to edit (driver-config,
+# gpu-aware-plugin): never applied again nor put back; the digest of what it was created from.
+ANNOTATION_OPERATOR_APPLY = OPERATOR_GROUP + "/apply"
+ANNOTATION_OPERATOR_CREATED_FROM = OPERATOR_GROUP + "/created-from"
+# The Lease of the operator-controller's leader election (in its namespace).
+OPERATOR_LEADER_LEASE = "metax-operator-controller"
+# The Events of the cluster-scoped ClusterOperator: where Kubernetes puts those of
+# cluster-scoped objects (a Node's too), so that `kubectl describe` finds them.
+OPERATOR_EVENT_NAMESPACE = "default"
 
 # CDI (Container Device Interface, issue 26): the kind of the spec the node
 # side writes and that runtimes, gpu-device and metax-docker name devices by

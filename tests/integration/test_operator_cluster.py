@@ -341,11 +341,10 @@ def controller_pods(cluster):
 
 
 def active_controller(cluster):
-    """The pod name of the active replica: the highest live priority in kopf's peering object."""
-    peers = (get_json(cluster, "kopfpeering", "metax-operator", "-n", NS) or {}).get("status") or {}
-    live = controller_pods(cluster)
-    candidates = [(v["priority"], k.split("/")[0]) for k, v in peers.items() if v and k.split("/")[0] in live]
-    return max(candidates)[1] if candidates else None
+    """The pod name of the active replica: the holder of the leader election's Lease, if it lives."""
+    lease = get_json(cluster, "lease", N.OPERATOR_LEADER_LEASE, "-n", NS) or {}
+    holder = (lease.get("spec") or {}).get("holderIdentity")
+    return holder if holder in controller_pods(cluster) else None
 
 
 def controller_logs(cluster, grep):
@@ -404,6 +403,54 @@ def test_drift_of_owned_objects_is_repaired(cluster, installed):
     # counted once the repair's apply returned, just after the object is back
     wait_until(lambda: drift_repairs(cluster) == 2, 10, "two repairs counted:\n" + controller_logs(cluster, "drift"))
     wait_until(lambda: cr_ready(cluster), 120, "ClusterOperator Ready again")
+
+
+def test_the_cr_is_cluster_scoped_as_the_real_one(cluster, installed):
+    """`kubectl get clusteroperator cluster-operator` without -n, as on a real 0.9.2 install, and the
+    sample's `kubectl patch ... -n metax-operator` of a field we do not act on (vfioManager) succeeds;
+    only our own CRD is installed (no kopf peering)."""
+    res = cluster.kubectl("get", "clusteroperator", N.OPERATOR_CR_NAME, "-o", "json")
+    assert res.returncode == 0, res.stderr
+    assert "namespace" not in json.loads(res.stdout)["metadata"]
+    res = cluster.kubectl("patch", "clusteroperator", N.OPERATOR_CR_NAME, "-n", NS, "--type=merge",
+                          "-p", json.dumps({"spec": {"vfioManager": {"deploy": False}}}))
+    assert res.returncode == 0 and "patched" in res.stdout, res.stderr
+    assert cr(cluster)["spec"]["vfioManager"]["deploy"] is False
+    crds = json.loads(cluster.kubectl("get", "crd", "-o", "json", check=True).stdout)["items"]
+    assert "kopfpeerings.kopf.dev" not in {c["metadata"]["name"] for c in crds}
+    lease = get_json(cluster, "lease", N.OPERATOR_LEADER_LEASE, "-n", NS)
+    assert lease["spec"]["holderIdentity"] in controller_pods(cluster)
+
+
+def test_an_edit_of_gpu_aware_plugin_survives_the_controller(cluster, installed):
+    """Manual 2.1.5 step 4: `kubectl edit configmap gpu-aware-plugin` (the weights) stays for 60 s of
+    the controller running, a CR change included; an edited object the manual does not hand to the
+    administrator (gpu-aware's Deployment) is still put back."""
+    wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
+    assert patch_cr(cluster, {"gpuAware": {"deploy": True}}).returncode == 0
+    try:
+        wait_until(lambda: get_json(cluster, "configmap", N.GPU_AWARE_CONFIGMAP, "-n", NS), 60, "gpu-aware-plugin")
+        weights = {"scoreWeight": "3", "lossWeight": "0.5"}
+        cluster.kubectl("patch", "configmap", N.GPU_AWARE_CONFIGMAP, "-n", NS, "--type=merge",
+                        "-p", json.dumps({"data": weights}), check=True)
+        cluster.kubectl("patch", "deployment", "gpu-aware", "-n", NS, "--type=merge",
+                        "-p", json.dumps({"spec": {"replicas": 3}}), check=True)
+        wait_until(lambda: get_json(cluster, "deployment", "gpu-aware", "-n", NS)["spec"]["replicas"] == 1, 15,
+                   "gpu-aware's Deployment put back")
+        start = time.monotonic()
+        changed = False
+        while time.monotonic() - start < 60:
+            data = get_json(cluster, "configmap", N.GPU_AWARE_CONFIGMAP, "-n", NS)["data"]
+            assert {k: data.get(k) for k in weights} == weights, "reverted after %.1fs" % (time.monotonic() - start)
+            if not changed and time.monotonic() - start > 20:
+                # a CR change makes the controller apply every component again
+                assert patch_cr(cluster, {"gpuAware": {"log": {"level": "debug"}}}).returncode == 0
+                changed = True
+            time.sleep(2)
+        print("\ngpu-aware-plugin's edited weights kept for 60 s (a CR change included)")
+    finally:
+        assert patch_cr(cluster, {"gpuAware": {"deploy": False, "log": {"level": "info"}}}).returncode == 0
+        wait_until(lambda: not get_json(cluster, "deployment", "gpu-aware", "-n", NS), 60, "gpu-aware removed")
 
 
 def owned_objects(cluster, uid):

@@ -12,8 +12,9 @@ replicas run as processes with the chart service account's token. Then:
   gpu-device gated on gpu.installed;
 - a `kubectl patch` of devicePlugin.healthyInterval changes gpu-device only
   (time printed), bad values are refused by the API server;
-- the active replica is SIGKILLed: the standby applies the next patch (time
-  printed, the issue's bound is 15 s) and no object is duplicated;
+- the active replica (the Lease's holder) is SIGKILLed: the standby takes the
+  Lease and applies the next patch (time printed, the issue's bound is 15 s)
+  and no object is duplicated;
 - deploy: false removes a component's objects and what it wrote on nodes;
 - drift: an edited or deleted owned DaemonSet or ServiceAccount is put back
   without a CR change (times printed);
@@ -23,7 +24,13 @@ replicas run as processes with the chart service account's token. Then:
   PrometheusRule without a CR change, a deleted one is put back;
   deploy: false removes them all; the CRDs deleted, a CR change is still
   reconciled and no controller died;
-- idle: no status or object writes (peering heartbeats counted and printed);
+- idle: no status or object writes (the leader's Lease renewals counted and printed);
+- the CR is cluster-scoped (`kubectl get` without -n, the sample's `kubectl patch -n`),
+  one replica holds the Lease metax-operator-controller, only our CRD exists;
+- an edit of gpu-aware-plugin and of driver-config is kept (a CR change
+  included); a later change of driver.vfnumsConfig is not applied: a
+  VfnumsConfigNotApplied condition and a Warning Event that `kubectl describe
+  clusteroperator cluster-operator` shows;
 - deleting the CR leaves no object and no metax-tech.com/ node label or
   annotation; with every controller down, the chart's --cleanup hook does it.
 """
@@ -35,6 +42,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,8 +63,7 @@ EXTENSIONS = os.path.join(ROOT, "files", "charts", "metax-gpu-extensions")
 MONITORING_CRDS = os.path.join(ROOT, "tests", "integration", "fixtures", "prometheus-operator-crds")
 NS = N.OPERATOR_NAMESPACE
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller"
-CHART_KINDS = ("ServiceAccount", "KopfPeering", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-               "ClusterOperator")
+CHART_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ClusterOperator")
 _SPEC = importlib.util.spec_from_file_location("gen_operator_rbac", os.path.join(ROOT, "scripts", "gen_operator_rbac.py"))
 gen_operator_rbac = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(gen_operator_rbac)
@@ -118,6 +125,15 @@ class Env:
             out.append("--- controller %s:\n%s" % (name, "\n".join(tail[-lines:])))
         return "\n".join(out)
 
+    def identity(self, name):
+        """The Lease holderIdentity of controller ``name`` (a process outside a pod: host_pid)."""
+        return "%s_%d" % (socket.gethostname(), self.controllers[name].pid)
+
+    def leader(self):
+        """The controller holding the Lease (None: none)."""
+        holder = ((self.get("lease", N.OPERATOR_LEADER_LEASE, "-n", NS) or {}).get("spec") or {}).get("holderIdentity")
+        return next((n for n, p in self.controllers.items() if p.poll() is None and self.identity(n) == holder), None)
+
     def reconciles(self, name):
         return open(os.path.join(self.cp.dir, name + ".log")).read().count("reconciled:")
 
@@ -152,7 +168,8 @@ def env():
         wait(lambda: e.cp.kubectl("get", "crd", "clusteroperators.gpu.metax-tech.com").returncode == 0, 30, "CRD")
         # gpu-label and gpu-device (the chain components, on by default since issue 38, are off here)
         objects = e.chart_objects("registry=127.0.0.1:5000/metax-gpu", "imageTag=test", *CHAIN_OFF)
-        e.ok("apply", "-n", NS, "-f", "-", input=yaml.safe_dump_all(objects))
+        # no -n: the events Role is in namespace default, the ClusterOperator in none
+        e.ok("apply", "-f", "-", input=yaml.safe_dump_all(objects))
         for name in ("a", "b"):
             e.start_controller(name)
         yield e
@@ -253,21 +270,75 @@ def test_idle_controller_writes_no_status_or_objects(env):
     time.sleep(6)  # one status round after the last change
     cr = env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)
     ds = {n: d["metadata"]["resourceVersion"] for n, d in env.daemonsets().items()}
-    peering = env.get("kopfpeering", "metax-operator", "-n", NS)["metadata"]["resourceVersion"]
+    lease = env.get("lease", N.OPERATOR_LEADER_LEASE, "-n", NS)["metadata"]["resourceVersion"]
     heartbeats = 0
     for _second in range(20):
         time.sleep(1)
-        now = env.get("kopfpeering", "metax-operator", "-n", NS)["metadata"]["resourceVersion"]
-        heartbeats += now != peering
-        peering = now
+        now = env.get("lease", N.OPERATOR_LEADER_LEASE, "-n", NS)["metadata"]["resourceVersion"]
+        heartbeats += now != lease
+        lease = now
     assert env.get("clusteroperator", N.OPERATOR_CR_NAME, "-n", NS)["metadata"]["resourceVersion"] == \
         cr["metadata"]["resourceVersion"]
     assert {n: d["metadata"]["resourceVersion"] for n, d in env.daemonsets().items()} == ds
-    print("\nidle 20 s: 0 CR/object writes; peering heartbeats (2 replicas): %d" % heartbeats)
+    print("\nidle 20 s: 0 CR/object writes; Lease renewals (the leader's): %d" % heartbeats)
+
+
+def test_the_cr_is_cluster_scoped_and_one_replica_leads(env):
+    res = env.ok("get", "clusteroperator", N.OPERATOR_CR_NAME, "-o", "json")   # no -n, as on a real install
+    assert "namespace" not in json.loads(res.stdout)["metadata"]
+    # the sample's command, -n included (kubectl ignores it for a cluster-scoped kind)
+    res = env.patch({"vfioManager": {"deploy": False}})
+    assert res.returncode == 0 and "patched" in res.stdout, res.stderr
+    assert env.get("clusteroperator", N.OPERATOR_CR_NAME)["spec"]["vfioManager"]["deploy"] is False
+    wait(env.leader, 30, "a leader")
+    lease = env.get("lease", N.OPERATOR_LEADER_LEASE, "-n", NS)["spec"]
+    assert lease["leaseDurationSeconds"] == 8 and lease["holderIdentity"] == env.identity(env.leader())
+    crds = {c["metadata"]["name"] for c in env.get("crd")["items"]}
+    assert crds == {"clusteroperators.gpu.metax-tech.com"}, crds
+
+
+def test_administrator_owned_objects_are_kept_and_a_vfnums_change_is_refused_with_an_event(env):
+    driver = {"deploy": True, "payload": {"version": "2.29.0.13"}, "vfnumsConfig": {"gpu-a": {"vfnum": 2}}}
+    assert env.patch({"gpuAware": {"deploy": True}, "driver": driver}).returncode == 0
+    try:
+        wait(lambda: env.get("configmap", N.GPU_AWARE_CONFIGMAP, "-n", NS), 30, "gpu-aware-plugin")
+        config = wait(lambda: env.get("configmap", N.DRIVER_CONFIGMAP, "-n", NS), 30, "driver-config")
+        assert "vfnum: 2" in config["data"]["node-vfnums"]
+        env.ok("-n", NS, "patch", "configmap", N.GPU_AWARE_CONFIGMAP, "--type=merge",
+               "-p", json.dumps({"data": {"scoreWeight": "3", "lossWeight": "0.5"}}))
+        edited_vfnums = "nodes:\n  gpu-a:\n    vfnum: 8\n"
+        env.ok("-n", NS, "patch", "configmap", N.DRIVER_CONFIGMAP, "--type=merge",
+               "-p", json.dumps({"data": {"node-vfnums": edited_vfnums}}))
+        # a CR change reconciles every component; the vfnumsConfig change is the one refused
+        driver["vfnumsConfig"] = {"gpu-a": {"vfnum": 4}}
+        assert env.patch({"driver": driver}).returncode == 0
+
+        def noted():
+            conditions = (env.get("clusteroperator", N.OPERATOR_CR_NAME).get("status") or {}).get("conditions") or []
+            return next((c for c in conditions if c["type"] == "VfnumsConfigNotApplied"), None)
+        cond = wait(noted, 30, "the VfnumsConfigNotApplied condition")
+        assert cond["status"] == "True" and "kubectl -n %s edit configmap driver-config" % NS in cond["message"]
+        described = wait(lambda: "VfnumsConfigNotApplied" in env.ok(
+            "describe", "clusteroperator", N.OPERATOR_CR_NAME).stdout and env.ok(
+            "describe", "clusteroperator", N.OPERATOR_CR_NAME).stdout, 30, "the Warning Event in describe")
+        assert "Warning" in described
+        events = env.get("events", "-n", "default", "--field-selector", "reason=VfnumsConfigNotApplied")["items"]
+        assert len(events) == 1 and "namespace" not in events[0]["involvedObject"]
+        time.sleep(6)   # one more status round and the drift watch: nothing put back
+        assert env.get("configmap", N.GPU_AWARE_CONFIGMAP, "-n", NS)["data"] == {"scoreWeight": "3", "lossWeight": "0.5"}
+        assert env.get("configmap", N.DRIVER_CONFIGMAP, "-n", NS)["data"]["node-vfnums"] == edited_vfnums
+        # everything else is still put back
+        env.ok("-n", NS, "patch", "deployment", "gpu-aware", "--type=merge", "-p", json.dumps({"spec": {"replicas": 3}}))
+        wait(lambda: env.get("deployment", "gpu-aware", "-n", NS)["spec"]["replicas"] == 1, 15,
+             "gpu-aware's Deployment put back")
+    finally:
+        assert env.patch({"gpuAware": {"deploy": False}, "driver": {"deploy": False}}).returncode == 0
+        wait(lambda: not env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware removed")
 
 
 def test_killed_active_replica_is_replaced(env):
-    active = max(env.controllers, key=env.reconciles)
+    active = env.leader()
+    assert active and env.reconciles(active) >= 1, env.logs()
     standby = next(n for n in env.controllers if n != active)
     rss = int(re.search(r"VmRSS:\s+(\d+)", open("/proc/%d/status" % env.controllers[active].pid).read()).group(1))
     before = env.daemonsets()["metax-gpu-device"]["metadata"]["generation"]

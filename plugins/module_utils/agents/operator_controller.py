@@ -5,29 +5,37 @@
 
     python -m ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller \\
         [--namespace metax-operator] [--chart-dir DIR] [--helm helm] [--crd FILE] [--kubeconfig F] \\
-        [--health-port 8080] [--metrics-port 9400] [--peering NAME] | --cleanup
+        [--health-port 8080] [--metrics-port 9400] [--lease NAME] | --cleanup | --migrate
 
 Built on kopf: handlers for create/update/resume, the finalizer (cleanup of
 every object and every ``metax-tech.com/`` node label and annotation before
 the CR goes), retries with backoff (``kopf.TemporaryError``), a status timer
 that writes only when the status changed, a watch on the objects it owns that
-puts back an edited or deleted one (drift), and peering so that of two
-replicas one is active. ``--cleanup`` runs the finalizer's work once and removes the
-finalizer (the chart's pre-delete hook: uninstall cleans up even when the
-controller is down). See docs/operator.md.
+puts back an edited or deleted one (drift; not the administrator's own,
+contract.ADMINISTRATOR_OWNED). Of two replicas one acts: the leader of a
+coordination.k8s.io Lease (kube/leader.py), which alone runs kopf; a replica
+that loses the Lease exits. The ClusterOperator is cluster-scoped, as the real
+one. ``--cleanup`` runs the finalizer's work once and removes the finalizer
+(the chart's pre-delete hook: uninstall cleans up even when the controller is
+down); ``--migrate`` carries an older install's namespaced ClusterOperator over
+(clusteroperator/migrate.py, the chart's migration Job). See docs/operator.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import hashlib
+import json
 import logging
+import http.server
 import os
-import random
+import signal
 import socket
 import threading
 import time
-from typing import AbstractSet, Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .. import names
 from ..clusteroperator import render
@@ -35,22 +43,25 @@ from ..clusteroperator.apis import OPTIONAL_CRDS, OPTIONAL_KINDS, Kind, helm_api
 from ..clusteroperator.cluster import Cluster
 from ..clusteroperator.driver_rollout import RolloutPlan
 from ..kube.client import ApiException
+from ..kube.leader import LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD, LeaderElector, still_leading
+from ..clusteroperator import migrate
 from ..clusteroperator.components import DRIVER, REGISTRY
-from ..clusteroperator.contract import Component, deployed
+from ..clusteroperator.contract import ADMINISTRATOR_OWNED, Component, administrator_owned, deployed, owner_id
 from ..vfnum import config as vfnum_config
 from ..vfnum.plan import VfnumError
 from ..clusteroperator.status import (
-    component_status, ignored_fields, node_messages, overall, readiness_labels, same_status, waiting_nodes,
-    with_transition_times)
+    component_status, condition, ignored_fields, node_messages, overall, readiness_labels, same_status,
+    waiting_nodes, with_transition_times)
 from .common import UsageError, add_common_flags, kube_api_client, run_main, setup_logging, tcp_port
 
 try:
     import kopf
     import yaml
+    from kubernetes import client as k8s_client
     from prometheus_client import Counter, start_http_server
     HAS_KOPF = True
 except ImportError:
-    kopf = yaml = start_http_server = Counter = None  # type: ignore[assignment,misc]
+    kopf = yaml = start_http_server = Counter = k8s_client = None  # type: ignore[assignment,misc]
     HAS_KOPF = False
 
 COMPONENT = "operator-controller"
@@ -58,7 +69,7 @@ DEFAULT_CHART_DIR = "/opt/metax/charts/metax-gpu-extensions"
 DEFAULT_CRD = "/opt/metax/crds/clusteroperator.yaml"
 STATUS_INTERVAL = 5.0
 RETRY_BACKOFF = 5.0
-PEERING_LIFETIME = 12  # seconds: the standby takes over within this after the active one dies (< 15 s)
+OPERATOR_CRD = "%s.%s" % (names.OPERATOR_PLURAL, names.OPERATOR_GROUP)
 # Owned kinds whose edits and deletions are put back at once (a watch each,
 # filtered by the owner label; the chart grants `watch` on them). RBAC objects
 # are left to the next reconcile: the agents' roles are not edited in practice,
@@ -94,10 +105,20 @@ class Operator:
         self._lock = threading.RLock()
 
     def _render(self, body: Mapping[str, Any], served: FrozenSet[Kind]) -> Dict[str, List[Dict[str, Any]]]:
+        """The objects of ``body`` (a cluster-scoped ClusterOperator: the components go to the
+        controller's namespace), the administrator's own marked as created once."""
         spec = body.get("spec") or {}
+        namespace = self.cluster.namespace
         rendered = render.helm_template(self.helm, self.chart_dir, render.chart_values(spec, self.registry),
-                                        body["metadata"]["namespace"], api_versions=helm_api_versions(served))
-        return render.desired_objects(rendered, spec, body, self.registry)
+                                        namespace, api_versions=helm_api_versions(served))
+        desired = render.desired_objects(rendered, spec, body, self.registry, namespace)
+        for objects in desired.values():
+            for obj in objects:
+                if administrator_owned(obj) is not None:
+                    annotations = obj["metadata"].setdefault("annotations", {})
+                    annotations[names.ANNOTATION_OPERATOR_APPLY] = "create-only"
+                    annotations[names.ANNOTATION_OPERATOR_CREATED_FROM] = seed_digest(obj)
+        return desired
 
     def _remember(self, body: Mapping[str, Any], desired: Mapping[str, List[Dict[str, Any]]]) -> None:
         meta = body["metadata"]
@@ -167,13 +188,13 @@ class Operator:
     def _apply_all(self, body: Dict[str, Any], desired: Mapping[str, List[Dict[str, Any]]],
                    served: FrozenSet[Kind]) -> Dict[str, int]:
         spec = body.get("spec") or {}
-        uid = body["metadata"]["uid"]
+        uid = owner_id(body)
         counts = {"applied": 0, "deleted": 0}
         for component in self.registry:
             objects = desired[component.name]
             for obj in objects:
                 if render.create_only(obj) and self.cluster.get(obj) is not None:
-                    continue  # the administrator's now (driver-config)
+                    continue  # the administrator's now (driver-config, gpu-aware-plugin): never applied again
                 self.cluster.apply(obj)
             counts["applied"] += len(objects)
             keep = ["%s/%s/%s" % (o["kind"], o["metadata"].get("namespace") or "", o["metadata"]["name"])
@@ -202,7 +223,7 @@ class Operator:
         meta = live.get("metadata") or {}
         if not owner or (owner.get("metadata") or {}).get("deletionTimestamp"):
             return None  # no CR, or it is going: the finalizer removes everything
-        if (meta.get("labels") or {}).get(names.LABEL_OPERATOR_OWNER) != owner["metadata"]["uid"]:
+        if (meta.get("labels") or {}).get(names.LABEL_OPERATOR_OWNER) != owner_id(owner):
             return None
         with self._lock:  # held by a reconcile while it applies: a repair waits for it
             version = (owner["metadata"]["uid"], owner["metadata"].get("generation", 0))
@@ -258,7 +279,7 @@ class Operator:
 
     def cleanup(self, body: Dict[str, Any]) -> List[str]:
         """Everything of ours goes: objects, then every metax-tech.com/ node label and annotation."""
-        uid = body["metadata"]["uid"]
+        uid = owner_id(body)
         with self._lock:  # a reconcile under way finishes first; any later one sees the CR going
             self.cluster.prune(uid, None)
         if self.cluster.pods(uid):
@@ -291,7 +312,7 @@ class Operator:
         in ``status.driverUpgrade``; its error makes the driver component Degraded.
         """
         spec = body.get("spec") or {}
-        uid = body["metadata"]["uid"]
+        uid = owner_id(body)
         nodes = self.cluster.nodes()
         old = body.get("status") or {}
         old_components = {c.get("name"): c for c in old.get("components") or []}
@@ -303,7 +324,7 @@ class Operator:
             waiting = waiting_nodes(component, self.registry, spec, nodes) if on else {}
             problems = node_messages(component, nodes) if on else {}
             if on and component.spec_key == "driver":
-                problems.update(self.driver_config_problems(body["metadata"]["namespace"], nodes))
+                problems.update(self.driver_config_problems(self.cluster.namespace, nodes))
                 if rollout is not None and rollout.error:
                     problems["upgradePolicy"] = rollout.error
             entry = component_status(component, spec, workload, pods, waiting, problems)
@@ -318,12 +339,38 @@ class Operator:
         device = next((e for e in entries if e["name"] == names.DAEMONSET_GPU_DEVICE), None)
         out = {
             "observedGeneration": body["metadata"].get("generation", 0),
-            "conditions": with_transition_times(overall(entries, ignored_fields(body)), old.get("conditions"), now),
+            "conditions": with_transition_times(overall(entries, ignored_fields(body)) + self.not_applied(body),
+                                                old.get("conditions"), now),
             "nodes": {"total": len(nodes), "gpu": len(gpu_nodes), "ready": device["ready"] if device else 0},
             "components": entries,
         }
         if rollout is not None and rollout.status:
             out["driverUpgrade"] = rollout.status
+        return out
+
+    def not_applied(self, body: Mapping[str, Any]) -> List[Dict[str, str]]:
+        """A condition per administrator-owned object whose seed in the CR changed since it was
+        created (``driver.vfnumsConfig`` -> driver-config): what the CR asks is not applied, the
+        administrator edits the object itself. An object created before the digest existed gets
+        the digest of the CR as it is now (its annotation only: the content stays theirs)."""
+        version = (body["metadata"]["uid"], body["metadata"].get("generation", 0))
+        with self._lock:
+            if self._desired_version != version:
+                return []   # no render of this version yet: the next round, after the reconcile
+            desired = [o for o in self._desired.values() if administrator_owned(o) is not None]
+        out = []
+        for obj in desired:
+            live = self.cluster.get(obj)
+            if live is None:
+                continue
+            recorded = ((live.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_OPERATOR_CREATED_FROM)
+            wanted = obj["metadata"]["annotations"][names.ANNOTATION_OPERATOR_CREATED_FROM]
+            if not recorded:
+                self.cluster.annotate(obj, {names.ANNOTATION_OPERATOR_CREATED_FROM: wanted})
+                continue
+            note = not_applied_condition(obj, recorded, wanted, self.cluster.namespace)
+            if note:
+                out.append(note)
         return out
 
     def driver_config_problems(self, namespace: str, nodes: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
@@ -351,6 +398,25 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, An
     return out
 
 
+def seed_digest(obj: Mapping[str, Any]) -> str:
+    """What an administrator-owned object is created from (its data), as a short stable digest."""
+    text = json.dumps({k: obj.get(k) for k in ("data", "binaryData", "spec")}, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def not_applied_condition(obj: Mapping[str, Any], recorded: str, wanted: str,
+                          namespace: str) -> Optional[Dict[str, str]]:
+    """The condition saying the CR's change of what seeds ``obj`` is not applied (None: no change)."""
+    owned = administrator_owned(obj)
+    if owned is None or recorded == wanted:
+        return None
+    name = obj["metadata"]["name"]
+    return condition(owned.reason, True, owned.reason,
+                     "%s changed after %s was created; %s is the administrator's and is not changed by the "
+                     "controller: edit it with `kubectl -n %s edit %s %s`"
+                     % (owned.seeded_by, name, name, namespace, owned.kind.lower(), name))
+
+
 def _version(meta: Mapping[str, Any]) -> str:
     """What changes when an object's content does (generation where the kind has one: not on status)."""
     return str(meta.get("generation") or meta.get("resourceVersion") or "")
@@ -374,16 +440,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--crd", default=DEFAULT_CRD, help="ClusterOperator CRD applied at startup ('' = no)")
     parser.add_argument("--health-port", type=tcp_port, default=8080, help="/healthz port (0 = off)")
     parser.add_argument("--metrics-port", type=tcp_port, default=9400, help="/metrics port (0 = off)")
-    parser.add_argument("--peering", default="metax-operator", help="kopf peering object (one active replica)")
+    parser.add_argument("--lease", default=names.OPERATOR_LEADER_LEASE,
+                        help="the coordination.k8s.io Lease of the leader election (one active replica)")
+    parser.add_argument("--lease-duration", type=int, default=LEASE_DURATION,
+                        help="seconds a standby waits after the leader's last renewal it saw")
+    parser.add_argument("--renew-deadline", type=float, default=RENEW_DEADLINE,
+                        help="seconds the leader acts without a successful renewal (< --lease-duration)")
+    parser.add_argument("--retry-period", type=float, default=RETRY_PERIOD, help="seconds between Lease tries")
     parser.add_argument("--cleanup", action="store_true",
                         help="run the finalizer's cleanup once on the ClusterOperator and exit")
+    parser.add_argument("--migrate", action="store_true",
+                        help="carry a namespaced ClusterOperator (an older install's CRD) over to the "
+                             "cluster-scoped CRD of --crd, and exit (the chart's migration Job)")
+    parser.add_argument("--migrate-phase", choices=("pre-upgrade", "post-upgrade"), default="post-upgrade",
+                        help="pre-upgrade: only give the namespaced CRD this release's schema (scope kept)")
+    parser.add_argument("--migrate-timeout", type=float, default=600.0,
+                        help="seconds --migrate waits for the older controller's pods to go")
     add_common_flags(parser, host_root=False)
     return parser
 
 
-def register(operator: Operator, args: argparse.Namespace) -> None:
-    """kopf handlers over ``operator`` (module-level registry: one operator per process)."""
+def register(operator: Operator, args: argparse.Namespace, stop: Optional[threading.Event] = None) -> None:
+    """kopf handlers over ``operator`` (module-level registry: one operator per process).
+
+    ``stop``: kopf's stop flag, set when kopf stops for another reason (a signal): kopf waits for a
+    threading.Event in an executor thread, which would otherwise keep the process from exiting."""
     resource = (names.OPERATOR_GROUP, names.OPERATOR_VERSION, names.OPERATOR_PLURAL)
+
+    if stop is not None:
+        @kopf.on.cleanup()
+        def stopping(**_: Any) -> None:
+            stop.set()
 
     @kopf.on.login(id="login")
     def login(**kwargs: Any) -> Any:
@@ -405,13 +492,13 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
         # the CRD's status schema has no room for kopf's own progress: annotations only
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.OPERATOR_GROUP)
         settings.persistence.diffbase_storage = diffbase
-        settings.peering.name = args.peering
-        settings.peering.mandatory = True
-        # Peers of equal priority all pause (kopf's rule), so each replica
-        # draws its own: the highest live one is active. A killed active peer
-        # is forgotten after ``lifetime`` seconds (a clean exit: at once).
-        settings.peering.priority = random.SystemRandom().randint(1, 2 ** 31 - 1)
-        settings.peering.lifetime = PEERING_LIFETIME
+        # One replica acts: the leader of the Lease (main() starts kopf only once it leads,
+        # and stops it when the Lease is lost), so no kopf peering and no KopfPeering CRD.
+        settings.peering.standalone = True
+        # kopf files the events of a cluster-scoped object with a namespace in their
+        # involvedObject, where `kubectl describe` does not look: ours are posted by
+        # Cluster.post_event instead (failures below, VfnumsConfigNotApplied).
+        settings.posting.enabled = False
         # Scanning on: kopf watches the CRDs, so the drift watches of the
         # Prometheus operator's kinds start when their CRDs appear and stop
         # (instead of failing) when they go; the namespace list tells it
@@ -427,12 +514,14 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
     @kopf.on.create(*resource, id="reconcile", backoff=RETRY_BACKOFF)
     @kopf.on.update(*resource, id="reconcile", backoff=RETRY_BACKOFF)
     def reconcile(body: Any, logger: Any, **_: Any) -> None:
-        counts = operator.reconcile(dict(body))
+        with failure_event(operator, body, "ReconcileFailed"):
+            counts = operator.reconcile(dict(body))
         logger.info("reconciled: %(applied)d objects applied, %(deleted)d deleted", counts)
 
     @kopf.on.delete(*resource, id="cleanup", backoff=RETRY_BACKOFF)
     def finalize(body: Any, logger: Any, **_: Any) -> None:
-        changed = operator.cleanup(dict(body))
+        with failure_event(operator, body, "CleanupFailed"):
+            changed = operator.cleanup(dict(body))
         logger.info("cleaned up; nodes changed: %s", ", ".join(changed) or "none")
 
     repairs = Counter("metax_operator_drift_repairs_total",
@@ -483,10 +572,37 @@ def register(operator: Operator, args: argparse.Namespace) -> None:
         for kind, name, action in operator.audit_unwatched(dict(body), watched, handled(body)):
             repairs.labels(kind, action).inc()
             LOG.warning("drift: %s %s %s (found by reading it: no watch of its kind yet)", kind, name, action)
-        new = operator.status(dict(body), now_rfc3339(), rollout)
+        now = now_rfc3339()
+        new = operator.status(dict(body), now, rollout)
+        for cond in newly_true(body.get("status") or {}, new, NOTE_REASONS):
+            operator.cluster.post_event(dict(body), "Warning", cond["reason"], cond["message"], now)
         if not same_status(body.get("status"), new):
             for key, value in status_patch(body.get("status") or {}, new).items():
                 patch.status[key] = value
+
+
+# The conditions that are notes to the administrator: a Warning Event when one appears.
+NOTE_REASONS = frozenset(a.reason for a in ADMINISTRATOR_OWNED)
+
+
+def newly_true(old: Mapping[str, Any], new: Mapping[str, Any], types: AbstractSet[str]) -> List[Dict[str, Any]]:
+    """The conditions of ``types`` that are True in ``new`` and were not (with that message) in ``old``."""
+    before = {(c.get("type"), c.get("status"), c.get("message")) for c in old.get("conditions") or []}
+    return [c for c in new.get("conditions") or []
+            if c["type"] in types and c["status"] == "True" and (c["type"], "True", c.get("message")) not in before]
+
+
+@contextlib.contextmanager
+def failure_event(operator: Operator, body: Mapping[str, Any], reason: str) -> Iterator[None]:
+    """A handler's failure as a Warning Event on the CR (kopf retries it); the error goes on."""
+    try:
+        yield
+    except Exception as exc:
+        try:
+            operator.cluster.post_event(dict(body), "Warning", reason, str(exc) or type(exc).__name__, now_rfc3339())
+        except Exception as event_exc:  # pylint: disable=broad-except  # the event is a courtesy
+            LOG.warning("posting event %s: %s", reason, event_exc)
+        raise
 
 
 def connection_info(configuration: Any) -> Any:
@@ -511,16 +627,17 @@ def apply_crd(cluster: Cluster, path: str) -> None:
                 cluster.apply(doc)
 
 
-def run_cleanup(operator: Operator, namespace: str, attempts: int = 90, pause: float = 2.0) -> int:
+def run_cleanup(operator: Operator, attempts: int = 90, pause: float = 2.0) -> int:
     """The pre-delete hook: the finalizer's work, the CR deleted, whether the controller is up or down.
 
     A live controller may put its finalizer back (kopf adds it to every CR it
     sees) and then runs the same cleanup itself when the CR is deleted; a dead
-    one cannot, so the finalizer is removed here until the CR is gone.
+    one cannot, so the finalizer is removed here until the CR is gone. The
+    ClusterOperator is cluster-scoped: read and written without a namespace.
     """
     custom = operator.cluster.dynamic.resources.get(
         api_version="%s/%s" % (names.OPERATOR_GROUP, names.OPERATOR_VERSION), kind=names.OPERATOR_KIND)
-    for item in custom.get(namespace=namespace).items:
+    for item in custom.get().items:
         name = item.metadata.name
         body = item.to_dict()
         # Deleted first: a live controller then stops putting back what the
@@ -529,14 +646,14 @@ def run_cleanup(operator: Operator, namespace: str, attempts: int = 90, pause: f
         # with the body read above (cluster-scoped objects and node labels
         # are not garbage-collected).
         try:
-            custom.delete(name=name, namespace=namespace)
+            custom.delete(name=name)
         except ApiException as exc:
             if exc.status != 404:
                 raise
         for attempt in range(attempts):
             gone = False
             try:
-                body = custom.get(name=name, namespace=namespace).to_dict()
+                body = custom.get(name=name).to_dict()
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -554,7 +671,7 @@ def run_cleanup(operator: Operator, namespace: str, attempts: int = 90, pause: f
                 break
             finalizers = body["metadata"].get("finalizers") or []
             if names.OPERATOR_FINALIZER in finalizers:
-                custom.patch(name=name, namespace=namespace, content_type="application/merge-patch+json",
+                custom.patch(name=name, content_type="application/merge-patch+json",
                              body={"metadata": {"finalizers": [f for f in finalizers
                                                                if f != names.OPERATOR_FINALIZER] or None}})
             time.sleep(pause / 2)
@@ -563,11 +680,66 @@ def run_cleanup(operator: Operator, namespace: str, attempts: int = 90, pause: f
     return 0
 
 
-def peering_identity(pod_name: Optional[str], hostname: str, pid: int) -> str:
-    """The name this replica goes by in kopf's peering. kopf's own default asks
-    the passwd database for the user, and the image runs as a uid that has no
-    entry there (65532), so name the replica by its pod instead."""
-    return "%s/%d" % (pod_name or hostname, pid)
+def leader_identity(pod_name: Optional[str], hostname: str, pid: int) -> str:
+    """The Lease's holderIdentity: the pod's name (a restarted container of the same pod takes
+    its own Lease back at once); outside a pod, host and process."""
+    return pod_name or "%s_%d" % (hostname, pid)
+
+
+class Health:
+    """/healthz of a replica, leader or standby (kopf's own endpoint runs only in the leader).
+
+    Healthy while the election is alive: a standby trying, a leader whose
+    last renewal is recent (a leader that cannot renew exits anyway)."""
+
+    def __init__(self, elector: LeaderElector, clock: Any = time.monotonic) -> None:
+        self.elector = elector
+        self.leading = False
+        self._clock = clock
+
+    def state(self) -> Tuple[bool, Dict[str, Any]]:
+        renewed = self.elector.last_renewed
+        ok = not self.leading or (renewed is not None and still_leading(renewed, self._clock(),
+                                                                          self.elector.lease_duration))
+        return ok, {"leader": self.leading, "identity": self.elector.identity}
+
+    def serve(self, port: int) -> http.server.ThreadingHTTPServer:
+        health = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                ok, body = health.state()
+                data = json.dumps(body).encode("utf-8")
+                self.send_response(404 if not self.path.startswith("/healthz") else 200 if ok else 503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *_args: Any) -> None:
+                return None
+
+        server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        threading.Thread(target=server.serve_forever, name="healthz", daemon=True).start()
+        return server
+
+
+def wait_for_cluster_scope(cluster: Cluster, stop: threading.Event, pause: float = 5.0) -> bool:
+    """Wait while the ClusterOperator CRD is still the namespaced one of an older install: the
+    chart's migration Job carries it over (docs/operator.md); acting before would make the CRD
+    apply at startup fail (a CRD's scope cannot change). Whether it is cluster-scoped (or absent)."""
+    logged = False
+    while not stop.is_set():
+        if cluster.crd_scope(OPERATOR_CRD) != "Namespaced":
+            if logged:   # migrated meanwhile: discovery's cache (on disk) may still say namespaced
+                cluster.dynamic.resources.invalidate_cache()
+            return True
+        if not logged:
+            LOG.warning("the ClusterOperator CRD is still namespaced: waiting for the chart's migration Job "
+                        "(docs/operator.md, \"Migration to the cluster-scoped ClusterOperator\")")
+            logged = True
+        stop.wait(pause)
+    return False
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -578,15 +750,50 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cluster = Cluster(kube_api_client(args.kubeconfig), args.namespace)
     operator = Operator(cluster, args.helm, args.chart_dir)
     if args.cleanup:
-        return run_cleanup(operator, args.namespace)
+        return run_cleanup(operator)
+    if args.migrate:
+        return migrate.run(cluster, args.crd, args.migrate_timeout, args.migrate_phase)
     if args.metrics_port:
         start_http_server(args.metrics_port)
-    register(operator, args)
-    kopf.run(namespaces=[args.namespace], standalone=False, peering_name=args.peering,
-             # kopf's Identity is a NewType of str, defined in a private module
-             identity=peering_identity(os.environ.get("POD_NAME"), socket.gethostname(),  # type: ignore[arg-type]
-                                       os.getpid()),
-             liveness_endpoint="http://0.0.0.0:%d/healthz" % args.health_port if args.health_port else None)
+    elector = LeaderElector(k8s_client.CoordinationV1Api(cluster.api), args.namespace, args.lease,
+                            leader_identity(os.environ.get("POD_NAME"), socket.gethostname(), os.getpid()),
+                            lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
+                            retry_period=args.retry_period)
+    health = Health(elector)
+    if args.health_port:
+        health.serve(args.health_port)
+    # One flag stops everything: SIGTERM before kopf runs (kopf handles the signals once it
+    # does), a lost Lease, kopf's end. kopf gets it as its stop flag.
+    stop = threading.Event()
+    lost = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if not elector.acquire(stop):
+        return 0
+
+    def on_lost() -> None:
+        lost.set()
+        stop.set()
+
+    # renewed from now on, also while the leader waits for a migration
+    keeper = threading.Thread(target=elector.keep, args=(stop, on_lost), name="lease", daemon=True)
+    keeper.start()
+    health.leading = True
+    try:
+        if wait_for_cluster_scope(cluster, stop):
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            LOG.info("%s leads (Lease %s/%s): starting the handlers", elector.identity, args.namespace, args.lease)
+            register(operator, args, stop)
+            kopf.run(namespaces=[args.namespace], standalone=True, stop_flag=stop, liveness_endpoint=None)
+    finally:
+        stop.set()
+        keeper.join(timeout=args.retry_period * 2)
+    if lost.is_set():
+        # exit so the pod restarts as a standby: handlers may have been cut mid-way,
+        # and the next leader resumes them (kopf's progress is on the CR)
+        LOG.error("the Lease was lost: exiting")
+        return 1
+    elector.release()
     return 0
 
 

@@ -10,6 +10,7 @@ see kube/client.py); decisions are made by the pure functions of
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -60,6 +61,25 @@ def _raw_pages(call: Any, *args: Any, **params: Any) -> List[Dict[str, Any]]:
         finally:
             resp.release_conn()
     return list_all(fetch, LIST_PAGE).items
+
+
+def event_for(owner: Mapping[str, Any], event_type: str, reason: str, message: str, now: str) -> Dict[str, Any]:
+    """The Event (pure): named by its owner, reason and message, so that a repeat is the same
+    object; in ``names.OPERATOR_EVENT_NAMESPACE``, as Kubernetes files the events of
+    cluster-scoped objects, with an involvedObject that has no namespace (what `kubectl describe`
+    of a cluster-scoped object selects on)."""
+    meta = owner["metadata"]
+    digest = hashlib.sha256(("%s/%s/%s" % (meta["uid"], reason, message)).encode("utf-8")).hexdigest()[:16]
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": "%s.%s" % (meta["name"], digest), "namespace": names.OPERATOR_EVENT_NAMESPACE},
+        "involvedObject": {"apiVersion": "%s/%s" % (names.OPERATOR_GROUP, names.OPERATOR_VERSION),
+                           "kind": names.OPERATOR_KIND, "name": meta["name"], "uid": meta["uid"],
+                           "resourceVersion": meta.get("resourceVersion")},
+        "type": event_type, "reason": reason, "message": message[:1024],
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        "source": {"component": names.OPERATOR_FIELD_MANAGER},
+    }
 
 
 class PodsRemain(MetaxGpuError):
@@ -114,6 +134,39 @@ class Cluster:
         resource = self._resource(obj["apiVersion"], obj["kind"])
         try:
             return resource.get(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace")).to_dict()
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def annotate(self, obj: Mapping[str, Any], annotations: Mapping[str, Optional[str]]) -> None:
+        """Merge ``annotations`` into the live object named like ``obj`` (its content untouched)."""
+        resource = self._resource(obj["apiVersion"], obj["kind"])
+        resource.patch(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"),
+                       body={"metadata": {"annotations": dict(annotations)}},
+                       content_type="application/merge-patch+json")
+
+    def post_event(self, owner: Mapping[str, Any], event_type: str, reason: str, message: str, now: str) -> None:
+        """A core/v1 Event about the cluster-scoped ClusterOperator ``owner``, where `kubectl describe
+        clusteroperator` finds it (event_for: namespace ``default``, no involvedObject namespace);
+        the same event again counts up, as Kubernetes' recorder does."""
+        event = event_for(owner, event_type, reason, message, now)
+        name, namespace = event["metadata"]["name"], event["metadata"]["namespace"]
+        try:
+            self.core.create_namespaced_event(namespace, event)  # type: ignore[arg-type]  # a dict serializes as is
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        old = self.api.sanitize_for_serialization(self.core.read_namespaced_event(name, namespace))
+        self.core.patch_namespaced_event(name, namespace, {"count": int(old.get("count") or 1) + 1,
+                                                           "lastTimestamp": now})
+
+    def crd_scope(self, name: str) -> Optional[str]:
+        """``spec.scope`` of the CRD ``name`` (None: there is none)."""
+        resource = self._resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+        try:
+            return resource.get(name=name).to_dict()["spec"]["scope"]
         except ApiException as exc:
             if exc.status == 404:
                 return None

@@ -111,3 +111,48 @@ def cleanup_patch(labels: Mapping[str, str], annotations: Mapping[str, str],
     if drop_annotations:
         patch["annotations"] = drop_annotations
     return patch
+
+
+@dataclass(frozen=True)
+class AdministratorOwned:
+    """An object the controller creates once and then leaves to the administrator.
+
+    The manual tells the administrator to edit it with kubectl (driver-config:
+    3.2.3, the vfnums; gpu-aware-plugin: 2.1.5 step 4, the weights): created
+    when absent (or deleted), never applied again nor put back by drift repair.
+    What the ClusterOperator asks of it later is not applied: ``reason`` is the
+    Event and condition saying so, ``seeded_by`` the fields of the spec that
+    only seed it (docs/operator.md "Objects the administrator owns").
+    """
+
+    kind: str
+    name: str
+    seeded_by: str
+    reason: str
+
+
+# The one definition of what the administrator owns; every other object of a
+# component is put back when edited or deleted.
+ADMINISTRATOR_OWNED: Tuple[AdministratorOwned, ...] = (
+    AdministratorOwned("ConfigMap", names.DRIVER_CONFIGMAP,
+                       "spec.driver.vfnumsConfig (and moduleParams, nodeModuleParams)", "VfnumsConfigNotApplied"),
+    AdministratorOwned("ConfigMap", names.GPU_AWARE_CONFIGMAP,
+                       "spec.gpuAware.scoreWeight and lossWeight", "GpuAwareWeightsNotApplied"),
+)
+
+
+def administrator_owned(obj: Mapping[str, object]) -> Optional[AdministratorOwned]:
+    """The entry of ADMINISTRATOR_OWNED naming ``obj`` (kind and name), if any."""
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return next((a for a in ADMINISTRATOR_OWNED if a.kind == obj.get("kind") and a.name == name), None)
+
+
+def owner_id(owner: Mapping[str, object]) -> str:
+    """The value of the owner label on what ``owner`` (a ClusterOperator) owns: its uid, or the uid
+    of the namespaced CR it was carried over from (the migration keeps it, so that no pod template changes)."""
+    meta = owner["metadata"]
+    assert isinstance(meta, Mapping)
+    annotations = meta.get("annotations")
+    carried = annotations.get(names.ANNOTATION_OPERATOR_OWNER_ID) if isinstance(annotations, Mapping) else None
+    return str(carried or meta["uid"])

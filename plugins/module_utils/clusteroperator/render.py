@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 from .. import names
 from ..errors import MetaxGpuError
 from .components import GPU_DEVICE, REGISTRY
-from .contract import Component, deployed, gate_selector
+from .contract import Component, administrator_owned, deployed, gate_selector, owner_id
 from .mapping import image_reference, spec_to_extension_values
 from .podtemplate import apply_overrides
 
@@ -84,21 +84,22 @@ def _relabel(meta: Dict[str, Any], owner_uid: str) -> None:
 
 
 def adapt(obj: Mapping[str, Any], component: Component, spec: Mapping[str, Any],
-          owner: Mapping[str, Any], registry: Sequence[Component]) -> Dict[str, Any]:
-    """One rendered object as the operator applies it."""
+          owner: Mapping[str, Any], registry: Sequence[Component], namespace: Optional[str] = None) -> Dict[str, Any]:
+    """One rendered object as the operator applies it (``namespace``: the components'; the
+    ClusterOperator is cluster-scoped, so not its own: by default the one the chart rendered)."""
     out = copy.deepcopy(dict(obj))
     meta = out.setdefault("metadata", {})
-    _relabel(meta, owner["metadata"]["uid"])
+    _relabel(meta, owner_id(owner))
     if out["kind"] in CLUSTER_SCOPED:
         meta.pop("namespace", None)
     else:
-        meta["namespace"] = owner["metadata"]["namespace"]
+        meta["namespace"] = namespace or meta.get("namespace") or owner["metadata"].get("namespace")
         meta["ownerReferences"] = [owner_reference(owner)]
     if out["kind"] not in WORKLOADS:
         return out
     section = spec.get(component.spec_key) or {}
     template = out["spec"]["template"]
-    _relabel(template.setdefault("metadata", {}), owner["metadata"]["uid"])
+    _relabel(template.setdefault("metadata", {}), owner_id(owner))
     pod = template["spec"]
     pod["nodeSelector"] = dict(pod.get("nodeSelector") or {}, **gate_selector(component, registry, spec))
     image = section.get("image") or {}
@@ -114,24 +115,26 @@ def adapt(obj: Mapping[str, Any], component: Component, spec: Mapping[str, Any],
 
 
 def desired_objects(rendered: Iterable[Mapping[str, Any]], spec: Mapping[str, Any], owner: Mapping[str, Any],
-                    registry: Sequence[Component] = REGISTRY) -> Dict[str, List[Dict[str, Any]]]:
+                    registry: Sequence[Component] = REGISTRY,
+                    namespace: Optional[str] = None) -> Dict[str, List[Dict[str, Any]]]:
     """Objects per deployed component, in chain order (components that are off map to [])."""
     result: Dict[str, List[Dict[str, Any]]] = {c.name: [] for c in registry}
     for obj in rendered:
         component = component_of(obj, registry)
         if component is None or not deployed(component, spec):
             continue
-        result[component.name].append(adapt(obj, component, spec, owner, registry))
+        result[component.name].append(adapt(obj, component, spec, owner, registry, namespace))
     return result
 
 
-# An object the chart creates for the administrator to edit (driver-config, manual
-# 3.2.3): applied when absent, never applied again nor put back by the drift watch.
-ANNOTATION_APPLY = names.OPERATOR_GROUP + "/apply"
+# An object for the administrator to edit (driver-config, gpu-aware-plugin: the one
+# list is contract.ADMINISTRATOR_OWNED): applied when absent, never applied again nor
+# put back by the drift watch.
+ANNOTATION_APPLY = names.ANNOTATION_OPERATOR_APPLY
 
 
 def create_only(obj: Mapping[str, Any]) -> bool:
-    return ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_APPLY) == "create-only"
+    return administrator_owned(obj) is not None
 
 
 def object_key(obj: Mapping[str, Any]) -> str:

@@ -58,6 +58,7 @@ class RecordedApi:
     hand_back_nodes = Cluster.hand_back_nodes
     strip_nodes = Cluster.strip_nodes
     patch_node_metadata = Cluster.patch_node_metadata
+    namespace = N.OPERATOR_NAMESPACE        # the components' (the ClusterOperator is cluster-scoped)
 
     def __init__(self, nodes: List[Dict[str, Any]]) -> None:
         self.held = {n["metadata"]["name"]: n for n in nodes}
@@ -92,8 +93,7 @@ class RecordedApi:
 
 def cr(policy: Any, deploy: bool = True, status: Any = None, payload: str = NEW) -> Dict[str, Any]:
     """The CR; ``policy`` is upgradePolicy over a rolling one (enableRollout true, no steps); None: unset."""
-    body = {"metadata": {"name": N.OPERATOR_CR_NAME, "namespace": N.OPERATOR_NAMESPACE, "uid": "u1",
-                         "generation": 3},
+    body = {"metadata": {"name": N.OPERATOR_CR_NAME, "uid": "u1", "generation": 3},
             "spec": {"driver": {"deploy": deploy, "deployPolicy": "IfNotPresent", "payload": {"version": payload}}}}
     if policy is not None:
         body["spec"]["driver"]["upgradePolicy"] = dict({"enableRollout": True, "upgradeSteps": []}, **policy)

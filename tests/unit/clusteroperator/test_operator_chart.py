@@ -160,10 +160,10 @@ def test_crd_refuses_bad_values(path, value):
         jsonschema.validate({"spec": spec}, crd_schema())
 
 
-def test_every_read_only_container_has_a_writable_tmp_and_a_peering_name():
+def test_every_read_only_container_has_a_writable_tmp_and_a_leader_identity():
     """The controller and the cleanup hook run with a read-only root as a uid
     without a passwd entry: Python's tempfile and helm need a writable /tmp,
-    and kopf's default peering name (the passwd user) would fail."""
+    and the Lease's holderIdentity is the pod's name (POD_NAME)."""
     proc = subprocess.run([HELM, "template", "x", str(CHART), "-n", "metax-operator", "--set", "minimal=true",
                            "--show-only", "templates/controller.yaml"],
                           capture_output=True, text=True, check=True, timeout=60)
@@ -182,11 +182,45 @@ def test_every_read_only_container_has_a_writable_tmp_and_a_peering_name():
     assert pods["Deployment"]["priorityClassName"] == "system-cluster-critical"
 
 
-def test_peering_identity_needs_no_passwd_entry():
-    from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import peering_identity
+def test_leader_identity_is_the_pod_name():
+    from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import leader_identity
 
-    assert peering_identity("operator-controller-abc", "host", 7) == "operator-controller-abc/7"
-    assert peering_identity(None, "host", 7) == "host/7"
+    assert leader_identity("operator-controller-abc", "host", 7) == "operator-controller-abc"
+    assert leader_identity(None, "host", 7) == "host_7"
+
+
+def test_the_crd_is_cluster_scoped_and_no_foreign_crd_ships():
+    """As the real product (clusteroperator-0.9.2.txt: no namespace); kopf's peering CRD is gone
+    (leader election through a Lease, docs/design-decisions.md)."""
+    crd = yaml.safe_load((CHART / "crds" / "clusteroperator.yaml").read_text())
+    assert crd["spec"]["scope"] == "Cluster"
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == ["clusteroperator.yaml"]
+    cr = rendered_cr({"minimal": True})
+    assert "namespace" not in cr["metadata"]
+
+
+def test_the_crd_knows_the_samples_patch_and_refuses_a_typo():
+    """The sample's `kubectl patch ... vfioManager.deploy` validates; an unknown field is refused, not
+    kept silently (every key of a real 0.9.2 CR is known to the schema, acted on or not)."""
+    schema = _closed(crd_schema())
+    jsonschema.validate({"spec": {"vfioManager": {"deploy": False}}}, schema)
+    jsonschema.validate(real_cr(), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"spec": {"devicePlugin": {"healthyIntervall": 3}}}, schema)
+
+
+def _closed(schema: Any) -> Any:
+    """``schema`` with additionalProperties false wherever it lists properties and says nothing else
+    (what the API server's pruning and strict field validation do with a structural schema)."""
+    if isinstance(schema, dict):
+        out = {k: _closed(v) for k, v in schema.items()}
+        if "properties" in out and "additionalProperties" not in out and \
+                not out.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_closed(v) for v in schema]
+    return schema
 
 
 # -- issue 38: the manual's install is the whole product; real values install ---------------------------

@@ -1,0 +1,122 @@
+# -*- coding: utf-8 -*-
+# Copyright: metax.gpu contributors
+# Apache License 2.0 (see LICENSE)
+"""The operator-controller's process around kopf (issue 38): /healthz of leader and standby, the wait
+for an older install's namespaced CRD to be migrated, failures posted as Events. The Lease itself:
+tests/unit/kube/test_leader.py; the whole process against a real API server:
+tests/integration/test_operator_controller_apiserver.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from typing import Any, List
+
+import pytest
+
+from ansible_collections.metax.gpu.plugins.module_utils.agents import operator_controller as oc
+from ansible_collections.metax.gpu.plugins.module_utils.kube.leader import LeaderElector
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def elector(clock: Clock) -> LeaderElector:
+    return LeaderElector(None, "metax-operator", "metax-operator-controller", "pod-a", clock=clock)
+
+
+def test_health_of_a_standby_and_of_a_leader_that_stopped_renewing():
+    clock = Clock()
+    election = elector(clock)
+    health = oc.Health(election, clock=clock)
+    assert health.state() == (True, {"leader": False, "identity": "pod-a"})     # a standby trying
+    health.leading = True
+    election.last_renewed = 99.0
+    assert health.state()[0] is True
+    clock.now = 99.0 + election.lease_duration + 0.1                             # stuck: unhealthy
+    assert health.state()[0] is False
+
+
+def test_healthz_is_served_for_both_roles():
+    clock = Clock()
+    health = oc.Health(elector(clock), clock=clock)
+    server = health.serve(0)
+    port = server.server_address[1]
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=5) as resp:
+            assert resp.status == 200 and json.loads(resp.read()) == {"leader": False, "identity": "pod-a"}
+        health.leading = True          # never renewed: 503
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=5)
+        assert err.value.code == 503
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen("http://127.0.0.1:%d/other" % port, timeout=5)
+        assert err.value.code == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class Scopes:
+    """crd_scope answers in turn (what the API server says while the migration Job runs)."""
+
+    def __init__(self, answers: List[Any]) -> None:
+        self.answers = answers
+        self.asked: List[str] = []
+        self.invalidated = 0
+        self.dynamic = self
+        self.resources = self
+
+    def invalidate_cache(self) -> None:
+        self.invalidated += 1
+
+    def crd_scope(self, name: str) -> Any:
+        self.asked.append(name)
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def test_the_leader_waits_while_the_crd_is_still_namespaced():
+    cluster = Scopes(["Namespaced", "Namespaced", "Cluster"])
+    assert oc.wait_for_cluster_scope(cluster, threading.Event(), pause=0.0)     # type: ignore[arg-type]
+    assert cluster.asked == ["clusteroperators.gpu.metax-tech.com"] * 3
+    assert cluster.invalidated == 1      # discovery asked afresh once the CRD changed
+    assert oc.wait_for_cluster_scope(Scopes([None]), threading.Event(), pause=0.0)   # type: ignore[arg-type]
+    stop = threading.Event()
+    stop.set()
+    assert not oc.wait_for_cluster_scope(Scopes(["Namespaced"]), stop, pause=0.0)    # type: ignore[arg-type]
+
+
+class Posting:
+    def __init__(self) -> None:
+        self.events: List[tuple] = []
+
+    def post_event(self, owner: Any, event_type: str, reason: str, message: str, now: str) -> None:
+        self.events.append((event_type, reason, message))
+
+
+def test_a_failed_handler_is_a_warning_event_and_still_fails():
+    cluster = Posting()
+    operator = oc.Operator(cluster, "helm", "/nonexistent")     # type: ignore[arg-type]
+    body = {"metadata": {"name": "cluster-operator", "uid": "u"}}
+    with pytest.raises(RuntimeError):
+        with oc.failure_event(operator, body, "ReconcileFailed"):
+            raise RuntimeError("helm template failed: boom")
+    assert cluster.events == [("Warning", "ReconcileFailed", "helm template failed: boom")]
+    with oc.failure_event(operator, body, "ReconcileFailed"):
+        pass
+    assert len(cluster.events) == 1
+
+
+def test_the_command_line_has_the_lease_and_migration_and_no_peering():
+    args = oc.build_parser().parse_args(["--migrate"])
+    assert args.migrate and args.lease == "metax-operator-controller"
+    assert (args.lease_duration, args.renew_deadline, args.retry_period) == (8, 6, 1.5)
+    with pytest.raises(SystemExit):
+        oc.build_parser().parse_args(["--peering", "x"])
