@@ -148,7 +148,10 @@ class Migration:
         return 0
 
     def _crd_file(self) -> Dict[str, Any]:
-        import yaml   # the controller image has PyYAML (requirements/agents.txt)
+        try:
+            import yaml   # the controller image has PyYAML (requirements/agents.txt)
+        except ImportError as exc:   # the house rule: third-party imports guarded
+            raise MigrationError("reading %s needs PyYAML (%s)" % (self.crd_path, exc)) from exc
         with open(self.crd_path) as stream:
             docs = [d for d in yaml.safe_load_all(stream) if d]
         return next(d for d in docs if d["metadata"]["name"] == CRD_NAME)

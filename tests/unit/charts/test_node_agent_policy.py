@@ -313,7 +313,7 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
     assert rc == 0, err
     policy, binding = policy_objects(objects)
     cr = next(o for o in objects if o["kind"] == names.OPERATOR_KIND)
-    assert cr["metadata"]["namespace"] == namespace
+    assert "namespace" not in cr["metadata"]    # cluster-scoped, as the real one
     owner = {"metadata": dict(cr["metadata"], uid="u-1")}
     rendered = operator_render.helm_template(HELM, str(CHART), operator_render.chart_values(cr["spec"]), namespace)
     deployed = [o for objs in operator_render.desired_objects(rendered, cr["spec"], owner).values() for o in objs]
