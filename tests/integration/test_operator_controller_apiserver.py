@@ -202,6 +202,8 @@ def test_rbac_is_the_committed_table_least_privilege(env):
     assert env.patch({"gpuAware": {"deploy": True}}).returncode == 0
     wait(lambda: env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware deployed")
     live, problems = gen_operator_rbac.check(lambda args: env.ok(*args).stdout, NS)
+    if os.environ.get("METAX_WRITE_RBAC_TABLE") == "1":   # a developer regenerating the table from this run
+        gen_operator_rbac.write(live)
     assert env.patch({"gpuAware": {"deploy": False}}).returncode == 0
     wait(lambda: not env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware removed")
     assert "| nodes |" in live and "### gpu-aware" in live
