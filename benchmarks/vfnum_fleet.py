@@ -10,8 +10,8 @@ Each stand-in is the real code, imported from ``--collections`` (this
 checkout's tree, or another's for a before/after run): driver_manager's
 ``Kube`` (the same node patches, ConfigMap and Node reads, pod list and
 Events, each stand-in over an ``ApiClient`` of its own) and ``Manager`` with
-its vfnum path (``vfnum_round``, ``reconcile_vfnum``, the vfnum slots of
-``kube/slots.py``), over a simulated root of the 2xC550-sriov preset of its
+its vfnum path (``vfnum_round``, ``reconcile_vfnum`` of vfnum/reconcile.py, the
+vfnum slots of ``kube/slots.py``), over a simulated root of the 2xC550-sriov preset of its
 own, driven by ``run_loop`` (and its slot waiter) as in the DaemonSet's pod.
 What is left out is the driver part of a round (package queries, ``mx-smi``):
 several processes per round and per node that each real node runs on its own
@@ -168,16 +168,6 @@ def main() -> int:
     class StandIn(dm.Manager):
         """driver-manager's Manager, its driver part left out (see the module docstring)."""
 
-        def reconcile_driver(self, params: Any) -> Dict[str, object]:
-            return {}
-
-        def apply_vfnum(self, wanted: int, plan: Any) -> str:
-            started = time.monotonic()
-            try:
-                return super().apply_vfnum(wanted, plan)
-            finally:
-                stats.applies.append(time.monotonic() - started)
-
         rounds_run = 0           # this stand-in's run_loop thread alone writes it
 
         def round(self) -> bool:
@@ -185,6 +175,23 @@ def main() -> int:
                 return super().round()
             finally:
                 self.rounds_run += 1
+
+    def stand_in(manager: Any) -> None:
+        """The driver part left out and each vfnum apply timed, on the procedure objects that run them
+        (``manager.driver``, ``manager.vfnum``), or on the Manager itself in a tree from before the
+        split of driver-manager along its procedures (a before/after run)."""
+        driver = getattr(manager, "driver", manager)
+        vfnum = getattr(manager, "vfnum", manager)
+        apply = vfnum.apply_vfnum
+
+        def timed_apply(wanted: int, plan: Any) -> str:
+            started = time.monotonic()
+            try:
+                return apply(wanted, plan)
+            finally:
+                stats.applies.append(time.monotonic() - started)
+        driver.reconcile_driver = lambda params: {}
+        vfnum.apply_vfnum = timed_apply
 
     def counted(slots: Any) -> None:
         """Time each hold of ``slots`` (take to release) and count the holders at once."""
@@ -219,6 +226,7 @@ def main() -> int:
                           os.path.join(args.roots, name, "ready"),
                           vfnum_policy=dm.VfnumPolicy(False, args.max_parallel))
         manager.driver_verified = True      # the vfnum entry goes first, as on a node whose driver is up
+        stand_in(manager)
         counted(manager.slots)
         managers.append(manager)
 

@@ -54,7 +54,7 @@ from test_operator_cluster import (  # noqa: F401  # pylint: disable=unused-impo
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.agents import driver_manager
-from ansible_collections.metax.gpu.plugins.module_utils.driver import backend, policy
+from ansible_collections.metax.gpu.plugins.module_utils.driver import backend, node_upgrade, policy
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator, pkgtool
 
@@ -129,7 +129,7 @@ def fleet(cluster, no_extensions):
             generator.load_driver(root)
         pkgtool.remove_tools(root.path)
         for rel in ("etc/os-release", policy.OWNER_RECORD, backend.RUN_RECORD, backend.PREBUILT_RECORD,
-                    backend.DRIVER_RECORD, driver_manager.UPGRADE_RECORD):
+                    backend.DRIVER_RECORD, node_upgrade.UPGRADE_RECORD):
             if os.path.lexists(root.join(rel)):
                 os.unlink(root.join(rel))
         shutil.rmtree(root.join("var/cache/metax-driver"), ignore_errors=True)

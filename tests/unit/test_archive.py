@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""module_utils/archive.py: extraction that cannot leave its tree, within bounds (issue 39)."""
+"""module_utils/archive/: extraction that cannot leave its tree, within bounds (issue 39)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--interval", type=positive_float, default=60.0,
                         help="seconds between checks that the node still runs the version (default 60)")
     parser.add_argument("--ready-file", default=DEFAULT_READY_FILE, help=argparse.SUPPRESS)
-    # the payload tree is copied with the archive rules and bounds (module_utils/archive.py, docs/security.md)
+    # the payload tree is copied with the archive rules and bounds (module_utils/archive/, docs/security.md)
     parser.add_argument("--max-members", type=_positive_int, default=DEFAULT_LIMITS.max_members,
                         help="the most files, directories and links the payload's tree may hold (default %d)"
                         % DEFAULT_LIMITS.max_members)

@@ -25,68 +25,38 @@ A payload's own version (the package database's, the file name's, the
 (MetaX's ``2.29.0.13`` installs ``2.12.13``): every install records both in
 :data:`DRIVER_RECORD`, so a later run knows what the loaded module should say.
 
-Commands: a bare name (``dpkg``, ``modprobe``) is the node's own tool. With
-``host_root`` ``/`` it runs as is; on a simulated root it is the executable
-the root carries (sim.pkgtool); under any other root (a node mounted at
-``/host``) it runs through ``chroot``. A command whose first word is a path
-runs as given: that is how tests and special nodes replace the load command.
+Split by job: the node's tools and package database in ``commands.py``, the
+records in ``records.py``, payload files and the prebuilt install in
+``prebuilt.py``, the errors in ``errors.py``; this module keeps observe, plan,
+apply, verify and run, and every name callers use (``backend.X``).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import stat
-import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence
 
-from ..errors import MetaxGpuError
 from ..host import HostRoot, HostRootError
 from . import inuse
+# split by job (see the docstring); the names callers use stay importable from here (backend.X)
+from .commands import NodeCommands, Runner, node_kind, query_package
+from .errors import DriverCommandError, DriverError, DriverInUseError, DriverVerifyError
 from .package import (DECLARATION_SUFFIX, MODULE_FILES, PREBUILT, Declaration, DriverPackageError, Package,
                       candidates, choose, declared_drivers, driver_matches, is_declaration, kind_of,
                       parse, parse_declaration, prebuilt, version_key)
+from .prebuilt import copy_payload_file, install_prebuilt, remove_prebuilt  # noqa: F401  pylint: disable=unused-import
+from .records import (DRIVER_RECORD, PREBUILT_RECORD, RUN_RECORD, declared_driver,  # noqa: F401  pylint: disable=unused-import
+                      read_record, run_record, unlink, write_record)
 
 STATES = ("present", "absent", "latest")
 POLICIES = ("IfNotPresent", "Always", "Never")
 DEFAULT_PACKAGE = "metax-driver"
 DEFAULT_LOAD = ("modprobe", "metax")
 DEFAULT_UNLOAD = ("modprobe", "-r", "metax")
-# Where the module records a driver installed from the vendor .run (it has no package database).
-RUN_RECORD = "var/lib/metax-gpu/driver-run.json"
-# A driver installed from a prebuilt tree: its version and the files copied (the uninstaller's list).
-PREBUILT_RECORD = "var/lib/metax-gpu/driver-prebuilt.json"
-# Every install: the payload's own version and the kernel driver it declared (what the module says).
-DRIVER_RECORD = "var/lib/metax-gpu/driver-payload.json"
-# What a prebuilt tree's install copies from lib/modules/<release>/ (compressed modules too).
-KERNEL_OBJECTS = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
 # The running kernel's release (a prebuilt tree is usable only with modules for it).
 KERNEL_RELEASE = "proc/sys/kernel/osrelease"
-TOOL_DIRS = ("usr/bin", "bin", "usr/sbin", "sbin", "usr/local/bin", "usr/local/sbin")
-
-Runner = Callable[[List[str]], Tuple[int, str, str]]
-
-
-class DriverError(MetaxGpuError):
-    """The request cannot be met (bad input, no package, wrong tool); nothing was changed."""
-
-
-class DriverInUseError(DriverError):
-    """The driver would be unloaded while GPUs are in use and ``force`` is off."""
-
-
-class DriverCommandError(DriverError):
-    """A package tool or the load command failed (the node may be half-way)."""
-
-
-class DriverVerifyError(DriverError):
-    """After the change the driver does not check out (version, /dev/mxcd, mx-smi)."""
-
-    def __init__(self, message: str, checks: Dict[str, object]) -> None:
-        super().__init__(message)
-        self.checks = checks
 
 
 @dataclass
@@ -178,92 +148,6 @@ class Plan:
                 "package": asdict(self.package) if self.package else None}
 
 
-# -- commands -----------------------------------------------------------------
-class NodeCommands:
-    """Runs the node's own tools (see the module docstring for how names resolve)."""
-
-    def __init__(self, host: HostRoot, runner: Optional[Runner] = None) -> None:
-        self.host = host
-        self.runner = runner or (lambda argv: host.run(argv, timeout=900))
-
-    def has_tool(self, name: str) -> bool:
-        return self.host.which(name, TOOL_DIRS) is not None
-
-    def resolve(self, argv: Sequence[str]) -> List[str]:
-        argv = list(argv)
-        if "/" in argv[0] or self.host.path == "/":
-            return argv
-        if self.host.is_simulated():
-            local = self.host.which(argv[0], TOOL_DIRS)
-            if local is None:
-                raise DriverError("%s: no such tool on the node (%s)" % (argv[0], self.host.path))
-            return [local] + argv[1:]
-        return ["chroot", self.host.path] + argv
-
-    def node_file(self, node_path: str) -> str:
-        """A node path as the command that receives it must see it."""
-        if self.host.path == "/" or self.host.is_simulated():
-            return self.host.join(node_path.lstrip("/"))
-        return node_path      # chroot: the node's own view
-
-    def run(self, argv: Sequence[str]) -> Tuple[int, str, str]:
-        return self.runner(self.resolve(argv))
-
-    def check(self, argv: Sequence[str], what: str) -> str:
-        rc, out, err = self.run(argv)
-        if rc != 0:
-            raise DriverCommandError("%s failed (rc=%d): %s: %s" % (
-                what, rc, " ".join(argv), (err or out).strip()[-400:]))
-        return out
-
-
-# -- observe ------------------------------------------------------------------
-def node_kind(cmds: NodeCommands) -> Optional[str]:
-    if cmds.has_tool("dpkg-query") and cmds.has_tool("dpkg"):
-        return "deb"
-    if cmds.has_tool("rpm"):
-        return "rpm"
-    return None
-
-
-def _query_package(cmds: NodeCommands, kind: Optional[str], name: str) -> Optional[str]:
-    if kind == "deb":
-        rc, out, _err = cmds.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", name])
-        if rc == 0 and "\t" in out:
-            status, version = out.strip().split("\t", 1)
-            if status.endswith(" installed") and version:
-                return version.split("-", 1)[0]      # upstream version; the file name has no revision
-        return None
-    if kind == "rpm":
-        rc, out, _err = cmds.run(["rpm", "-q", "--qf", "%{VERSION}", name])
-        if rc == 0 and out.strip() and "not installed" not in out:
-            return out.strip()
-    return None
-
-
-def _record(host: HostRoot, rel: str) -> Optional[dict]:
-    if not host.exists(rel):
-        return None
-    try:
-        found = json.loads(host.read_text(rel))
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None
-
-
-def _run_record(host: HostRoot) -> Optional[dict]:
-    return _record(host, RUN_RECORD)
-
-
-def declared_driver(host: HostRoot, version: Optional[str]) -> Optional[str]:
-    """The kernel driver the installed payload ``version`` declared when it was installed
-    (:data:`DRIVER_RECORD`); ``version`` itself when the record is of another (our numbering)."""
-    record = _record(host, DRIVER_RECORD) or {}
-    if version is not None and record.get("version") == version and record.get("driver_version"):
-        return str(record["driver_version"])
-    return version
-
-
 def kernel_release(host: HostRoot) -> Optional[str]:
     """The running kernel's release: the root's procfs, else this machine's (a container on the
     node, or a chroot into it, runs the node's kernel)."""
@@ -344,15 +228,15 @@ def _declarations(host: HostRoot, rel: str, name: str) -> List[Declaration]:
 def observe(host: HostRoot, cmds: NodeCommands, request: Request,
             pods: Sequence[Mapping] = ()) -> Observed:
     kind = node_kind(cmds)
-    package_version = _query_package(cmds, kind, request.package_name)
+    package_version = query_package(cmds, kind, request.package_name)
     package_kind = kind if package_version else None
-    record = _run_record(host)
+    record = run_record(host)
     if package_version is None and record:
         package_version, package_kind = record.get("version"), "run"
-    tree_record = _record(host, PREBUILT_RECORD)
+    tree_record = read_record(host, PREBUILT_RECORD)
     if package_version is None and tree_record:
         package_version, package_kind = tree_record.get("version"), PREBUILT
-    declared = _record(host, DRIVER_RECORD) or {}
+    declared = read_record(host, DRIVER_RECORD) or {}
     package_driver = declared.get("driver_version") if package_version and \
         declared.get("version") == package_version else None
     loaded = host.read_attribute("sys/module/metax/version", default="") or None
@@ -497,20 +381,10 @@ def apply(host: HostRoot, cmds: NodeCommands, request: Request, seen: Observed, 
             cmds.check(request.load_command, "loading the driver")
 
 
-def _write_record(host: HostRoot, rel: str, record: Mapping[str, object]) -> None:
-    os.makedirs(os.path.dirname(host.join(rel)), exist_ok=True)
-    host.write_file_atomic(rel, (json.dumps(dict(record), sort_keys=True) + "\n").encode())
-
-
-def _unlink(host: HostRoot, rel: str) -> None:
-    if os.path.lexists(host.join(rel)):
-        os.unlink(host.join(rel))
-
-
 def _install(host: HostRoot, cmds: NodeCommands, request: Request, package: Package,
              kernel: Optional[str] = None) -> None:
     if package.kind == PREBUILT:
-        _install_prebuilt(host, cmds, package, kernel)
+        install_prebuilt(host, cmds, package, kernel)
     else:
         path = cmds.node_file(package.path)
         if package.kind == "deb":
@@ -519,115 +393,27 @@ def _install(host: HostRoot, cmds: NodeCommands, request: Request, package: Pack
             cmds.check(["rpm", "-U", "--replacepkgs", "--oldpackage", path], "installing %s" % package.path)
         else:
             cmds.check([path] + list(request.run_install_args), "running %s" % package.path)
-            _write_record(host, RUN_RECORD, {"version": package.version, "package": package.path,
+            write_record(host, RUN_RECORD, {"version": package.version, "package": package.path,
                                              "driver_version": package.driver})
     # what the loaded module will say: a later run compares it with this, not with the payload's version
-    _write_record(host, DRIVER_RECORD, {"version": package.version, "driver_version": package.driver,
+    write_record(host, DRIVER_RECORD, {"version": package.version, "driver_version": package.driver,
                                         "kind": package.kind})
-
-
-def copy_payload_file(source: str, host: HostRoot, rel: str, mode: Optional[int] = None) -> None:
-    """Copy one file of a payload (a local path) to ``rel`` under the node's root, atomically.
-
-    The one place a payload's files are unpacked onto a node or into its cache
-    (driver-manager's staging, the prebuilt install): an archive extraction
-    replacing it later changes this function only.
-    """
-    # only a regular file, opened without following a link: a payload's link, FIFO or device node
-    # would make root read (or block on) whatever it points at
-    try:
-        src_fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise DriverError("payload file %s refused: %s (only regular files are copied)" % (source, exc)) from exc
-    with os.fdopen(src_fd, "rb") as src:
-        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
-            raise DriverError("payload file %s refused: not a regular file" % source)
-        _copy_payload_stream(src, host, rel, stat.S_IMODE(os.fstat(src.fileno()).st_mode) if mode is None else mode)
-
-
-def _copy_payload_stream(src, host: HostRoot, rel: str, mode: int) -> None:
-    dest = host.join(rel)
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    # streamed (a vendor .run is hundreds of MB) into a temporary file beside it, then renamed
-    handle, tmp = tempfile.mkstemp(prefix=".metax-copy-", dir=os.path.dirname(dest))
-    try:
-        with os.fdopen(handle, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        # never setuid/setgid/sticky from a payload (the archive routine's rule)
-        os.chmod(tmp, mode & 0o777)
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _install_prebuilt(host: HostRoot, cmds: NodeCommands, package: Package, kernel: Optional[str]) -> None:
-    """Copy the tree's modules for the running kernel into ``lib/modules/<kernel>/`` (paths kept) and
-    its tools (``usr/bin/mx-smi``) where the node has none, record the files, run ``depmod``."""
-    if kernel is None or kernel not in package.kernels:
-        raise DriverError("%s has no modules for the running kernel %s (it has %s)"
-                          % (package.path, kernel or "?", ", ".join(package.kernels)))
-    tree = host.join(package.path.strip("/"))
-    files: List[str] = []
-    modules = os.path.join(tree, "lib", "modules", kernel)
-    for dirpath, _dirs, names in os.walk(modules):
-        for name in sorted(names):
-            source = os.path.join(dirpath, name)
-            # kernel objects only: a tree's modules.dep & co. would replace the node's (depmod
-            # writes those), and a recorded one would be deleted from the node on removal
-            if os.path.islink(source) or not name.endswith(KERNEL_OBJECTS):
-                continue
-            rel = "lib/modules/%s/%s" % (kernel, os.path.relpath(source, modules))
-            copy_payload_file(source, host, rel, 0o644)
-            files.append(rel)
-    tools = os.path.join(tree, "usr", "bin")
-    for name in sorted(os.listdir(tools)) if os.path.isdir(tools) else ():
-        rel = "usr/bin/" + name
-        if not os.path.isfile(os.path.join(tools, name)) or os.path.islink(os.path.join(tools, name)):
-            continue
-        if os.path.lexists(host.join(rel)):
-            continue                 # the node's own mx-smi (MXMACA's, the administrator's) is never replaced
-        copy_payload_file(os.path.join(tools, name), host, rel, 0o755)
-        files.append(rel)
-    _write_record(host, PREBUILT_RECORD, {"version": package.version, "driver_version": package.driver,
-                                          "package": package.path, "kernel": kernel, "files": files})
-    cmds.check(["depmod", "-a", kernel], "depmod for the modules of %s" % package.path)
-
-
-def _remove_prebuilt(host: HostRoot, cmds: NodeCommands) -> None:
-    record = _record(host, PREBUILT_RECORD) or {}
-    for rel in record.get("files") or ():
-        rel = str(rel).strip("/")
-        if not (rel.startswith("lib/modules/") or rel.startswith("usr/bin/")) or ".." in rel.split("/"):
-            continue                 # only what an install of ours could have written
-        _unlink(host, rel)
-        parent = os.path.dirname(rel)
-        kernel_dir = "lib/modules/%s" % record.get("kernel")
-        while parent.startswith(kernel_dir + "/") and host.isdir(parent) and not host.listdir(parent):
-            os.rmdir(host.join(parent))      # the directories the tree brought (extra/metax), not the kernel's
-            parent = os.path.dirname(parent)
-    if record.get("kernel"):
-        cmds.check(["depmod", "-a", str(record["kernel"])], "depmod after removing the prebuilt driver")
-    _unlink(host, PREBUILT_RECORD)
 
 
 def _remove(host: HostRoot, cmds: NodeCommands, request: Request, seen: Observed) -> None:
     _remove_package(host, cmds, request, seen)
-    _unlink(host, DRIVER_RECORD)
+    unlink(host, DRIVER_RECORD)
 
 
 def _remove_package(host: HostRoot, cmds: NodeCommands, request: Request, seen: Observed) -> None:
     if seen.package_kind == PREBUILT:
-        _remove_prebuilt(host, cmds)
+        remove_prebuilt(host, cmds)
     elif seen.package_kind == "deb":
         cmds.check(["dpkg", "--purge", request.package_name], "removing %s" % request.package_name)
     elif seen.package_kind == "rpm":
         cmds.check(["rpm", "-e", request.package_name], "removing %s" % request.package_name)
     elif seen.package_kind == "run":
-        record = _run_record(host) or {}
+        record = run_record(host) or {}
         run_file = record.get("package")
         if not run_file or not host.exists(run_file.lstrip("/")):
             raise DriverCommandError("the driver was installed from %s, which is gone: its uninstaller "

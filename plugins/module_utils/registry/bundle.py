@@ -29,6 +29,9 @@ import tempfile
 from typing import Any, Dict, List
 
 from ansible_collections.metax.gpu.plugins.module_utils import archive as _archive
+from ansible_collections.metax.gpu.plugins.module_utils.archive import limits as _archive_limits
+from ansible_collections.metax.gpu.plugins.module_utils.archive import paths as _archive_paths
+from ansible_collections.metax.gpu.plugins.module_utils.archive import tree as _archive_tree
 from ansible_collections.metax.gpu.plugins.module_utils import backoff as _backoff
 from ansible_collections.metax.gpu.plugins.module_utils import errors as _errors
 from ansible_collections.metax.gpu.plugins.module_utils.registry import api as _api
@@ -48,8 +51,8 @@ from ansible_collections.metax.gpu.plugins.module_utils.registry.sources import 
 
 FORMAT = 2  # 2: blobs shared between images are hard links
 DEFAULT_REGISTRY = "cr.metax-tech.com/cloud"
-_PUSHER_MODULES = (_errors, _archive, _backoff, _api, B, _cli, _client, _rerrors, _push, _reference, _sources,
-                   _layerstream, _xzpush, _xzsource)
+_PUSHER_MODULES = (_errors, _archive, _archive_limits, _archive_paths, _archive_tree, _backoff, _api, B, _cli, _client,
+                   _rerrors, _push, _reference, _sources, _layerstream, _xzpush, _xzsource)
 _MU = "ansible_collections/metax/gpu/plugins/module_utils/"
 
 
@@ -57,7 +60,8 @@ def _pusher_files() -> Dict[str, bytes]:
     files = {}
     for mod in _PUSHER_MODULES:
         rel = mod.__name__.replace("ansible_collections.metax.gpu.plugins.module_utils.", "").replace(".", "/")
-        files["pusher/" + _MU + rel + ".py"] = inspect.getsource(mod).encode()
+        package = os.path.basename(mod.__file__ or "") == "__init__.py"     # archive/ is a package
+        files["pusher/" + _MU + rel + ("/__init__.py" if package else ".py")] = inspect.getsource(mod).encode()
     files["pusher/" + _MU + "registry/__init__.py"] = b'"""The bundle\'s pusher."""\n'
     return files
 

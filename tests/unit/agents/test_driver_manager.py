@@ -14,18 +14,23 @@ from fake_leases import FakeLeaseApi
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.agents import driver_manager as dm
-from ansible_collections.metax.gpu.plugins.module_utils.driver import policy
+from ansible_collections.metax.gpu.plugins.module_utils.driver import backend, node_upgrade, policy
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import EvictionError
 from ansible_collections.metax.gpu.plugins.module_utils.kube.slots import Slots
+from ansible_collections.metax.gpu.plugins.module_utils.nodeapi import GPU_DEVICE_SELECTOR, NodeApi
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator, pkgtool
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset
+from ansible_collections.metax.gpu.plugins.module_utils.vfnum import backend as vfnum_backend
+from ansible_collections.metax.gpu.plugins.module_utils.vfnum.plan import plan as vfnum_plan
+from ansible_collections.metax.gpu.plugins.module_utils.vfnum.reconcile import VfnumPolicy
 
 PAYLOAD = "2.99.1"
 
 
-class Recorder:
-    """The Kube surface driver-manager uses, recording what it would send."""
+class Recorder(NodeApi):
+    """The Kube surface driver-manager uses (the procedures' NodeApi, plus the round's config and
+    slots), recording what it would send."""
 
     def __init__(self, node: str, data: Dict[str, str], leases=None) -> None:
         self.node = node
@@ -84,7 +89,7 @@ class Recorder:
     def slot_holders(self):
         return sorted(lease.spec.holder_identity for lease in self.leases.leases.values())
 
-    def restart_gpu_device(self, selector=dm.GPU_DEVICE_SELECTOR):
+    def restart_gpu_device(self, selector=GPU_DEVICE_SELECTOR):
         self.restarts += 1
         self.restarted.append(selector)
         return ["gpu-device-x"]
@@ -127,11 +132,11 @@ def node(tmp_path, preset_name="1xC500", kind="deb", driver=True, os_release="ID
 
 
 def manager(tmp_path, host, pol="IfNotPresent", data=None, version=PAYLOAD, broken=(), kube=None,
-            vfnum_policy=dm.VfnumPolicy(), kmd=None, layouts=("deb", "rpm", "run")):
+            vfnum_policy=VfnumPolicy(), kmd=None, layouts=("deb", "rpm", "run")):
     kube = kube or Recorder("n1", data or {})
     mgr = dm.Manager(host, kube, pol, payload(tmp_path, version, broken, kmd, layouts), version,
                      str(tmp_path / "ready"), vfnum_policy=vfnum_policy)
-    mgr.verify_pause = 0.0
+    mgr.driver.verify_pause = 0.0
     return mgr, kube
 
 
@@ -218,14 +223,14 @@ def test_a_new_payload_waits_for_upgrade_required_then_installs_verifies_and_rep
     assert loaded(host) == PAYLOAD
     states = [p["labels"][N.LABEL_DRIVER_UPGRADE_STATE] for p in kube.patches
               if N.LABEL_DRIVER_UPGRADE_STATE in p["labels"]]
-    assert states == [dm.UPGRADE_STATE_INSTALLED, N.DRIVER_UPGRADE_DONE]
+    assert states == [node_upgrade.UPGRADE_STATE_INSTALLED, N.DRIVER_UPGRADE_DONE]
     # the devices and the version labels come back at once: gpu-device and gpu-label recreated
-    assert kube.restarted == [dm.DRIVER_READERS_SELECTOR]
+    assert kube.restarted == [node_upgrade.DRIVER_READERS_SELECTOR]
     assert kube.events[-1][0] == "DriverUpgraded" and "%s -> %s" % (OLD, PAYLOAD) in kube.events[-1][1]
-    assert os.path.exists(str(tmp_path / "ready")) and not host.exists(dm.UPGRADE_RECORD)
+    assert os.path.exists(str(tmp_path / "ready")) and not host.exists(node_upgrade.UPGRADE_RECORD)
     assert kube.node_labels[N.LABEL_DRIVER_MODE] == "cloud"
     # done is the controller's to finish: the next rounds change nothing
-    assert mgr.round() and kube.restarted == [dm.DRIVER_READERS_SELECTOR] and loaded(host) == PAYLOAD
+    assert mgr.round() and kube.restarted == [node_upgrade.DRIVER_READERS_SELECTOR] and loaded(host) == PAYLOAD
 
 
 def test_a_pod_of_another_payload_leaves_the_upgrade_to_its_successor(tmp_path):
@@ -251,7 +256,7 @@ def test_a_failed_validation_rolls_back_and_leaves_failed_with_the_reason(tmp_pa
     assert "/dev/mxcd missing" in message and "rolled back to " + OLD in message
     assert kube.events[-1][0] == "DriverUpgradeFailed"
     assert os.path.exists(str(tmp_path / "ready"))              # the old driver verifies again
-    assert not host.exists(dm.UPGRADE_RECORD)
+    assert not host.exists(node_upgrade.UPGRADE_RECORD)
     # failed is the administrator's: no retry, no change, round after round
     patches = len(kube.patches)
     assert mgr.round() and mgr.round()
@@ -274,10 +279,10 @@ def test_a_restarted_pod_resumes_an_upgrade_half_way_and_knows_what_to_roll_back
     mgr, kube = manager(tmp_path, host, "IfNotPresent", broken=("deb",), kube=kube)
     kube.start_upgrade(PAYLOAD)
     # the first pod installed the broken driver and was killed before it verified
-    mgr.write_record(dm.UPGRADE_RECORD, {"from": OLD, "to": PAYLOAD})
-    src = mgr.stage_payload(PAYLOAD)
-    dm.backend.run(host, dm.backend.Request(version=PAYLOAD, src=src, verify=False, force=True), False)
-    kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] = dm.UPGRADE_STATE_INSTALLED
+    mgr.driver.write_record(node_upgrade.UPGRADE_RECORD, {"from": OLD, "to": PAYLOAD})
+    src = mgr.driver.stage_payload(PAYLOAD)
+    backend.run(host, backend.Request(version=PAYLOAD, src=src, verify=False, force=True), False)
+    kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] = node_upgrade.UPGRADE_STATE_INSTALLED
     assert loaded(host) == PAYLOAD
     successor, kube = manager(tmp_path, host, "IfNotPresent", broken=("deb",), kube=kube)
     successor.round()
@@ -296,14 +301,14 @@ def test_a_restarted_pod_resumes_an_upgrade_half_way_and_knows_what_to_roll_back
 ])
 def test_which_upgrade_states_are_driver_managers_to_run(tmp_path, labels, annotations, acts):
     mgr, _kube = manager(tmp_path, node(tmp_path))
-    assert mgr.acts_on(dm.node_upgrade(labels, annotations)) is acts
+    assert mgr.driver.acts_on(node_upgrade.node_upgrade(labels, annotations)) is acts
 
 
 def test_vfnum_entry_applies_through_the_vfnum_code_and_restarts_gpu_device(tmp_path):
     host = node(tmp_path, preset_name="2xC550-sriov")
     mgr, kube = manager(tmp_path, host, "Never", data={"node-vfnums": "nodes:\n  n1: {vfnum: 4}\n"})
     assert mgr.round()
-    pfs = dm.vfnum_backend.read_pfs(host)
+    pfs = vfnum_backend.read_pfs(host)
     assert [p.numvfs for p in pfs] == [4, 4]
     states = [p["labels"].get(N.LABEL_VFNUM_STATE) for p in kube.patches if N.LABEL_VFNUM_STATE in p["labels"]]
     assert states == ["pending", "success"] and kube.restarts == 1
@@ -322,7 +327,7 @@ def test_with_the_driver_verified_a_round_applies_vfnum_before_the_driver_part(t
     # the state label pending -> success and the restart come before the driver part's mode label
     keys = [next(iter(p["labels"]), None) for p in this_round if p["labels"]]
     assert keys == [N.LABEL_VFNUM_STATE, N.LABEL_VFNUM_STATE, N.LABEL_DRIVER_MODE], keys
-    assert [p.numvfs for p in dm.vfnum_backend.read_pfs(host)] == [4, 4] and kube.restarts == 1
+    assert [p.numvfs for p in vfnum_backend.read_pfs(host)] == [4, 4] and kube.restarts == 1
 
 
 def test_without_a_verified_driver_the_driver_part_comes_first(tmp_path):
@@ -333,7 +338,7 @@ def test_without_a_verified_driver_the_driver_part_comes_first(tmp_path):
     keys = [next(iter(p["labels"]), None) for p in kube.patches if p["labels"]]
     # the payload's driver installed and verified (mode cloud), then the VFs on its bound PFs
     assert keys.index(N.LABEL_DRIVER_MODE) < keys.index(N.LABEL_VFNUM_STATE), keys
-    assert loaded(host) == PAYLOAD and [p.numvfs for p in dm.vfnum_backend.read_pfs(host)] == [2, 2]
+    assert loaded(host) == PAYLOAD and [p.numvfs for p in vfnum_backend.read_pfs(host)] == [2, 2]
 
 
 @pytest.mark.parametrize("entry, words", [
@@ -345,7 +350,7 @@ def test_an_invalid_entry_changes_nothing(tmp_path, entry, words):
     host = node(tmp_path, preset_name="2xC550-sriov")
     mgr, kube = manager(tmp_path, host, "Never", data={"node-vfnums": entry})
     assert not mgr.round()
-    assert [p.numvfs for p in dm.vfnum_backend.read_pfs(host)] == [0, 0]
+    assert [p.numvfs for p in vfnum_backend.read_pfs(host)] == [0, 0]
     assert words in kube.annotation(N.ANNOTATION_VFNUM_MESSAGE)
     assert kube.events[-1][0] == "VfnumRejected" and kube.restarts == 0
     assert kube.label(N.LABEL_VFNUM_STATE) is None
@@ -356,7 +361,7 @@ PDB = "The disruption budget holder-pdb needs 1 healthy pods and has 1 currently
 
 
 def numvfs(host):
-    return [p.numvfs for p in dm.vfnum_backend.read_pfs(host)]
+    return [p.numvfs for p in vfnum_backend.read_pfs(host)]
 
 
 def test_a_pod_holding_the_gpus_refuses_the_change_and_is_named_when_eviction_is_off(tmp_path):
@@ -373,7 +378,7 @@ def test_a_pod_holding_the_gpus_refuses_the_change_and_is_named_when_eviction_is
 
 def test_with_eviction_on_a_budgets_refusal_keeps_the_change_pending_until_it_lets_the_pod_go(tmp_path):
     host = node(tmp_path, preset_name="2xC550-sriov")
-    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=dm.VfnumPolicy(evict_in_use=True))
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=VfnumPolicy(evict_in_use=True))
     kube.pods = ["ml/holder"]
     kube.refusals = {"ml/holder": PDB}
     assert not mgr.round()
@@ -394,7 +399,7 @@ def test_with_eviction_on_a_budgets_refusal_keeps_the_change_pending_until_it_le
 
 def test_evicted_pods_slow_to_leave_keep_the_change_pending_under_their_own_reason(tmp_path):
     host = node(tmp_path, preset_name="2xC550-sriov")
-    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=dm.VfnumPolicy(evict_in_use=True))
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=VfnumPolicy(evict_in_use=True))
     kube.pods = ["ml/slow"]
 
     def slow(timeout):
@@ -407,12 +412,12 @@ def test_evicted_pods_slow_to_leave_keep_the_change_pending_under_their_own_reas
 
 def test_eviction_does_not_help_against_a_process_outside_any_pod(tmp_path):
     host = node(tmp_path, preset_name="2xC550-sriov")
-    dm.vfnum_backend.apply(host, dm.vfnum_plan(dm.vfnum_backend.read_pfs(host), 2))
-    pfs = dm.vfnum_backend.read_pfs(host)
-    held = sorted(dm.vfnum_backend.device_nodes(host, pfs[0].vf_bdfs))[0]
+    vfnum_backend.apply(host, vfnum_plan(vfnum_backend.read_pfs(host), 2))
+    pfs = vfnum_backend.read_pfs(host)
+    held = sorted(vfnum_backend.device_nodes(host, pfs[0].vf_bdfs))[0]
     os.makedirs(host.join("proc/4242/fd"))
     os.symlink(held, host.join("proc/4242/fd/3"))
-    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=dm.VfnumPolicy(evict_in_use=True))
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=VfnumPolicy(evict_in_use=True))
     assert not mgr.round()
     assert "process 4242" in kube.annotation(N.ANNOTATION_VFNUM_MESSAGE)
     assert kube.evictions == [] and numvfs(host) == [2, 2] and kube.label(N.LABEL_VFNUM_STATE) is None
@@ -430,12 +435,12 @@ def test_a_node_without_a_free_slot_stays_pending_without_a_failure_and_changes_
     assert kube.events == [] and kube.annotation(N.ANNOTATION_VFNUM_MESSAGE) is None    # not Degraded
     other.release()
     holders_while_applying = []
-    apply = dm.vfnum_backend.apply
+    apply = vfnum_backend.apply
 
     def watched(host_, plan_):
         holders_while_applying.append(kube.slot_holders())
         return apply(host_, plan_)
-    monkeypatch.setattr(dm.vfnum_backend, "apply", watched)
+    monkeypatch.setattr(vfnum_backend, "apply", watched)
     assert mgr.round()
     assert numvfs(host) == [4, 4] and holders_while_applying == [["n1"]] and kube.slot_holders() == []
     states = [p["labels"][N.LABEL_VFNUM_STATE] for p in kube.patches if N.LABEL_VFNUM_STATE in p["labels"]]
@@ -712,7 +717,7 @@ def test_the_round_reads_and_patches_its_node_as_raw_json_and_gives_every_connec
         "name": "n1", "labels": {N.LABEL_DRIVER_UPGRADE_STATE: N.DRIVER_UPGRADE_REQUIRED},
         "annotations": {N.ANNOTATION_DRIVER_UPGRADE_TARGET: PAYLOAD}}, "status": {"images": []}})
     meta = kube.node_metadata()
-    assert dm.node_upgrade(meta["labels"], meta["annotations"]) == dm.NodeUpgrade(N.DRIVER_UPGRADE_REQUIRED, PAYLOAD)
+    assert node_upgrade.node_upgrade(meta["labels"], meta["annotations"]) == node_upgrade.NodeUpgrade(N.DRIVER_UPGRADE_REQUIRED, PAYLOAD)
     kube.patch_node({N.LABEL_VFNUM_STATE: "success"}, {N.ANNOTATION_VFNUM_MESSAGE: None})
     kube.patch_node({}, {})                                            # nothing to write: no call
     assert kube.core.patches == [{"metadata": {"labels": {N.LABEL_VFNUM_STATE: "success"},
@@ -804,7 +809,7 @@ def test_a_vendor_payload_installs_verifies_is_ready_and_declares_its_kernel_dri
     assert loaded(host) == VENDOR_KMD and os.path.exists(str(tmp_path / "ready"))
     assert kube.node_annotations[N.ANNOTATION_DRIVER_PAYLOAD_VERSION] == VENDOR
     assert kube.node_annotations[N.ANNOTATION_DRIVER_PAYLOAD_DRIVER] == VENDOR_KMD
-    kind = dm.backend.observe(host, mgr.cmds, dm.backend.Request()).package_kind
+    kind = backend.observe(host, mgr.driver.cmds, backend.Request()).package_kind
     assert kind == ("deb" if "deb" in layouts else "prebuilt")
     # quiet afterwards: the module 2.12.13 is the payload 2.29.0.13's, nothing reloads or re-installs
     kube.patches.clear()
@@ -891,7 +896,20 @@ def _hold(host):
 def test_a_declaration_of_another_version_than_the_payloads_is_reported_and_changes_nothing(tmp_path):
     host, kube = cloud_node(tmp_path)
     mgr, kube = manager(tmp_path, host, "Always", kube=kube)
-    pkgtool.make_declaration(mgr.payload_dir, "9.9.9", "2.12.13")
+    pkgtool.make_declaration(mgr.driver.payload_dir, "9.9.9", "2.12.13")
     assert not mgr.round()
     assert "declares version 9.9.9" in kube.node_annotations[N.ANNOTATION_DRIVER_MESSAGE]
     assert loaded(host) == OLD
+
+
+@pytest.mark.parametrize("impl", [dm.Kube, Recorder], ids=["Kube", "Recorder"])
+def test_the_agents_kube_and_the_tests_recorder_implement_the_node_api_the_procedures_use(impl):
+    """driver/node_upgrade.py and vfnum/reconcile.py reach the API only through NodeApi: the pod's
+    Kube and this file's Recorder both answer every one of its calls, with the same parameters."""
+    import inspect
+    calls = [name for name, _ in inspect.getmembers(NodeApi, inspect.isfunction) if not name.startswith("_")]
+    assert sorted(calls) == ["event", "evict_gpu_pods", "gpu_pods", "node_metadata", "patch_node",
+                             "restart_gpu_device"]
+    for name in calls:
+        want = list(inspect.signature(getattr(NodeApi, name)).parameters)
+        assert list(inspect.signature(getattr(impl, name)).parameters) == want, name
