@@ -16,6 +16,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.node_checks import REQUI
 __all__ = ["REQUIRED_LABELS", "gpu_node_problems", "gpu_node_report", "gpu_nodes_report", "daemonset_problems",
            "FilterModule"]
 
+
 def _node_line(name: Any, node: Optional[Mapping[str, Any]]) -> str:
     """'' when the node is fine, else one line naming it and what is wrong."""
     if node is None:

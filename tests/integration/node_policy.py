@@ -56,6 +56,8 @@ def render(cluster, namespace: str, show_only: str = POLICY_TEMPLATE, chart: str
            sets: Sequence[str] = ()) -> List[Dict[str, Any]]:
     """The chart's objects of one template for ``namespace``, with the cluster's capabilities (and ``--set`` pairs)."""
     helm = cluster.helm or "helm"
+    if chart == OPERATOR_CHART and not any(pair.startswith(("minimal=", "driver.", "maca.")) for pair in sets):
+        sets = tuple(sets) + ("minimal=true",)   # the chain's payloads are not the point of a policy render
     proc = subprocess.run([helm, "template", "policy-it", chart, "--namespace", namespace,
                            "--show-only", show_only] + [a for pair in sets for a in ("--set", pair)]
                           + capabilities(cluster),

@@ -123,8 +123,8 @@ def rights(cluster):
     assert {(o["kind"], o["metadata"]["name"]) for o in rbac if o["kind"] == "ServiceAccount"} == {
         ("ServiceAccount", "driver-manager")}
     controller = [o for o in render(cluster, namespace, show_only="templates/rbac.yaml", chart=OPERATOR_CHART,
-                                         # the RBAC alone: the chain's payloads are not the point
-                                         sets=("minimal=true",))
+                                    # the RBAC alone: the chain's payloads are not the point
+                                    sets=("minimal=true",))
                   if o["kind"] in ("ClusterRole", "ClusterRoleBinding")
                   and o["metadata"]["name"] == "metax-operator-controller"]
     assert len(controller) == 2

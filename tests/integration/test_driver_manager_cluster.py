@@ -135,7 +135,7 @@ def fleet(cluster, no_extensions):
         shutil.rmtree(root.join("var/cache/metax-driver"), ignore_errors=True)
         shutil.rmtree(root.join("sys/module/metax/parameters"), ignore_errors=True)
         # what a prebuilt payload's install left (its modules; mx-smi was the node's own and stayed)
-        for release in {pkgtool.SIM_KERNEL_RELEASE, os.uname().release}:
+        for release in sorted({pkgtool.SIM_KERNEL_RELEASE, os.uname().release}):
             shutil.rmtree(root.join("lib/modules/%s/extra/metax" % release), ignore_errors=True)
         for parent in [r for release in sorted({pkgtool.SIM_KERNEL_RELEASE, os.uname().release})
                        for r in ("lib/modules/%s/extra" % release, "lib/modules/%s" % release)] + [
@@ -316,7 +316,7 @@ def vfnum_timeline(cluster, node, edit_wall, old_pod_uid):
     device = pod_on(cluster, N.DAEMONSET_GPU_DEVICE, node)
     for pod, container, words in ((driver, "metax-driver", ("",)),
                                   (device, N.DAEMONSET_GPU_DEVICE, ("Allocate mode", "gpu-device starting", "found",
-                                                          "registered", "ListAndWatch"))):
+                                                                    "registered", "ListAndWatch"))):
         if pod is None:
             continue
         logs = cluster.kubectl("logs", "-n", NS, pod["metadata"]["name"], "-c", container, "--timestamps",

@@ -380,9 +380,9 @@ def test_an_upgraded_controller_deletes_its_objects_under_former_names(env):
     labels = {N.LABEL_OPERATOR_OWNER: cr["metadata"]["uid"], "app.kubernetes.io/name": "gpu-device"}
     former = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "former-gpu-device", "namespace": NS,
-                                                                     "labels": labels}},
+                                                                    "labels": labels}},
         {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "gpu-device", "namespace": NS,
-                                                                     "labels": labels},
+                                                                    "labels": labels},
          "spec": {"selector": {"matchLabels": {"app": "former-gpu-device"}}, "template": {
              "metadata": {"labels": {"app": "former-gpu-device"}},
              "spec": {"nodeSelector": {"former": "none"},

@@ -107,7 +107,7 @@ def test_a_namespaced_cr_is_carried_over_without_touching_its_objects(env):
     wait_until(lambda: cp.kubectl("get", "clusteroperators", "-n", NS).returncode == 0 and
                cp.kubectl("get", "kopfpeerings", "-n", NS).returncode == 0, 30, "the older CRDs served")
     ok(cp, "apply", "-f", "-", input=json.dumps({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
-                                                   "metadata": {"name": "metax-operator", "namespace": NS}}))
+                                                 "metadata": {"name": "metax-operator", "namespace": NS}}))
     old = {"apiVersion": "gpu.metax-tech.com/v1alpha1", "kind": "ClusterOperator",
            "metadata": {"name": N.OPERATOR_CR_NAME, "namespace": NS, "finalizers": [N.OPERATOR_FINALIZER],
                         "labels": {"app.kubernetes.io/managed-by": "Helm"},

@@ -56,7 +56,7 @@ from localcluster import containerd  # noqa: E402
 from localcluster.nodes import Node, NodePaths  # noqa: E402
 from localcluster.runtime import from_environ  # noqa: E402
 
-from test_cdi_cluster import SCRIPT, cdi_agent, pod_report  # noqa: E402,F401
+from test_cdi_cluster import SCRIPT, cdi_agent, pod_report  # noqa: E402,F401  # pylint: disable=unused-import
 from test_gpu_device_cluster import GPU, NS, wait_for, wait_registered  # noqa: E402
 from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
@@ -179,7 +179,7 @@ def delete_pod(agents, name):
 
 @pytest.fixture
 def node_containerd(cluster, cdi_agent):  # noqa: F811
-    node = next(n for n in cluster.nodes if n["name"] == cdi_agent.node)
+    node = [n for n in cluster.nodes if n["name"] == cdi_agent.node][0]
     ctrd = NodeContainerd(cluster, node)
     before = ctrd.files()
     assert not before[2], "%s/conf.d exists before the test" % ctrd.dir

@@ -202,7 +202,7 @@ def test_headers_are_not_kept(tmp_path):
     tracemalloc.start()
     try:
         with open(src, "rb") as raw, A.open_stream(raw) as tar:
-            count = sum(1 for _ in A.members(tar, budget))
+            count = sum(1 for _member in A.members(tar, budget))
         _current, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -47,7 +47,7 @@ def test_a_chart_is_read(tmp_path):
     art = S.read_chart(chart(tmp_path / "demo-1.2.3.tgz"))
     assert (art.name, art.tag) == ("demo", "1.2.3")
     assert json.loads(art.config.read_all()) == {"name": "demo", "version": "1.2.3", "description": "a demo chart",
-                                                  "apiVersion": "v2"}
+                                                 "apiVersion": "v2"}
 
 
 def test_the_yaml_alias_bomb_in_chart_yaml_is_refused(tmp_path):

@@ -129,7 +129,6 @@ def event_changes_config(event: Mapping[str, Any], seen_version: Optional[str]) 
     return getattr(meta, "resource_version", None) != seen_version
 
 
-
 class Watched:
     """What a watch does with what it sees: ``opened`` with each (re)opening's list, ``changed`` with
     each event (True: wake a round), ``broken`` when the watch breaks.

@@ -700,7 +700,7 @@ class Health:
     def state(self) -> Tuple[bool, Dict[str, Any]]:
         renewed = self.elector.last_renewed
         ok = not self.leading or (renewed is not None and still_leading(renewed, self._clock(),
-                                                                          self.elector.lease_duration))
+                                                                        self.elector.lease_duration))
         return ok, {"leader": self.leading, "identity": self.elector.identity}
 
     def serve(self, port: int) -> http.server.ThreadingHTTPServer:
@@ -784,7 +784,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 signal.signal(sig, handler)
             LOG.info("%s leads (Lease %s/%s): starting the handlers", elector.identity, args.namespace, args.lease)
             register(operator, args, stop)
-            kopf.run(namespaces=[args.namespace], standalone=True, stop_flag=stop, liveness_endpoint=None)
+            # identity given: kopf's own default asks getpass for the user, which raises for the
+            # image's uid 65532 (no passwd entry); standalone needs it only for its logs
+            kopf.run(namespaces=[args.namespace], standalone=True, stop_flag=stop, liveness_endpoint=None,
+                     identity=elector.identity)
     finally:
         stop.set()
         keeper.join(timeout=args.retry_period * 2)

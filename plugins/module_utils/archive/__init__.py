@@ -71,7 +71,7 @@ def _bounded_info(limits: Limits) -> Any:
     and a chain of them (each is one level of recursion in ``tarfile``)."""
 
     class BoundedInfo(tarfile.TarInfo):
-        def _proc_member(self, tar):  # tarfile's hook for each header
+        def _proc_member(self, tar):  # pylint: disable=arguments-renamed  # tarfile's hook for each header
             if self.type in _EXTENDED:
                 depth = getattr(tar, "_metax_chain", 0) + 1
                 setattr(tar, "_metax_chain", depth)
@@ -324,7 +324,7 @@ def extract(path: str, dest: str, limits: Limits = DEFAULT_LIMITS,
         except (tarfile.TarError, EOFError, OSError, lzma.LZMAError) as exc:
             raise ArchiveError("%s: cannot extract (%s)" % (path, exc)) from exc
         except ArchiveError as exc:
-            raise ArchiveError("%s: %s" % (path, exc)) from exc
+            raise ArchiveError("%s: %s" % (path, exc)) from exc  # pylint: disable=bad-exception-cause
         os.chmod(stage, 0o755)
         os.rename(stage, dest)
     except BaseException:

@@ -152,7 +152,8 @@ def owner_id(owner: Mapping[str, object]) -> str:
     """The value of the owner label on what ``owner`` (a ClusterOperator) owns: its uid, or the uid
     of the namespaced CR it was carried over from (the migration keeps it, so that no pod template changes)."""
     meta = owner["metadata"]
-    assert isinstance(meta, Mapping)
+    if not isinstance(meta, Mapping):
+        raise TypeError("a ClusterOperator's metadata is an object, not %r" % (meta,))
     annotations = meta.get("annotations")
     carried = annotations.get(names.ANNOTATION_OPERATOR_OWNER_ID) if isinstance(annotations, Mapping) else None
     return str(carried or meta["uid"])

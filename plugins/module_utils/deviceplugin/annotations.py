@@ -46,6 +46,7 @@ from .devices import Snapshot
 
 LOG = logging.getLogger("gpu-device.annotations")
 
+
 def _compact(value) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=False)
 

@@ -347,7 +347,7 @@ def plan(request: Request, seen: Observed) -> Plan:
 def _describe(package: Package) -> str:
     if package.kind == PREBUILT:
         return "%s (prebuilt %s for %s)" % (os.path.basename(package.path), package.version,
-                                             ", ".join(package.kernels))
+                                            ", ".join(package.kernels))
     return os.path.basename(package.path)
 
 
@@ -394,10 +394,10 @@ def _install(host: HostRoot, cmds: NodeCommands, request: Request, package: Pack
         else:
             cmds.check([path] + list(request.run_install_args), "running %s" % package.path)
             write_record(host, RUN_RECORD, {"version": package.version, "package": package.path,
-                                             "driver_version": package.driver})
+                                            "driver_version": package.driver})
     # what the loaded module will say: a later run compares it with this, not with the payload's version
     write_record(host, DRIVER_RECORD, {"version": package.version, "driver_version": package.driver,
-                                        "kind": package.kind})
+                                       "kind": package.kind})
 
 
 def _remove(host: HostRoot, cmds: NodeCommands, request: Request, seen: Observed) -> None:

@@ -321,8 +321,8 @@ class DriverNode:
         self.api.restart_gpu_device(DRIVER_READERS_SELECTOR)
         self.verified(self.driver_of(target))
         self.api.patch_node({names.LABEL_DRIVER_UPGRADE_STATE: names.DRIVER_UPGRADE_DONE,
-                              names.LABEL_DRIVER_MODE: policy.MODE_CLOUD},
-                             {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: None})
+                             names.LABEL_DRIVER_MODE: policy.MODE_CLOUD},
+                            {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: None})
         self.remove_record(UPGRADE_RECORD)
         kmd = self.driver_of(target)
         message = "driver %s -> %s%s, installed in %.1f s, verified" % (
@@ -354,7 +354,7 @@ class DriverNode:
         self.verified(None)
         # cordoned it stays (the controller never finishes a failed node): the administrator's now
         self.api.patch_node({names.LABEL_DRIVER_UPGRADE_STATE: "failed"},
-                             {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: message})
+                            {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: message})
         self.remove_record(UPGRADE_RECORD)
         self.api.event("DriverUpgradeFailed", message)
         return "failed"

@@ -91,7 +91,7 @@ def install_prebuilt(host: HostRoot, cmds: NodeCommands, package: Package, kerne
         copy_payload_file(os.path.join(tools, name), host, rel, 0o755)
         files.append(rel)
     write_record(host, PREBUILT_RECORD, {"version": package.version, "driver_version": package.driver,
-                                          "package": package.path, "kernel": kernel, "files": files})
+                                         "package": package.path, "kernel": kernel, "files": files})
     cmds.check(["depmod", "-a", kernel], "depmod for the modules of %s" % package.path)
 
 

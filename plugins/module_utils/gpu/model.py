@@ -126,6 +126,7 @@ METAX_VENDOR_ID = 0x9999
 # and of the products above).
 VF_DEVICE_ID_FLAG = 0x0800
 
+
 def family_of(name: str) -> str:
     """``MXC`` of ``MXC550-PL`` (a known product's family, else the chip name's prefix); "unknown" otherwise."""
     known = PRODUCTS_BY_NAME.get(chip_name(name))

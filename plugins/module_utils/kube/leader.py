@@ -137,7 +137,7 @@ class LeaderElector:
                  lease_duration: int = LEASE_DURATION, renew_deadline: float = RENEW_DEADLINE,
                  retry_period: float = RETRY_PERIOD, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
-        if not renew_deadline < lease_duration:
+        if renew_deadline >= lease_duration:
             raise LeaderError("renew deadline (%ss) must be shorter than the lease duration (%ss)"
                               % (renew_deadline, lease_duration))
         self.api = api

@@ -22,3 +22,5 @@ except ImportError:
     HAS_GRPC = False
 
 REQUIRED = "grpcio and protobuf are required (requirements/agents.txt)"
+# what the agents import from here (the reason this module exists)
+__all__ = ("HAS_GRPC", "REQUIRED", "dp_grpc", "dp_pb", "grpc", "pr_grpc", "pr_pb")

@@ -25,7 +25,7 @@ ARGUMENT_SPEC = {
         "insecure": {"type": "bool"},
         "serverName": {"type": "str"},
         "certFile": {"type": "str"},
-        "keyFile": {"type": "str"},
+        "keyFile": {"type": "str", "no_log": False},   # a path to the key, not the key
         "caFile": {"type": "str"},
         "certData": {"type": "str"},
         "keyData": {"type": "str", "no_log": True},

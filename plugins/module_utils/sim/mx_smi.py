@@ -156,7 +156,7 @@ def _table_real(state):
     out = ["mx-smi  version: %s" % state["mx_smi_version"], "",
            BANNER,
            "Timestamp                                         : %s" % time.strftime("%a %b %d %H:%M:%S %Y",
-                                                                                     time.gmtime(_now())),
+                                                                                    time.gmtime(_now())),
            "", "Attached GPUs                                     : %d" % len(gpus), _BOX,
            "| %-34s %-44s |" % ("MX-SMI %s" % state["mx_smi_version"],
                                 "Kernel Mode Driver Version: %s" % state["driver_version"]),
@@ -172,7 +172,7 @@ def _table_real(state):
         r = _gpu_readings(state, gpu, loads, now)
         name, util = "MetaX %s" % gpu["product"], "%d%%" % round(r["util"] * 100)
         out.append("| %s%s | %s%s | %-19s | %s%s |" % (str(pos).ljust(16 - len(name)), name, str(pos).ljust(12), "Off",
-                                                      gpu["bdf"], util.ljust(12), "Disabled"))
+                                                       gpu["bdf"], util.ljust(12), "Disabled"))
         out.append("| %-16s | %s%s | %-19s | %-20s |" % ("%dW / %dW" % (r["power"], r["cap"]),
                                                          ("%dC" % r["temp"]).ljust(13), "P0",
                                                          "%d/%d MiB" % (r["memory_used"], gpu["memory_mib"]), status))
@@ -275,7 +275,7 @@ def _topo_real(state):
     gpus = _visible(state)
     out = ["mx-smi  version: %s" % state["mx_smi_version"], "", BANNER,
            "Timestamp                                         : %s" % time.strftime("%a %b %d %H:%M:%S %Y",
-                                                                                     time.gmtime(_now())),
+                                                                                    time.gmtime(_now())),
            "", "Attached GPUs                                     : %d" % len(gpus), "Device link type matrix",
            "        " + "".join("GPU%-5d" % i for i in range(len(gpus))) + "Node Affinity  CPU Affinity"]
     for i, a in enumerate(gpus):
@@ -317,7 +317,7 @@ def _count_ecc(state):
     gpus = _visible(state)
     out = ["mx-smi  version: %s" % state["mx_smi_version"], "", BANNER,
            "Timestamp                                         : %s" % time.strftime("%a %b %d %H:%M:%S %Y",
-                                                                                     time.gmtime(_now())),
+                                                                                    time.gmtime(_now())),
            "", "Attached GPUs                                     : %d" % len(gpus)]
     for pos, gpu in enumerate(gpus):
         counts = gpu.get("ecc") or {}

@@ -367,7 +367,7 @@ def _depmod(host: HostRoot, args: List[str]) -> int:
     given, else the node's), else the installed package's module, else none."""
     releases = [a for a in args if not a.startswith("-")]
     release = releases[0] if releases else (host.read_attribute(KERNEL_RELEASE, default="")
-                                           if host.exists(KERNEL_RELEASE) else "") or os.uname().release
+                                            if host.exists(KERNEL_RELEASE) else "") or os.uname().release
     module = None
     base = host.join("lib/modules/" + release)
     for dirpath, _dirs, files in os.walk(base):

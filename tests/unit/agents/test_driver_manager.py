@@ -907,7 +907,7 @@ def test_the_agents_kube_and_the_tests_recorder_implement_the_node_api_the_proce
     """driver/node_upgrade.py and vfnum/reconcile.py reach the API only through NodeApi: the pod's
     Kube and this file's Recorder both answer every one of its calls, with the same parameters."""
     import inspect
-    calls = [name for name, _ in inspect.getmembers(NodeApi, inspect.isfunction) if not name.startswith("_")]
+    calls = [member[0] for member in inspect.getmembers(NodeApi, inspect.isfunction) if not member[0].startswith("_")]
     assert sorted(calls) == ["event", "evict_gpu_pods", "gpu_pods", "node_metadata", "patch_node",
                              "restart_gpu_device"]
     for name in calls:

@@ -74,5 +74,7 @@ def test_containerd_2_gets_only_the_metax_handler_then_absent_is_byte_identical(
     assert snapshot(host.path) == before
     vendor = node_with(tmp_path / "vendor", {rc.CONTAINERD_CONFIG: (vendor_text().encode(), 0o644)})
     untouched = snapshot(vendor.path)
-    assert run_role(tmp_path, **dict(common, container_runtime_host_root=vendor.path))[0] == 0
+    on_vendor = dict(common)
+    on_vendor["container_runtime_host_root"] = vendor.path
+    assert run_role(tmp_path, **on_vendor)[0] == 0
     assert snapshot(vendor.path) == untouched

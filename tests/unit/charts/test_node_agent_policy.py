@@ -39,6 +39,7 @@ def chart_values(chart, values):
     """``values`` for ``chart``, with the payloads the operator chart requires."""
     return dict(OPERATOR_PAYLOADS, **values) if chart == OPERATOR_CHART else values
 
+
 HELM = find_helm()
 
 _spec = importlib.util.spec_from_file_location("gen_node_agent_policy", ROOT / "scripts" / "gen_node_agent_policy.py")

@@ -82,7 +82,7 @@ VALUE_SETS: Dict[str, Dict[str, Any]] = {
                   "podTemplateSpec": {"metadata": {"annotations": {"team": "gpu"}}},
                   "hostRoot": {"path": "/var/lib/metax-sim", "subPathExpr": "$(NODE_NAME)"}},
     "data-exporter": {**PAYLOADS, "dataExporter": {"deploy": True, "interval": 5, "service": {"port": 30445},
-                                       "log": {"level": "debug"}, "resources": {"limits": {"memory": "96Mi"}}}},
+                                                   "log": {"level": "debug"}, "resources": {"limits": {"memory": "96Mi"}}}},
 }
 
 
@@ -242,7 +242,7 @@ def test_the_manuals_flags_deploy_the_five_components():
     spec = objs[("ClusterOperator", "cluster-operator")]["spec"]
     on = {c.name for c in components.REGISTRY if deployed(c, spec)}
     assert on == {c.name for c in (components.GPU_LABEL, components.CONTAINER_RUNTIME, components.DRIVER,
-                                    components.MACA, components.GPU_DEVICE)}
+                                   components.MACA, components.GPU_DEVICE)}
     assert spec["driver"]["payload"] == {"name": "driver-image", "version": "2.29.0.13",
                                          "registry": "harbor.example.cn/mximages"}
     assert spec["maca"]["payload"] == {"registry": "harbor.example.cn/mximages",
@@ -278,7 +278,7 @@ def test_a_component_on_without_its_payload_fails_the_install_naming_the_value(s
 def _sets_as_values(sets):
     values: Dict[str, Any] = {}
     for pair in sets:
-        key, _, value = pair.partition("=")
+        key, _sep, value = pair.partition("=")
         node = values
         parts = key.split(".")
         for part in parts[:-1]:

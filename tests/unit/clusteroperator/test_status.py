@@ -121,7 +121,7 @@ def test_driver_manager_reports_on_a_node_make_the_driver_component_degraded_nam
 
 def test_the_cr_is_not_ready_while_any_component_is_not_ready_on_a_node_it_targets_and_names_them_all():
     driver = component_status(components.DRIVER, {}, ds(3, 2), [pod("vm", True), pod("vm-2", True),
-                                                                 pod("vm-3", False)], {})
+                                                                pod("vm-3", False)], {})
     device = component_status(components.GPU_DEVICE, {}, ds(2, 2), [pod("vm", True), pod("vm-2", True)],
                               {"vm-3": [names.LABEL_DRIVER_READY, names.LABEL_MACA_READY]})
     label = component_status(components.GPU_LABEL, {}, ds(3, 3), [], {})

@@ -202,7 +202,7 @@ def test_the_plan_compares_the_loaded_module_with_the_declared_driver_not_the_pa
     assert "kernel driver 2.12.13" in up.reason
     # deploy_policy Never accepts the vendor payload it was asked for by its declared module
     never = plan(Request(version="2.29.0.13", deploy_policy="Never"), vendor_seen(pkg=None, declared=None,
-                                                                                   packages=[VENDOR]))
+                                                                                  packages=[VENDOR]))
     assert never.steps == [] and never.to_driver == "2.12.13"
     # a prebuilt tree replaced by the next one: its files go first
     again = plan(Request(version="2.30.0.1", src="/c"), vendor_seen(kind="prebuilt", packages=[

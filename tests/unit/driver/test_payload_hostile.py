@@ -12,7 +12,7 @@ import pytest
 
 from ansible_collections.metax.gpu.plugins.module_utils.driver import backend
 from ansible_collections.metax.gpu.plugins.module_utils.driver.package import (DriverPackageError,
-                                                                                check_payload_version)
+                                                                               check_payload_version)
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 
 

@@ -39,7 +39,7 @@ def test_a_nodes_own_parameters_are_checked_too():
 
 def test_valid_parameters_pass():
     assert policy.module_params({"module-params": "vf_mode=1 dbg=-1 x-y=a,b"}, "n1") == ["vf_mode=1", "dbg=-1",
-                                                                                           "x-y=a,b"]
+                                                                                         "x-y=a,b"]
 
 
 @pytest.mark.parametrize("params", [["--config=/x"], ["-d=/tmp"], ["a"], ["a=b c"]])

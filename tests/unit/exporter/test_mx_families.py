@@ -110,7 +110,7 @@ def test_the_real_2_2_12_json_and_2_2_9_table_give_the_real_values(make_node):
     _replace_mx_smi(host, 'd=$(dirname "$0")\nif [ "$1" = -j ]; then cat "$d/mx-smi.json"; else cat "$d/mx-smi.table"; fi')
     found = families(scrape(reader))
     one = {name: by_device(found, name) for name in ("mx_gpu_usage", "mx_chip_hotspot_temp", "mx_board_power",
-                                                      "mx_gpu_clock", "mx_mem_clock", "mx_gpu_state")}
+                                                     "mx_gpu_clock", "mx_mem_clock", "mx_gpu_state")}
     assert one == {"mx_gpu_usage": {"0": 0.0}, "mx_chip_hotspot_temp": {"0": 38.5}, "mx_board_power": {"0": 61919.0},
                    "mx_gpu_clock": {"0": 1125.0}, "mx_mem_clock": {"0": 1800.0}, "mx_gpu_state": {"0": 1.0}}
     assert by_device(found, "mx_memory_used", type="vram") == {"0": 826 * 1024.0}

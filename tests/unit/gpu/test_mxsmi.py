@@ -363,7 +363,7 @@ def test_count_ecc_reads_the_real_sample_and_reports_what_it_cannot():
         "0000:37:00.0": {"sram_correctable": 0, "sram_uncorrectable": 0, "dram_correctable": 0,
                          "dram_uncorrectable": 0}}
     text = sample("count-ecc-2.2.12-1xC500.txt").replace("DRAM Correctable                          : 0",
-                                                          "DRAM Correctable                          : 12")
+                                                         "DRAM Correctable                          : 12")
     assert mxsmi.parse_count_ecc(text)["0000:37:00.0"]["dram_correctable"] == 12
     problems = []
     bad = text.replace(": 12", ": N/A")

@@ -77,8 +77,8 @@ def test_check_mode_then_real_then_a_new_key(root):
 
 def test_an_existing_world_readable_config_is_tightened_when_it_gets_a_key(root):
     path = os.path.join(root, "etc/metax/extender.yaml")
-    failed, _ = run_module(scheduler_extender, {"host_root": root, "url": URL, "wait": False})
+    failed, _result = run_module(scheduler_extender, {"host_root": root, "url": URL, "wait": False})
     assert not failed
     os.chmod(path, 0o644)
-    failed, _ = run_module(scheduler_extender, _args(root))
+    failed, _result = run_module(scheduler_extender, _args(root))
     assert not failed and stat.S_IMODE(os.stat(path).st_mode) == 0o600
