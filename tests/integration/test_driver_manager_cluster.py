@@ -615,10 +615,19 @@ def test_a_node_whose_new_driver_fails_validation_is_rolled_back_left_cordoned_f
     assert before == {n: UPGRADE_VERSION for n in FLEET}, before
     # budget for two, one at a time: only the pause keeps vm-2 from starting once vm has failed
     policy_ = {"enableRollout": True, "maxParallel": 1, "maxUnavailable": 2, "maxFailureThreshold": 1,
-               "fallback": "pause", "upgradeSteps": []}
+               "fallback": "pause", "upgradeSteps": [], "pause": True}
     assert patch_cr(cluster, {"driver": {"payload": {"version": BROKEN_VERSION},
                                          "upgradePolicy": policy_}}).returncode == 0
     try:
+        # held until every node's driver-manager of the new payload has declared it: the planner takes
+        # the nodes by name only among the declared ones, and the DaemonSet replaces its pods in its own
+        # order (vm-3's pod first: vm-3 started alone and finished on BROKEN_VERSION before vm started)
+        wait(cluster, lambda: all(
+            (node["metadata"].get("annotations") or {}).get(N.ANNOTATION_DRIVER_PAYLOAD_VERSION) == BROKEN_VERSION
+            for name, node in nodes(cluster).items() if name in FLEET), 150,
+            "every node's driver-manager on the %s payload" % BROKEN_VERSION)
+        assert not any(upgrade_state(node) for name, node in nodes(cluster).items() if name in FLEET)
+        assert patch_cr(cluster, {"driver": {"upgradePolicy": {"pause": False}}}).returncode == 0
         follow_rollout(cluster, lambda current: upgrade_state(current["vm"]) == "failed", 150, "vm failed")
         wait(cluster, lambda: driver_upgrade_status(cluster).get("paused") is True, 15, "the rollout paused")
         # two more status rounds (5 s each): nothing else starts
@@ -644,7 +653,7 @@ def test_a_node_whose_new_driver_fails_validation_is_rolled_back_left_cordoned_f
     finally:
         # the administrator: back to the good payload, then (once the controller has seen it, so that it
         # does not start vm again for the broken one) clears the node and uncordons it
-        patch_cr(cluster, {"driver": {"payload": {"version": UPGRADE_VERSION}}})
+        patch_cr(cluster, {"driver": {"payload": {"version": UPGRADE_VERSION}, "upgradePolicy": {"pause": False}}})
         try:
             wait_until(lambda: driver_upgrade_status(cluster).get("targetVersion") == UPGRADE_VERSION, 30,
                        "the controller to see the good payload")

@@ -225,3 +225,30 @@ def test_an_unset_enable_rollout_never_patches_a_nodes_schedulability(fleet, ext
         assert "spec" not in patch.body or patch.action == "finish" and \
             N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE not in dict(nodes[int(patch.node[1:])]["metadata"]["annotations"])
     assert not any("spec" in p.body for p in plan.patches if p.action == "start")
+
+
+def test_the_first_declared_node_starts_ahead_of_earlier_names_until_every_node_has_declared():
+    """The cluster rollback test's order (vm, vm-2, vm-3 at 2.16.0; payload 2.16.1; maxParallel 1):
+    the planner takes the nodes by name only among those whose driver-manager of the new payload has
+    declared it. The DaemonSet replaces its pods in its own order, so the node whose pod came first
+    (vm-3) starts alone while vm and vm-2 wait ``payload-unknown``, and finishes on the new driver
+    before vm starts. Held (``pause: true``) until every node has declared it, vm goes first and its
+    failure pauses the rollout before vm-2 or vm-3 starts."""
+    old, new = ("2.16.0", None), ("2.16.1", None)
+    policy = {"maxParallel": 1, "maxUnavailable": 2, "maxFailureThreshold": 1, "fallback": "pause"}
+
+    def fleet(declared, **states):
+        return [gpu_node(name, version="2.16.0", payload=new if name in declared else old,
+                         cordoned=name in states, state=states.get(name)) for name in ("vm", "vm-2", "vm-3")]
+
+    early = driver_rollout(spec("2.16.1", policy, "Always"), fleet({"vm-3"}), T0)
+    assert [(p.node, p.action) for p in early.patches] == [("vm-3", "start")]
+    assert early.decision.reasons("payload-unknown") == ("vm", "vm-2")
+    # held until every node's driver-manager has declared the payload, then released
+    held = driver_rollout(spec("2.16.1", dict(policy, pause=True), "Always"), fleet({"vm-3", "vm-2"}), T0)
+    assert held.patches == () and held.status["paused"] is True
+    released = driver_rollout(spec("2.16.1", dict(policy, pause=False), "Always"), fleet({"vm", "vm-2", "vm-3"}), T0)
+    assert [(p.node, p.action) for p in released.patches] == [("vm", "start")]
+    assert released.decision.reasons("max-parallel") == ("vm-2", "vm-3")
+    failed = driver_rollout(spec("2.16.1", policy, "Always"), fleet({"vm", "vm-2", "vm-3"}, vm="failed"), T0)
+    assert failed.patches == () and failed.status["paused"] is True and failed.decision.failed == ("vm",)
