@@ -255,7 +255,8 @@ def test_manual_install_command_as_written_from_the_local_registry(cluster, site
         assert body["spec"]["devicePlugin"]["image"]["registry"] == domain_project
         # the whole product: the chain components on, with the flags' payloads, and driver-config at once
         assert body["spec"]["driver"]["payload"]["version"] == "2.29.0.13"
-        assert body["spec"]["maca"]["payload"] == {"registry": domain_project,
+        # pullPolicy as the real CR carries it (clusteroperator-0.9.2.txt), from the global pullPolicy
+        assert body["spec"]["maca"]["payload"] == {"registry": domain_project, "pullPolicy": "IfNotPresent",
                                                    "images": ["mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]}
         assert all(body["spec"][key]["deploy"] for key in ("driver", "maca", "runtime"))
         assert get_json(cluster, "configmap", "driver-config", "-n", NS) is not None
