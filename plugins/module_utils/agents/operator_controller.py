@@ -787,7 +787,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             # identity given: kopf's own default asks getpass for the user, which raises for the
             # image's uid 65532 (no passwd entry); standalone needs it only for its logs
             kopf.run(namespaces=[args.namespace], standalone=True, stop_flag=stop, liveness_endpoint=None,
-                     identity=elector.identity)
+                     identity=elector.identity)  # type: ignore[arg-type]  # kopf types it as an unexported NewType of str
     finally:
         stop.set()
         keeper.join(timeout=args.retry_period * 2)
