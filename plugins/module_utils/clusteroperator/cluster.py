@@ -208,14 +208,20 @@ class Cluster:
             key = "%s/%s/%s" % (item["kind"], meta.get("namespace") or "", meta["name"])
             if key in keep_set:
                 continue
-            try:
-                resource.delete(name=meta["name"], namespace=meta.get("namespace"),
-                                body={"propagationPolicy": delete_policy((resource.group_version, resource.kind))})
-                deleted += 1
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+            deleted += self._delete_owned(resource, meta)
         return deleted
+
+    @staticmethod
+    def _delete_owned(resource: Any, meta: Mapping[str, Any]) -> int:
+        """Delete one owned object with its kind's propagation policy; 1, or 0 when it was gone already."""
+        try:
+            resource.delete(name=meta["name"], namespace=meta.get("namespace"),
+                            body={"propagationPolicy": delete_policy((resource.group_version, resource.kind))})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return 0
+        return 1
 
     def prune_former(self, owner_uid: str, components: Iterable[str],
                      served: Optional[FrozenSet[Kind]] = None) -> int:
@@ -231,13 +237,7 @@ class Cluster:
             meta = item["metadata"]
             if (meta.get("labels") or {}).get("app.kubernetes.io/name") in current:
                 continue
-            try:
-                resource.delete(name=meta["name"], namespace=meta.get("namespace"),
-                                body={"propagationPolicy": delete_policy((resource.group_version, resource.kind))})
-                deleted += 1
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+            deleted += self._delete_owned(resource, meta)
         return deleted
 
     def pods(self, owner_uid: str, component: Optional[Component] = None) -> List[Dict[str, Any]]:
