@@ -24,12 +24,12 @@ import sys
 import threading
 from typing import List, Optional, Sequence
 
-from ..extender import kube
-from ..extender.cache import ListWatch, NodeCache, WeightsHolder
+from ..extender.cache import NodeCache, WeightsHolder, configmap_source, list_watch, node_source
 from ..extender.metrics import ExtenderMetrics
 from ..extender.nodeinfo import StateCache
 from ..names import GPU_AWARE_CONFIGMAP, NAMESPACE
 from ..extender.policy import WeightError, Weights, parse_weight
+from ..kube.watch import ListWatch
 from ..extender.server import (
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
     ExtenderHTTPServer, ExtenderService, tls_context)
@@ -150,11 +150,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     watches: List[ListWatch] = []
     if api is not None:
-        watches.append(ListWatch("configmap", kube.configmap_source(api, namespace, args.configmap), weights,
-                                 metrics, log, resync_seconds=args.resync_seconds).start())
+        watches.append(list_watch("configmap", configmap_source(api, namespace, args.configmap), weights,
+                                  metrics, log, resync_seconds=args.resync_seconds).start())
         if nodes is not None:
-            watches.append(ListWatch("nodes", kube.node_source(api), nodes, metrics, log,
-                                     resync_seconds=args.resync_seconds, settle_gc=True).start())
+            watches.append(list_watch("nodes", node_source(api), nodes, metrics, log,
+                                      resync_seconds=args.resync_seconds, settle_gc=True).start())
 
     serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="http",
                                daemon=True)

@@ -14,19 +14,30 @@ A ``continue`` token expires when etcd compacts past it (410 Gone, after about
 five minutes by default); the list then starts again from the first page, so
 the result is always one consistent snapshot, never two halves of different
 ones.
+
+:func:`raw_list` and :func:`raw_get` are the collection's one way to read the
+API server's JSON without the client's model classes (``_preload_content=False``:
+a model costs milliseconds per Node, and the callers read a few fields):
+the operator's status round, the ``node_metadata`` module, the list of
+:mod:`.watch` and :mod:`.node`'s read of one node.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import MetaxGpuError
 from .client import ApiException
 
-__all__ = ["DEFAULT_PAGE_SIZE", "Listing", "PagingError", "list_all", "query"]
+__all__ = ["DEFAULT_PAGE_SIZE", "Listing", "NotJson", "PagingError", "list_all", "query", "raw_get", "raw_json",
+           "raw_list"]
 
 DEFAULT_PAGE_SIZE = 500
+# (connect, read) seconds of one list page or one get: a server that stops answering is an error the
+# caller retries, not a thread blocked for good.
+REQUEST_TIMEOUT = (10.0, 120.0)
 # Restarts after an expired continue token before giving up (each restart re-reads from the first page).
 RESTARTS = 3
 
@@ -36,6 +47,10 @@ Fetch = Callable[[int, Optional[str]], Dict[str, Any]]
 
 class PagingError(MetaxGpuError):
     """The list could not be read to its end (continue token kept expiring, or a bad page size)."""
+
+
+class NotJson(MetaxGpuError):
+    """The API server's answer was not a JSON object (a proxy's error page, a cut connection)."""
 
 
 @dataclass
@@ -87,3 +102,43 @@ def query(label_selectors: Optional[List[str]] = None, field_selectors: Optional
     if field_selectors:
         params["field_selector"] = ",".join(field_selectors)
     return params
+
+
+def raw_json(resp: Any, lenient: bool = False) -> Dict[str, Any]:
+    """A raw answer (``_preload_content=False``) read to its end and decoded, its connection given back
+    to the pool. A body that is not a JSON object raises NotJson, or is {} when ``lenient``."""
+    try:
+        body = resp.data
+        document = json.loads(body) if body else None
+    except (TypeError, ValueError):
+        document = None
+    finally:
+        resp.release_conn()
+    if isinstance(document, dict):
+        return document
+    if lenient:
+        return {}
+    raise NotJson("the API server's answer is not a JSON object: %r" % (str(getattr(resp, "data", ""))[:120],))
+
+
+def raw_list(call: Callable[..., Any], *args: Any, page_size: int = DEFAULT_PAGE_SIZE,
+             resource_version: Optional[str] = None, timeout: Any = REQUEST_TIMEOUT, **params: Any) -> Listing:
+    """Every item of a ``list_*`` call of the ``kubernetes`` client (``args``: its positional
+    arguments, such as the namespace; ``params``: selectors), ``page_size`` per request, as JSON.
+
+    ``resource_version`` "0" lets the API server answer from its watch cache; it goes with the first
+    page only (a continue token carries its own).
+    """
+    def fetch(limit: int, token: Optional[str]) -> Dict[str, Any]:
+        extra: Dict[str, Any] = {"_continue": token} if token else {}
+        if resource_version is not None and not token:
+            extra["resource_version"] = resource_version
+        return raw_json(call(*args, limit=limit, _preload_content=False, _request_timeout=timeout, **extra, **params))
+    return list_all(fetch, page_size)
+
+
+def raw_get(call: Callable[..., Any], *args: Any, lenient: bool = False, timeout: Any = REQUEST_TIMEOUT,
+            **params: Any) -> Dict[str, Any]:
+    """One object of a ``read_*`` (or ``patch_*``) call as JSON; ``lenient``: {} for an answer that is
+    not JSON, as the client's own decoding would not raise either."""
+    return raw_json(call(*args, _preload_content=False, _request_timeout=timeout, **params), lenient)

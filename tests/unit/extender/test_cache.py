@@ -12,9 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.metax.gpu.plugins.module_utils.backoff import Backoff
-from ansible_collections.metax.gpu.plugins.module_utils.extender import kube
-from ansible_collections.metax.gpu.plugins.module_utils.extender.cache import (
-    Expired, ListWatch, NodeCache, WeightsHolder)
+from ansible_collections.metax.gpu.plugins.module_utils.extender import cache as kube
+from ansible_collections.metax.gpu.plugins.module_utils.extender.cache import NodeCache, WeightsHolder
+from ansible_collections.metax.gpu.plugins.module_utils.extender.cache import list_watch as ListWatch
+from ansible_collections.metax.gpu.plugins.module_utils.kube.client import core_v1
+from ansible_collections.metax.gpu.plugins.module_utils.kube.watch import Expired, RawSource
 from ansible_collections.metax.gpu.plugins.module_utils.extender.metrics import ExtenderMetrics
 from ansible_collections.metax.gpu.plugins.module_utils.extender.nodeinfo import StateCache
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import Weights
@@ -66,7 +68,7 @@ class ScriptedSource:
         self.watches = list(watches)
         self.calls = []
 
-    def list(self):
+    def list(self, resource_version=None):
         self.calls.append("list")
         item = self.lists.pop(0) if self.lists else ([], "1")
         if isinstance(item, Exception):
@@ -206,7 +208,7 @@ def test_kube_source_lists_nodes_in_pages(fake_api, api_client):
     cache = NodeCache(StateCache(), metrics, LOG)
     for i in range(7):
         fake_api.set("nodes", make_node(i, allocated=[]))
-    source = kube.KubeSource(kube.core_v1(api_client).list_node, page_size=3)
+    source = RawSource(core_v1(api_client).list_node, page_size=3)
     lw = ListWatch("nodes", source, cache, metrics, LOG, watch_seconds=2, backoff=Backoff(0.05, 0.1)).start()
     try:
         wait_for(lambda: len(cache) == 7, what="paged list")
