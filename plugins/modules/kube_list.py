@@ -112,7 +112,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.metax.gpu.plugins.module_utils.common import KUBECONFIG_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.kube import client as kube
-from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import list_all, query
+from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import list_all, query, raw_json
 
 ARGUMENT_SPEC = {
     "api_version": {"type": "str", "default": "v1"},
@@ -144,9 +144,8 @@ def main():
 
             def fetch(limit, token):
                 # serialize=False: the raw answer decoded once, not wrapped field by field (2,000 Nodes)
-                resp = resource.get(namespace=params["namespace"], limit=limit, _continue=token, serialize=False,
-                                    **selectors)
-                return json.loads(resp.data)
+                return raw_json(resource.get(namespace=params["namespace"], limit=limit, _continue=token,
+                                             serialize=False, **selectors))
 
             listing = list_all(fetch, params["page_size"])
     except ResourceNotFoundError as exc:

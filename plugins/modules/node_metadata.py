@@ -83,7 +83,6 @@ examined:
   sample: 2000
 """
 
-import json
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -91,8 +90,9 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.metax.gpu.plugins.module_utils.common import KUBECONFIG_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.kube import client as kube
-from ansible_collections.metax.gpu.plugins.module_utils.kube.node_metadata import changes, check_prefix, diff, merge_patch
-from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import list_all, query
+from ansible_collections.metax.gpu.plugins.module_utils.kube.node import strip
+from ansible_collections.metax.gpu.plugins.module_utils.kube.node_metadata import check_prefix, diff
+from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import query, raw_list
 
 ARGUMENT_SPEC = {
     "prefix": {"type": "str", "required": True},
@@ -115,18 +115,9 @@ def main():
         client = kube.api_client(params["kubeconfig"])
         core = kube.core_v1(client)
         selectors = query(params["label_selectors"])
-
-        def fetch(limit, token):
-            resp = core.list_node(limit=limit, _continue=token, _preload_content=False, **selectors)
-            return json.loads(resp.data)
-
         with kube.reaching(client, params["kubeconfig"]):
-            listing = list_all(fetch, params["page_size"])
-            todo = changes(listing.items, prefix)
-            for change in todo:
-                if not module.check_mode:
-                    core.patch_node(change.name, merge_patch(change), _content_type="application/merge-patch+json")
-                done.append(change)
+            listing = raw_list(core.list_node, page_size=params["page_size"], **selectors)
+            strip(core, listing.items, [prefix], [prefix], check_mode=module.check_mode, done=done)
     except (MetaxGpuError, kube.ApiException) as exc:
         # the nodes patched before the failure are reported: a rerun finishes the rest
         module.fail_json(msg=str(exc), nodes=_report(done), changed=bool(done) and not module.check_mode)

@@ -33,13 +33,13 @@ import sys
 import threading
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from ..errors import MetaxGpuError
 from ..gpu.discovery import DiscoveryError, discover
 from ..gpu.labels import DRIVER_MODES, OWNED_LABEL_KEYS, keep_known_product, label_changes, node_labels
 from ..names import LABEL_DRIVER_MODE, LABEL_DRIVER_READY
 from ..backoff import Backoff
 from ..host import HostRoot, HostRootError
-from ..kube.client import ApiException, core_v1
+from ..kube.client import core_v1
+from ..kube.node import NodeUnavailable, OwnNode
 from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, positive_float,
                      run_main, setup_logging, stop_event)
 
@@ -71,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class ApiUnavailable(MetaxGpuError):
-    """The apiserver could not be reached or refused the request; retried with backoff."""
+# The apiserver could not be reached or refused the request; retried with backoff (kube/node.py's error).
+ApiUnavailable = NodeUnavailable
 
 
 class Labeller:
@@ -124,31 +124,14 @@ class Labeller:
 
 
 def kube_label_access(api_client, node_name: str, timeout: float = 10.0):
-    """(read_labels, patch_labels) for :class:`Labeller` with the kubernetes client."""
-    core = core_v1(api_client)
-
-    def _call(what: str, func, *args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except ApiException as exc:
-            hint = ""
-            if exc.status == 403:
-                hint = " (RBAC: the service account needs get and patch on nodes)"
-            elif exc.status == 404:
-                hint = " (is --node-name right?)"
-            raise ApiUnavailable("%s node %s: HTTP %s %s%s" % (what, node_name, exc.status, exc.reason, hint))
-        except Exception as exc:  # pylint: disable=broad-except  # urllib3/socket errors of many kinds
-            raise ApiUnavailable("%s node %s: %s" % (what, node_name, exc))
-
-    def read_labels() -> Mapping[str, str]:
-        node = _call("get", core.read_node, node_name, _request_timeout=timeout)
-        return dict(node.metadata.labels or {})
+    """(read_labels, patch_labels) for :class:`Labeller`: our own node through kube/node.py
+    (ApiUnavailable with the RBAC or node-name hint)."""
+    own = OwnNode(core_v1(api_client), node_name, timeout)
 
     def patch_labels(patch: Dict[str, Optional[str]]) -> None:
-        _call("patch", core.patch_node, node_name, {"metadata": {"labels": patch}},
-              _content_type="application/merge-patch+json", _request_timeout=timeout)
+        own.patch(labels=patch)
 
-    return read_labels, patch_labels
+    return own.labels, patch_labels
 
 
 def run_loop(labeller: Labeller, interval: float, stop: threading.Event, once: bool = False,

@@ -11,15 +11,15 @@ see kube/client.py); decisions are made by the pure functions of
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import names
 from ..errors import MetaxGpuError
 from ..kube.client import HAS_KUBERNETES, ApiException, KubeClientError
-from ..kube.pages import list_all
+from ..kube.node import patch_metadata, strip_changes
+from ..kube.pages import raw_list
 from .apis import OPTIONAL_KINDS, Kind, ServedKinds, delete_policy, group_versions, owned_kinds, served_of
-from .contract import Component, matches
+from .contract import Component
 from .driver_rollout import RolloutPlan, driver_rollout, handback_patches
 
 try:
@@ -48,19 +48,14 @@ LIST_PAGE = 500
 
 
 def _raw_pages(call: Any, *args: Any, **params: Any) -> List[Dict[str, Any]]:
-    """Every item of a ``CoreV1Api.list_*`` call, LIST_PAGE per request, decoded from the raw JSON.
+    """Every item of a ``CoreV1Api.list_*`` call, LIST_PAGE per request, decoded from the raw JSON
+    (kube/pages.raw_list).
 
     The status round reads every node and each DaemonSet's pods (one per GPU node) every
     STATUS_INTERVAL; the client's models, built and then sanitized back to dicts, took 3-5x the CPU
     and 2.2-2.4x the heap of the JSON itself at 2,000 GPU nodes (docs/scale.md, "operator-controller").
     """
-    def fetch(limit: int, token: Optional[str]) -> Dict[str, Any]:
-        resp: Any = call(*args, limit=limit, _continue=token, _preload_content=False, **params)
-        try:
-            return json.loads(resp.data)
-        finally:
-            resp.release_conn()
-    return list_all(fetch, LIST_PAGE).items
+    return raw_list(call, *args, page_size=LIST_PAGE, **params).items
 
 
 def event_for(owner: Mapping[str, Any], event_type: str, reason: str, message: str, now: str) -> Dict[str, Any]:
@@ -261,7 +256,8 @@ class Cluster:
             raise
 
     def patch_node_metadata(self, node: str, metadata: Mapping[str, Any]) -> None:
-        self.core.patch_node(node, {"metadata": dict(metadata)})
+        """A merge patch of ``node``'s labels and annotations (kube/node.py)."""
+        patch_metadata(self.core, node, metadata.get("labels"), metadata.get("annotations"))
 
     def roll_driver(self, spec: Mapping[str, Any], now: float,
                     previous: Optional[Mapping[str, Any]] = None) -> RolloutPlan:
@@ -284,20 +280,8 @@ class Cluster:
     def strip_nodes(self, label_patterns: Sequence[str], annotation_patterns: Sequence[str],
                     skip: Sequence[str] = (), nodes: Optional[Sequence[Mapping[str, Any]]] = None) -> List[str]:
         """Remove matching labels and annotations from every node (``nodes``: as just read) but
-        ``skip``; the nodes changed."""
-        changed = []
-        for node in self.nodes() if nodes is None else nodes:
-            meta = node["metadata"]
-            if meta["name"] in skip:
-                continue
-            patch: Dict[str, Dict[str, None]] = {}
-            labels = {k: None for k in meta.get("labels") or {} if matches(k, label_patterns)}
-            annotations = {k: None for k in meta.get("annotations") or {} if matches(k, annotation_patterns)}
-            if labels:
-                patch["labels"] = labels
-            if annotations:
-                patch["annotations"] = annotations
-            if patch:
-                self.patch_node_metadata(meta["name"], patch)
-                changed.append(meta["name"])
-        return changed
+        ``skip``; the nodes changed (kube/node.py's one strip routine)."""
+        changed = strip_changes(self.nodes() if nodes is None else nodes, label_patterns, annotation_patterns, skip)
+        for change in changed:
+            self.patch_node_metadata(change.name, change.metadata_patch())
+        return [change.name for change in changed]

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 from .. import names
+from ..kube.node import matches, strip_change  # noqa: F401  # matches: the patterns' one reading, re-exported
 
 
 @dataclass(frozen=True)
@@ -89,28 +90,16 @@ def gate_selector(component: Component, registry: Iterable[Component],
     return selector
 
 
-def matches(key: str, patterns: Iterable[str]) -> bool:
-    """``key`` equals a pattern, or starts with one ending in ``/`` or ``.`` (a prefix)."""
-    for pattern in patterns:
-        if key == pattern or (pattern.endswith(("/", ".")) and key.startswith(pattern)):
-            return True
-    return False
-
-
 def cleanup_patch(labels: Mapping[str, str], annotations: Mapping[str, str],
                   registry: Iterable[Component]) -> Dict[str, Dict[str, None]]:
-    """The merge-patch ``metadata`` removing what the components' cleanup owns on one node ({} = nothing)."""
+    """The merge-patch ``metadata`` removing what the components' cleanup owns on one node ({} = nothing):
+    kube/node.py's one strip routine over the components' patterns."""
     components = list(registry)
     label_patterns = [p for c in components for p in c.owned_labels()]
     annotation_patterns = [p for c in components for p in c.cleanup_annotations]
-    patch: Dict[str, Dict[str, None]] = {}
-    drop_labels = {k: None for k in labels if matches(k, label_patterns)}
-    drop_annotations = {k: None for k in annotations if matches(k, annotation_patterns)}
-    if drop_labels:
-        patch["labels"] = drop_labels
-    if drop_annotations:
-        patch["annotations"] = drop_annotations
-    return patch
+    change = strip_change({"metadata": {"labels": labels, "annotations": annotations}}, label_patterns,
+                          annotation_patterns)
+    return change.metadata_patch() if change is not None else {}
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from typing import Callable, Dict, FrozenSet, List, Mapping, Optional
 
 from ..backoff import Backoff
 from ..kube.client import core_v1
+from ..kube.node import OwnNode, merge_patch as node_merge_patch
 from ..gpu.allocator import topology_annotations
 from . import constants as C
 from .devices import Snapshot
@@ -102,8 +103,8 @@ def node_annotations(snapshot: Snapshot, allocated: FrozenSet[str]) -> Dict[str,
 
 
 def merge_patch(annotations: Mapping[str, Optional[str]]) -> dict:
-    """A JSON merge patch (RFC 7386) setting only these annotations."""
-    return {"metadata": {"annotations": dict(annotations)}}
+    """A JSON merge patch (RFC 7386) setting only these annotations (kube/node.py's)."""
+    return node_merge_patch(annotations=annotations)
 
 
 class AnnotationPublisher:
@@ -201,20 +202,14 @@ class AnnotationPublisher:
 
 def kube_node_annotations(api_client, node_name: str,
                           timeout: float = 10.0) -> Callable[[], Mapping[str, str]]:
-    """``read()`` for :class:`AnnotationPublisher`: the Node's annotations (RBAC: ``get`` on nodes)."""
-    core = core_v1(api_client)
-
-    def read() -> Mapping[str, str]:
-        node = core.read_node(node_name, _request_timeout=timeout)
-        return dict(node.metadata.annotations or {})
-    return read
+    """``read()`` for :class:`AnnotationPublisher`: the Node's annotations (RBAC: ``get`` on nodes; kube/node.py)."""
+    return OwnNode(core_v1(api_client), node_name, timeout).annotations
 
 
 def kube_node_patcher(api_client, node_name: str, timeout: float = 10.0) -> Callable[[Dict[str, str]], None]:
-    """``patch(annotations)`` for :class:`AnnotationPublisher` with the kubernetes client."""
-    core = core_v1(api_client)
+    """``patch(annotations)`` for :class:`AnnotationPublisher`: a merge patch of only these annotations (kube/node.py)."""
+    own = OwnNode(core_v1(api_client), node_name, timeout)
 
     def patch(annotations: Dict[str, str]) -> None:
-        core.patch_node(node_name, merge_patch(annotations), _content_type="application/merge-patch+json",
-                        _request_timeout=timeout)
+        own.patch(annotations=annotations)
     return patch

@@ -6,15 +6,17 @@
 Uninstalling removes what our agents wrote on every node. One merge patch per
 node that carries such keys (``null`` deletes a key), nodes without any left
 alone, so a cluster of thousands of nodes costs one paged list plus a patch
-per node we touched, not a task per node.
+per node we touched, not a task per node. The stripping itself is
+:mod:`.node`'s (the one routine, shared with the operator's cleanup); here
+only what the module adds: the prefix check and Ansible's diff.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping
 
 from ..errors import MetaxGpuError
+from .node import NodeChange, strip_changes
 
 __all__ = ["NodeChange", "PrefixError", "changes", "check_prefix", "diff", "merge_patch"]
 
@@ -36,38 +38,14 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-@dataclass(frozen=True)
-class NodeChange:
-    """The keys to remove from one node."""
-
-    name: str
-    labels: Dict[str, str] = field(default_factory=dict)        # key -> its value before removal
-    annotations: Dict[str, str] = field(default_factory=dict)
-
-
-def _under(values: Optional[Mapping[str, str]], prefix: str) -> Dict[str, str]:
-    return {k: v for k, v in sorted((values or {}).items()) if k.startswith(prefix)}
-
-
 def changes(nodes: Iterable[Mapping[str, Any]], prefix: str) -> List[NodeChange]:
     """For each node carrying a label or annotation under ``prefix``, what goes (nodes without any: none)."""
-    out = []
-    for node in nodes:
-        meta = node.get("metadata") or {}
-        labels, annotations = _under(meta.get("labels"), prefix), _under(meta.get("annotations"), prefix)
-        if labels or annotations:
-            out.append(NodeChange(meta.get("name", ""), labels, annotations))
-    return out
+    return strip_changes(nodes, [prefix], [prefix])
 
 
 def merge_patch(change: NodeChange) -> Dict[str, Any]:
     """The JSON merge patch removing the change's keys (``None`` deletes a key)."""
-    meta: Dict[str, Any] = {}
-    if change.labels:
-        meta["labels"] = dict.fromkeys(change.labels)
-    if change.annotations:
-        meta["annotations"] = dict.fromkeys(change.annotations)
-    return {"metadata": meta}
+    return {"metadata": change.metadata_patch()}
 
 
 def diff(done: Iterable[NodeChange]) -> Dict[str, Any]:
