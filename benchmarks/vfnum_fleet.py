@@ -95,6 +95,14 @@ class Stats:
                     "max_holding": self.max_holding, "events": events}
 
 
+def _name(obj: Any) -> Optional[str]:
+    """An object's name as the watch hands it: the API server's JSON (kube/watch.py), or a client model
+    (a ``--collections`` tree from before)."""
+    if isinstance(obj, dict):
+        return (obj.get("metadata") or {}).get("name")
+    return getattr(getattr(obj, "metadata", None), "name", None)
+
+
 class Shared:
     """One watch's events handed to every stand-in's own decision (driver_manager.Watched: the code
     a pod's own watch calls), each wake set as the pod's watch would set it. ``by_name``: an object
@@ -119,7 +127,7 @@ class Shared:
         self.handed += count
 
     def opened(self, items: List[Any]) -> bool:
-        by: Dict[Optional[str], Any] = {getattr(item.metadata, "name", None): item for item in items}
+        by: Dict[Optional[str], Any] = {_name(item): item for item in items}
         for name, watched, wake in self.members:
             if watched.opened(([by[name]] if name in by else []) if self.by_name else items):
                 wake.set()
@@ -128,7 +136,7 @@ class Shared:
 
     def changed(self, event: Dict[str, Any]) -> bool:
         if self.by_name:
-            name = getattr(getattr(event.get("object"), "metadata", None), "name", None)
+            name = _name(event.get("object"))
             member = self.named.get(name) if isinstance(name, str) else None
             if member is not None and member[0].changed(event):
                 member[1].set()

@@ -32,7 +32,7 @@ ConfigMap, so an edit is applied within a second or two.
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import logging
 import os
 import random
@@ -50,6 +50,9 @@ from ..errors import MetaxGpuError
 from ..host import HostRoot, HostRootError
 from ..kube import evict as kube_evict
 from ..kube.client import ApiException, coordination_v1, core_v1
+from ..kube.node import OwnNode
+from ..kube.pages import DEFAULT_PAGE_SIZE
+from ..kube.watch import ListWatch, RawSource, WatchPolicy
 from ..kube.slots import POOL_LABEL, SlotError, Slots
 from ..nodeapi import GPU_DEVICE_SELECTOR
 from ..vfnum import config as vfnum_config
@@ -68,19 +71,14 @@ except ImportError:  # the agent image has PyYAML (requirements/agents.txt)
     yaml = None
     HAS_YAML = False
     SAFE_LOADER = None
-try:
-    from kubernetes import watch as k8s_watch
-except ImportError:  # with the kubernetes client (requirements/agents.txt); kube_api_client says so first
-    k8s_watch = None  # type: ignore[assignment]
 
 COMPONENT = "driver-manager"
 LOG = logging.getLogger(COMPONENT)
 DEFAULT_READY_FILE = "/run/driver-manager/ready"
 # A watch the server ends after WATCH_SECONDS; the client gives up on a connection that
-# does not open in 10 s or stays silent past the server's end, so a watch that hangs
-# (no TCP keepalive in the client) is reopened instead of leaving edits to the interval.
+# does not open in 10 s or stays silent past the server's end (kube/watch.py), so a watch that
+# hangs (no TCP keepalive in the client) is reopened instead of leaving edits to the interval.
 WATCH_SECONDS = 300
-WATCH_REQUEST_TIMEOUT = (10.0, WATCH_SECONDS + 30.0)
 # The pause before a broken watch is listed and opened again.
 WATCH_RETRY_PAUSE = 5.0
 # The budget of nodes changing vfnum at once: Leases <prefix>-<i> in the operator's namespace.
@@ -120,13 +118,17 @@ def parse_config(data: Mapping[str, str], node: str) -> Config:
     return out
 
 
+def _meta(obj: Any) -> Mapping[str, Any]:
+    """An object's ``metadata`` as the watch hands it (the API server's JSON); {} for none."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    return meta if isinstance(meta, Mapping) else {}
+
+
 def event_changes_config(event: Mapping[str, Any], seen_version: Optional[str]) -> bool:
     """Whether a watch event of the ConfigMap differs from the version last read."""
     if event.get("type") == "DELETED":
         return seen_version is not None
-    obj = event.get("object")
-    meta = getattr(obj, "metadata", None)
-    return getattr(meta, "resource_version", None) != seen_version
+    return _meta(event.get("object")).get("resourceVersion") != seen_version
 
 
 class Watched:
@@ -162,10 +164,9 @@ class ConfigWatched(Watched):
     def changed(self, event: Mapping[str, Any]) -> bool:
         if not event_changes_config(event, self.kube.config_version):
             return False
-        meta = getattr(event.get("object"), "metadata", None)
         # the start of a change's way to the node (docs/operator.md "driver-config" times it)
         LOG.info("%s %s (resourceVersion %s): round woken", self.kube.config_map, str(event.get("type")).lower(),
-                 getattr(meta, "resource_version", None))
+                 _meta(event.get("object")).get("resourceVersion"))
         return True
 
 
@@ -176,8 +177,8 @@ class NodeWatched(Watched):
         self.seen: Optional[NodeUpgrade] = None
 
     def changed(self, event: Mapping[str, Any]) -> bool:
-        meta = getattr(event.get("object"), "metadata", None)
-        now = node_upgrade(getattr(meta, "labels", None) or {}, getattr(meta, "annotations", None) or {})
+        meta = _meta(event.get("object"))
+        now = node_upgrade(meta.get("labels") or {}, meta.get("annotations") or {})
         if self.seen == now:
             return False
         self.seen = now
@@ -203,11 +204,30 @@ class SlotsWatched(Watched):
         self.slots.unwatched()
 
 
+class _Waking:
+    """A :class:`Watched` as the handler of kube/watch.py's list/watch: its decisions set ``wake``."""
+
+    def __init__(self, watched: Watched, wake: threading.Event) -> None:
+        self.watched = watched
+        self.wake = wake
+
+    def replace(self, items: List[Dict[str, Any]]) -> None:
+        if self.watched.opened(items):
+            self.wake.set()
+
+    def apply(self, event_type: str, obj: Dict[str, Any]) -> None:
+        if self.watched.changed({"type": event_type, "object": obj}):
+            self.wake.set()
+
+    def broken(self) -> None:
+        self.watched.broken()
+
+
 def watch_objects(wake: threading.Event, stop: threading.Event, lister: Callable[..., Any], args: Sequence[Any],
                   selector: Mapping[str, str], watched: Watched) -> None:
-    """Until ``stop``: a watch of what ``selector`` picks, resumed when the server ends it, listed
-    and reopened after a pause when it breaks; whatever ``watched`` says is a change wakes a round
-    (sets ``wake``).
+    """Until ``stop``: a watch of what ``selector`` picks (kube/watch.py, the collection's one),
+    resumed when the server ends it, listed and reopened after a pause when it breaks; whatever
+    ``watched`` says is a change wakes a round (sets ``wake``). Objects are the API server's JSON.
 
     The first opening, and each after a break (a 410 too), lists the objects from the API server's
     cache (resourceVersion "0") and watches from that list's version. A watch without a version
@@ -218,47 +238,10 @@ def watch_objects(wake: threading.Event, stop: threading.Event, lister: Callable
     from the last version it saw, bookmarks included, without a list: three lists per node every
     WATCH_SECONDS were 20 lists a second at 2,000 nodes (docs/scale.md).
     """
-    if k8s_watch is None:
-        return
-    version: Optional[str] = None
-    while not stop.is_set():
-        stream = k8s_watch.Watch()
-        try:
-            if version is None:
-                found = lister(*args, resource_version="0", _request_timeout=WATCH_REQUEST_TIMEOUT, **selector)
-                if watched.opened(found.items or []):
-                    wake.set()
-                version = found.metadata.resource_version
-            for event in stream.stream(lister, *args, resource_version=version, allow_watch_bookmarks=True,
-                                       timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT,
-                                       **selector):
-                # a bookmark only moves the version to resume from (the stream keeps it), it is no object
-                if event.get("type") != "BOOKMARK" and watched.changed(event):
-                    wake.set()
-                if stop.is_set():
-                    break
-            version = stream.resource_version or version
-        except Exception as exc:  # pylint: disable=broad-except  # a broken watch (a 410 too): listed again
-            LOG.warning("watch (%s) broken, listed and reopened in %.0f s: %s", ",".join(selector.values()),
-                        WATCH_RETRY_PAUSE, str(exc).replace("\n", " ")[:300])
-            version = None
-            watched.broken()
-            stop.wait(WATCH_RETRY_PAUSE)
-        finally:
-            stream.stop()
-
-
-def _raw_json(resp: Any, decode: bool = True) -> Any:
-    """A raw answer (``_preload_content=False``) read to its end, its connection given back to the
-    pool; its JSON when ``decode`` (None for a body that is not JSON, as the client's own decoding
-    would not raise either: the round goes on with what it has)."""
-    try:
-        body = resp.data
-        return json.loads(body) if decode and body else None
-    except ValueError:
-        return None
-    finally:
-        resp.release_conn()
+    policy = WatchPolicy(list_version="0", resync_seconds=None, relist_after_error=True, watch_seconds=WATCH_SECONDS)
+    source = RawSource(functools.partial(lister, *args), DEFAULT_PAGE_SIZE, **selector)
+    ListWatch(",".join(selector.values()) or "watch", source, _Waking(watched, wake), LOG, policy,
+              Backoff(initial=WATCH_RETRY_PAUSE, cap=WATCH_RETRY_PAUSE), stop=stop).run()
 
 
 class Kube:
@@ -305,21 +288,12 @@ class Kube:
     def node_metadata(self) -> Mapping[str, Any]:
         """This node's ``metadata`` (labels, annotations) from the Node as raw JSON: a round needs
         those two maps, not the client's V1Node models built for the whole object (status, images,
-        conditions), in every round of every node."""
-        found = _raw_json(self.core.read_node(self.node, _preload_content=False))
-        meta = found.get("metadata") if isinstance(found, dict) else None
-        return meta if isinstance(meta, dict) else {}
+        conditions), in every round of every node (kube/node.py)."""
+        return OwnNode(self.core, self.node).metadata()
 
     def patch_node(self, labels: Mapping[str, Optional[str]], annotations: Mapping[str, Optional[str]]) -> None:
-        meta: Dict[str, Any] = {}
-        if labels:
-            meta["labels"] = dict(labels)
-        if annotations:
-            meta["annotations"] = dict(annotations)
-        if meta:
-            # the answer (the whole Node) is not read: not built into models
-            _raw_json(self.core.patch_node(self.node, {"metadata": meta}, _content_type="application/merge-patch+json",
-                                           _preload_content=False), decode=False)
+        """A merge patch of these keys of this node (none: no request; kube/node.py)."""
+        OwnNode(self.core, self.node).patch(labels, annotations)
 
     def restart_gpu_device(self, selector: str = GPU_DEVICE_SELECTOR) -> List[str]:
         """Delete this node's gpu-device pod, or the pods ``selector`` picks (their DaemonSets

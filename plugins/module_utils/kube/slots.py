@@ -42,7 +42,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..errors import MetaxGpuError
 from ..names import LABEL_SLOT_POOL
@@ -147,7 +147,13 @@ def _epoch(value: Any) -> float:
 
 
 def lease_state(lease: Any) -> LeaseState:
-    """A V1Lease from the client -> LeaseState."""
+    """A Lease -> LeaseState: a V1Lease from the client, or the API server's JSON (a watch's, kube/watch.py)."""
+    if isinstance(lease, Mapping):
+        meta, spec = lease.get("metadata") or {}, lease.get("spec") or {}
+        return LeaseState(name=str(meta.get("name") or ""), holder=spec.get("holderIdentity") or "",
+                          renewed=_epoch(spec.get("renewTime") or spec.get("acquireTime")),
+                          duration=int(spec.get("leaseDurationSeconds") or DEFAULT_DURATION),
+                          version=str(meta.get("resourceVersion") or ""))
     spec = lease.spec
     return LeaseState(name=lease.metadata.name, holder=getattr(spec, "holder_identity", None) or "",
                       renewed=_epoch(getattr(spec, "renew_time", None) or getattr(spec, "acquire_time", None)),
@@ -198,22 +204,23 @@ class Slots:
 
     # -- the watched view -----------------------------------------------------------
     def relisted(self, items: Iterable[Any]) -> None:
-        """A watch (re)opened with this list of the pool's Leases (V1Lease): the view is that list."""
+        """A watch (re)opened with this list of the pool's Leases (V1Lease or JSON): the view is that list."""
         with self._seen:
             self.view = {lease.name: lease for lease in (lease_state(item) for item in items)}
             self._seen.notify_all()
 
     def seen(self, kind: str, item: Any) -> None:
-        """A watch event (``ADDED``/``MODIFIED``/``DELETED``, V1Lease) into the view."""
-        if item is None or getattr(item, "metadata", None) is None:
+        """A watch event (``ADDED``/``MODIFIED``/``DELETED``, V1Lease or JSON) into the view."""
+        if item is None or (item.get("metadata") if isinstance(item, Mapping) else getattr(item, "metadata", None)) is None:
             return
+        state = lease_state(item)
         with self._seen:
             if self.view is None:      # not listed yet (or the watch broke): the next list says it all
                 return
             if kind == "DELETED":
-                self.view.pop(item.metadata.name, None)
+                self.view.pop(state.name, None)
             elif kind in ("ADDED", "MODIFIED"):
-                self.view[item.metadata.name] = lease_state(item)
+                self.view[state.name] = state
             self._seen.notify_all()
 
     def unwatched(self) -> None:

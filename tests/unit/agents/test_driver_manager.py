@@ -489,14 +489,9 @@ def test_vfnum_on_a_node_without_sriov_is_refused(tmp_path):
     assert "gpu.sriov=forbidden" in kube.annotation(N.ANNOTATION_VFNUM_MESSAGE)
 
 
-class _Meta:
-    def __init__(self, version):
-        self.resource_version = version
-
-
-class _ConfigMap:
-    def __init__(self, version):
-        self.metadata = _Meta(version)
+def _ConfigMap(version):
+    """driver-config as the watch hands it: the API server's JSON (kube/watch.py reads no models)."""
+    return {"kind": "ConfigMap", "metadata": {"name": "driver-config", "resourceVersion": version}}
 
 
 @pytest.mark.parametrize("event, seen, changed", [
@@ -511,54 +506,75 @@ def test_a_watch_event_is_a_change_when_it_is_not_the_version_the_round_read(eve
     assert dm.event_changes_config(event, seen) is changed
 
 
-class _Listed:
-    def __init__(self, items, version):
-        self.items = items
-        self.metadata = type("Meta", (), {"resource_version": version})()
+class _RawStream:
+    """urllib3's answer to a watch call (``_preload_content=False``): newline-delimited JSON events;
+    ``after``: what happens once the server ended the watch."""
+
+    def __init__(self, events, after=None):
+        self.events = events
+        self.after = after
+
+    def stream(self, amt=None, decode_content=False):
+        for event in self.events:
+            yield (json.dumps(event) + "\n").encode()
+        if self.after is not None:
+            self.after()
+
+    def close(self):
+        pass
+
+    def release_conn(self):
+        pass
 
 
-class _ServerWatch:
-    """kubernetes.watch.Watch as the API server answers it: a watch without a resourceVersion is a
-    consistent read, which a server whose cache of the kind lags behind etcd refuses with 504."""
+class _Server:
+    """One kind's list and watch as the API server answers the client's raw calls (kube/watch.py's
+    RawSource): ``listed(n)`` is the n-th list's (items, resourceVersion); each watch plays the next step
+    of ``script`` (a list of events, after which the server ends the watch, or an exception: the watch
+    breaks); the last step sets ``stop``. A watch without a resourceVersion is a consistent read, which a
+    server whose cache of the kind lags behind etcd refuses with 504."""
 
-    opened: List[dict] = []
+    def __init__(self, listed, script):
+        self.listed = listed
+        self.script = list(script)
+        self.lists: List[dict] = []
+        self.watches: List[dict] = []
 
-    def __init__(self):
-        self.stopped = False
-        self.resource_version = None
-
-    def stream(self, lister, *args, **kwargs):
-        _ServerWatch.opened.append(kwargs)
+    def __call__(self, namespace, **kwargs):
+        assert namespace == "ns" and kwargs["_preload_content"] is False
+        if not kwargs.get("watch"):
+            self.lists.append(kwargs)
+            items, version = self.listed(len(self.lists))
+            return _RawAnswer(json.dumps({"items": items, "metadata": {"resourceVersion": version}}).encode())
+        self.watches.append(kwargs)
         if not kwargs.get("resource_version"):
             stop.set()
             raise dm.ApiException(status=504, reason="Timeout: Too large resource version")
-        stop.set()           # one opening is enough for the test
-        yield {"type": "MODIFIED", "object": _ConfigMap("12")}
-
-    def stop(self):
-        self.stopped = True
+        step = self.script.pop(0)
+        last = not self.script
+        if isinstance(step, Exception):
+            if last:
+                stop.set()
+            raise step
+        return _RawStream(step, after=stop.set if last else None)
 
 
 stop = threading.Event()
 
 
-def test_the_watch_opens_from_a_cached_list_and_wakes_for_an_edit(monkeypatch):
-    monkeypatch.setattr(dm, "k8s_watch", type("W", (), {"Watch": _ServerWatch}))
-    _ServerWatch.opened.clear()
+def test_the_watch_opens_from_a_cached_list_and_wakes_for_an_edit():
     stop.clear()
-    lists = []
-
-    def lister(namespace, **kwargs):
-        lists.append(kwargs)
-        return _Listed([_ConfigMap("11")], "11")
+    server = _Server(lambda n: ([_ConfigMap("11")], "11"), [[{"type": "MODIFIED", "object": _ConfigMap("12")}]])
     kube = dm.Kube.__new__(dm.Kube)
     kube.config_map, kube.namespace, kube.config_version = "driver-config", "ns", "11"
-    kube.core = type("Core", (), {"list_namespaced_config_map": staticmethod(lister)})()
+    kube.core = type("Core", (), {"list_namespaced_config_map": staticmethod(server)})()
     wake = threading.Event()
     kube.watch_config(wake, stop)
+    lists = server.lists
     # listed from the cache ("0": no consistent read), watched from the list's version, woken by the edit
     assert lists[0]["resource_version"] == "0" and lists[0]["field_selector"] == "metadata.name=driver-config"
-    assert _ServerWatch.opened[0]["resource_version"] == "11" and wake.is_set()
+    assert server.watches[0]["resource_version"] == "11" and wake.is_set()
+    assert server.watches[0]["allow_watch_bookmarks"] and server.watches[0]["field_selector"] == "metadata.name=driver-config"
 
 
 def test_driver_config_is_parsed_again_only_when_its_resource_version_moved(tmp_path, monkeypatch):
@@ -582,8 +598,8 @@ def test_driver_config_is_parsed_again_only_when_its_resource_version_moved(tmp_
 
 
 def _node_event(kind, labels=None, annotations=None, name="n1"):
-    return {"type": kind, "object": SimpleNamespace(metadata=SimpleNamespace(
-        name=name, labels=labels, annotations=annotations))}
+    return {"type": kind, "object": {"kind": "Node", "metadata": {"name": name, "labels": labels,
+                                                                  "annotations": annotations}}}
 
 
 def test_the_node_watch_wakes_only_when_the_upgrade_state_or_target_moves():
@@ -727,35 +743,6 @@ def test_the_round_reads_and_patches_its_node_as_raw_json_and_gives_every_connec
     assert kube.node_metadata() == {} and kube.core.answers[-1].released
 
 
-class _ResumingWatch:
-    """kubernetes.watch.Watch as the client behaves: ``resource_version`` follows the events and the
-    bookmarks of the stream; each opening plays the next step of ``script`` (a list of events, after
-    which the server ends the watch, or an exception: the watch breaks)."""
-
-    openings: List[dict] = []
-    script: List[Any] = []
-
-    def __init__(self):
-        self.resource_version = None
-
-    def stream(self, lister, *args, **kwargs):
-        _ResumingWatch.openings.append(kwargs)
-        self.resource_version = kwargs["resource_version"]
-        step = _ResumingWatch.script.pop(0)
-        if not _ResumingWatch.script:
-            stop.set()                      # the last step: the loop ends after it
-        if isinstance(step, Exception):
-            raise step
-        for event in step:
-            obj = event["object"]
-            self.resource_version = obj["metadata"]["resourceVersion"] if event["type"] == "BOOKMARK" \
-                else obj.metadata.resource_version
-            yield event
-
-    def stop(self):
-        pass
-
-
 class _Recorded(dm.Watched):
     def __init__(self):
         self.events = []
@@ -766,33 +753,27 @@ class _Recorded(dm.Watched):
         return False
 
     def changed(self, event):
-        self.events.append((event["type"], event["object"].metadata.resource_version))
+        self.events.append((event["type"], event["object"]["metadata"]["resourceVersion"]))
         return event["type"] == "MODIFIED"
 
 
 def test_a_watch_the_server_ends_is_resumed_from_its_last_version_and_listed_again_only_after_a_break(monkeypatch):
-    monkeypatch.setattr(dm, "k8s_watch", type("W", (), {"Watch": _ResumingWatch}))
     monkeypatch.setattr(dm, "WATCH_RETRY_PAUSE", 0.0)
     bookmark = {"type": "BOOKMARK", "object": {"kind": "ConfigMap", "metadata": {"resourceVersion": "15"}}}
-    _ResumingWatch.openings.clear()
-    _ResumingWatch.script[:] = [
+    server = _Server(lambda n: ([_ConfigMap(str(20 + n))], str(20 + n)), [
         [{"type": "MODIFIED", "object": _ConfigMap("12")}, bookmark],    # ended by the server
         [],                                                              # ended, nothing seen
         dm.ApiException(status=410, reason="Gone"),                      # too old: broken
         [{"type": "MODIFIED", "object": _ConfigMap("31")}],
-    ]
+    ])
     stop.clear()
-    lists = []
-
-    def lister(namespace, **kwargs):
-        lists.append(kwargs)
-        return _Listed([_ConfigMap(str(20 + len(lists)))], str(20 + len(lists)))
     watched, wake = _Recorded(), threading.Event()
-    dm.watch_objects(wake, stop, lister, ("ns",), {"field_selector": "metadata.name=driver-config"}, watched)
+    dm.watch_objects(wake, stop, server, ("ns",), {"field_selector": "metadata.name=driver-config"}, watched)
+    lists = server.lists
     # listed at the start and after the break only; resumed from the bookmark's version in between
     assert [k["resource_version"] for k in lists] == ["0", "0"] and watched.openings == 2
-    assert [k["resource_version"] for k in _ResumingWatch.openings] == ["21", "15", "15", "22"]
-    assert all(k["allow_watch_bookmarks"] for k in _ResumingWatch.openings)
+    assert [k["resource_version"] for k in server.watches] == ["21", "15", "15", "22"]
+    assert all(k["allow_watch_bookmarks"] for k in server.watches)
     # a bookmark is not an event of the object: never handed to the decision
     assert watched.events == [("MODIFIED", "12"), ("MODIFIED", "31")] and wake.is_set()
 
