@@ -10,7 +10,8 @@ import pytest
 
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.kube.client import ApiException
-from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import PagingError, list_all, query
+from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import (
+    NotJson, PagingError, list_all, query, raw_get, raw_list)
 
 
 class Store:
@@ -80,3 +81,41 @@ def test_other_errors_and_first_page_errors_pass_through():
 def test_selectors_join_as_k8s_info_does():
     assert query(["a=b", "c"], ["spec.nodeName=n1"]) == {"label_selector": "a=b,c", "field_selector": "spec.nodeName=n1"}
     assert query([], None) == {}
+
+
+class RawAnswer:
+    """urllib3's answer to a call with ``_preload_content=False``."""
+
+    def __init__(self, body):
+        self.data = body
+        self.released = False
+
+    def release_conn(self):
+        self.released = True
+
+
+def test_raw_list_reads_a_client_call_in_pages_as_json_and_gives_every_connection_back():
+    import json
+    store = Store(5)
+    calls, answers = [], []
+
+    def list_namespaced_pod(namespace, **kwargs):
+        calls.append((namespace, kwargs))
+        assert kwargs["_preload_content"] is False and kwargs["label_selector"] == "app=x"
+        answers.append(RawAnswer(json.dumps(store.fetch(kwargs["limit"], kwargs.get("_continue"))).encode()))
+        return answers[-1]
+    listing = raw_list(list_namespaced_pod, "ns", page_size=2, resource_version="0", label_selector="app=x")
+    assert [i["metadata"]["name"] for i in listing.items] == ["n%d" % i for i in range(5)] and listing.pages == 3
+    assert all(ns == "ns" for ns, _kw in calls) and all(a.released for a in answers)
+    # the version goes with the first page only: a continue token carries its own
+    assert calls[0][1]["resource_version"] == "0" and all("resource_version" not in kw for _ns, kw in calls[1:])
+
+
+def test_an_answer_that_is_not_json_is_an_error_unless_lenient():
+    def read_node(name, **kwargs):
+        return RawAnswer(b"<html>a proxy's error page</html>")
+    with pytest.raises(NotJson):
+        raw_get(read_node, "n1")
+    assert raw_get(read_node, "n1", lenient=True) == {}
+    with pytest.raises(NotJson):
+        raw_list(lambda **kwargs: RawAnswer(b"[]"))
