@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import MetaxGpuError
 from .client import ApiException
+from .pages import raw_list
 from .pods import TERMINAL_PHASES, gpu_pods
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -98,8 +99,8 @@ def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, for
         raise EvictionError("timeout and grace_period must not be negative (got %s, %s)" % (timeout, grace_period))
 
     def listing() -> List[Mapping]:
-        items = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=%s" % node).items
-        return [core.api_client.sanitize_for_serialization(p) for p in items]
+        # the pods as JSON (pages.raw_list), not models built and sanitized back to dicts
+        return raw_list(core.list_pod_for_all_namespaces, field_selector="spec.nodeName=%s" % node).items
 
     selected = select(listing(), drain)
     result: Dict[str, List[str]] = {"selected": selected, "evicted": [], "deleted": []}

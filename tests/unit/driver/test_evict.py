@@ -5,6 +5,8 @@ here a minimal in-memory API stands in so the retry/timeout/force paths are cove
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ansible_collections.metax.gpu.plugins.module_utils.kube.pods import gpu_pods
@@ -49,9 +51,10 @@ class FakeCore:
     def sanitize_for_serialization(obj):
         return obj
 
-    def list_pod_for_all_namespaces(self, field_selector):
-        assert field_selector == "spec.nodeName=n1"
-        return type("L", (), {"items": list(self.pods.values())})()
+    def list_pod_for_all_namespaces(self, field_selector, **kwargs):
+        assert field_selector == "spec.nodeName=n1" and kwargs["_preload_content"] is False
+        body = json.dumps({"items": list(self.pods.values()), "metadata": {"resourceVersion": "1"}}).encode()
+        return type("Raw", (), {"data": body, "release_conn": lambda self: None})()
 
     def create_namespaced_pod_eviction(self, name, namespace, body):
         assert body["kind"] == "Eviction" and namespace == "ml"
