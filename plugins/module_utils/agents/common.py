@@ -26,6 +26,7 @@ from typing import Any, Optional
 from ..errors import MetaxGpuError
 from ..host import HostRoot
 from ..kube.client import KubeClientError, api_client, core_v1
+from ..kube.node import OwnNode
 
 
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
@@ -172,12 +173,11 @@ def kube_api_client(kubeconfig: Optional[str]) -> Any:
 
 def node_runtime_version(client: Any, node_name: str, attempts: int = 5, delay: float = 2.0) -> Optional[str]:
     """The Node's ``status.nodeInfo.containerRuntimeVersion`` (None when the apiserver does not answer)."""
-    core = core_v1(client)
+    own = OwnNode(core_v1(client), node_name)
     for attempt in range(attempts):
         try:
-            node = core.read_node(node_name, _request_timeout=10)
-            info = node.status.node_info if node.status is not None else None
-            return info.container_runtime_version if info is not None else None
+            info = (own.read().get("status") or {}).get("nodeInfo")
+            return info.get("containerRuntimeVersion") if isinstance(info, dict) else None
         except Exception as exc:  # pylint: disable=broad-except  # the client raises many kinds
             logging.getLogger("agents").warning("cannot read node %s (attempt %d of %d): %s",
                                                 node_name, attempt + 1, attempts, exc)

@@ -102,11 +102,14 @@ class OwnNode:
         except Exception as exc:  # pylint: disable=broad-except  # urllib3/socket errors of many kinds
             raise NodeUnavailable("%s node %s: %s" % (what, self.name, exc)) from exc
 
+    def read(self) -> Dict[str, Any]:
+        """The whole Node as JSON; {} for an answer that is not JSON (a proxy's error page: the caller
+        goes on with what it has, as the client would)."""
+        return self._call("get", raw_get, self.core.read_node, self.name, lenient=True, timeout=self.timeout)
+
     def metadata(self) -> Dict[str, Any]:
-        """The node's ``metadata`` (labels, annotations...) from its raw JSON; {} for an answer that is not
-        JSON (a proxy's error page: the caller goes on with what it has, as the client would)."""
-        found = self._call("get", raw_get, self.core.read_node, self.name, lenient=True, timeout=self.timeout)
-        meta = found.get("metadata")
+        """The node's ``metadata`` (labels, annotations...) from its raw JSON ({} when there is none)."""
+        meta = self.read().get("metadata")
         return meta if isinstance(meta, dict) else {}
 
     def labels(self) -> Dict[str, str]:

@@ -172,3 +172,8 @@ def test_strip_reports_what_it_changed_before_a_failure():
     with pytest.raises(ApiException):
         strip(core, list(nodes.values()), [P], [P], done=done)
     assert [c.name for c in done] == ["a"]
+
+
+def test_the_whole_node_is_read_for_its_status_too():
+    core = Core({"n1": dict(node("n1"), status={"nodeInfo": {"containerRuntimeVersion": "containerd://1.7.2"}})})
+    assert OwnNode(core, "n1").read()["status"]["nodeInfo"]["containerRuntimeVersion"] == "containerd://1.7.2"
