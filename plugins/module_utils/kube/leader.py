@@ -25,7 +25,6 @@ pure, with the clock passed in; :class:`LeaderElector` is the I/O around them.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -35,6 +34,7 @@ from typing import Any, Callable, Dict, Optional
 
 from ..errors import MetaxGpuError
 from .client import ApiException
+from .pages import raw_json
 from .slots import micro_time
 
 LOG = logging.getLogger("metax-gpu.leader")
@@ -159,10 +159,7 @@ class LeaderElector:
             if exc.status == 404:
                 return None
             raise LeaderError("reading Lease %s/%s: %s" % (self.namespace, self.name, exc))
-        try:
-            return json.loads(resp.data)
-        finally:
-            resp.release_conn()
+        return raw_json(resp)
 
     def try_acquire_or_renew(self) -> bool:
         """One round: whether this candidate holds the Lease now."""
@@ -182,10 +179,7 @@ class LeaderElector:
             if exc.status in (409, 422):   # another candidate wrote first (created, or a newer resourceVersion)
                 return False
             raise LeaderError("writing Lease %s/%s: %s" % (self.namespace, self.name, exc))
-        try:
-            self._observed = Observation(record_of(json.loads(written.data)), now)
-        finally:
-            written.release_conn()
+        self._observed = Observation(record_of(raw_json(written)), now)
         if decision.take:
             LOG.info("%s acquired the Lease %s/%s", self.identity, self.namespace, self.name)
         self.last_renewed = now

@@ -180,3 +180,128 @@ def test_floor_open_device_users_is_written_once():
     scanners = sorted(rel for rel, path in FILES if not rel.endswith(GENERATED)
                       and any(s.startswith("proc/") and s.endswith("/fd") for s in _string_constants(path)))
     assert scanners == [os.path.join("gpu", "users.py")]
+
+
+# -- kube/ is the one Kubernetes I/O layer -----------------------------------------------------
+#
+# One list/watch (kube/watch.py), one raw JSON list and get (kube/pages.py), one path for node
+# metadata (kube/node.py: our own node's keys, and the one routine that strips our keys).
+
+def _plugin_files():
+    """(path below plugins/, path) of every Python file in plugins/ (module_utils, modules, filters...)."""
+    for dirpath, _dirs, files in os.walk(PLUGINS):
+        for name in sorted(files):
+            if name.endswith(".py") and not name.endswith(GENERATED):
+                path = os.path.join(dirpath, name)
+                yield os.path.normpath(os.path.relpath(path, PLUGINS)), path
+
+
+PLUGIN_FILES = list(_plugin_files())
+KUBE = os.path.join("module_utils", "kube") + os.sep
+
+
+def _tree(path):
+    return ast.parse(open(path).read(), path)
+
+
+def _source(node):
+    return ast.unparse(node) if hasattr(ast, "unparse") else ""
+
+
+def _opens_a_watch(tree):
+    """Lines where a file opens a watch of its own: the client's watch module, a call with ``watch=`` or
+    ``allow_watch_bookmarks=``, or a URL with ``watch=true``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.startswith("kubernetes.watch") for a in node.names):
+            yield node.lineno
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kubernetes") and (
+                (node.module or "").endswith("watch") or any(a.name == "watch" for a in node.names)):
+            yield node.lineno
+        elif isinstance(node, ast.Call) and any(k.arg in ("watch", "allow_watch_bookmarks") for k in node.keywords):
+            yield node.lineno
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                "watch=true" in node.value.lower() or "watch=1" in node.value.lower()):
+            yield node.lineno
+
+
+def test_floor_one_watch_loop():
+    """Only kube/watch.py opens a watch: every other module is a handler of its ListWatch."""
+    offenders = sorted((rel, line) for rel, path in PLUGIN_FILES for line in _opens_a_watch(_tree(path))
+                       if rel != os.path.join(KUBE, "watch.py"))
+    assert offenders == []
+
+
+# The rollout's node patches (labels and cordon, the maintenance protocol's, not only our keys):
+# the planner's ``NodePatch`` bodies, applied as they are.
+NODE_CALLS_ALLOWED = (os.path.join("module_utils", "clusteroperator", "cluster.py"),)
+
+
+def _node_api_calls(tree):
+    """Lines calling the client's Node API on a CoreV1Api (``core.read_node``, ``self.core.patch_node``...)."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("read_node", "patch_node", "patch_node_status", "replace_node")
+                and _source(node.func.value).split(".")[-1] == "core"):
+            yield node.lineno
+
+
+def test_floor_node_metadata_goes_through_kube_node():
+    """Reads and patches of a Node outside kube/ go through kube/node.py (OwnNode, patch_metadata, strip)."""
+    offenders = sorted((rel, line) for rel, path in PLUGIN_FILES for line in _node_api_calls(_tree(path))
+                       if not rel.startswith(KUBE) and rel not in NODE_CALLS_ALLOWED)
+    assert offenders == []
+
+
+def _strips_keys(tree):
+    """Lines building a merge patch that removes keys picked by prefix or pattern: ``{k: None for k in ...
+    if k.startswith(...)}`` or ``if matches(k, ...)``."""
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.DictComp) and isinstance(node.value, ast.Constant) and node.value.value is None):
+            continue
+        for generator in node.generators:
+            for condition in generator.ifs:
+                calls = [c for c in ast.walk(condition) if isinstance(c, ast.Call)]
+                if any((isinstance(c.func, ast.Attribute) and c.func.attr == "startswith")
+                       or (isinstance(c.func, ast.Name) and c.func.id == "matches") for c in calls):
+                    yield node.lineno
+
+
+def test_floor_one_strip_routine():
+    """Our keys are stripped from nodes by kube/node.py's strip routine alone."""
+    offenders = sorted((rel, line) for rel, path in PLUGIN_FILES for line in _strips_keys(_tree(path))
+                       if rel != os.path.join(KUBE, "node.py"))
+    assert offenders == []
+
+
+def _reads_raw_json(tree):
+    """Lines decoding a raw client answer themselves: ``json.loads(<x>.data)``."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and _source(node.func) == "json.loads" and node.args
+                and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "data"):
+            yield node.lineno
+
+
+def test_floor_one_raw_json_reader():
+    """Raw answers (``_preload_content=False``) are read by kube/pages.py (raw_list, raw_get, raw_json), which
+    gives every connection back to the pool."""
+    offenders = sorted((rel, line) for rel, path in PLUGIN_FILES for line in _reads_raw_json(_tree(path))
+                       if rel != os.path.join(KUBE, "pages.py"))
+    assert offenders == []
+
+
+def test_the_floor_rules_see_what_they_forbid():
+    """Each rule finds the shape it forbids (else a rule that sees nothing would pass for ever)."""
+    sample = ast.parse(
+        "from kubernetes import watch\n"
+        "core.list_node(watch=True)\n"
+        "url = '/api/v1/nodes?watch=true'\n"
+        "self.core.patch_node(name, body)\n"
+        "patch = {k: None for k in labels if k.startswith(PREFIX)}\n"
+        "drop = {k: None for k in labels if matches(k, patterns)}\n"
+        "found = json.loads(resp.data)\n")
+    assert list(_opens_a_watch(sample)) == [1, 2, 3]
+    assert list(_node_api_calls(sample)) == [4]
+    assert sorted(_strips_keys(sample)) == [5, 6]
+    assert list(_reads_raw_json(sample)) == [7]
+    harmless = ast.parse("self.api.patch_node({}, {})\nout = {k: None for k in before if k not in after}\n")
+    assert not list(_node_api_calls(harmless)) and not list(_strips_keys(harmless))
