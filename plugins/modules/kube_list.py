@@ -104,7 +104,6 @@ resource_version:
   sample: "48213"
 """
 
-import json
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib

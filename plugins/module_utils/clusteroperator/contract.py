@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 from .. import names
-from ..kube.node import matches, strip_change  # noqa: F401  # matches: the patterns' one reading, re-exported
+from ..kube.node import strip_change
 
 
 @dataclass(frozen=True)

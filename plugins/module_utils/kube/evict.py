@@ -100,7 +100,7 @@ def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, for
 
     def listing() -> List[Mapping]:
         # the pods as JSON (pages.raw_list), not models built and sanitized back to dicts
-        return raw_list(core.list_pod_for_all_namespaces, field_selector="spec.nodeName=%s" % node).items
+        return list(raw_list(core.list_pod_for_all_namespaces, field_selector="spec.nodeName=%s" % node).items)
 
     selected = select(listing(), drain)
     result: Dict[str, List[str]] = {"selected": selected, "evicted": [], "deleted": []}

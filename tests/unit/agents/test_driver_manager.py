@@ -7,7 +7,7 @@ import json
 import os
 import threading
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import pytest
 from fake_leases import FakeLeaseApi
