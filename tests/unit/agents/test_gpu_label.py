@@ -246,3 +246,46 @@ def test_ready_file_after_the_first_labelling_and_removed_on_exit(make_node, tmp
         stop.set()
         thread.join(5)
     assert not thread.is_alive() and not ready.exists()
+
+
+def test_the_label_access_is_our_node_through_kube_node_with_its_hints(monkeypatch):
+    """kube_label_access reads the Node as JSON and merge-patches only the labels given (kube/node.py);
+    a refusal is ApiUnavailable naming the RBAC rule (the run loop's backoff retries it)."""
+    import json
+    from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_label
+    from ansible_collections.metax.gpu.plugins.module_utils.kube.client import ApiException
+
+    calls = []
+
+    class Raw:
+        def __init__(self, body):
+            self.data = body
+
+        def release_conn(self):
+            calls.append("released")
+
+    class Core:
+        forbidden = False
+
+        def read_node(self, name, **kwargs):
+            calls.append(("read", name, kwargs["_preload_content"]))
+            if self.forbidden:
+                exc = ApiException()
+                exc.status, exc.reason = 403, "Forbidden"
+                raise exc
+            return Raw(json.dumps({"metadata": {"name": name, "labels": {P + "gpu.count": "8"}}}).encode())
+
+        def patch_node(self, name, body, **kwargs):
+            calls.append(("patch", name, body, kwargs["_content_type"]))
+            return Raw(b"{}")
+    core = Core()
+    monkeypatch.setattr(gpu_label, "core_v1", lambda api: core)
+    read, patch = gpu_label.kube_label_access(object(), "n1")
+    assert read() == {P + "gpu.count": "8"}
+    patch({P + "gpu.count": None})
+    assert calls == [("read", "n1", False), "released",
+                     ("patch", "n1", {"metadata": {"labels": {P + "gpu.count": None}}}, "application/merge-patch+json"),
+                     "released"]
+    core.forbidden = True
+    with pytest.raises(ApiUnavailable, match="RBAC: the service account needs get and patch on nodes"):
+        read()

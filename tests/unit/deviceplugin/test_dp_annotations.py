@@ -278,3 +278,34 @@ def test_publisher_resync_writes_when_it_cannot_read():
     finally:
         stop.set()
         pub.join()
+
+
+def test_the_publishers_read_and_patch_are_our_node_through_kube_node(monkeypatch):
+    """kube_node_annotations / kube_node_patcher: the Node read as JSON, only our annotations merge-patched."""
+    from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin import annotations as mod
+
+    class Raw:
+        def __init__(self, body):
+            self.data = body
+            self.released = False
+
+        def release_conn(self):
+            self.released = True
+
+    class Core:
+        def __init__(self):
+            self.patches = []
+
+        def read_node(self, name, **kwargs):
+            assert name == "n1" and kwargs["_preload_content"] is False
+            return Raw(json.dumps({"metadata": {"annotations": {C.ANNOTATION_SCORES: "{}"}}}).encode())
+
+        def patch_node(self, name, body, **kwargs):
+            assert kwargs["_content_type"] == "application/merge-patch+json"
+            self.patches.append((name, body))
+            return Raw(b"{}")
+    core = Core()
+    monkeypatch.setattr(mod, "core_v1", lambda api: core)
+    assert mod.kube_node_annotations(object(), "n1")() == {C.ANNOTATION_SCORES: "{}"}
+    mod.kube_node_patcher(object(), "n1")({C.ANNOTATION_LOSSES: "{}"})
+    assert core.patches == [("n1", {"metadata": {"annotations": {C.ANNOTATION_LOSSES: "{}"}}})]

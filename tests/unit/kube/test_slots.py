@@ -243,3 +243,27 @@ def test_a_lost_race_counts_the_slot_held_in_the_view_until_the_winners_event():
     late.seen("DELETED", api.leases[(NS, PREFIX + "-0")])
     assert late.free() == [PREFIX + "-0"]
     winner._stop.set()
+
+
+def _json_lease(name, holder, renewed, version, duration=30):
+    """A Lease as the API server's JSON (what driver-manager's watch hands the view, kube/watch.py)."""
+    return {"kind": "Lease", "metadata": {"name": name, "namespace": NS, "resourceVersion": version,
+                                          "labels": {sl.POOL_LABEL: PREFIX}},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration,
+                     "acquireTime": sl.micro_time(renewed), "renewTime": sl.micro_time(renewed)}}
+
+
+def test_the_view_reads_a_watchs_json_leases_as_it_reads_the_clients_models():
+    held = _json_lease(PREFIX + "-0", "vm", NOW - 1.5, "7")
+    assert sl.lease_state(held) == sl.LeaseState(PREFIX + "-0", "vm", NOW - 1.5, 30, "7")
+    slots = sl.Slots(FakeLeaseApi(), NS, PREFIX, 2, "me", clock=lambda: NOW)
+    slots.relisted([held])
+    assert slots.free() == [PREFIX + "-1"]
+    slots.seen("ADDED", _json_lease(PREFIX + "-1", "vm-2", NOW, "8"))
+    assert slots.free() == []                                       # both held
+    slots.seen("DELETED", held)
+    assert slots.free() == [PREFIX + "-0"]
+    slots.seen("MODIFIED", {"kind": "Lease"})                       # no metadata: nothing to see
+    assert slots.free() == [PREFIX + "-0"]
+    # a Lease never renewed reads as renewed at 0 (long expired), with the default duration
+    assert sl.lease_state({"metadata": {"name": "x"}, "spec": {}}) == sl.LeaseState("x", "", 0.0, sl.DEFAULT_DURATION, "")
