@@ -38,7 +38,7 @@ import threading
 import time
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..httpbounds import DeadlineReader, abort, refuse
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE

@@ -17,6 +17,7 @@ from typing import Any, List
 import pytest
 
 from ansible_collections.metax.gpu.plugins.module_utils.agents import operator_controller as oc
+from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_handlers import failure_event
 from ansible_collections.metax.gpu.plugins.module_utils.kube.leader import LeaderElector
 
 
@@ -106,10 +107,10 @@ def test_a_failed_handler_is_a_warning_event_and_still_fails():
     operator = oc.Operator(cluster, "helm", "/nonexistent")     # type: ignore[arg-type]
     body = {"metadata": {"name": "cluster-operator", "uid": "u"}}
     with pytest.raises(RuntimeError):
-        with oc.failure_event(operator, body, "ReconcileFailed"):
+        with failure_event(operator, body, "ReconcileFailed"):
             raise RuntimeError("helm template failed: boom")
     assert cluster.events == [("Warning", "ReconcileFailed", "helm template failed: boom")]
-    with oc.failure_event(operator, body, "ReconcileFailed"):
+    with failure_event(operator, body, "ReconcileFailed"):
         pass
     assert len(cluster.events) == 1
 
