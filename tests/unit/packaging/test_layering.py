@@ -305,3 +305,16 @@ def test_the_floor_rules_see_what_they_forbid():
     assert list(_reads_raw_json(sample)) == [7]
     harmless = ast.parse("self.api.patch_node({}, {})\nout = {k: None for k in before if k not in after}\n")
     assert not list(_node_api_calls(harmless)) and not list(_strips_keys(harmless))
+
+
+# gpu-aware's scheduling arithmetic: how many devices a pod asks for (requests and limits, init
+# containers' maximum), not whether it holds any.
+POD_RESOURCES_ALLOWED = (os.path.join("module_utils", "extender", "demand.py"),)
+
+
+def test_floor_which_pods_hold_gpus_is_kube_pods():
+    """Only kube/pods.py reads a pod's containers' limits and requests or its finished phases: the eviction,
+    driver-manager, the driver's in-use check and the vfnum filter ask it."""
+    readers = sorted(rel for rel, path in PLUGIN_FILES if not rel.startswith("modules" + os.sep)
+                     and any(s in ("limits", "Succeeded") for s in _string_constants(path)))
+    assert readers == sorted((os.path.join(KUBE, "pods.py"),) + POD_RESOURCES_ALLOWED)
