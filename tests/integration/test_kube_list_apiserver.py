@@ -20,6 +20,8 @@ second one) and a GPU pod bound to every fourth node. Then:
 - the real verify playbook reads every node in pages of 25 per attempt:
   nodes carrying our agents' real output (the scale profile's) pass, and a
   bare node and one missing from the cluster are each named;
+- gpu-aware's node cache and driver-manager's slot watch on kube/watch.py,
+  the server's JSON read in pages and followed through watches;
 - driver-manager's driver-config watch, run against it with the server
   ending each watch after 1 s: listed once, then resumed from the last
   version seen each time, and woken by an edit.
@@ -252,3 +254,68 @@ def test_driver_manager_watch_is_resumed_from_its_version_not_listed_again(cp, m
     assert len(watches) >= 4
     assert all(w["allow_watch_bookmarks"] and w["resource_version"] for w in watches)
     assert int(watches[-1]["resource_version"]) >= int(watches[0]["resource_version"])
+
+
+def _until(done, limit=30.0):
+    import time
+    deadline = time.monotonic() + limit
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return done()
+
+
+def test_gpu_aware_node_cache_lists_in_pages_and_follows_the_watch(cp):
+    """gpu-aware's node cache on kube/watch.py against the real server: the list in pages of 50, then a node
+    created and deleted seen through the watch, which the server ends every 2 s and the loop resumes from
+    its version (bookmarks asked for) without listing again."""
+    import logging
+
+    from ansible_collections.metax.gpu.plugins.module_utils.extender.cache import NodeCache, list_watch
+    from ansible_collections.metax.gpu.plugins.module_utils.extender.metrics import ExtenderMetrics
+    from ansible_collections.metax.gpu.plugins.module_utils.extender.nodeinfo import StateCache
+    from ansible_collections.metax.gpu.plugins.module_utils.kube.watch import RawSource
+
+    core = core_v1(api_client(cp.kubeconfig))
+    metrics, log = ExtenderMetrics(), logging.getLogger("test")
+    cache = NodeCache(StateCache(), metrics, log)
+    watch = list_watch("nodes", RawSource(core.list_node, page_size=50), cache, metrics, log, watch_seconds=2).start()
+    try:
+        assert _until(lambda: len(cache) >= COUNT), len(cache)
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-watched"}})
+        assert _until(lambda: cache.get("node-watched") is not None), "the created node was not seen"
+        assert _until(lambda: watch.state.version is not None and watch.lists == 1 and metrics.relists.value("nodes") == 1)
+        core.delete_node("node-watched")
+        assert _until(lambda: cache.get("node-watched") is None), "the deleted node is still cached"
+        assert watch.lists == 1 and watch.restarts == 0
+    finally:
+        watch.stop()
+
+
+def test_driver_manager_slot_watch_keeps_the_view_from_the_servers_json(cp, monkeypatch):
+    """driver-manager's watch of the vfnum slot Leases (kube/watch.py over the server's JSON): the view shows a
+    slot taken by another node and freed again, from the real server's Lease JSON (its MicroTime stamps)."""
+    import threading
+
+    from ansible_collections.metax.gpu.plugins.module_utils.agents import driver_manager as dm
+    from ansible_collections.metax.gpu.plugins.module_utils.kube.client import coordination_v1
+    from ansible_collections.metax.gpu.plugins.module_utils.kube.slots import Slots
+
+    monkeypatch.setattr(dm, "WATCH_SECONDS", 1)
+    api = api_client(cp.kubeconfig)
+    kube = dm.Kube(api, "node-000", NAMESPACE, "driver-config")
+    mine = kube.vfnum_slots(1)
+    other = Slots(coordination_v1(api), NAMESPACE, dm.VFNUM_SLOT_PREFIX, 1, "node-001")
+    stop = threading.Event()
+    thread = threading.Thread(target=kube.watch_slots, args=(mine, stop), daemon=True)
+    thread.start()
+    slot = "%s-0" % dm.VFNUM_SLOT_PREFIX
+    try:
+        assert _until(lambda: mine.view is not None and mine.free() == [slot]), mine.view
+        assert other.take() == slot
+        assert _until(lambda: mine.free() == []), mine.view          # held by node-001, seen through the watch
+        assert mine.view[slot].holder == "node-001" and mine.view[slot].renewed > 0
+        other.release()
+        assert _until(lambda: mine.free() == [slot]), mine.view
+    finally:
+        stop.set()
+        thread.join(10)
