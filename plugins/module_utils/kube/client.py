@@ -89,6 +89,7 @@ AUTH_ENV_NAMES = {
 AUTH_BOOLS = ("validate_certs", "persist_config")
 PROXY_HEADER_KEYS = ("proxy_basic_auth", "basic_auth", "user_agent")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SOCKS = ("socks4", "socks4a", "socks5", "socks5h")     # the client's SOCKS proxies (PySocks)
 # the credentials inside a kubeconfig given as a dictionary (masked in the module's output)
 _KUBECONFIG_SECRETS = ("token", "password", "client-key-data", "id-token", "refresh-token", "client-secret",
                        "access-token")
@@ -198,13 +199,17 @@ def auth_from_params(params: Mapping[str, Any], environ: Optional[Mapping[str, s
 
 
 def _check(auth: Auth) -> None:
-    for option in ("host", "proxy"):
+    for option, schemes in (("host", ("http", "https")), ("proxy", ("http", "https") + _SOCKS)):
         value = getattr(auth, option)
         if value is None:
             continue
-        parts = urlsplit(value) if not (_CONTROL.search(value) or " " in value) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise KubeClientError("%s %r is not an http:// or https:// URL" % (option, value[:200]))
+        try:
+            parts = urlsplit(value) if not (_CONTROL.search(value) or " " in value) else None
+            hostname = parts.hostname if parts and (parts.port or True) else None     # .port: ValueError if bad
+        except ValueError:          # a bad port or IPv6 literal
+            parts = hostname = None
+        if parts is None or parts.scheme not in schemes or not hostname:
+            raise KubeClientError("%s %r is not a URL (%s)" % (option, value[:200], ", ".join(s + "://" for s in schemes)))
     # header values: a line break would end the header (the HTTP library refuses it mid-request)
     for option in ("api_key", "username", "password"):
         if _CONTROL.search(getattr(auth, option) or ""):
@@ -252,7 +257,9 @@ def _load_kubeconfig(auth: Auth, configuration: Any) -> None:
         paths = [os.path.expanduser(p) for p in auth.kubeconfig.split(os.pathsep) if p]
         if not any(os.path.isfile(p) for p in paths):
             raise KubeClientError("kubeconfig %s: no such file" % auth.kubeconfig)
-    k8s_config.load_kube_config(config_file=auth.kubeconfig or None, **kwargs)
+    # KUBECONFIG read now, not when the client was imported (it reads it once, at import)
+    default = os.environ.get("KUBECONFIG") or "~/.kube/config"
+    k8s_config.load_kube_config(config_file=auth.kubeconfig or default, **kwargs)
 
 
 def api_client_for(auth: Auth) -> Any:
@@ -280,6 +287,7 @@ def api_client_for(auth: Auth) -> Any:
     except Exception as exc:  # pylint: disable=broad-except  # ConfigException, YAML errors, KeyError, TypeError...
         raise KubeClientError("%s is not usable: %s" % (auth.describe(), one_line(exc))) from exc
     _override(configuration, auth)
+    _keep_overrides(configuration, auth)
     client = k8s_client.ApiClient(configuration)
     if auth.impersonate_user:
         client.set_default_header("Impersonate-User", auth.impersonate_user)
@@ -318,7 +326,22 @@ def _override(configuration: Any, auth: Auth) -> None:
     if auth.no_proxy:
         configuration.no_proxy = auth.no_proxy
     if auth.proxy_headers:
-        configuration.proxy_headers = urllib3.util.make_headers(**auth.proxy_headers)
+        headers: Dict[str, Any] = dict(auth.proxy_headers)
+        configuration.proxy_headers = urllib3.util.make_headers(**headers)
+
+
+def _keep_overrides(configuration: Any, auth: Auth) -> None:
+    """The kubeconfig loader's token hook runs before every request and writes the file's host, CA, certificates
+    and token back: the options given are laid over them again each time (and the hook re-armed, as it re-arms itself)."""
+    hook = configuration.refresh_api_key_hook
+    if hook is None:
+        return
+
+    def refresh(conf: Any) -> None:
+        hook(conf)      # may renew an expiring token (exec plugins, OIDC)
+        _override(conf, auth)
+        conf.refresh_api_key_hook = refresh
+    configuration.refresh_api_key_hook = refresh
 
 
 def module_client(module: Any) -> Tuple[Any, Auth]:
