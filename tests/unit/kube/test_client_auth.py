@@ -232,8 +232,12 @@ def test_api_key_overrides_the_kubeconfig_token_and_host_its_server(server, tmp_
     other = _Server()
     try:
         # host with a kubeconfig and no credential of its own: the file's token, sent to the given host
-        assert _nodes(auth_from_params({"kubeconfig": str(path), "host": other.url}, {})) == ["node-1"]
-        assert other.seen[0]["authorization"] == "Bearer file-token"
+        auth = auth_from_params({"kubeconfig": str(path), "host": other.url, "ca_cert": str(path)}, {})
+        client = kube.api_client_for(auth)
+        for _ in range(3):      # the loader's token hook runs before each request: the options stay laid over it
+            assert [n.metadata.name for n in kube.core_v1(client).list_node().items] == ["node-1"]
+        assert [r["authorization"] for r in other.seen] == ["Bearer file-token"] * 3
+        assert client.configuration.ssl_ca_cert == str(path) and len(server.seen) == 2
     finally:
         other.close()
 
