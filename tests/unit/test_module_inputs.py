@@ -9,11 +9,15 @@ their own ``AnsibleModule(...)`` call, so a new module is covered without an edi
 * a module taking ``host_root`` refuses one that does not exist, and creates nothing;
 * a module taking ``kubeconfig`` answers an unreachable API server and an unusable kubeconfig with one line
   naming the server or the file;
+* such a module takes kubernetes.core's other connection options (doc fragment metax.gpu.k8s_auth): ``host`` +
+  ``api_key`` alone or from K8S_AUTH_*, a context, a kubeconfig dictionary, certificate files; the answers are
+  real (a local server that checks the bearer token) or one line without the secret;
 * every option that holds a secret is ``no_log`` (found by name, suboptions too), and a marker put in each
   appears nowhere in the module's real output (result JSON with its invocation, warnings, diff).
 
 The runs never touch this machine: ``host_root`` is always a temporary directory (a missing ``host_root``
-means ``/`` to a module), ``kubeconfig`` points at a closed port, and path values stay under tmp_path.
+means ``/`` to a module), ``kubeconfig`` points at a closed port (and KUBECONFIG too, with K8S_AUTH_* removed and
+HOME under tmp_path: kubernetes.core's fallbacks never reach this machine's cluster), and path values stay under tmp_path.
 """
 from __future__ import annotations
 
