@@ -198,17 +198,23 @@ def auth_from_params(params: Mapping[str, Any], environ: Optional[Mapping[str, s
     return auth
 
 
+def _is_url(value: str, schemes: Tuple[str, ...]) -> bool:
+    if _CONTROL.search(value) or " " in value:
+        return False
+    try:
+        parts = urlsplit(value)
+        _port = parts.port          # ValueError when not a number or out of range
+    except ValueError:              # a bad port or IPv6 literal
+        return False
+    return parts.scheme in schemes and bool(parts.hostname)
+
+
 def _check(auth: Auth) -> None:
     for option, schemes in (("host", ("http", "https")), ("proxy", ("http", "https") + _SOCKS)):
         value = getattr(auth, option)
         if value is None:
             continue
-        try:
-            parts = urlsplit(value) if not (_CONTROL.search(value) or " " in value) else None
-            hostname = parts.hostname if parts and (parts.port or True) else None     # .port: ValueError if bad
-        except ValueError:          # a bad port or IPv6 literal
-            parts = hostname = None
-        if parts is None or parts.scheme not in schemes or not hostname:
+        if not _is_url(value, schemes):
             raise KubeClientError("%s %r is not a URL (%s)" % (option, value[:200], ", ".join(s + "://" for s in schemes)))
     # header values: a line break would end the header (the HTTP library refuses it mid-request)
     for option in ("api_key", "username", "password"):
