@@ -333,6 +333,7 @@ def token_api():
         "/api/v1": resources,
         "/api/v1/nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}, "items": [node]},
         "/api/v1/pods": {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}, "items": []},
+        "/api/v1/nodes/node-1": dict(node, kind="Node", apiVersion="v1"),      # node_metadata's patch answer
     }
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -340,6 +341,7 @@ def token_api():
             pass
 
         def do_GET(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))     # a PATCH's body
             path = self.path.split("?", 1)[0]
             seen.append((path, self.headers.get("Authorization", "")))
             if self.headers.get("Authorization") != "Bearer " + TOKEN:
@@ -354,6 +356,8 @@ def token_api():
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        do_PATCH = do_GET  # noqa: N815
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -412,6 +416,22 @@ def test_a_wrong_token_is_one_line_without_the_token(env, name, token_api):
     msg = result["msg"]
     assert "\n" not in msg and "401" in msg and url in msg and "api_key" in msg, msg
     assert "h14-wrong-token" not in json.dumps(result), result
+
+
+@pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)
+def test_the_api_key_marker_never_shows_whether_the_server_refuses_or_answers(env, name, refusing_api, token_api):
+    """The generic marker test stops at client_key's missing file: here the secrets go on the wire."""
+    url, seen = token_api
+    for host, token in ((refusing_api, MARKER), (url, TOKEN)):
+        module, args = _token_args(name, env, host, token=token)
+        args.update(username="u", password=MARKER, proxy_headers={"basic_auth": "u:" + MARKER, "user_agent": "ua"})
+        for check_mode in (True, False):
+            failed, result = _run(module, args, check_mode=check_mode, diff=True)
+            assert failed == (host == refusing_api) or name == "driver", result
+            assert not _leaks(json.dumps(result)) and TOKEN not in json.dumps(result), result
+            text = _real_output(module, args, check_mode)
+            assert text.strip() and not _leaks(text) and TOKEN not in text, text[:2000]
+    assert seen and all(auth == "Bearer " + TOKEN for _path, auth in seen)      # api_key wins over basic auth
 
 
 @pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)
