@@ -16,9 +16,34 @@ HOST_ROOT_ARGSPEC = {
     "host_root": {"type": "path", "default": "/"},
 }
 
-# The controller-side modules that talk to the API server (doc fragment metax.gpu.kubeconfig).
-KUBECONFIG_ARGSPEC = {
-    "kubeconfig": {"type": "path"},
+# The modules that talk to the API server (doc fragment metax.gpu.k8s_auth): kubernetes.core's connection
+# options with its names, types and aliases (its args_common.AUTH_ARG_SPEC), so a play moves its connection
+# settings between kubernetes.core.k8s_* tasks and ours unchanged. The K8S_AUTH_* fallbacks are read by
+# kube/client.auth_from_params. Two differences, both about secrets: client_key is no_log here; kubeconfig is
+# not (its path is named in errors), and a kubeconfig given as a dictionary has its credentials masked by
+# kube/client.module_client instead.
+K8S_AUTH_PROXY_HEADERS_ARGSPEC = {
+    "proxy_basic_auth": {"type": "str", "no_log": True},
+    "basic_auth": {"type": "str", "no_log": True},
+    "user_agent": {"type": "str"},
+}
+K8S_AUTH_ARGSPEC = {
+    "host": {"type": "str"},
+    "api_key": {"type": "str", "no_log": True},
+    "kubeconfig": {"type": "raw"},
+    "context": {"type": "str"},
+    "username": {"type": "str"},
+    "password": {"type": "str", "no_log": True},
+    "validate_certs": {"type": "bool", "aliases": ["verify_ssl"]},
+    "ca_cert": {"type": "path", "aliases": ["ssl_ca_cert"]},
+    "client_cert": {"type": "path", "aliases": ["cert_file"]},
+    "client_key": {"type": "path", "aliases": ["key_file"], "no_log": True},
+    "proxy": {"type": "str"},
+    "no_proxy": {"type": "str"},
+    "proxy_headers": {"type": "dict", "options": K8S_AUTH_PROXY_HEADERS_ARGSPEC},
+    "persist_config": {"type": "bool"},
+    "impersonate_user": {"type": "str"},
+    "impersonate_groups": {"type": "list", "elements": "str"},
 }
 
 

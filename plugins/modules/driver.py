@@ -40,6 +40,7 @@ author:
   - MetaX GPU collection maintainers (@metax-gpu)
 extends_documentation_fragment:
   - metax.gpu.host_root
+  - metax.gpu.k8s_auth
 attributes:
   check_mode:
     support: full
@@ -125,10 +126,9 @@ options:
       - Kubernetes name of this node. When given, pods on the node that request C(metax-tech.com/gpu) count as
         the driver being in use. Needs the C(kubernetes) Python package on the node.
     type: str
-  kubeconfig:
-    description: Kubeconfig used with O(node_name); default the in-cluster service account.
-    type: path
 notes:
+  - The connection options (O(host), O(api_key), O(kubeconfig)...) are used only with O(node_name), to list the
+    node's pods; given without it they are refused.
   - On a node mounted elsewhere (O(host_root) not C(/), as in an agent container) the package tools run through
     C(chroot). On a simulated node the tools are the ones the simulated root carries.
 seealso:
@@ -234,7 +234,7 @@ verify:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, checked_host_root, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import HOST_ROOT_ARGSPEC, K8S_AUTH_ARGSPEC, checked_host_root, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.driver import backend
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 
@@ -251,25 +251,24 @@ ARGUMENT_SPEC = {
     "run_uninstall_args": {"type": "list", "elements": "str", "default": ["--uninstall"]},
     "verify": {"type": "bool", "default": True},
     "node_name": {"type": "str"},
-    "kubeconfig": {"type": "path"},
 }
 
 
-def _node_pods(node_name, kubeconfig):
+def _node_pods(module, node_name):
     # imported here: only a run with node_name needs the kubernetes package on the node
-    from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client, core_v1, reaching
+    from ansible_collections.metax.gpu.plugins.module_utils.kube.client import core_v1, module_client, reaching
     from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import check_node_name
 
     check_node_name(node_name)
-    client = api_client(kubeconfig)
-    with reaching(client, kubeconfig):
+    client, auth = module_client(module)
+    with reaching(client, auth):
         pods = core_v1(client).list_pod_for_all_namespaces(field_selector="spec.nodeName=%s" % node_name)
     return [client.sanitize_for_serialization(pod) for pod in pods.items]
 
 
 def main():
-    module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True,
-                           required_by={"kubeconfig": "node_name"})
+    module = AnsibleModule(argument_spec=merged_spec(HOST_ROOT_ARGSPEC, K8S_AUTH_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True,
+                           required_by={option: "node_name" for option in K8S_AUTH_ARGSPEC})
     params = module.params
     root = params["host_root"]
     request = backend.Request(
@@ -283,7 +282,7 @@ def main():
         return module.run_command(argv, environ_update={"METAX_HOST_ROOT": root, "LC_ALL": "C"})
 
     try:
-        pods = _node_pods(params["node_name"], params["kubeconfig"]) if params["node_name"] is not None else []
+        pods = _node_pods(module, params["node_name"]) if params["node_name"] is not None else []
         result = backend.run(checked_host_root(root), request, module.check_mode, runner=runner, pods=pods)
     except backend.DriverVerifyError as exc:
         module.fail_json(msg=str(exc), changed=True, verify=exc.checks)

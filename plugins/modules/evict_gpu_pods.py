@@ -19,7 +19,7 @@ description:
 author:
   - MetaX GPU collection maintainers (@metax-gpu)
 extends_documentation_fragment:
-  - metax.gpu.kubeconfig
+  - metax.gpu.k8s_auth
 attributes:
   check_mode:
     support: full
@@ -65,9 +65,12 @@ EXAMPLES = r"""
     kubeconfig: /etc/kubernetes/admin.conf
     timeout: 120
 
-- name: What would be evicted
+- name: What would be evicted, from a bastion with a ServiceAccount token and no kubeconfig
   metax.gpu.evict_gpu_pods:
     node_name: gpu-node-3
+    host: https://10.0.0.10:6443
+    api_key: "{{ metax_token }}"
+    ca_cert: /etc/metax/cluster-ca.crt
   check_mode: true
 """
 
@@ -96,7 +99,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import KUBECONFIG_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import K8S_AUTH_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.kube import client as kube
 
@@ -110,7 +113,7 @@ ARGUMENT_SPEC = {
 
 
 def main():
-    module = AnsibleModule(argument_spec=merged_spec(KUBECONFIG_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=merged_spec(K8S_AUTH_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     if not kube.HAS_KUBERNETES:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=traceback.format_exc())
     from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import check_node_name, evict
@@ -118,8 +121,8 @@ def main():
     params = module.params
     try:
         check_node_name(params["node_name"])    # before any call: "" would select every unscheduled pod
-        client = kube.api_client(params["kubeconfig"])
-        with kube.reaching(client, params["kubeconfig"]):
+        client, auth = kube.module_client(module)
+        with kube.reaching(client, auth):
             result = evict(kube.core_v1(client), params["node_name"], drain=params["drain"], timeout=params["timeout"],
                            force=params["force"], check_mode=module.check_mode, grace_period=params["grace_period"])
     except (MetaxGpuError, kube.ApiException) as exc:

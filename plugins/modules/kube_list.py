@@ -21,7 +21,7 @@ description:
 author:
   - MetaX GPU collection maintainers (@metax-gpu)
 extends_documentation_fragment:
-  - metax.gpu.kubeconfig
+  - metax.gpu.k8s_auth
 attributes:
   check_mode:
     support: full
@@ -78,6 +78,11 @@ EXAMPLES = r"""
       - status.phase!=Failed
     page_size: 250
   register: pods
+
+- name: Every node, with the connection kubernetes.core tasks use (K8S_AUTH_HOST, K8S_AUTH_API_KEY...)
+  metax.gpu.kube_list:
+    kind: Node
+    context: admin@production
 """
 
 RETURN = r"""
@@ -109,7 +114,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import KUBECONFIG_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import K8S_AUTH_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.kube import client as kube
 from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import list_all, query, raw_json
@@ -128,7 +133,7 @@ API_VERSION = re.compile(r"^(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?v[0-9]+(
 
 
 def main():
-    module = AnsibleModule(argument_spec=merged_spec(KUBECONFIG_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=merged_spec(K8S_AUTH_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     if not kube.HAS_KUBERNETES:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=traceback.format_exc())
     from kubernetes.dynamic import DynamicClient
@@ -141,9 +146,9 @@ def main():
         if not API_VERSION.match(params["api_version"]):
             raise MetaxGpuError("api_version %r is not a Kubernetes group/version such as v1 or apps/v1"
                                 % params["api_version"])
-        client = kube.api_client(params["kubeconfig"])
+        client, auth = kube.module_client(module)
         selectors = query(params["label_selectors"], params["field_selectors"])
-        with kube.reaching(client, params["kubeconfig"]):
+        with kube.reaching(client, auth):
             # the discovery below is the first call to the API server
             dynamic = DynamicClient(client)
             resource = dynamic.resources.get(api_version=params["api_version"], kind=params["kind"])

@@ -19,7 +19,7 @@ description:
 author:
   - MetaX GPU collection maintainers (@metax-gpu)
 extends_documentation_fragment:
-  - metax.gpu.kubeconfig
+  - metax.gpu.k8s_auth
 attributes:
   check_mode:
     support: full
@@ -65,6 +65,9 @@ EXAMPLES = r"""
     prefix: metax-tech.com/
     label_selectors:
       - metax-tech.com/gpu.installed=true
+    host: https://10.0.0.10:6443
+    api_key: "{{ metax_token }}"
+    ca_cert: /etc/metax/cluster-ca.crt
   check_mode: true
   diff: true
 """
@@ -87,7 +90,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.metax.gpu.plugins.module_utils.common import KUBECONFIG_ARGSPEC, merged_spec
+from ansible_collections.metax.gpu.plugins.module_utils.common import K8S_AUTH_ARGSPEC, merged_spec
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.kube import client as kube
 from ansible_collections.metax.gpu.plugins.module_utils.kube.node import strip
@@ -103,7 +106,7 @@ ARGUMENT_SPEC = {
 
 
 def main():
-    module = AnsibleModule(argument_spec=merged_spec(KUBECONFIG_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=merged_spec(K8S_AUTH_ARGSPEC, ARGUMENT_SPEC), supports_check_mode=True)
     if not kube.HAS_KUBERNETES:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=traceback.format_exc())
     params = module.params
@@ -112,10 +115,10 @@ def main():
         prefix = check_prefix(params["prefix"])
         if params["page_size"] < 1:
             raise MetaxGpuError("page_size must be at least 1, not %d" % params["page_size"])
-        client = kube.api_client(params["kubeconfig"])
+        client, auth = kube.module_client(module)
         core = kube.core_v1(client)
         selectors = query(params["label_selectors"])
-        with kube.reaching(client, params["kubeconfig"]):
+        with kube.reaching(client, auth):
             listing = raw_list(core.list_node, page_size=params["page_size"], **selectors)
             strip(core, listing.items, [prefix], [prefix], check_mode=module.check_mode, done=done)
     except (MetaxGpuError, kube.ApiException) as exc:

@@ -9,11 +9,15 @@ their own ``AnsibleModule(...)`` call, so a new module is covered without an edi
 * a module taking ``host_root`` refuses one that does not exist, and creates nothing;
 * a module taking ``kubeconfig`` answers an unreachable API server and an unusable kubeconfig with one line
   naming the server or the file;
+* such a module takes kubernetes.core's other connection options (doc fragment metax.gpu.k8s_auth): ``host`` +
+  ``api_key`` alone or from K8S_AUTH_*, a context, a kubeconfig dictionary, certificate files; the answers are
+  real (a local server that checks the bearer token) or one line without the secret;
 * every option that holds a secret is ``no_log`` (found by name, suboptions too), and a marker put in each
   appears nowhere in the module's real output (result JSON with its invocation, warnings, diff).
 
 The runs never touch this machine: ``host_root`` is always a temporary directory (a missing ``host_root``
-means ``/`` to a module), ``kubeconfig`` points at a closed port, and path values stay under tmp_path.
+means ``/`` to a module), ``kubeconfig`` points at a closed port (and KUBECONFIG too, with K8S_AUTH_* removed and
+HOME under tmp_path: kubernetes.core's fallbacks never reach this machine's cluster), and path values stay under tmp_path.
 """
 from __future__ import annotations
 
@@ -67,6 +71,8 @@ STR_VALUES = ["", " ", "a b", "../../escape", "-x", "--config=/etc/shadow", "x\n
 
 
 LIST_VALUES = ["", "../../escape", "-x", "a\x00b", "a,b=c"]
+# raw options (kubeconfig: a path or a dictionary)
+RAW_VALUES: List[Any] = ["", "a\x00b", 7, ["x"], {}, {"apiVersion": "v1"}, "../../escape"]
 
 
 def _path_values(tmp: str) -> List[str]:
@@ -106,6 +112,13 @@ def env(tmp_path, monkeypatch):
     monkeypatch.chdir(str(tmp_path / "a" / "cwd"))
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(_kubeconfig("https://127.0.0.1:%d" % free_port()))
+    # kubernetes.core's fallbacks (K8S_AUTH_*, the service account, KUBECONFIG, ~/.kube/config) never reach
+    # this machine's cluster: an option left out or empty ends at the unreachable kubeconfig
+    for variable in list(os.environ):
+        if variable.startswith("K8S_AUTH_") or variable.startswith("KUBERNETES_SERVICE_"):
+            monkeypatch.delenv(variable)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("HOME", str(tmp_path / "a" / "home"))
     return tmp, str(root), str(kubeconfig)
 
 
@@ -154,12 +167,14 @@ def _cases() -> List[Tuple[str, str, str, Any]]:
                 out += [(name, option, kind, i) for i in range(5)]
             elif kind == "list" and desc.get("elements", "str") in ("str", "path") and not desc.get("options"):
                 out += [(name, option, kind, [v]) for v in LIST_VALUES]
+            elif kind == "raw":
+                out += [(name, option, kind, v) for v in RAW_VALUES]
     return out
 
 
 def _id(case) -> str:
     name, option, kind, value = case
-    shown = value if kind not in ("str", "list") else (repr(value)[:12])
+    shown = value if kind not in ("str", "list", "raw") else (repr(value)[:12])
     return "%s-%s-%s" % (name, option, shown)
 
 
@@ -291,6 +306,195 @@ def test_an_unusable_kubeconfig_is_one_line(env, name, content):
     failed, result = _run(module, args, check_mode=True)
     assert failed, result
     assert "\n" not in result["msg"] and bad in result["msg"], result["msg"]
+
+
+# ---------------------------------------------------------------------------------------------
+# kubernetes.core's connection options (doc fragment metax.gpu.k8s_auth)
+
+TOKEN = "h14-bearer-9f8e7d6c5b4a"
+
+
+@pytest.fixture
+def token_api():
+    """An API server that answers the modules' calls only with ``Authorization: Bearer TOKEN`` (401 otherwise);
+    yields (url, the requests it saw as (path, authorization))."""
+    import http.server
+    import threading
+
+    seen: List[Tuple[str, str]] = []
+    resources = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1", "resources": [
+        {"name": "nodes", "singularName": "node", "namespaced": False, "kind": "Node", "verbs": ["get", "list", "patch"]},
+        {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod", "verbs": ["get", "list"]}]}
+    node = {"metadata": {"name": "node-1", "resourceVersion": "7", "labels": {"metax-tech.com/gpu.installed": "true"}}}
+    answers = {
+        "/version": {"major": "1", "minor": "30", "gitVersion": "v1.30.0"},
+        "/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []},
+        "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": []},
+        "/api/v1": resources,
+        "/api/v1/nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}, "items": [node]},
+        "/api/v1/pods": {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}, "items": []},
+        "/api/v1/nodes/node-1": dict(node, kind="Node", apiVersion="v1"),      # node_metadata's patch answer
+    }
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))     # a PATCH's body
+            path = self.path.split("?", 1)[0]
+            seen.append((path, self.headers.get("Authorization", "")))
+            if self.headers.get("Authorization") != "Bearer " + TOKEN:
+                code, body = 401, {"kind": "Status", "status": "Failure", "message": "Unauthorized", "code": 401}
+            elif path in answers:
+                code, body = 200, answers[path]
+            else:
+                code, body = 404, {"kind": "Status", "status": "Failure", "message": "not found", "code": 404}
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_PATCH = do_GET  # noqa: N815
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield "http://127.0.0.1:%d" % server.server_address[1], seen
+    server.shutdown()
+    server.server_close()
+
+
+def _token_args(name: str, env, host: str, token: str = TOKEN) -> Tuple[Any, Dict[str, Any]]:
+    module, args = _kube_args(name, env)
+    args.pop("kubeconfig", None)            # host and api_key alone, as a bastion with a token has them
+    args.update(host=host, api_key=token)
+    return module, args
+
+
+@pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)
+def test_host_and_api_key_alone_reach_the_api_server(env, name, token_api):
+    url, seen = token_api
+    module, args = _token_args(name, env, url + "/")     # a trailing slash, as kubernetes.core strips it
+    failed, result = _run(module, args, check_mode=True)
+    assert seen and all(auth == "Bearer " + TOKEN for _path, auth in seen), seen
+    paths = {path for path, _auth in seen}
+    assert paths & {"/api/v1/nodes", "/api/v1/pods"}, paths
+    if name == "kube_list":
+        assert not failed and [n["metadata"]["name"] for n in result["resources"]] == ["node-1"], result
+    elif name == "node_metadata":
+        assert not failed and result["changed"] and result["nodes"][0]["name"] == "node-1", result
+    elif name == "evict_gpu_pods":
+        assert not failed and result["selected"] == [], result
+    else:       # driver: the node's pods read with the token, nothing in use on an empty node
+        assert not failed and result["in_use"] == [] and result["changed"] is False, result
+    assert TOKEN not in json.dumps(result)
+
+
+@pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)
+def test_the_environment_gives_host_and_api_key_as_kubernetes_core_reads_them(env, name, token_api, monkeypatch):
+    url, seen = token_api
+    module, args = _kube_args(name, env)
+    args.pop("kubeconfig", None)
+    monkeypatch.setenv("K8S_AUTH_HOST", url)
+    monkeypatch.setenv("K8S_AUTH_API_KEY", TOKEN)
+    failed, result = _run(module, args, check_mode=True)
+    assert seen and all(auth == "Bearer " + TOKEN for _path, auth in seen), seen
+    assert name == "driver" or not failed, result
+    # and a secret from the environment is masked like an option's: Ansible does not know it is one
+    text = _real_output(module, args, check_mode=True)
+    assert text.strip() and TOKEN not in text
+
+
+@pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)
+def test_a_wrong_token_is_one_line_without_the_token(env, name, token_api):
+    url, _seen = token_api
+    module, args = _token_args(name, env, url, token="h14-wrong-token-1a2b3c")
+    failed, result = _run(module, args, check_mode=True)
+    assert failed, result
+    msg = result["msg"]
+    assert "\n" not in msg and "401" in msg and url in msg and "api_key" in msg, msg
+    assert "h14-wrong-token" not in json.dumps(result), result
+
+
+@pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)
+def test_the_api_key_marker_never_shows_whether_the_server_refuses_or_answers(env, name, refusing_api, token_api):
+    """The generic marker test stops at client_key's missing file: here the secrets go on the wire."""
+    url, seen = token_api
+    for host, token in ((refusing_api, MARKER), (url, TOKEN)):
+        module, args = _token_args(name, env, host, token=token)
+        args.update(username="u", password=MARKER, proxy_headers={"basic_auth": "u:" + MARKER, "user_agent": "ua"})
+        for check_mode in (True, False):
+            failed, result = _run(module, args, check_mode=check_mode, diff=True)
+            assert failed == (host == refusing_api) or name == "driver", result
+            assert not _leaks(json.dumps(result)) and TOKEN not in json.dumps(result), result
+            text = _real_output(module, args, check_mode)
+            assert text.strip() and not _leaks(text) and TOKEN not in text, text[:2000]
+    assert seen and all(auth == "Bearer " + TOKEN for _path, auth in seen)      # api_key wins over basic auth
+
+
+@pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)
+def test_an_unreachable_host_is_one_line_naming_it(env, name):
+    url = "https://127.0.0.1:%d" % free_port()
+    module, args = _token_args(name, env, url)
+    failed, result = _run(module, args, check_mode=True)
+    assert failed, result
+    assert "\n" not in result["msg"] and url in result["msg"] and len(result["msg"]) < 600, result["msg"]
+    assert TOKEN not in json.dumps(result)
+
+
+@pytest.mark.parametrize("option", ["ca_cert", "client_cert", "client_key"])
+@pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)
+def test_a_missing_certificate_file_is_one_line(env, name, option):
+    tmp = env[0]
+    missing = os.path.join(tmp, "no-such-" + option.replace("_", "-"))
+    module, args = _kube_args(name, env)
+    args[option] = missing
+    failed, result = _run(module, args, check_mode=True)
+    assert failed and option in result["msg"] and "\n" not in result["msg"], result
+    # client_key is no_log: its path is not named
+    assert (missing in result["msg"]) == (option != "client_key"), result["msg"]
+
+
+@pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)
+def test_the_credentials_of_a_kubeconfig_dictionary_never_show(env, name, refusing_api):
+    import yaml
+
+    config = yaml.safe_load(_kubeconfig(refusing_api))
+    config["users"][0]["user"]["token"] = MARKER
+    module, args = _kube_args(name, env)
+    args["kubeconfig"] = config
+    failed, result = _run(module, args, check_mode=True)
+    assert failed and "401" in result["msg"] and "dictionary" in result["msg"], result
+    assert not _leaks(json.dumps(result))
+    text = _real_output(module, args, check_mode=True)
+    assert text.strip() and not _leaks(text), text[:2000]
+
+
+@pytest.mark.parametrize("name", MODULES_WITH_KUBECONFIG)
+def test_a_context_is_chosen_in_the_kubeconfig(env, name, token_api):
+    """context (and K8S_AUTH_CONTEXT) picks one of the file's contexts, as in kubernetes.core."""
+    import yaml
+
+    tmp, _root, kubeconfig = env
+    url, seen = token_api
+    with open(kubeconfig) as handle:
+        config = yaml.safe_load(handle)
+    config["clusters"].append({"name": "good", "cluster": {"server": url}})
+    config["users"].append({"name": "good", "user": {"token": TOKEN}})
+    config["contexts"].append({"name": "good", "context": {"cluster": "good", "user": "good"}})
+    path = os.path.join(tmp, "two-contexts")
+    with open(path, "w") as handle:
+        yaml.safe_dump(config, handle)
+    module, args = _kube_args(name, env)
+    args.update(kubeconfig=path, context="good")
+    failed, result = _run(module, args, check_mode=True)
+    assert seen and all(auth == "Bearer " + TOKEN for _path, auth in seen), seen
+    assert name == "driver" or not failed, result
+    args["context"] = "nowhere"
+    failed, result = _run(module, args, check_mode=True)
+    assert failed and "\n" not in result["msg"] and path in result["msg"] and "nowhere" in result["msg"], result
 
 
 # ---------------------------------------------------------------------------------------------
