@@ -157,7 +157,7 @@ def wait_agents_gone(api: MaintenanceApi, node: str, timeout: float, poll: float
 def pause(api: MaintenanceApi, node: str, owner: str, cordon: bool = True, pause_agents: bool = True,
           procedure_state: Optional[str] = None, message: Optional[str] = None,
           evict: Optional[Eviction] = None, agents_timeout: float = 300.0, poll: float = 2.0,
-          check_mode: bool = False, sleep: Callable[[float], None] = time.sleep,
+          check_mode: bool = False, sleep: Optional[Callable[[float], None]] = None,
           clock: Callable[[], float] = time.monotonic) -> Outcome:
     """Hold ``node`` for ``owner`` (:func:`.plan.plan_pause`), then with ``pause_agents`` wait up to
     ``agents_timeout`` for gpu-device and gpu-label to leave, then with ``evict`` evict the GPU pods.
@@ -170,7 +170,7 @@ def pause(api: MaintenanceApi, node: str, owner: str, cordon: bool = True, pause
                     check_mode)
     outcome = Outcome(node, change)
     if pause_agents and not check_mode:
-        outcome.agents_wait = wait_agents_gone(api, node, agents_timeout, poll, sleep, clock)
+        outcome.agents_wait = wait_agents_gone(api, node, agents_timeout, poll, sleep or time.sleep, clock)
     if evict is not None:
         outcome.evicted = api.evict(node, evict, check_mode)
     return outcome
