@@ -23,6 +23,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout import (
     WAIT_HELD, WAIT_NOT_READY, WAIT_SKIP, Policy, PolicyError, count_of, plan_batches)
 from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout_node import label_version, node_ready, rollout_node
 from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import select as eviction_select
+from ansible_collections.metax.gpu.plugins.module_utils.maintenance.plan import agent_label_removal
 from ansible_collections.metax.gpu.plugins.module_utils.node_checks import gpu_node_problems
 
 __all__ = ["budget", "node_ready", "driver_upgrade_plan", "driver_upgrade_validation", "driver_upgrade_failures",
@@ -174,8 +175,9 @@ def driver_upgrade_node_plan(names: Sequence[str], changes: Sequence[Mapping[str
 
 
 def metax_label_removal(labels: Optional[Mapping[str, str]]) -> Dict[str, None]:
-    """Merge patch removing gpu-label's metax-tech.com/ labels; the day-two labels stay."""
-    return {k: None for k in (labels or {}) if k.startswith(N.LABEL_PREFIX) and k not in N.DAY_TWO_LABELS}
+    """Merge patch removing gpu-label's metax-tech.com/ labels; the day-two labels stay (the maintenance
+    protocol's rule: metax.gpu.node_maintenance's remove_agent_labels)."""
+    return agent_label_removal(labels)
 
 
 def driver_version_parts(version: str) -> List[str]:

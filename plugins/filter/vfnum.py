@@ -71,10 +71,16 @@ def vfnum_node_problems(node: Mapping[str, Any], vfnum: int) -> List[str]:
     return problems
 
 
+def vfnum_state(node: Mapping[str, Any]) -> str:
+    """The node's set_vfnum state label (names.LABEL_VFNUM_STATE); ``success`` when it has none."""
+    return ((node.get("metadata") or {}).get("labels") or {}).get(N.LABEL_VFNUM_STATE) or "success"
+
+
 class FilterModule:
     def filters(self):
         return {
             "vfnum_gpu_pods": vfnum_gpu_pods,
             "vfnum_budget": vfnum_budget,
             "vfnum_node_problems": vfnum_node_problems,
+            "vfnum_state": vfnum_state,
         }

@@ -82,6 +82,17 @@ options:
     description: Namespace of the node agents' pods (the GPU Extensions release) that O(pause_agents) waits for.
     type: str
     default: metax-gpu
+  remove_agent_labels:
+    description: With O(state=paused), remove the C(metax-tech.com/) labels the node agents publish (all but the
+      day-two labels: the procedures' states and the pause), as the manual's node maintenance does. Run it once
+      the agents have left (O(pause_agents)), else gpu-label puts them back.
+    type: bool
+    default: false
+  wait_agents:
+    description: With O(pause_agents), wait for the agents' pods to leave the node (false, to pause a batch of
+      nodes first and wait for them all in a second run).
+    type: bool
+    default: true
   agents_timeout:
     description: Seconds to wait for the paused agents' pods to leave the node.
     type: int
@@ -203,6 +214,8 @@ ARGUMENT_SPEC = {
     "procedure_state": {"type": "str"},
     "message": {"type": "str"},
     "namespace": {"type": "str", "default": names.NAMESPACE},
+    "remove_agent_labels": {"type": "bool", "default": False},
+    "wait_agents": {"type": "bool", "default": True},
     "agents_timeout": {"type": "int", "default": 300},
     "poll_delay": {"type": "int", "default": 2},
     "evict": {"type": "bool", "default": False},
@@ -236,7 +249,9 @@ def main():
                 outcome = maintenance.pause(
                     api, params["node_name"], params["owner"], cordon=params["cordon"],
                     pause_agents=params["pause_agents"], procedure_state=params["procedure_state"],
-                    message=params["message"], evict=evict, agents_timeout=params["agents_timeout"],
+                    message=params["message"], remove_agent_labels=params["remove_agent_labels"], evict=evict,
+                    wait_agents=params["wait_agents"],
+                    agents_timeout=params["agents_timeout"],
                     poll=params["poll_delay"], check_mode=module.check_mode)
             else:
                 outcome = maintenance.resume(api, params["node_name"], params["owner"], uncordon=params["uncordon"],

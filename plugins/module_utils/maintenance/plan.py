@@ -36,7 +36,7 @@ from .. import names as N
 from ..errors import MetaxGpuError
 
 __all__ = ["MaintenanceConflict", "MaintenanceError", "NodeView", "Change", "node_view", "owner_of", "check_owner",
-           "plan_pause", "plan_resume", "held", "STATE_KEYS", "LEGACY_PAUSE"]
+           "plan_pause", "plan_resume", "held", "agent_label_removal", "STATE_KEYS", "LEGACY_PAUSE"]
 
 # Each owner's own state label and message annotation (None: it has none yet).
 STATE_KEYS: Dict[str, Tuple[Optional[str], Optional[str]]] = {
@@ -100,6 +100,12 @@ def owner_of(view: NodeView) -> Optional[str]:
 def held(node: Mapping[str, Any]) -> Optional[str]:
     """:func:`owner_of` a Node dict: who holds it (the rollout budget counts such a node unavailable)."""
     return owner_of(node_view(node))
+
+
+def agent_label_removal(labels: Optional[Mapping[str, str]]) -> Dict[str, None]:
+    """The labels under metax-tech.com/ that the node agents publish (every one but the day-two labels,
+    names.DAY_TWO_LABELS), each mapped to None: the merge patch removing them (the manual's section 2.4)."""
+    return {k: None for k in (labels or {}) if k.startswith(N.LABEL_PREFIX) and k not in N.DAY_TWO_LABELS}
 
 
 def check_owner(owner: str) -> str:
@@ -210,12 +216,15 @@ class _Edit:
 
 
 def plan_pause(view: NodeView, owner: str, cordon: bool = True, pause_agents: bool = True,
-               procedure_state: Optional[str] = None, message: Optional[str] = None) -> Change:
+               procedure_state: Optional[str] = None, message: Optional[str] = None,
+               remove_agent_labels: bool = False) -> Change:
     """Hold ``view`` for ``owner``: record it, cordon (recording whose cordon it is) when ``cordon``,
     pause the agents when ``pause_agents`` (False un-pauses them: the hold stays), and set the owner's
     state and message. Refused (MaintenanceConflict) while another owner holds the node.
 
     ``cordon`` False never lifts a cordon: only :func:`plan_resume` does, and only its own.
+    ``remove_agent_labels`` removes the agents' labels (:func:`agent_label_removal`): once their pods
+    have left, else gpu-label puts them back.
     """
     check_owner(owner)
     holder = _check_free(view, owner)
@@ -237,6 +246,9 @@ def plan_pause(view: NodeView, owner: str, cordon: bool = True, pause_agents: bo
     elif _pause_is(view, owner):
         edit.label(N.LABEL_AGENTS_PAUSED, None)
     edit.procedure(owner, procedure_state, message)
+    if remove_agent_labels:
+        for key in sorted(agent_label_removal(view.labels)):
+            edit.label(key, None)
     return edit.change
 
 

@@ -155,21 +155,21 @@ def wait_agents_gone(api: MaintenanceApi, node: str, timeout: float, poll: float
 
 
 def pause(api: MaintenanceApi, node: str, owner: str, cordon: bool = True, pause_agents: bool = True,
-          procedure_state: Optional[str] = None, message: Optional[str] = None,
-          evict: Optional[Eviction] = None, agents_timeout: float = 300.0, poll: float = 2.0,
+          procedure_state: Optional[str] = None, message: Optional[str] = None, remove_agent_labels: bool = False,
+          evict: Optional[Eviction] = None, wait_agents: bool = True, agents_timeout: float = 300.0, poll: float = 2.0,
           check_mode: bool = False, sleep: Optional[Callable[[float], None]] = None,
           clock: Callable[[], float] = time.monotonic) -> Outcome:
-    """Hold ``node`` for ``owner`` (:func:`.plan.plan_pause`), then with ``pause_agents`` wait up to
-    ``agents_timeout`` for gpu-device and gpu-label to leave, then with ``evict`` evict the GPU pods.
+    """Hold ``node`` for ``owner`` (:func:`.plan.plan_pause`), then with ``pause_agents`` and ``wait_agents``
+    wait up to ``agents_timeout`` for gpu-device and gpu-label to leave, then with ``evict`` evict the GPU pods.
 
     Raises MaintenanceConflict (nothing changed) while another owner holds the node.
     In check mode nothing is written, nothing waited for, and ``selected`` says what would be evicted.
     """
     kube_evict.check_node_name(node)
-    change = _apply(api, node, lambda view: plan_pause(view, owner, cordon, pause_agents, procedure_state, message),
-                    check_mode)
+    change = _apply(api, node, lambda view: plan_pause(view, owner, cordon, pause_agents, procedure_state, message,
+                                                       remove_agent_labels), check_mode)
     outcome = Outcome(node, change)
-    if pause_agents and not check_mode:
+    if pause_agents and wait_agents and not check_mode:
         outcome.agents_wait = wait_agents_gone(api, node, agents_timeout, poll, sleep or time.sleep, clock)
     if evict is not None:
         outcome.evicted = api.evict(node, evict, check_mode)

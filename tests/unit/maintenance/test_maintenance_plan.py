@@ -201,3 +201,14 @@ def test_node_view_reads_a_node_or_its_metadata():
     meta = node_view({"name": "b", "labels": {"k": "v"}, "annotations": {}})
     assert meta.name == "b" and meta.labels == {"k": "v"} and not meta.cordoned
     assert P.held({"metadata": {"annotations": {N.ANNOTATION_MAINTENANCE_OWNER: HEALTH}}}) == HEALTH
+
+
+def test_the_agents_labels_go_and_the_day_two_labels_stay():
+    labels = {N.LABEL_GPU_INSTALLED: "true", N.LABEL_DRIVER_MAJOR: "2", "kubernetes.io/os": "linux",
+              N.LABEL_DRIVER_UPGRADE_STATE: "paused", N.LABEL_AGENTS_PAUSED: UPGRADE, N.LABEL_VFNUM_STATE: "success"}
+    view = node(labels=labels, annotations={N.ANNOTATION_MAINTENANCE_OWNER: UPGRADE,
+                                            N.ANNOTATION_MAINTENANCE_CORDON: N.MAINTENANCE_CORDON_OURS},
+                cordoned=True)
+    change = plan_pause(view, UPGRADE, procedure_state="paused", remove_agent_labels=True)
+    assert change.patch == {"metadata": {"labels": {N.LABEL_DRIVER_MAJOR: None, N.LABEL_GPU_INSTALLED: None}}}
+    assert P.agent_label_removal(labels) == {N.LABEL_GPU_INSTALLED: None, N.LABEL_DRIVER_MAJOR: None}
