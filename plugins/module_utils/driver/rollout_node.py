@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from .. import names as N
-from ..maintenance.plan import held
+from ..maintenance.plan import cordon_record, held, node_view
 from .rollout import RolloutNode
 
 
@@ -68,9 +68,9 @@ def rollout_node(node: Mapping[str, Any], target_version: Optional[str] = None,
     annotations = annotations_of(node)
     cordoned = bool((node.get("spec") or {}).get("unschedulable"))
     state = labels.get(N.LABEL_DRIVER_UPGRADE_STATE) or None
-    # the maintenance protocol's record says whose the cordon is; before it, pre-cordoned said the admin's
-    cordon = annotations.get(N.ANNOTATION_MAINTENANCE_CORDON)
-    recorded = N.ANNOTATION_PRE_CORDONED in annotations or cordon == N.MAINTENANCE_CORDON_ADMIN
+    recorded = N.ANNOTATION_PRE_CORDONED in annotations
+    # whose the cordon is: the maintenance protocol's rule (its record; before it, the rule below)
+    cordon = cordon_record(node_view(node), N.MAINTENANCE_OWNER_DRIVER_UPGRADE)
     in_place = annotations.get(N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE) == "true"
     if payload is not None:
         target_version = declared_driver(node, payload)
@@ -78,7 +78,7 @@ def rollout_node(node: Mapping[str, Any], target_version: Optional[str] = None,
         name=str((node.get("metadata") or {}).get("name")),
         ready=node_ready(node),
         cordoned=cordoned,
-        admin_cordoned=recorded or (cordoned and cordon != N.MAINTENANCE_CORDON_OURS and (state is None or in_place)),
+        admin_cordoned=recorded or (cordoned and cordon != N.MAINTENANCE_CORDON_OURS),
         state=state,
         skip=labels.get(N.LABEL_DRIVER_UPGRADE_SKIP) == "true",
         current_version=label_version(node),

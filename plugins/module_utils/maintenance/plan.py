@@ -36,7 +36,7 @@ from .. import names as N
 from ..errors import MetaxGpuError
 
 __all__ = ["MaintenanceConflict", "MaintenanceError", "NodeView", "Change", "node_view", "owner_of", "check_owner",
-           "plan_pause", "plan_resume", "held", "agent_label_removal", "STATE_KEYS", "LEGACY_PAUSE"]
+           "plan_pause", "plan_resume", "held", "cordon_record", "agent_label_removal", "STATE_KEYS", "LEGACY_PAUSE"]
 
 # Each owner's own state label and message annotation (None: it has none yet).
 STATE_KEYS: Dict[str, Tuple[Optional[str], Optional[str]]] = {
@@ -126,12 +126,17 @@ def _pause_is(view: NodeView, owner: str) -> bool:
     return bool(value) and LEGACY_PAUSE.get(value, value) == owner
 
 
-def _cordon_record(view: NodeView, owner: str) -> Optional[str]:
+def cordon_record(view: NodeView, owner: str) -> Optional[str]:
     """Whose the node's cordon is, as recorded; before the protocol the driver upgrade recorded only an
     administrator's (pre-cordoned), so a cordon with its state label and no such record was its own."""
     record = view.annotations.get(N.ANNOTATION_MAINTENANCE_CORDON)
     if record in (N.MAINTENANCE_CORDON_OURS, N.MAINTENANCE_CORDON_ADMIN):
-        return record
+        # a record outlives its hold only beside the owner's state (a failed node's): once the
+        # administrator has cleared that state, a cordon left in place is theirs to keep
+        state_label = STATE_KEYS.get(owner, (None, None))[0]
+        if owner_of(view) is not None or (state_label is not None and view.labels.get(state_label)):
+            return record
+        return None
     if owner == N.MAINTENANCE_OWNER_DRIVER_UPGRADE and view.cordoned:
         if N.ANNOTATION_PRE_CORDONED in view.annotations:
             return N.MAINTENANCE_CORDON_ADMIN
@@ -231,7 +236,7 @@ def plan_pause(view: NodeView, owner: str, cordon: bool = True, pause_agents: bo
     edit = _Edit(view, owner, holder)
     edit.annotation(N.ANNOTATION_MAINTENANCE_OWNER, owner)
     if cordon:
-        record = _cordon_record(view, owner)
+        record = cordon_record(view, owner)
         if not view.cordoned:
             # cordon and record in one patch: no reader ever sees our cordon without its record
             edit.cordon(True)
@@ -269,7 +274,7 @@ def plan_resume(view: NodeView, owner: str, uncordon: bool = True, procedure_sta
         edit.change.cordon_kept = view.cordoned
         edit.procedure(owner, procedure_state, message)
         return edit.change
-    record = _cordon_record(view, owner)
+    record = cordon_record(view, owner)
     if uncordon:
         if view.cordoned and record == N.MAINTENANCE_CORDON_OURS:
             edit.cordon(False)

@@ -212,3 +212,13 @@ def test_the_agents_labels_go_and_the_day_two_labels_stay():
     change = plan_pause(view, UPGRADE, procedure_state="paused", remove_agent_labels=True)
     assert change.patch == {"metadata": {"labels": {N.LABEL_DRIVER_MAJOR: None, N.LABEL_GPU_INSTALLED: None}}}
     assert P.agent_label_removal(labels) == {N.LABEL_GPU_INSTALLED: None, N.LABEL_DRIVER_MAJOR: None}
+
+
+def test_a_cordon_the_administrator_keeps_after_clearing_a_failed_node_is_theirs():
+    paused = applied(node(), plan_pause(node(), UPGRADE, procedure_state="paused"))
+    failed = applied(paused, plan_resume(paused, UPGRADE, uncordon=False, procedure_state="failed"))
+    # the administrator clears the state and keeps the node cordoned (the record is left behind)
+    cleared = P.NodeView(failed.name, {}, dict(failed.annotations), True)
+    again = applied(cleared, plan_pause(cleared, UPGRADE))
+    assert again.annotations[N.ANNOTATION_MAINTENANCE_CORDON] == N.MAINTENANCE_CORDON_ADMIN
+    assert applied(again, plan_resume(again, UPGRADE)).cordoned
