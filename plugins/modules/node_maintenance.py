@@ -84,7 +84,7 @@ options:
     default: metax-gpu
   remove_agent_labels:
     description: With O(state=paused), remove the C(metax-tech.com/) labels the node agents publish (all but the
-      day-two labels: the procedures' states and the pause), as the manual's node maintenance does. Run it once
+      day-two labels, that is the procedures' states and the pause), as the manual's node maintenance does. Run it once
       the agents have left (O(pause_agents)), else gpu-label puts them back.
     type: bool
     default: false
@@ -156,7 +156,7 @@ owner:
   type: str
   sample: health
 held_by:
-  description: Who held the node before this run (null: nobody).
+  description: Who held the node before this run (null when nobody did).
   returned: always
   type: str
   sample: null

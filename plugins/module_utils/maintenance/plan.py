@@ -123,7 +123,7 @@ def _check_free(view: NodeView, owner: str) -> Optional[str]:
 
 def _pause_is(view: NodeView, owner: str) -> bool:
     value = view.labels.get(N.LABEL_AGENTS_PAUSED)
-    return bool(value) and LEGACY_PAUSE.get(value, value) == owner
+    return value is not None and value != "" and LEGACY_PAUSE.get(value, value) == owner
 
 
 def cordon_record(view: NodeView, owner: str) -> Optional[str]:
