@@ -1,18 +1,13 @@
-"""Filters of the set_vfnum role, and the role's copies of the cluster names."""
+"""Filters of the set_vfnum role."""
 from __future__ import annotations
 
-import os
-
 import pytest
-import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.metax.gpu.plugins.filter.vfnum import (
     FilterModule, vfnum_budget, vfnum_gpu_pods, vfnum_node_problems, vfnum_state,
 )
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
-
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 
 
 def _node(name, ready=True, cordoned=False, labels=None):
