@@ -960,3 +960,24 @@ def test_a_node_another_procedure_holds_waits_and_nothing_on_it_changes(tmp_path
         del kube.node_labels[key]
     kube.node_annotations.pop(N.ANNOTATION_MAINTENANCE_OWNER, None)
     assert mgr.round() and numvfs(host) == [4, 4] and kube.node_labels[N.LABEL_VFNUM_STATE] == "success"
+
+
+def test_the_upgrade_holds_the_node_while_it_installs_and_waits_while_another_procedure_holds_it(tmp_path):
+    host, kube = cloud_node(tmp_path)
+    mgr, kube = manager(tmp_path, host, "IfNotPresent", kube=kube)
+    kube.start_upgrade(PAYLOAD)
+    kube.node_labels[N.LABEL_AGENTS_PAUSED] = N.MAINTENANCE_OWNER_SET_VFNUM     # a set_vfnum playbook's hold
+    assert mgr.round()
+    assert loaded(host) == OLD and kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_REQUIRED
+    message = kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]
+    assert message.startswith(N.PENDING_MESSAGE_PREFIX) and "held by set-vfnum's maintenance" in message
+    assert os.path.exists(str(tmp_path / "ready"))            # the old driver stays ready meanwhile
+    del kube.node_labels[N.LABEL_AGENTS_PAUSED]               # set_vfnum resumed the node
+    kube.patches.clear()
+    assert mgr.round()
+    assert loaded(host) == PAYLOAD and kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_DONE
+    owners = [p["annotations"][N.ANNOTATION_MAINTENANCE_OWNER] for p in kube.patches
+              if N.ANNOTATION_MAINTENANCE_OWNER in p["annotations"]]
+    assert owners == [N.MAINTENANCE_OWNER_DRIVER_MANAGER, None]
+    assert N.ANNOTATION_MAINTENANCE_OWNER not in kube.node_annotations
+    assert N.ANNOTATION_DRIVER_UPGRADE_MESSAGE not in kube.node_annotations
