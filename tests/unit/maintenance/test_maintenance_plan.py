@@ -222,3 +222,64 @@ def test_a_cordon_the_administrator_keeps_after_clearing_a_failed_node_is_theirs
     again = applied(cleared, plan_pause(cleared, UPGRADE))
     assert again.annotations[N.ANNOTATION_MAINTENANCE_CORDON] == N.MAINTENANCE_CORDON_ADMIN
     assert applied(again, plan_resume(again, UPGRADE)).cordoned
+
+
+# -- properties over any node and any sequence of requests ---------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+OWNERS = st.sampled_from(N.MAINTENANCE_OWNERS)
+STEPS = st.lists(st.tuples(st.sampled_from(("pause", "resume")), OWNERS, st.booleans(), st.booleans()), max_size=8)
+
+
+@st.composite
+def nodes(draw):
+    labels, annotations = {}, {}
+    if draw(st.booleans()):
+        labels[N.LABEL_AGENTS_PAUSED] = draw(st.sampled_from(("true",) + N.MAINTENANCE_OWNERS))
+    if draw(st.booleans()):
+        labels[N.LABEL_DRIVER_UPGRADE_STATE] = draw(st.sampled_from(N.DRIVER_UPGRADE_STATES))
+    if draw(st.booleans()):
+        annotations[N.ANNOTATION_PRE_CORDONED] = "true"
+    return node(labels=labels, annotations=annotations, cordoned=draw(st.booleans()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes(), STEPS)
+def test_an_administrators_cordon_is_never_lifted_and_one_owner_holds_at_a_time(start, steps):
+    view = start
+    # a cordon present at the start with no hold, recorded as the administrator's or without a state of the
+    # driver upgrade (the one procedure that cordoned before the protocol), is the administrator's
+    admins = start.cordoned and owner_of(start) is None and (
+        N.ANNOTATION_PRE_CORDONED in start.annotations or N.LABEL_DRIVER_UPGRADE_STATE not in start.labels)
+    for action, owner, flag_a, flag_b in steps:
+        holder = owner_of(view)
+        try:
+            if action == "pause":
+                change = plan_pause(view, owner, cordon=flag_a, pause_agents=flag_b)
+            else:
+                change = plan_resume(view, owner, uncordon=flag_a)
+        except MaintenanceConflict as exc:
+            assert holder is not None and holder != owner and exc.holder == holder
+            continue
+        assert holder in (None, owner)
+        if admins:
+            assert change.unschedulable is not False, "the administrator's cordon was lifted"
+        if change.unschedulable is False:
+            assert action == "resume" and holder == owner      # only a hold lifts, and only its own
+        view = applied(view, change)
+        if action == "pause":
+            assert owner_of(view) == owner
+        else:
+            assert N.ANNOTATION_MAINTENANCE_OWNER not in view.annotations
+            assert view.labels.get(N.LABEL_AGENTS_PAUSED) in (None,) + tuple(o for o in ("true",) + N.MAINTENANCE_OWNERS
+                                                                             if P.LEGACY_PAUSE.get(o, o) != owner)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.booleans(), OWNERS)
+def test_pause_then_resume_of_a_free_node_gives_it_back_as_it_was(cordoned, owner):
+    before = node(labels={"kubernetes.io/hostname": "gpu-1"}, cordoned=cordoned)
+    paused = applied(before, plan_pause(before, owner))
+    assert paused.cordoned and owner_of(paused) == owner
+    assert applied(paused, plan_resume(paused, owner)) == before
