@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.maintenance import plan as P
@@ -225,8 +226,6 @@ def test_a_cordon_the_administrator_keeps_after_clearing_a_failed_node_is_theirs
 
 
 # -- properties over any node and any sequence of requests ---------------------------------
-
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 OWNERS = st.sampled_from(N.MAINTENANCE_OWNERS)
 STEPS = st.lists(st.tuples(st.sampled_from(("pause", "resume")), OWNERS, st.booleans(), st.booleans()), max_size=8)
