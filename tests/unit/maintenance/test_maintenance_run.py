@@ -255,3 +255,22 @@ def test_module_bad_input_is_one_clear_message_and_nothing_changed(fake_kube, ar
     core = fake_kube(FakeCore())
     failed, result = run_module(node_maintenance, dict({"node_name": "gpu-1", "owner": "set-vfnum"}, **args))
     assert failed and words in result["msg"] and core.patches == []
+
+
+def test_the_protocol_sits_below_the_procedures_that_use_it():
+    """maintenance/ imports names, errors, kube/ and nodeapi only: driver/, vfnum/, the agents and the
+    operator import it (the health ladder will too), never the reverse; standard library only."""
+    import ast
+    package = os.path.dirname(maintenance.__file__)
+    for name in sorted(os.listdir(package)):
+        if not name.endswith(".py"):
+            continue
+        tree = ast.parse(open(os.path.join(package, name)).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2:
+                top = (node.module or "").split(".")[0]
+                assert top in ("names", "errors", "kube", "nodeapi", ""), (name, node.module)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert node.module.split(".")[0] in sys.stdlib_module_names | {"__future__"}, (name, node.module)
+            elif isinstance(node, ast.Import):
+                assert all(a.name.split(".")[0] in sys.stdlib_module_names for a in node.names), name
