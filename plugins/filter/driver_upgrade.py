@@ -20,10 +20,10 @@ from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.driver.package import (
     DriverPackageError, driver_matches, parse_declaration)
 from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout import (
-    WAIT_NOT_READY, WAIT_SKIP, Policy, PolicyError, count_of, plan_batches)
+    WAIT_HELD, WAIT_NOT_READY, WAIT_SKIP, Policy, PolicyError, count_of, plan_batches)
 from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout_node import label_version, node_ready, rollout_node
 from ansible_collections.metax.gpu.plugins.module_utils.kube.evict import select as eviction_select
-from ansible_collections.metax.gpu.plugins.module_utils.kube.node import strip_change
+from ansible_collections.metax.gpu.plugins.module_utils.maintenance.plan import agent_label_removal
 from ansible_collections.metax.gpu.plugins.module_utils.node_checks import gpu_node_problems
 
 __all__ = ["budget", "node_ready", "driver_upgrade_plan", "driver_upgrade_validation", "driver_upgrade_failures",
@@ -70,6 +70,8 @@ def driver_upgrade_plan(nodes: Sequence[Mapping[str, Any]], names: Sequence[str]
 
     - a node labelled ``driver.upgrade.skip=true`` is skipped;
     - a NotReady node is skipped (its agents cannot validate it) and counts as unavailable;
+    - a node another procedure holds for maintenance (set_vfnum, driver-manager, the health ladder:
+      module_utils/maintenance) counts as unavailable and is listed in ``held`` (the role refuses to start);
     - a cordoned node counts as unavailable and is upgraded without spending budget; it stays cordoned
       (``pre_cordoned``) unless an earlier run of ours cordoned it (state label set, no pre-cordon record:
       ``resumed``, e.g. a node left ``failed`` and re-run after a fix);
@@ -94,6 +96,7 @@ def driver_upgrade_plan(nodes: Sequence[Mapping[str, Any]], names: Sequence[str]
     todo = [v for v in views if not v.skip and v.ready]
     return {"batches": [list(batch) for batch in plan.batches],
             "skipped": list(first.reasons(WAIT_SKIP)), "not_ready": list(first.reasons(WAIT_NOT_READY)),
+            "held": ["%s (%s)" % (v.name, v.held_by) for v in views if v.name in first.reasons(WAIT_HELD)],
             "pre_cordoned": [v.name for v in todo if v.admin_cordoned],
             "resumed": [v.name for v in todo if v.cordoned and not v.admin_cordoned],
             "max_unavailable": first.max_unavailable, "already_unavailable": list(first.unavailable),
@@ -172,10 +175,9 @@ def driver_upgrade_node_plan(names: Sequence[str], changes: Sequence[Mapping[str
 
 
 def metax_label_removal(labels: Optional[Mapping[str, str]]) -> Dict[str, None]:
-    """Merge patch removing gpu-label's metax-tech.com/ labels; the day-two labels stay (kube/node.py's strip)."""
-    ours = {k: v for k, v in (labels or {}).items() if k not in N.DAY_TWO_LABELS}
-    change = strip_change({"metadata": {"labels": ours}}, [N.LABEL_PREFIX], [])
-    return change.metadata_patch().get("labels", {}) if change is not None else {}
+    """Merge patch removing gpu-label's metax-tech.com/ labels; the day-two labels stay (the maintenance
+    protocol's rule: metax.gpu.node_maintenance's remove_agent_labels)."""
+    return agent_label_removal(labels)
 
 
 def driver_version_parts(version: str) -> List[str]:

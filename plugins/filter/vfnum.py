@@ -17,6 +17,7 @@ from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout import PolicyError, count_of
 from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout_node import node_ready
 from ansible_collections.metax.gpu.plugins.module_utils.kube.pods import gpu_pods
+from ansible_collections.metax.gpu.plugins.module_utils.maintenance.plan import held
 from ansible_collections.metax.gpu.plugins.module_utils.node_checks import gpu_node_problems
 
 
@@ -28,7 +29,7 @@ def vfnum_gpu_pods(pods: Iterable[Mapping[str, Any]]) -> List[str]:
 def _unavailable(node: Mapping[str, Any]) -> bool:
     if (node.get("spec") or {}).get("unschedulable"):
         return True
-    if N.LABEL_AGENTS_PAUSED in ((node.get("metadata") or {}).get("labels") or {}):
+    if held(node) is not None:        # another procedure's maintenance (or an earlier run's own)
         return True
     return not node_ready(node)
 
@@ -38,7 +39,7 @@ def vfnum_budget(nodes: Sequence[Mapping[str, Any]], candidates: Sequence[str], 
     """Why this batch may not start (empty: it may).
 
     ``candidates`` are the GPU nodes of the play; those already unavailable
-    (cordoned, NotReady, or with paused agents) count against
+    (cordoned, NotReady, or held for maintenance: paused agents) count against
     ``max_unavailable`` (a number or ``N%`` of the candidates) with the batch.
     """
     text = str(max_unavailable).strip()
@@ -70,10 +71,16 @@ def vfnum_node_problems(node: Mapping[str, Any], vfnum: int) -> List[str]:
     return problems
 
 
+def vfnum_state(node: Mapping[str, Any]) -> str:
+    """The node's set_vfnum state label (names.LABEL_VFNUM_STATE); ``success`` when it has none."""
+    return ((node.get("metadata") or {}).get("labels") or {}).get(N.LABEL_VFNUM_STATE) or "success"
+
+
 class FilterModule:
     def filters(self):
         return {
             "vfnum_gpu_pods": vfnum_gpu_pods,
             "vfnum_budget": vfnum_budget,
             "vfnum_node_problems": vfnum_node_problems,
+            "vfnum_state": vfnum_state,
         }

@@ -97,6 +97,27 @@ VFNUM_STATES = ("pending", "success", "failed")
 # it), and the ConfigMap of module parameters and per-node vfnums (manual 3.2.3).
 ANNOTATION_DRIVER_MESSAGE = PREFIX + "driver.message"
 DRIVER_CONFIGMAP = "driver-config"
+# Node maintenance (issue 40, module_utils/maintenance, docs/maintenance.md): the one
+# protocol of set_vfnum, driver_upgrade, driver-manager and the health ladder. The
+# procedure that holds the node (one of MAINTENANCE_OWNERS), and whose cordon it is:
+# "ours" (the holder cordoned it: resume lifts it) or "admin" (cordoned before the
+# pause: never lifted). LABEL_AGENTS_PAUSED's value is the holder too ("true", the
+# driver upgrade's value before the protocol, reads as driver-upgrade).
+ANNOTATION_MAINTENANCE_OWNER = PREFIX + "maintenance.owner"
+ANNOTATION_MAINTENANCE_CORDON = PREFIX + "maintenance.cordon"
+MAINTENANCE_OWNER_DRIVER_UPGRADE = "driver-upgrade"
+MAINTENANCE_OWNER_SET_VFNUM = "set-vfnum"
+MAINTENANCE_OWNER_DRIVER_MANAGER = "driver-manager"
+MAINTENANCE_OWNER_HEALTH = "health"
+MAINTENANCE_OWNERS = (MAINTENANCE_OWNER_DRIVER_UPGRADE, MAINTENANCE_OWNER_SET_VFNUM,
+                      MAINTENANCE_OWNER_DRIVER_MANAGER, MAINTENANCE_OWNER_HEALTH)
+MAINTENANCE_CORDON_OURS = "ours"
+MAINTENANCE_CORDON_ADMIN = "admin"
+# Every key the protocol writes: the roles and playbooks spell none of them (they call
+# metax.gpu.node_maintenance; tests/unit/maintenance/test_maintenance_yaml.py keeps it so).
+MAINTENANCE_KEYS = (LABEL_AGENTS_PAUSED, ANNOTATION_MAINTENANCE_OWNER, ANNOTATION_MAINTENANCE_CORDON,
+                    ANNOTATION_PRE_CORDONED, LABEL_DRIVER_UPGRADE_STATE, ANNOTATION_DRIVER_UPGRADE_MESSAGE,
+                    LABEL_VFNUM_STATE, ANNOTATION_VFNUM_MESSAGE)
 # the driver upgrade strips metax-tech.com/ labels except these
 DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_AGENTS_PAUSED, LABEL_VFNUM_STATE)
 
@@ -121,7 +142,7 @@ NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
     "driver-manager": {"labels": (LABEL_DRIVER_MODE, LABEL_VFNUM_STATE, LABEL_DRIVER_UPGRADE_STATE),
                        "annotations": (ANNOTATION_DRIVER_MESSAGE, ANNOTATION_VFNUM_MESSAGE,
                                        ANNOTATION_DRIVER_UPGRADE_MESSAGE, ANNOTATION_DRIVER_PAYLOAD_VERSION,
-                                       ANNOTATION_DRIVER_PAYLOAD_DRIVER)},
+                                       ANNOTATION_DRIVER_PAYLOAD_DRIVER, ANNOTATION_MAINTENANCE_OWNER)},
 }
 
 # Keys two node agents may write, each with its one writer at run time: the

@@ -30,7 +30,8 @@ SIM_PARENT = "/var/lib/metax-sim"
 CACHE = "var/cache/metax-driver"
 KINDS = {"vm": "deb", "vm-2": "deb", "vm-3": "rpm"}
 DAY_TWO_LABELS = (N.LABEL_DRIVER_UPGRADE_STATE, N.LABEL_AGENTS_PAUSED)
-DAY_TWO_ANNOTATIONS = (N.ANNOTATION_PRE_CORDONED, N.PREFIX + "driver.upgrade.message")
+DAY_TWO_ANNOTATIONS = (N.ANNOTATION_PRE_CORDONED, N.PREFIX + "driver.upgrade.message",
+                       N.ANNOTATION_MAINTENANCE_OWNER, N.ANNOTATION_MAINTENANCE_CORDON)
 
 
 class FleetError(RuntimeError):

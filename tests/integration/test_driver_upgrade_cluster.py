@@ -116,6 +116,24 @@ def test_check_mode_prints_the_plan_and_changes_nothing(cluster, fleet):
     assert {name: _loaded(name) for name in KINDS} == loaded
 
 
+def test_a_node_another_procedure_holds_is_refused_before_anything_changes(cluster, fleet):
+    """The maintenance protocol (docs/maintenance.md): the plan names the held node and the play stops."""
+    cluster.kubectl("annotate", "node", "vm-3", N.ANNOTATION_MAINTENANCE_OWNER + "=" + N.MAINTENANCE_OWNER_HEALTH,
+                    check=True)
+    try:
+        before = {name: (n["metadata"], n["spec"].get("unschedulable")) for name, n in _nodes(cluster).items()}
+        proc, _secs = _upgrade(cluster, NEW, check=False)
+        assert proc.returncode != 0
+        assert "Held for maintenance by another procedure: vm-3 (health)" in proc.stdout, proc.stdout[-4000:]
+        assert ": Cordon]" not in proc.stdout
+        after = {name: (n["metadata"], n["spec"].get("unschedulable")) for name, n in _nodes(cluster).items()}
+        for name in KINDS:
+            assert after[name][1] == before[name][1]
+            assert after[name][0].get("labels") == before[name][0].get("labels")
+    finally:
+        cluster.kubectl("annotate", "node", "vm-3", N.ANNOTATION_MAINTENANCE_OWNER + "-", check=True)
+
+
 def test_serial_1_keeps_the_admins_cordon_and_reschedules_the_gpu_pod(cluster, fleet, tmp_path):
     _gpu_deployment(cluster, tmp_path)
     wait_until(lambda: _gpu_pod(cluster) is not None, 180, "the GPU pod to run")
@@ -152,6 +170,11 @@ def test_failed_validation_rolls_back_leaves_failed_and_stops(cluster, fleet):
     assert nodes["vm-2"]["metadata"]["labels"][N.LABEL_DRIVER_UPGRADE_STATE] == "failed"
     message = nodes["vm-2"]["metadata"]["annotations"][N.PREFIX + "driver.upgrade.message"]
     assert "rolled back to " + NEW in message
+    # released, its agents back, the cordon kept and recorded as the upgrade's (a re-run lifts it)
+    annotations = nodes["vm-2"]["metadata"]["annotations"]
+    assert N.ANNOTATION_MAINTENANCE_OWNER not in annotations
+    assert annotations[N.ANNOTATION_MAINTENANCE_CORDON] == N.MAINTENANCE_CORDON_OURS
+    assert N.LABEL_AGENTS_PAUSED not in nodes["vm-2"]["metadata"]["labels"]
     assert _loaded("vm-3") == NEW and not nodes["vm-3"]["spec"].get("unschedulable")   # untouched
     assert _marks(nodes["vm-3"]) == {}
     if pod[1] == "vm-3":

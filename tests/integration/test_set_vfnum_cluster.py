@@ -91,7 +91,8 @@ def sriov_node(cluster):
     if any(p.numvfs for p in backend.read_pfs(host)):
         _set_vfnum(cluster, name, 0, expect_ok=False)
     cluster.kubectl("label", "node", name, N.LABEL_VFNUM_STATE + "-", N.LABEL_AGENTS_PAUSED + "-")
-    cluster.kubectl("annotate", "node", name, N.ANNOTATION_VFNUM_MESSAGE + "-")
+    cluster.kubectl("annotate", "node", name, N.ANNOTATION_VFNUM_MESSAGE + "-", N.ANNOTATION_MAINTENANCE_OWNER + "-",
+                    N.ANNOTATION_MAINTENANCE_CORDON + "-")
     if not installed:
         _ansible_playbook(cluster, "uninstall", expect_ok=False)
 
@@ -123,6 +124,21 @@ def test_zero_to_four_and_back_capacity_8_then_2(cluster, sriov_node):
     assert _capacity(node) == 2
     assert _state(node) == ("success", "0", False)
     assert [p.numvfs for p in backend.read_pfs(host)] == [0, 0]
+
+
+def test_a_node_another_procedure_holds_is_refused_and_left_as_it_was(cluster, sriov_node):
+    """The maintenance protocol (docs/maintenance.md): a hold of another owner refuses the change, named."""
+    name, host = sriov_node
+    cluster.kubectl("annotate", "node", name, N.ANNOTATION_MAINTENANCE_OWNER + "=" + N.MAINTENANCE_OWNER_HEALTH,
+                    check=True)
+    try:
+        state_before = _state(_node(cluster, name))
+        refused = _set_vfnum(cluster, name, 2, expect_ok=False)
+        assert refused.returncode != 0 and "held by health's maintenance" in refused.stdout
+        assert _state(_node(cluster, name)) == state_before
+        assert [p.numvfs for p in backend.read_pfs(host)] == [0, 0]
+    finally:
+        cluster.kubectl("annotate", "node", name, N.ANNOTATION_MAINTENANCE_OWNER + "-", check=True)
 
 
 def test_a_gpu_pod_blocks_the_change_unless_evicted(cluster, sriov_node, tmp_path):

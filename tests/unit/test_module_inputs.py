@@ -238,6 +238,8 @@ def _kube_args(name: str, env) -> Tuple[Any, Dict[str, Any]]:
     args = base_args(name, kwargs["argument_spec"], env)
     if name == "driver":            # the driver module asks the API only about a node's pods
         args.update(node_name="node-1", state="absent")
+    elif name == "node_maintenance":    # reads (and would patch) one node by name
+        args.update(node_name="node-1")
     return module, args
 
 
@@ -334,6 +336,9 @@ def token_api():
         "/api/v1/nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}, "items": [node]},
         "/api/v1/pods": {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}, "items": []},
         "/api/v1/nodes/node-1": dict(node, kind="Node", apiVersion="v1"),      # node_metadata's patch answer
+        # node_maintenance waits for the paused agents' pods to go from the agents' namespace
+        "/api/v1/namespaces/metax-gpu/pods": {"kind": "PodList", "apiVersion": "v1",
+                                              "metadata": {"resourceVersion": "9"}, "items": []},
     }
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -380,13 +385,15 @@ def test_host_and_api_key_alone_reach_the_api_server(env, name, token_api):
     failed, result = _run(module, args, check_mode=True)
     assert seen and all(auth == "Bearer " + TOKEN for _path, auth in seen), seen
     paths = {path for path, _auth in seen}
-    assert paths & {"/api/v1/nodes", "/api/v1/pods"}, paths
+    assert paths & {"/api/v1/nodes", "/api/v1/pods", "/api/v1/nodes/node-1"}, paths
     if name == "kube_list":
         assert not failed and [n["metadata"]["name"] for n in result["resources"]] == ["node-1"], result
     elif name == "node_metadata":
         assert not failed and result["changed"] and result["nodes"][0]["name"] == "node-1", result
     elif name == "evict_gpu_pods":
         assert not failed and result["selected"] == [], result
+    elif name == "node_maintenance":
+        assert not failed and "/api/v1/nodes/node-1" in paths, result
     else:       # driver: the node's pods read with the token, nothing in use on an empty node
         assert not failed and result["in_use"] == [] and result["changed"] is False, result
     assert TOKEN not in json.dumps(result)

@@ -72,7 +72,8 @@ DRIVER = Component(
     cleanup_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE,
                          names.ANNOTATION_DRIVER_UPGRADE_MESSAGE, names.ANNOTATION_DRIVER_UPGRADE_TARGET,
                          names.ANNOTATION_PRE_CORDONED, names.ANNOTATION_DRIVER_UPGRADE_IN_PLACE,
-                         names.ANNOTATION_DRIVER_PAYLOAD_VERSION, names.ANNOTATION_DRIVER_PAYLOAD_DRIVER),
+                         names.ANNOTATION_DRIVER_PAYLOAD_VERSION, names.ANNOTATION_DRIVER_PAYLOAD_DRIVER,
+                         names.ANNOTATION_MAINTENANCE_OWNER),
     # a failed upgrade is Degraded too, naming the node and why, until the administrator clears it
     # (an in-place upgrade waiting for idle GPUs, "pending: ...", is not: status.node_messages)
     message_annotations=(names.ANNOTATION_DRIVER_MESSAGE, names.ANNOTATION_VFNUM_MESSAGE,

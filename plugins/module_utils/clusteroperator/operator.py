@@ -16,6 +16,7 @@ import threading
 from typing import AbstractSet, Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from .. import names
+from ..errors import MetaxGpuError
 from ..vfnum import config as vfnum_config
 from ..vfnum.plan import VfnumError
 from . import render
@@ -37,7 +38,7 @@ except ImportError:
 LOG = logging.getLogger("operator-controller")
 
 
-class Retry(Exception):
+class Retry(MetaxGpuError):
     """Not yet: try again in ``delay`` seconds (the kopf wiring makes it a kopf.TemporaryError)."""
 
     def __init__(self, message: str, delay: float = 2.0) -> None:

@@ -34,6 +34,10 @@ controller starts the upgrade in place (``driver.upgrade.in-place=true``, no
 cordon): driver-manager then installs only while no pod on the node requests
 a GPU and no process holds one, else it leaves ``pending: in use (...)`` in
 ``driver.upgrade.message`` and looks again next round; it never evicts.
+While it installs, the node is held for ``driver-manager`` through the
+node-maintenance protocol (``maintenance/nodeside.py``: an annotation, no
+cordon); a node another procedure holds (a set_vfnum playbook, the health
+ladder) waits, ``pending: the node is held by ...``, until it is resumed.
 
 The API is reached only through :class:`..nodeapi.NodeApi` (this node's Node, its GPU pods, Events).
 """
@@ -50,6 +54,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from .. import names
 from ..host import HostRoot, HostRootError
+from ..maintenance import nodeside
+from ..maintenance.plan import MaintenanceConflict
 from ..nodeapi import DRIVER_READERS_SELECTOR, NodeApi
 from . import backend, inuse, policy
 from .package import (DECLARATION_SUFFIX, DriverPackageError, check_payload_version, kernel_driver_version,
@@ -68,6 +74,8 @@ UPGRADE_RECORD = "var/lib/metax-gpu/driver-upgrade.json"
 UPGRADE_STATE_INSTALLED = "driver-installed"
 UPGRADE_PENDING = "pending"             # upgrade_driver's answer when an in-place upgrade waits for idle GPUs
 UPGRADE_RUNNING = (names.DRIVER_UPGRADE_REQUIRED, UPGRADE_STATE_INSTALLED)
+# the maintenance owner of its installs (maintenance/plan.py)
+HOLD_OWNER = names.MAINTENANCE_OWNER_DRIVER_MANAGER
 # A freshly loaded driver may need a moment to create /dev/mxcd: verified this often, a second apart.
 VERIFY_ATTEMPTS = 5
 
@@ -295,6 +303,33 @@ class DriverNode:
             reasons = self.in_use_reasons()
             if reasons:
                 return self.upgrade_pending(target, reasons)
+        # the node held for the install (maintenance protocol): set_vfnum, the health ladder
+        # and the budget see it; a node another procedure holds waits for it
+        try:
+            nodeside.hold(self.api, HOLD_OWNER)
+        except MaintenanceConflict as exc:
+            return self.upgrade_held(target, exc.holder)
+        try:
+            return self.install_upgrade(target, params, in_place)
+        finally:
+            try:
+                nodeside.release(self.api, HOLD_OWNER)
+            except MaintenanceConflict:
+                pass            # never ours: another procedure's hold stays
+
+    def upgrade_held(self, target: str, holder: str) -> str:
+        """Another procedure holds the node: the upgrade waits (said on the node once), retried next round."""
+        message = (names.PENDING_MESSAGE_PREFIX + "the node is held by %s's maintenance (%s); the upgrade to %s "
+                   "waits until that procedure resumes it" % (holder, names.ANNOTATION_MAINTENANCE_OWNER, target))
+        if self.node_annotations.get(names.ANNOTATION_DRIVER_UPGRADE_MESSAGE) != message:
+            LOG.info("upgrade: %s", message)
+            self.api.patch_node({}, {names.ANNOTATION_DRIVER_UPGRADE_MESSAGE: message})
+            self.node_annotations[names.ANNOTATION_DRIVER_UPGRADE_MESSAGE] = message
+        self.verified(None)           # the driver it has stays ready meanwhile
+        return UPGRADE_PENDING
+
+    def install_upgrade(self, target: str, params: Sequence[str], in_place: bool) -> str:
+        """:meth:`upgrade_driver`'s install, verification and report, the node held."""
         node = self.observe()
         record = self.read_record(UPGRADE_RECORD)
         if record.get("to") != target:

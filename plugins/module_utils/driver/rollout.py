@@ -36,6 +36,11 @@ The rules (docs/day-two.md, docs/operator.md "driver upgradePolicy"):
   target" is the loaded module against the declared version, never against
   the payload's own number (``package.driver_matches``);
 * a node labelled ``driver.upgrade.skip=true`` and a NotReady node never start;
+* a node another procedure holds for maintenance (:attr:`RolloutNode.held_by`,
+  module_utils/maintenance: set_vfnum, driver-manager's vfnum change, the health
+  ladder) is unavailable, so it spends budget like a cordoned node, and it waits
+  (``held``) until that procedure resumes it; a node the driver upgrade itself
+  holds (an earlier run's) is unavailable and costs nothing more to start;
 * an administrator's cordon is never undone: :attr:`RolloutNode.admin_cordoned`
   is carried through (the callers act on it), and such a node is upgraded
   without spending budget.
@@ -67,6 +72,7 @@ WAIT_STEP_PAUSE = "step-pause"            # an upgradeSteps pause is running
 WAIT_STEP = "step-limit"                  # the current step's replicas are all started
 WAIT_PARALLEL = "max-parallel"            # maxParallel nodes in flight
 WAIT_BUDGET = "max-unavailable"           # cordoning it would exceed maxUnavailable
+WAIT_HELD = "held"                        # another procedure holds it for maintenance (maintenance.owner)
 FALLBACKS = ("pause", "rollback")
 
 
@@ -94,10 +100,17 @@ class RolloutNode:
     # False: the target payload's declaration has not reached the planner for this node (it waits)
     declared: bool = True
     in_place: bool = False                  # started in place (enableRollout false): never cordoned by us
+    # the procedure holding the node for maintenance (names.MAINTENANCE_OWNERS; None: none)
+    held_by: Optional[str] = None
 
     @property
     def unavailable(self) -> bool:
-        return self.cordoned or not self.ready
+        return self.cordoned or not self.ready or self.held_by is not None
+
+    @property
+    def held_elsewhere(self) -> bool:
+        """Held by another procedure than the driver upgrade: not the upgrade's to start."""
+        return self.held_by is not None and self.held_by != N.MAINTENANCE_OWNER_DRIVER_UPGRADE
 
     @property
     def outdated(self) -> bool:
@@ -188,7 +201,7 @@ class Decision:
 
 
 # waits that end by themselves (or by the rollout going on)
-_LATER = frozenset((WAIT_STEP_PAUSE, WAIT_STEP, WAIT_PARALLEL, WAIT_BUDGET, WAIT_PAYLOAD))
+_LATER = frozenset((WAIT_STEP_PAUSE, WAIT_STEP, WAIT_PARALLEL, WAIT_BUDGET, WAIT_PAYLOAD, WAIT_HELD))
 
 
 @dataclass(frozen=True)
@@ -239,7 +252,7 @@ class _Census:
     """The nodes sorted into what the planner needs; candidates as (order, name) queues."""
 
     total: int
-    free: Deque[Tuple[int, str]]              # candidates already cordoned: cost 0
+    free: Deque[Tuple[int, str]]              # candidates already unavailable (cordoned, held): cost 0
     fresh: Deque[Tuple[int, str]]             # schedulable candidates: cost 1
     excluded: List[Wait]
     in_flight: List[str]
@@ -274,8 +287,11 @@ def _census(nodes: Sequence[RolloutNode], policy: Policy) -> _Census:
             census.done.append(node.name)
         elif not node.ready:
             census.excluded.append(Wait(node.name, WAIT_NOT_READY, "NotReady: its agents could not validate it"))
+        elif node.held_elsewhere:
+            census.excluded.append(Wait(node.name, WAIT_HELD, "held by %s's maintenance (%s): it waits until "
+                                        "that procedure resumes it" % (node.held_by, N.ANNOTATION_MAINTENANCE_OWNER)))
         else:
-            (census.free if node.cordoned else census.fresh).append((order, node.name))
+            (census.free if node.unavailable else census.fresh).append((order, node.name))
     return census
 
 
@@ -411,7 +427,7 @@ def finished_node(node: RolloutNode) -> RolloutNode:
     target = node.target_version if node.target_version is not None else "(planned)"
     cordoned = node.cordoned if node.in_place else node.admin_cordoned     # in place: its cordon was never ours
     return replace(node, state=None, cordoned=cordoned, current_version=target, target_version=target,
-                   reason="", in_place=False)
+                   reason="", in_place=False, held_by=None)
 
 
 def plan_batches(nodes: Sequence[RolloutNode], policy: Policy, now: float = 0.0) -> BatchPlan:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from .. import names as N
+from ..maintenance.plan import cordon_record, held, node_view
 from .rollout import RolloutNode
 
 
@@ -59,13 +60,17 @@ def rollout_node(node: Mapping[str, Any], target_version: Optional[str] = None,
     upgrade state of ours; a cordoned node with our state label and no record
     was cordoned by the upgrade (e.g. left ``failed`` by an earlier run),
     unless the upgrade was in place (``driver.upgrade.in-place``): then we
-    never cordoned it.
+    never cordoned it. The maintenance protocol's ``maintenance.cordon`` record
+    (``admin`` or ``ours``) says it outright, and ``held_by`` is the procedure
+    holding the node (module_utils/maintenance), which the budget counts.
     """
     labels = labels_of(node)
     annotations = annotations_of(node)
     cordoned = bool((node.get("spec") or {}).get("unschedulable"))
     state = labels.get(N.LABEL_DRIVER_UPGRADE_STATE) or None
     recorded = N.ANNOTATION_PRE_CORDONED in annotations
+    # whose the cordon is: the maintenance protocol's rule (its record; before it, the rule below)
+    cordon = cordon_record(node_view(node), N.MAINTENANCE_OWNER_DRIVER_UPGRADE)
     in_place = annotations.get(N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE) == "true"
     if payload is not None:
         target_version = declared_driver(node, payload)
@@ -73,7 +78,7 @@ def rollout_node(node: Mapping[str, Any], target_version: Optional[str] = None,
         name=str((node.get("metadata") or {}).get("name")),
         ready=node_ready(node),
         cordoned=cordoned,
-        admin_cordoned=recorded or (cordoned and (state is None or in_place)),
+        admin_cordoned=recorded or (cordoned and cordon != N.MAINTENANCE_CORDON_OURS),
         state=state,
         skip=labels.get(N.LABEL_DRIVER_UPGRADE_SKIP) == "true",
         current_version=label_version(node),
@@ -81,4 +86,5 @@ def rollout_node(node: Mapping[str, Any], target_version: Optional[str] = None,
         reason=annotations.get(N.ANNOTATION_DRIVER_UPGRADE_MESSAGE, ""),
         declared=payload is None or target_version is not None,
         in_place=in_place and state is not None,
+        held_by=held(node),
     )

@@ -82,6 +82,17 @@ def patch_metadata(core: Any, name: str, labels: Optional[Mapping[str, Optional[
     return True
 
 
+def read_node(core: Any, name: str) -> Dict[str, Any]:
+    """Node ``name`` as the API server's JSON (its resourceVersion included, for a patch that must not race)."""
+    return raw_get(core.read_node, name)
+
+
+def merge_patch_node(core: Any, name: str, body: Mapping[str, Any]) -> None:
+    """Merge-patch node ``name`` with ``body`` as given (metadata, a resourceVersion precondition, ``spec``);
+    the answer is read to its end, not decoded."""
+    _discard(core.patch_node(name, dict(body), _content_type=MERGE_PATCH, _preload_content=False))
+
+
 class OwnNode:
     """Our keys on the node this agent runs on, through ``core`` (a CoreV1Api; RBAC: get and patch on nodes)."""
 

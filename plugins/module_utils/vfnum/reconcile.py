@@ -12,6 +12,10 @@ eviction API first; and only ``--vfnum-max-parallel`` nodes change at once
 (a slot of ``kube/slots.py`` taken before, given back after). A node
 waiting for a slot is not failing: a watch of the slot Leases wakes its
 round when its turn comes (``Slots.wait_turn``), not the failure backoff.
+The change holds the node through the node-maintenance protocol
+(``maintenance/nodeside.py``, owner ``driver-manager``): it waits while
+another procedure (set_vfnum, the driver upgrade, the health ladder) holds
+the node, and the others, and the rollout budget, see its hold.
 
 The API is reached only through :class:`..nodeapi.NodeApi`; the budget is any object with
 ``take``, ``release`` and ``holders`` (kube/slots.py ``Slots``).
@@ -26,6 +30,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 from .. import names
 from ..host import HostRoot
 from ..kube import evict as kube_evict
+from ..maintenance import nodeside
+from ..maintenance.plan import MaintenanceConflict
 from ..nodeapi import NodeApi
 from . import backend
 from .plan import VfnumError
@@ -33,6 +39,8 @@ from .plan import plan as plan_change
 
 # driver-manager's log (the lines docs/operator.md and the benchmarks read carry its name)
 LOG = logging.getLogger("driver-manager")
+# the maintenance owner of its changes (maintenance/plan.py)
+OWNER = names.MAINTENANCE_OWNER_DRIVER_MANAGER
 # How long a round waits for evicted pods to leave. A PodDisruptionBudget's 429 is not
 # waited out inside the round: the round's backoff (5 s doubling to 5 min) retries it.
 EVICT_TIMEOUT = 10.0
@@ -102,11 +110,16 @@ class VfnumNode:
                 "; spec.driver.vfnumPolicy.evictInUse: true evicts the pods"
             raise VfnumError("vfnum %d refused: the GPUs are in use (%s)%s" % (wanted, "; ".join(reasons), hint))
         LOG.info("vfnum %d: entry validated %.2f s into the round", wanted, self.round_clock())
+        self.check_not_held(wanted)
         if self.slots.take() is None:
             self.mark_vfnum("pending")
             raise VfnumPending("vfnum %d waits for one of %d vfnum slots (held by %s)"
                                % (wanted, self.policy.max_parallel, ", ".join(self.slots.holders) or "?"))
         try:
+            try:
+                nodeside.hold(self.api, OWNER)
+            except MaintenanceConflict as exc:
+                raise self.held_elsewhere(wanted, exc.holder)
             self.mark_vfnum("pending")
             if evict:
                 self.evict_holders(wanted, pods)
@@ -116,7 +129,24 @@ class VfnumNode:
                                      % (wanted, "; ".join(reasons)))
             return self.apply_vfnum(wanted, plan)
         finally:
-            self.slots.release()
+            try:
+                nodeside.release(self.api, OWNER)
+            except MaintenanceConflict:
+                pass            # never ours: another procedure's hold stays
+            finally:
+                self.slots.release()
+
+    @staticmethod
+    def held_elsewhere(wanted: int, holder: Optional[str]) -> VfnumPending:
+        return VfnumPending("vfnum %d waits: the node is held by %s's maintenance (%s); retried"
+                            % (wanted, holder, names.ANNOTATION_MAINTENANCE_OWNER), event="VfnumNodeHeld")
+
+    def check_not_held(self, wanted: int) -> None:
+        """Another procedure holding the node (a set_vfnum or driver_upgrade playbook, the health ladder):
+        the change waits, reported, with the round's backoff; nothing is touched meanwhile."""
+        holder = nodeside.holder(self.api)
+        if holder is not None and holder != OWNER:
+            raise self.held_elsewhere(wanted, holder)
 
     def evict_holders(self, wanted: int, pods: Sequence[str]) -> None:
         """Evict the pods holding the GPUs; a refusal (a PodDisruptionBudget) or pods slow to leave

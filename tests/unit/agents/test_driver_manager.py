@@ -894,3 +894,71 @@ def test_the_agents_kube_and_the_tests_recorder_implement_the_node_api_the_proce
     for name in calls:
         want = list(inspect.signature(getattr(NodeApi, name)).parameters)
         assert list(inspect.signature(getattr(impl, name)).parameters) == want, name
+
+
+# -- the node-maintenance protocol (issue 40): driver-manager's vfnum change holds the node -------------
+
+def test_a_vfnum_change_holds_the_node_for_driver_manager_and_releases_it(tmp_path):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=VfnumPolicy(evict_in_use=True))
+    kube.pods = ["ml/holder"]
+    assert mgr.round()
+    owners = [p["annotations"][N.ANNOTATION_MAINTENANCE_OWNER] for p in kube.patches
+              if N.ANNOTATION_MAINTENANCE_OWNER in p["annotations"]]
+    assert owners == [N.MAINTENANCE_OWNER_DRIVER_MANAGER, None]     # held for the change, then released
+    held_at = next(i for i, p in enumerate(kube.patches) if N.ANNOTATION_MAINTENANCE_OWNER in p["annotations"])
+    pending_at = next(i for i, p in enumerate(kube.patches) if p["labels"].get(N.LABEL_VFNUM_STATE) == "pending")
+    assert held_at < pending_at                        # held before anything on the node changes
+    assert numvfs(host) == [4, 4] and N.ANNOTATION_MAINTENANCE_OWNER not in kube.node_annotations
+    # never a cordon, never the agents' pause: driver-manager is one of them
+    assert not any(N.LABEL_AGENTS_PAUSED in p["labels"] for p in kube.patches)
+
+
+@pytest.mark.parametrize("holder_labels, holder_annotations, holder", [
+    ({N.LABEL_AGENTS_PAUSED: N.MAINTENANCE_OWNER_SET_VFNUM}, {}, "set-vfnum"),       # the set_vfnum playbook
+    ({N.LABEL_AGENTS_PAUSED: "true"}, {}, "driver-upgrade"),                          # the driver upgrade, pre-protocol
+    ({}, {N.ANNOTATION_MAINTENANCE_OWNER: N.MAINTENANCE_OWNER_HEALTH}, "health"),   # the health ladder
+])
+def test_a_node_another_procedure_holds_waits_and_nothing_on_it_changes(tmp_path, holder_labels,
+                                                                         holder_annotations, holder):
+    host = node(tmp_path, preset_name="2xC550-sriov")
+    mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=VfnumPolicy(evict_in_use=True))
+    kube.node_labels.update(holder_labels)
+    kube.node_annotations.update(holder_annotations)
+    kube.pods = ["ml/holder"]
+    assert not mgr.round()
+    message = kube.node_annotations[N.ANNOTATION_VFNUM_MESSAGE]
+    assert "held by %s's maintenance" % holder in message
+    assert kube.events[-1][0] == "VfnumNodeHeld"
+    assert numvfs(host) == [0, 0] and kube.evictions == [] and kube.restarts == 0
+    assert N.LABEL_VFNUM_STATE not in kube.node_labels and kube.slot_holders() == []
+    # the other hold is untouched
+    assert {key: kube.node_labels.get(key) for key in holder_labels} == holder_labels
+    assert kube.node_annotations.get(N.ANNOTATION_MAINTENANCE_OWNER) == \
+        holder_annotations.get(N.ANNOTATION_MAINTENANCE_OWNER)
+    # the other procedure resumes the node: the next round applies the entry
+    for key in holder_labels:
+        del kube.node_labels[key]
+    kube.node_annotations.pop(N.ANNOTATION_MAINTENANCE_OWNER, None)
+    assert mgr.round() and numvfs(host) == [4, 4] and kube.node_labels[N.LABEL_VFNUM_STATE] == "success"
+
+
+def test_the_upgrade_holds_the_node_while_it_installs_and_waits_while_another_procedure_holds_it(tmp_path):
+    host, kube = cloud_node(tmp_path)
+    mgr, kube = manager(tmp_path, host, "IfNotPresent", kube=kube)
+    kube.start_upgrade(PAYLOAD)
+    kube.node_labels[N.LABEL_AGENTS_PAUSED] = N.MAINTENANCE_OWNER_SET_VFNUM     # a set_vfnum playbook's hold
+    assert mgr.round()
+    assert loaded(host) == OLD and kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_REQUIRED
+    message = kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]
+    assert message.startswith(N.PENDING_MESSAGE_PREFIX) and "held by set-vfnum's maintenance" in message
+    assert os.path.exists(str(tmp_path / "ready"))            # the old driver stays ready meanwhile
+    del kube.node_labels[N.LABEL_AGENTS_PAUSED]               # set_vfnum resumed the node
+    kube.patches.clear()
+    assert mgr.round()
+    assert loaded(host) == PAYLOAD and kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_DONE
+    owners = [p["annotations"][N.ANNOTATION_MAINTENANCE_OWNER] for p in kube.patches
+              if N.ANNOTATION_MAINTENANCE_OWNER in p["annotations"]]
+    assert owners == [N.MAINTENANCE_OWNER_DRIVER_MANAGER, None]
+    assert N.ANNOTATION_MAINTENANCE_OWNER not in kube.node_annotations
+    assert N.ANNOTATION_DRIVER_UPGRADE_MESSAGE not in kube.node_annotations

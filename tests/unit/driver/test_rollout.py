@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.driver.rollout import (
-    WAIT_BUDGET, WAIT_NOT_READY, WAIT_PARALLEL, WAIT_PAUSED, WAIT_PAYLOAD, WAIT_SKIP, WAIT_STEP, WAIT_STEP_PAUSE,
+    WAIT_BUDGET, WAIT_HELD, WAIT_NOT_READY, WAIT_PARALLEL, WAIT_PAUSED, WAIT_PAYLOAD, WAIT_SKIP, WAIT_STEP,
+    WAIT_STEP_PAUSE,
     Policy, PolicyError, RolloutNode, Step, StepPause, count_of, decide, finished_node, plan_batches, same_version)
 
 OLD, NEW = "2.14.6", "2.40.1"
@@ -268,3 +269,54 @@ def test_the_payload_number_never_decides_on_target():
     assert same_version("2.12.13", "2.12.13") and not same_version("2.12.13", "2.29.0.13")
     assert not RolloutNode("a", current_version="2.12.13", target_version="2.12.13").outdated
     assert RolloutNode("a", current_version="2.12.13", target_version="2.29.0.13").outdated
+
+
+# -- nodes held by the maintenance protocol (issue 40) ---------------------------------
+
+def test_a_node_held_by_another_procedure_spends_budget_and_waits_until_it_is_resumed():
+    """set_vfnum (or driver-manager's vfnum change, the health ladder) holding a schedulable node
+    makes it unavailable: the budget counts it, and the upgrade does not take it."""
+    nodes = fleet(3)
+    nodes[1] = RolloutNode("n1", held_by=N.MAINTENANCE_OWNER_SET_VFNUM, current_version=OLD, target_version=NEW)
+    d = decide(nodes, Policy(max_parallel=3, max_unavailable=2))
+    assert d.unavailable == ("n1",) and d.budget == 1
+    assert d.start == ("n0",) and d.reasons(WAIT_HELD) == ("n1",) and d.reasons(WAIT_BUDGET) == ("n2",)
+    assert "held by set-vfnum's maintenance" in [w.detail for w in d.waiting if w.node == "n1"][0]
+    assert not d.finished            # the hold ends by itself: the rollout is not over
+    # with a budget of one, the held node uses it up: nothing starts until it is resumed
+    d = decide(nodes, Policy(max_parallel=3, max_unavailable=1))
+    assert d.start == () and d.budget == 0 and d.reasons(WAIT_BUDGET) == ("n0", "n2")
+
+
+def test_the_budget_ignored_held_nodes_before_and_counts_them_now():
+    held = [RolloutNode("n%d" % i, held_by=N.MAINTENANCE_OWNER_HEALTH, current_version=NEW, target_version=NEW)
+            for i in range(2)]
+    fresh = fleet(4)[2:]
+    d = decide(held + fresh, Policy(max_parallel=4, max_unavailable=2))
+    assert set(d.unavailable) == {"n0", "n1"} and d.start == () and d.stuck
+
+
+def test_a_node_the_driver_upgrade_holds_itself_costs_nothing_more_to_start():
+    nodes = fleet(2)
+    nodes[0] = RolloutNode("n0", held_by=N.MAINTENANCE_OWNER_DRIVER_UPGRADE, current_version=OLD,
+                           target_version=NEW)
+    d = decide(nodes, Policy(max_parallel=2, max_unavailable=1))
+    assert d.start == ("n0",) and d.budget == 0
+    plan = plan_batches(nodes, Policy(max_parallel=1, max_unavailable=1))
+    # finished, the hold is gone: its place frees for n1
+    assert plan.batches == (("n0",), ("n1",)) and finished_node(nodes[0]).held_by is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(rollout_nodes(), policies(), st.lists(st.sampled_from((None,) + N.MAINTENANCE_OWNERS), min_size=14,
+                                             max_size=14))
+def test_held_nodes_count_as_unavailable_and_are_never_started_by_another_procedure(nodes, policy, owners):
+    from dataclasses import replace
+    nodes = [replace(n, held_by=owner) for n, owner in zip(nodes, owners)]
+    d = decide(nodes, policy)
+    assert set(d.unavailable) == {n.name for n in nodes if n.cordoned or not n.ready or n.held_by}
+    started = {n.name: n for n in nodes if n.name in d.start}
+    assert not any(n.held_by not in (None, N.MAINTENANCE_OWNER_DRIVER_UPGRADE) for n in started.values())
+    if d.cordon:
+        before = {n.name for n in nodes if n.unavailable}
+        assert len(before | set(d.start)) <= max(d.max_unavailable, len(before))

@@ -154,3 +154,14 @@ def test_the_roles_declaration_filter_is_the_driver_modules_parser():
     assert driver_payload_declaration('version="2.40.1"') == {"version": "2.40.1", "driver": "2.40.1"}
     with pytest.raises(AnsibleFilterError, match="driver_upgrade_declaration"):
         driver_payload_declaration("driver=2.12.13\n")        # no version: the copy could not be named
+
+
+def test_a_node_another_procedure_holds_is_listed_held_and_counts_against_the_budget():
+    held = node("b", labels={N.LABEL_AGENTS_PAUSED: N.MAINTENANCE_OWNER_SET_VFNUM})
+    plan = driver_upgrade_plan([node("a"), held, node("c"), node("d")], NAMES, serial=2, max_unavailable=2)
+    assert plan["held"] == ["b (set-vfnum)"] and plan["already_unavailable"] == ["b"]
+    assert plan["batches"] == [["a"], ["c"], ["d"]] and plan["batch_budget"] == 1
+    # the driver upgrade's own hold (an earlier run's) is its to take over
+    ours = node("b", cordoned=True, labels={N.LABEL_AGENTS_PAUSED: "true", N.LABEL_DRIVER_UPGRADE_STATE: "paused"})
+    plan = driver_upgrade_plan([node("a"), ours, node("c"), node("d")], NAMES, serial=1, max_unavailable=1)
+    assert plan["held"] == [] and plan["resumed"] == ["b"] and plan["batches"] == [["b"], ["a"], ["c"], ["d"]]

@@ -8,7 +8,8 @@
         "metax-tech.com/driver.payload.driver-version",
         "metax-tech.com/driver.payload.version",
         "metax-tech.com/driver.upgrade.message",
-        "metax-tech.com/gpu.vfnum.message"
+        "metax-tech.com/gpu.vfnum.message",
+        "metax-tech.com/maintenance.owner"
       ],
       "labels": [
         "metax-tech.com/driver.upgrade-state",
