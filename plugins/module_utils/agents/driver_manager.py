@@ -51,6 +51,9 @@ from ..host import HostRoot, HostRootError
 from ..kube import evict as kube_evict
 from ..kube.client import ApiException, coordination_v1, core_v1
 from ..kube.slots import POOL_LABEL, SlotError, Slots
+from ..kubelet import podresources
+from ..kubelet.constants import POD_RESOURCES_SOCKET
+from ..kubelet.podresources import PodResourcesClient
 from ..nodeapi import GPU_DEVICE_SELECTOR
 from ..vfnum import config as vfnum_config
 from ..vfnum.plan import VfnumError
@@ -261,14 +264,35 @@ def _raw_json(resp: Any, decode: bool = True) -> Any:
         resp.release_conn()
 
 
-class Kube:
-    """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch, pods list and
-    pods/eviction create cluster-wide; configmaps get/watch, pods delete, events create, leases
-    list/watch/create/update/delete in its namespace)."""
+def pod_resources_holders(socket_path: str) -> Callable[[], List[str]]:
+    """``namespace/name`` of the pods the kubelet has assigned this node's GPUs to, asked at each call
+    (one channel, opened on first use: a unit test or a benchmark's stand-in never opens it)."""
+    client: List[PodResourcesClient] = []
 
-    def __init__(self, api: Any, node: str, namespace: str, config_map: str) -> None:
+    def holders() -> List[str]:
+        if not client:
+            client.append(PodResourcesClient(socket_path))
+        return podresources.holders(client[0].list_allocated())
+
+    return holders
+
+
+class Kube:
+    """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch and pods/eviction
+    create cluster-wide; configmaps get/watch, pods list/delete, events create, leases
+    list/watch/create/update/delete in its namespace).
+
+    It reads no pod outside its namespace: the pods that hold its node's GPUs are the kubelet's
+    answer on the node (pod-resources API, ``holders``), and the eviction guard (an admission
+    webhook, eviction_webhook.py) admits its evictions of its own node's pods only
+    (docs/security.md)."""
+
+    def __init__(self, api: Any, node: str, namespace: str, config_map: str,
+                 holders: Optional[Callable[[], List[str]]] = None) -> None:
         self.api = api
         self.core = core_v1(api)
+        # namespace/name of the pods holding this node's GPUs (default: the kubelet's pod-resources socket)
+        self.holders = holders if holders is not None else pod_resources_holders(POD_RESOURCES_SOCKET)
         self.node = node
         self.namespace = namespace
         self.config_map = config_map
@@ -331,15 +355,16 @@ class Kube:
         return [p.metadata.name for p in pods]
 
     def gpu_pods(self) -> List[str]:
-        """``namespace/name`` of the pods on this node that request the GPU resource (the eviction
-        code's own selection: the pods it would evict)."""
-        return kube_evict.evict(self.core, self.node, check_mode=True)["selected"]
+        """``namespace/name`` of the pods on this node that hold the GPU resource (the kubelet's
+        pod-resources answer: the pods the eviction below would evict)."""
+        return kube_evict.evict(self.core, self.node, check_mode=True, holders=self.holders)["selected"]
 
     def evict_gpu_pods(self, timeout: float) -> List[str]:
         """Evict them (policy/v1 Eviction, never forced) and wait up to ``timeout`` for them to
         leave; kube_evict.EvictionError names those left, and comes at once on a budget's refusal
         (429: the round's backoff retries it, no wait inside the round)."""
-        return kube_evict.evict(self.core, self.node, timeout=timeout, retry_refused=False)["evicted"]
+        return kube_evict.evict(self.core, self.node, timeout=timeout, retry_refused=False,
+                                holders=self.holders)["evicted"]
 
     def vfnum_slots(self, size: int) -> Slots:
         return Slots(coordination_v1(self.api), self.namespace, VFNUM_SLOT_PREFIX, size, self.node)
@@ -567,6 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="evict the pods holding the GPUs before a vfnum change (else refuse it)")
     parser.add_argument("--vfnum-max-parallel", type=positive_int, default=1,
                         help="nodes changing vfnum at once, cluster-wide (Leases %s-<i>)" % VFNUM_SLOT_PREFIX)
+    parser.add_argument("--pod-resources-socket", default=POD_RESOURCES_SOCKET,
+                        help="the kubelet's pod-resources socket: which pods hold the node's GPUs (it lists no pods)")
     return parser
 
 
@@ -578,7 +605,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not HAS_YAML:
         raise UsageError("PyYAML is required to read driver-config")
     host = checked_host_root(args, "sys")
-    kube = Kube(kube_api_client(args.kubeconfig), args.node_name, args.namespace, args.config_map)
+    kube = Kube(kube_api_client(args.kubeconfig), args.node_name, args.namespace, args.config_map,
+                pod_resources_holders(args.pod_resources_socket))
     manager = Manager(host, kube, args.deploy_policy, args.payload_dir, args.payload_version or None,
                       args.ready_file, vfnum_policy=VfnumPolicy(args.vfnum_evict_in_use == "true",
                                                                 args.vfnum_max_parallel))

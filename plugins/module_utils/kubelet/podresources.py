@@ -94,3 +94,8 @@ class PodResourcesClient:
 
 def allocated_ids(allocations: Dict[str, Tuple[str, str, str]]) -> FrozenSet[str]:
     return frozenset(allocations)
+
+
+def holders(allocations: Dict[str, Tuple[str, str, str]]) -> List[str]:
+    """``namespace/name`` of the pods that hold at least one of the devices, sorted, once each."""
+    return sorted({"%s/%s" % (namespace, pod) for namespace, pod, _container in allocations.values()})
