@@ -37,7 +37,7 @@ import threading
 import time
 from typing import AbstractSet, Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
-from .. import names
+from .. import eviction_webhook, names
 from ..clusteroperator import render
 from ..clusteroperator.apis import OPTIONAL_CRDS, OPTIONAL_KINDS, Kind, helm_api_versions
 from ..clusteroperator.cluster import Cluster
@@ -457,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--migrate-timeout", type=float, default=600.0,
                         help="seconds --migrate waits for the older controller's pods to go")
     add_common_flags(parser, host_root=False)
+    eviction_webhook.add_flags(parser)
     return parser
 
 
@@ -762,6 +763,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     health = Health(elector)
     if args.health_port:
         health.serve(args.health_port)
+    if args.eviction_webhook_port:  # every replica, leader or not: the API server calls any (docs/security.md)
+        eviction_webhook.serve_from_flags(k8s_client.CoreV1Api(cluster.api), args)
     # One flag stops everything: SIGTERM before kopf runs (kopf handles the signals once it
     # does), a lost Lease, kopf's end. kopf gets it as its stop flag.
     stop = threading.Event()
