@@ -288,3 +288,28 @@ def test_flags_default_to_off():
     assert args.eviction_webhook_port == 0 and args.eviction_webhook_guard is None
     args = parser.parse_args(["--eviction-webhook-port", "9443", "--eviction-webhook-guard", "dm"])
     assert args.eviction_webhook_port == 9443 and args.eviction_webhook_guard == ["dm"]
+
+
+# -- the guard's own process (the Extensions chart's Deployment) -----------------------------
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+def test_agent_refuses_a_bad_port_and_a_missing_certificate(tmp_path):
+    pytest.importorskip("kubernetes")
+    from ansible_collections.metax.gpu.plugins.module_utils.agents import eviction_webhook as agent
+    from ansible_collections.metax.gpu.plugins.module_utils.agents.common import UsageError
+    config = tmp_path / "kubeconfig"
+    config.write_text(KUBECONFIG)
+    common = ["--kubeconfig", str(config), "--log-format", "text"]
+    with pytest.raises(UsageError, match="1-65535"):
+        agent.main(common + ["--eviction-webhook-port", "0"])
+    with pytest.raises(UsageError, match="certificate in %s" % tmp_path):
+        agent.main(common + ["--eviction-webhook-tls-dir", str(tmp_path)])
+    args = agent.build_parser().parse_args([])
+    assert args.eviction_webhook_port == agent.DEFAULT_PORT and args.eviction_webhook_guard is None

@@ -41,13 +41,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     setup_logging(COMPONENT, args)
     if not 0 < args.eviction_webhook_port < 65536:
         raise UsageError("--eviction-webhook-port must be 1-65535, not %d" % args.eviction_webhook_port)
-    stop = stop_event()
     try:
         server = eviction_webhook.serve_from_flags(core_v1(kube_api_client(args.kubeconfig)), args)
     except (OSError, ValueError) as exc:      # ssl.SSLError is an OSError: a missing or bad certificate
         raise UsageError("cannot serve on :%d with the certificate in %s: %s"
                          % (args.eviction_webhook_port, args.eviction_webhook_tls_dir, exc))
-    stop.wait()
+    stop_event().wait()
     server.stop()
     return 0
 
