@@ -256,7 +256,14 @@ def test_https_refuses_bad_requests(serving, tls):
     srv = serving({})
     assert post(tls, srv.port, b"{}")[0] == 400
     assert post(tls, srv.port, review_body(request()), path="/other")[0] == 404
-    assert post(tls, srv.port, b"x" * (ew.MAX_BODY_BYTES + 1))[0] == 413
+    # a body over the limit is refused from its Content-Length, before it is read
+    client = ssl.create_default_context(cafile=str(tls / "tls.crt"))
+    conn = http.client.HTTPSConnection("127.0.0.1", srv.port, context=client, timeout=10)
+    conn.putrequest("POST", ew.PATH)
+    conn.putheader("Content-Length", str(ew.MAX_BODY_BYTES + 1))
+    conn.endheaders()
+    assert conn.getresponse().status == 413
+    conn.close()
 
 
 def test_plain_and_idle_clients_do_not_wedge_it(serving, tls):
