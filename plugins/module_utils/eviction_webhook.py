@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Optional, Tuple
 
 from .deviceplugin.metrics import WRITE_TIMEOUT, BoundedHTTPServer, _BoundedHandler
+from .errors import MetaxGpuError
 
 LOG = logging.getLogger("eviction-webhook")
 
@@ -124,7 +125,7 @@ def response(uid: Any, decision: Decision, api_version: str = "admission.k8s.io/
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": answer}
 
 
-class ReviewError(ValueError):
+class ReviewError(MetaxGpuError, ValueError):
     """A body that is not an AdmissionReview with a request."""
 
 
