@@ -129,6 +129,9 @@ def test_operator_chart_the_controller_serves_the_guard():
                                    ports)
     args = operator_controller.build_parser().parse_args(container["args"])
     assert args.eviction_webhook_port in ports
+    # a replica is behind the Service once the guard listens
+    probe_port = container["readinessProbe"]["tcpSocket"]["port"]
+    assert [p["containerPort"] for p in container["ports"] if p["name"] == probe_port] == [args.eviction_webhook_port]
     mount, = [m for m in container["volumeMounts"] if m["mountPath"] == args.eviction_webhook_tls_dir]
     volume, = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     assert volume["secret"]["secretName"] == secret["metadata"]["name"]
