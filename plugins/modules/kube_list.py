@@ -105,6 +105,7 @@ resource_version:
 """
 
 import json
+import re
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -122,6 +123,9 @@ ARGUMENT_SPEC = {
     "field_selectors": {"type": "list", "elements": "str", "default": []},
     "page_size": {"type": "int", "default": 500},
 }
+# group/version as the API server serves it (a DNS subdomain, then v1, v1beta2...): checked before discovery,
+# whose client splits on "/" and ends in a traceback on anything else
+API_VERSION = re.compile(r"^(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?v[0-9]+(?:(?:alpha|beta)[0-9]+)?$")
 
 
 def main():
@@ -135,6 +139,9 @@ def main():
     try:
         if params["page_size"] < 1:
             raise MetaxGpuError("page_size must be at least 1, not %d" % params["page_size"])
+        if not API_VERSION.match(params["api_version"]):
+            raise MetaxGpuError("api_version %r is not a Kubernetes group/version such as v1 or apps/v1"
+                                % params["api_version"])
         client = kube.api_client(params["kubeconfig"])
         selectors = query(params["label_selectors"], params["field_selectors"])
         with kube.reaching(client, params["kubeconfig"]):

@@ -31,7 +31,7 @@ import pytest
 from controlplane import ControlPlane
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
-from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import Operator
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.operator import Operator
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.cluster import Cluster
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import DRIVER
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.driver_rollout import driver_rollout

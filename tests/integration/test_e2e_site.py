@@ -184,6 +184,24 @@ def test_gpu_fault_drops_allocatable_by_one(cluster, site):
                120, "allocatable of %s to come back" % name)
 
 
+def test_the_operator_scheme_is_refused_here(cluster, site):
+    """Installing the operator where this scheme is installed is refused, naming the way out, with nothing
+    changed: checked on this module's install (a second Extensions install only for it cost a minute of CI)."""
+    crd = N.OPERATOR_PLURAL + "." + N.OPERATOR_GROUP
+    before = (_release_state(cluster), cluster.kubectl("get", "namespace", N.OPERATOR_NAMESPACE).returncode)
+    for name in ("install", "site"):
+        cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", INVENTORY,
+               "-e", "metax_gpu_kubeconfig=" + cluster.kubeconfig, "-e", "metax_gpu_scheme=operator",
+               "metax.gpu." + name]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=cluster.env, timeout=900, check=False)
+        assert proc.returncode != 0, proc.stdout[-3000:]
+        assert "Refusing to install the GPU Operator scheme: the GPU Extensions scheme is installed" in proc.stdout
+        assert "metax.gpu.uninstall" in proc.stdout
+        assert all(c["changed"] == 0 for c in recap(proc.stdout).values()), recap(proc.stdout)
+    assert cluster.kubectl("get", "crd", crd).returncode != 0
+    assert (_release_state(cluster), cluster.kubectl("get", "namespace", N.OPERATOR_NAMESPACE).returncode) == before
+
+
 def test_uninstall_leaves_the_nodes_as_before(cluster, site):
     molecule(cluster, "default", "cleanup")                    # metax.gpu.uninstall + nothing of ours left
     site["uninstalled"] = True

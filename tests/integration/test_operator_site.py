@@ -10,8 +10,8 @@ local registry, the chart is installed from oci:// as the manual's 3.2.1 does,
 the ClusterOperator becomes Ready and metax.gpu.verify passes (the Molecule
 scenario ``operator`` run action by action: molecule_scenario.py). Then: a second
 site run changes nothing, check mode with diff changes nothing, the GPU
-Extensions scheme is refused while the operator is installed (and the other
-way round) with nothing changed, metax.gpu.uninstall leaves nothing of ours,
+Extensions scheme is refused while the operator is installed with nothing
+changed (the other way round is test_e2e_site's, on its install), metax.gpu.uninstall leaves nothing of ours,
 and the manual's 3.2.1 command as written installs from the local registry.
 
 The tests of this module run in order (each builds on the cluster state of the
@@ -277,25 +277,5 @@ def test_manual_install_command_as_written_from_the_local_registry(cluster, site
         assert ours(node) == {}, (name, ours(node))
     # the CRD (helm keeps crds/) and the namespace: metax.gpu.uninstall takes them
     ok(playbook(cluster, "uninstall")[0])
-    assert_nothing_of_ours(cluster)
-
-
-def test_operator_refused_where_extensions_is(cluster, site):
-    proc, secs = playbook(cluster, "install", scheme="extensions")
-    ok(proc)
-    print("\nmetax.gpu.install (extensions): %.1fs" % secs)
-    try:
-        before = (helm_releases(cluster), workloads(cluster), cluster.kubectl("get", "namespace", NS).returncode)
-        for name in ("install", "site"):
-            proc, _secs = playbook(cluster, name, scheme="operator")
-            assert proc.returncode != 0, proc.stdout[-3000:]
-            assert "Refusing to install the GPU Operator scheme: the GPU Extensions scheme is installed" in proc.stdout
-            assert "metax.gpu.uninstall" in proc.stdout
-            assert all(c["changed"] == 0 for c in recap(proc.stdout).values()), recap(proc.stdout)
-        assert cluster.kubectl("get", "crd", CRD).returncode != 0
-        assert (helm_releases(cluster), workloads(cluster), cluster.kubectl("get", "namespace", NS).returncode) == before
-    finally:
-        proc, _secs = playbook(cluster, "uninstall", scheme="extensions")
-    ok(proc)
     assert_nothing_of_ours(cluster)
     site["clean"] = True          # the module's last test: nothing for the fixture to take away

@@ -56,8 +56,7 @@ class ProcessSpec:
 def start_hash(spec: ProcessSpec, config_contents: Sequence[bytes]) -> str:
     """What `up` records in <pids>/NAME.hash: a running process whose hash is unchanged is kept, any other
     is restarted. sha256 of the wrapper (one line, empty when none), the binary as given and each argument,
-    one per line, then the config files' contents: the bash version's hash, so a cluster that it started is
-    adopted without a restart."""
+    one per line, then the config files' contents."""
     lines = [" ".join(spec.wrap), spec.argv[0], *spec.argv[1:]]
     digest = hashlib.sha256("".join(line + "\n" for line in lines).encode())
     for content in config_contents:

@@ -53,7 +53,7 @@ def first_node_name(settings: Settings) -> str:
 def planned_nodes(settings: Settings, env: Mapping[str, str]) -> list[Node]:
     """What `cluster.sh plan` prints: NODES, else the running cluster's presets, else one METAX_SIM_PRESET node.
 
-    A NODES of only blanks plans no node (as in bash: `up` then refuses it).
+    A NODES of only blanks plans no node (`up` then refuses it).
     """
     if env.get("NODES", "") and not env["NODES"].split():
         return []

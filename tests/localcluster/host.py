@@ -2,12 +2,12 @@
 # Apache License 2.0 (see LICENSE)
 """The I/O edge of the components: files and processes on this machine.
 
-Processes keep the records the former bash cluster.sh kept -- ``<pids>/NAME.pid`` (the PID),
+Each process `up` starts has its records -- ``<pids>/NAME.pid`` (the PID),
 ``NAME.exe`` (the resolved binary), ``NAME.hash`` (``component.start_hash``)
-and the log ``<logs>/NAME.log`` -- so a process that either side started is
-recognised, kept, restarted on a changed configuration and stopped by the
-other: a cluster the bash version started is adopted without a restart. Only a recorded PID whose ``/proc/PID/exe`` is still the
-recorded binary is ever signalled.
+and the log ``<logs>/NAME.log`` -- so a later `up` recognises it, keeps it
+when its configuration is unchanged and restarts it otherwise, and `down`
+stops it. Only a recorded PID whose ``/proc/PID/exe`` is still the recorded
+binary is ever signalled.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 """Waiting for a component: poll a check until it passes, fail early when its process died.
 
 A timeout or a dead process ends `up` with the last lines of the
-component's log and what to do next (cluster.sh's wait_for).
+component's log and what to do next.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from ..names import GPU_AWARE_CONFIGMAP, NAMESPACE
 from ..extender.policy import WeightError, Weights, parse_weight
 from ..extender.server import (
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
-    ExtenderHTTPServer, ExtenderService, tls_context)
+    ExtenderHTTPServer, tls_context)
+from ..extender.service import ExtenderService
 from .common import (UsageError, add_common_flags, kube_api_client, run_main, setup_logging, stop_event,
                      tcp_port)
 

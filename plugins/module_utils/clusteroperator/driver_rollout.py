@@ -23,11 +23,15 @@ the playbook's values:
 * with ``enableRollout: true`` the controller starts a node: one merge patch
   that cordons it (or, when the administrator had cordoned it, records that
   in ``driver.upgrade.pre-cordoned``) and sets ``upgrade-required``;
-* the node's driver-manager sees ``upgrade-required`` on its own node and runs
-  the procedure (pause the agents, evict, install, verify, un-pause), moving
-  the state through ``paused`` and ``validating`` to ``done``, or to
-  ``failed`` with the reason in ``driver.upgrade.message`` after a rollback;
-  it never changes the version of a loaded driver without ``upgrade-required``;
+* the node's driver-manager whose payload is the target version
+  (``driver.upgrade.target``) sees ``upgrade-required`` on its own node and
+  runs its part (driver/node_upgrade.py): it installs the payload's driver
+  (state ``driver-installed``; a driver in use is refused and retried, the
+  state stays), verifies it and recreates its node's gpu-device and gpu-label
+  pods (``done``), or rolls back and sets ``failed`` with the reason in
+  ``driver.upgrade.message``. It neither pauses the node agents nor evicts
+  (the cordon keeps new GPU pods away), and never changes the version of a
+  loaded driver without ``upgrade-required``;
 * the controller finishes a ``done`` node once gpu-label reports the target
   version and ``driver.ready=true``: uncordon (never a node the administrator
   cordoned, nor one upgraded in place) and remove the state label and the

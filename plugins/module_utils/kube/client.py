@@ -1,16 +1,21 @@
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""The one place the collection builds a Kubernetes client.
+"""The one place the collection builds a Kubernetes client, and turns its failures into one line.
 
-The in-cluster agents (the service account, or a kubeconfig) and the modules
-that talk to the API server from the controller (``kube_list``,
-``node_metadata``, ``evict_gpu_pods``, ``driver``: their connection options)
-both build it here. Below both the library (``deviceplugin``, ``extender``)
-and the agent entrypoints, so neither imports the other for it. The
-``kubernetes`` package is optional for everything else in plugins/: the
-import is guarded and :func:`api_client` fails with a clear message when it
-is missing.
+Everything that talks to the API server gets its client here (the ApiClient,
+and the API groups over it: :func:`core_v1`, :func:`coordination_v1`): the
+agents (``agents/common.kube_api_client``: the service account, or a
+kubeconfig), the operator's ``clusteroperator/cluster.py`` and
+``migrate.py``, the rest of ``kube/`` (``pages``, ``evict``, ``leader``,
+``slots``), ``extender/kube.py``, ``deviceplugin/annotations.py``, and the
+modules that run on the controller (``kube_list``, ``node_metadata``,
+``evict_gpu_pods``, ``driver``: their connection options). :func:`reaching`
+makes a connection failure or an API error one line naming the server and
+the credentials' source. It imports nothing of the collection but
+``errors``, so every layer can use it. The ``kubernetes`` package is
+optional for everything else in plugins/: the import is guarded and
+:func:`api_client` fails with a clear message when it is missing.
 """
 
 from __future__ import annotations

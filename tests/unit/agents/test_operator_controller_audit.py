@@ -14,7 +14,7 @@ import copy
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
-from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import Operator
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.operator import Operator
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import REGISTRY
 
 UID = "cr-uid"

@@ -17,6 +17,8 @@ from typing import Any, List
 import pytest
 
 from ansible_collections.metax.gpu.plugins.module_utils.agents import operator_controller as oc
+from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_handlers import failure_event, kopf_retry
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.operator import Retry
 from ansible_collections.metax.gpu.plugins.module_utils.kube.leader import LeaderElector
 
 
@@ -106,10 +108,10 @@ def test_a_failed_handler_is_a_warning_event_and_still_fails():
     operator = oc.Operator(cluster, "helm", "/nonexistent")     # type: ignore[arg-type]
     body = {"metadata": {"name": "cluster-operator", "uid": "u"}}
     with pytest.raises(RuntimeError):
-        with oc.failure_event(operator, body, "ReconcileFailed"):
+        with failure_event(operator, body, "ReconcileFailed"):
             raise RuntimeError("helm template failed: boom")
     assert cluster.events == [("Warning", "ReconcileFailed", "helm template failed: boom")]
-    with oc.failure_event(operator, body, "ReconcileFailed"):
+    with failure_event(operator, body, "ReconcileFailed"):
         pass
     assert len(cluster.events) == 1
 
@@ -120,3 +122,40 @@ def test_the_command_line_has_the_lease_and_migration_and_no_peering():
     assert (args.lease_duration, args.renew_deadline, args.retry_period) == (8, 6, 1.5)
     with pytest.raises(SystemExit):
         oc.build_parser().parse_args(["--peering", "x"])
+
+
+class Terminating(Posting):
+    """A cluster whose component pods are still going: the cleanup must wait, not strip the nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pruned: List[Any] = []
+
+    def prune(self, uid: str, component: Any) -> int:
+        self.pruned.append((uid, component))
+        return 0
+
+    def pods(self, uid: str, component: Any = None) -> List[str]:
+        return ["metax-gpu-label-x"]
+
+    def nodes(self) -> List[Any]:
+        raise AssertionError("the nodes are not touched while pods are left")
+
+
+def test_a_cleanup_with_pods_left_is_retried_by_kopf_after_two_seconds():
+    """The work raises its own Retry (no kopf in clusteroperator/); the wiring makes it kopf's
+    TemporaryError with the work's delay, not kopf's backoff, and posts the failure once."""
+    import kopf   # requirements/agents.txt: in the test venv too
+    cluster = Terminating()
+    operator = oc.Operator(cluster, "helm", "/nonexistent")     # type: ignore[arg-type]
+    body = {"metadata": {"name": "cluster-operator", "uid": "u"}}
+    with pytest.raises(kopf.TemporaryError) as info:
+        with kopf_retry(), failure_event(operator, body, "CleanupFailed"):
+            operator.cleanup(body)
+    assert info.value.delay == 2 and str(info.value) == "component pods are still terminating"
+    assert isinstance(info.value.__cause__, Retry)
+    assert cluster.pruned == [("u", None)]
+    assert cluster.events == [("Warning", "CleanupFailed", "component pods are still terminating")]
+    with pytest.raises(RuntimeError):            # anything else goes through unchanged
+        with kopf_retry():
+            raise RuntimeError("helm template failed")

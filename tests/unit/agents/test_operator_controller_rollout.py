@@ -12,7 +12,8 @@ import copy
 from typing import Any, Dict, List
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
-from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import Operator, status_patch
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.notes import status_patch
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.operator import Operator
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.cluster import Cluster
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import DRIVER, REGISTRY
 

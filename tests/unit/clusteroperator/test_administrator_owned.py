@@ -18,11 +18,12 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
-from ansible_collections.metax.gpu.plugins.module_utils.agents import operator_controller as oc
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import contract, render
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.notes import NOTE_REASONS, newly_true, seed_digest
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.apis import ServedKinds
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.cluster import event_for
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import GPU_DEVICE, REGISTRY
+from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.operator import Operator
 
 from charts.helm import CHART, find_helm, helm_required
 
@@ -106,7 +107,7 @@ def rendered():
     """(operator, cluster, body): the CR rendered by the real chart and applied once."""
     body = cr(copy.deepcopy(SPEC))
     cluster = RecordedCluster(body)
-    operator = oc.Operator(cluster, HELM, EXTENSIONS, REGISTRY)   # type: ignore[arg-type]
+    operator = Operator(cluster, HELM, EXTENSIONS, REGISTRY)   # type: ignore[arg-type]
     desired = operator._render(body, frozenset())                 # pylint: disable=protected-access
     operator._remember(body, desired)                             # pylint: disable=protected-access
     operator._apply_all(body, desired, frozenset())               # pylint: disable=protected-access
@@ -130,7 +131,7 @@ def test_both_are_created_marked_and_with_what_they_were_created_from(rendered):
     for name in (N.DRIVER_CONFIGMAP, N.GPU_AWARE_CONFIGMAP):
         annotations = configmap(cluster, name)["metadata"]["annotations"]
         assert annotations[N.ANNOTATION_OPERATOR_APPLY] == "create-only"
-        assert annotations[N.ANNOTATION_OPERATOR_CREATED_FROM] == oc.seed_digest(configmap(cluster, name))
+        assert annotations[N.ANNOTATION_OPERATOR_CREATED_FROM] == seed_digest(configmap(cluster, name))
     assert configmap(cluster, N.GPU_AWARE_CONFIGMAP)["data"] == {"scoreWeight": "1", "lossWeight": "1"}
 
 
@@ -173,9 +174,9 @@ def test_a_vfnums_config_change_after_install_is_not_applied_and_says_so(rendere
     status = operator.status(changed, "2026-11-28T12:00:00Z")
     types = [c["type"] for c in status["conditions"]]
     assert "Ready" in types and "VfnumsConfigNotApplied" in types
-    fresh = oc.newly_true({}, status, oc.NOTE_REASONS)
+    fresh = newly_true({}, status, NOTE_REASONS)
     assert [c["reason"] for c in fresh] == ["VfnumsConfigNotApplied"]
-    assert oc.newly_true(status, status, oc.NOTE_REASONS) == []           # once, not every round
+    assert newly_true(status, status, NOTE_REASONS) == []           # once, not every round
 
 
 def test_an_object_created_before_the_digest_gets_the_crs_digest_without_a_note(rendered):
@@ -205,7 +206,7 @@ def test_a_carried_over_cr_keeps_the_owner_id_of_its_objects():
     carried["metadata"]["annotations"] = {N.ANNOTATION_OPERATOR_OWNER_ID: "old-uid"}
     assert contract.owner_id(carried) == "old-uid" and contract.owner_id(cr({})) == UID
     cluster = RecordedCluster(carried)
-    operator = oc.Operator(cluster, HELM, EXTENSIONS, REGISTRY)   # type: ignore[arg-type]
+    operator = Operator(cluster, HELM, EXTENSIONS, REGISTRY)   # type: ignore[arg-type]
     desired = operator._render(carried, frozenset())              # pylint: disable=protected-access
     device = next(o for o in desired[GPU_DEVICE.name] if o["kind"] == "DaemonSet")
     assert device["metadata"]["labels"][N.LABEL_OPERATOR_OWNER] == "old-uid"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from ansible_collections.metax.gpu.plugins.module_utils import names
-from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_controller import DRIFT_WATCHED
+from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_handlers import DRIFT_WATCHED
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import apis, render
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.cluster import CLUSTER_KINDS, OWNED_KINDS
 

@@ -30,8 +30,8 @@ import pytest
 from ansible_collections.metax.gpu.plugins.module_utils.extender.cache import WeightsHolder
 from ansible_collections.metax.gpu.plugins.module_utils.extender.metrics import ExtenderMetrics
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import Weights
-from ansible_collections.metax.gpu.plugins.module_utils.extender.server import (
-    DEFAULT_MAX_CONNECTIONS, ExtenderHTTPServer, ExtenderService)
+from ansible_collections.metax.gpu.plugins.module_utils.extender.server import DEFAULT_MAX_CONNECTIONS, ExtenderHTTPServer
+from ansible_collections.metax.gpu.plugins.module_utils.extender.service import ExtenderService
 from extender_support import extender_args, gpu_pod, load_fixture, make_node
 import polling
 from ports import free_port

@@ -23,7 +23,8 @@ from ansible_collections.metax.gpu.plugins.module_utils.extender.metrics import 
 from ansible_collections.metax.gpu.plugins.module_utils.extender.nodeinfo import StateCache
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import Weights, reason_free
 from ansible_collections.metax.gpu.plugins.module_utils.extender.server import (
-    DEFAULT_MAX_BODY_BYTES, ExtenderHTTPServer, ExtenderService, tls_context)
+    DEFAULT_MAX_BODY_BYTES, ExtenderHTTPServer, tls_context)
+from ansible_collections.metax.gpu.plugins.module_utils.extender.service import ExtenderService
 from extender_support import annotations, extender_args, gpu_pod, load_fixture, make_node
 
 LOG = logging.getLogger("test-http")
