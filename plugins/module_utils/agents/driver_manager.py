@@ -51,9 +51,8 @@ from ..host import HostRoot, HostRootError
 from ..kube import evict as kube_evict
 from ..kube.client import ApiException, coordination_v1, core_v1
 from ..kube.slots import POOL_LABEL, SlotError, Slots
-from ..kubelet import podresources
 from ..kubelet.constants import POD_RESOURCES_SOCKET
-from ..kubelet.podresources import PodResourcesClient
+from ..kubelet.podresources import gpu_holders
 from ..nodeapi import GPU_DEVICE_SELECTOR
 from ..vfnum import config as vfnum_config
 from ..vfnum.plan import VfnumError
@@ -264,35 +263,16 @@ def _raw_json(resp: Any, decode: bool = True) -> Any:
         resp.release_conn()
 
 
-def pod_resources_holders(socket_path: str) -> Callable[[], List[str]]:
-    """``namespace/name`` of the pods the kubelet has assigned this node's GPUs to, asked at each call
-    (one channel, opened on first use: a unit test or a benchmark's stand-in never opens it)."""
-    client: List[PodResourcesClient] = []
-
-    def holders() -> List[str]:
-        if not client:
-            client.append(PodResourcesClient(socket_path))
-        return podresources.holders(client[0].list_allocated())
-
-    return holders
-
-
 class Kube:
-    """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch and pods/eviction
-    create cluster-wide; configmaps get/watch, pods list/delete, events create, leases
-    list/watch/create/update/delete in its namespace).
-
-    It reads no pod outside its namespace: the pods that hold its node's GPUs are the kubelet's
-    answer on the node (pod-resources API, ``holders``), and the eviction guard (an admission
-    webhook, eviction_webhook.py) admits its evictions of its own node's pods only
-    (docs/security.md)."""
+    """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch and pods/eviction create
+    cluster-wide, admitted for its own node's pods only by eviction_webhook.py; configmaps get/watch,
+    pods list/delete, events create, leases in its namespace). ``holders``: its node's GPU pods."""
 
     def __init__(self, api: Any, node: str, namespace: str, config_map: str,
                  holders: Optional[Callable[[], List[str]]] = None) -> None:
         self.api = api
         self.core = core_v1(api)
-        # namespace/name of the pods holding this node's GPUs (default: the kubelet's pod-resources socket)
-        self.holders = holders if holders is not None else pod_resources_holders(POD_RESOURCES_SOCKET)
+        self.holders = holders if holders is not None else gpu_holders()   # the kubelet's answer
         self.node = node
         self.namespace = namespace
         self.config_map = config_map
@@ -355,8 +335,7 @@ class Kube:
         return [p.metadata.name for p in pods]
 
     def gpu_pods(self) -> List[str]:
-        """``namespace/name`` of the pods on this node that hold the GPU resource (the kubelet's
-        pod-resources answer: the pods the eviction below would evict)."""
+        """``namespace/name`` of the pods holding this node's GPUs (the ones evict_gpu_pods evicts)."""
         return kube_evict.evict(self.core, self.node, check_mode=True, holders=self.holders)["selected"]
 
     def evict_gpu_pods(self, timeout: float) -> List[str]:
@@ -606,7 +585,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UsageError("PyYAML is required to read driver-config")
     host = checked_host_root(args, "sys")
     kube = Kube(kube_api_client(args.kubeconfig), args.node_name, args.namespace, args.config_map,
-                pod_resources_holders(args.pod_resources_socket))
+                gpu_holders(args.pod_resources_socket))
     manager = Manager(host, kube, args.deploy_policy, args.payload_dir, args.payload_version or None,
                       args.ready_file, vfnum_policy=VfnumPolicy(args.vfnum_evict_in_use == "true",
                                                                 args.vfnum_max_parallel))

@@ -18,6 +18,7 @@ from kubelet_peer import PodResourcesPeer  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils.agents import driver_manager as dm  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.kube.client import ApiException  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.kubelet import podresources  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.kubelet.podresources import PodResourcesError  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME  # noqa: E402
 
@@ -56,7 +57,7 @@ class EvictingCore:
 def kube(core, kubelet):
     k = dm.Kube.__new__(dm.Kube)
     k.core, k.node = core, "n1"
-    k.holders = dm.pod_resources_holders(kubelet.socket)
+    k.holders = podresources.gpu_holders(kubelet.socket)
     return k
 
 
@@ -65,7 +66,7 @@ def test_the_holders_are_the_kubelets_assignments_of_the_gpu_resource(kubelet):
                            ("ml", "train", "sidecar", RESOURCE_NAME, ["GPU-2"]),
                            ("web", "nic", "main", "example.com/nic", ["nic-0"]),
                            ("ml", "infer", "main", RESOURCE_NAME, ["GPU-3"])]
-    holders = dm.pod_resources_holders(kubelet.socket)
+    holders = podresources.gpu_holders(kubelet.socket)
     assert holders() == ["ml/infer", "ml/train"]
     kubelet.assignments = []
     assert holders() == [] and kubelet.calls == 2        # asked again at each call
@@ -89,7 +90,7 @@ def test_a_budgets_refusal_ends_the_call_at_once(kubelet):
 
 
 def test_no_kubelet_socket_is_a_clear_error():
-    holders = dm.pod_resources_holders("/tmp/mxdm-none/kubelet.sock")
+    holders = podresources.gpu_holders("/tmp/mxdm-none/kubelet.sock")
     with pytest.raises(PodResourcesError, match="mxdm-none/kubelet.sock"):
         holders()
 
