@@ -50,6 +50,8 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_CONNECTIONS = 32
 REQUEST_TIMEOUT = 10.0
 
+# metav1.Status reasons of the denials' codes
+REASONS = {404: "NotFound", 503: "ServiceUnavailable"}
 # The pod's node by (namespace, name): None when the pod does not exist; raises when it cannot be read.
 PodNode = Callable[[str, str], Optional[str]]
 
@@ -121,7 +123,7 @@ def response(uid: Any, decision: Decision, api_version: str = "admission.k8s.io/
     answer: dict = {"uid": uid, "allowed": decision.allowed}
     if not decision.allowed:
         answer["status"] = {"code": decision.code, "message": decision.message,
-                            "reason": "NotFound" if decision.code == 404 else "Forbidden"}
+                            "reason": REASONS.get(decision.code, "Forbidden")}
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": answer}
 
 
@@ -163,7 +165,8 @@ class EvictionWebhook:
             node = self.pod_node(*target)
         except Exception as exc:  # pylint: disable=broad-except  # the client raises many kinds: fail closed
             LOG.warning("cannot read pod %s/%s: %s", target[0], target[1], exc)
-            return Decision(False, "the eviction guard cannot read pod %s/%s: %s" % (target[0], target[1], exc), 503)
+            return Decision(False, "the eviction guard cannot read pod %s/%s: %s"
+                            % (target[0], target[1], str(exc)[:300]), 503)
         return decide(request, self.users, node is not None, node or None)
 
 

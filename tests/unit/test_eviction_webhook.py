@@ -133,6 +133,10 @@ def test_review_fails_closed_when_the_pod_cannot_be_read():
     hook = ew.EvictionWebhook(Pods({}, error=RuntimeError("connection refused")), USERS)
     out = hook.review(review_body(request()))["response"]
     assert out["allowed"] is False and out["status"]["code"] == 503 and "connection refused" in out["status"]["message"]
+    assert out["status"]["reason"] == "ServiceUnavailable"
+    # a client's long error (headers, a body) is cut in the answer
+    hook = ew.EvictionWebhook(Pods({}, error=RuntimeError("x" * 5000)), USERS)
+    assert len(hook.review(review_body(request()))["response"]["status"]["message"]) < 400
 
 
 def test_review_answers_in_the_requests_version():
