@@ -229,7 +229,8 @@ def main() -> int:
         host = generator.create(os.path.join(args.roots, name), spec)
         # a client per stand-in, as each pod has: one shared client's connection pool (a queue
         # under one lock) made 500 stand-ins queue on that lock, not on the API server
-        kube = dm.Kube(kube_api_client(args.kubeconfig), name, args.namespace, "driver-config")
+        # a stand-in has no kubelet: no pod holds its simulated GPUs
+        kube = dm.Kube(kube_api_client(args.kubeconfig), name, args.namespace, "driver-config", holders=list)
         manager = StandIn(host, kube, "Never", os.path.join(args.roots, "payload"), None,
                           os.path.join(args.roots, name, "ready"),
                           vfnum_policy=dm.VfnumPolicy(False, args.max_parallel))

@@ -228,3 +228,9 @@ DEVICE_PLUGIN_DAEMONSETS = (DAEMONSET_GPU_DEVICE, "gpu-device")
 # others, never as the default: a copy of the default runtime (docs/runtime.md).
 RUNTIME_CLASS = "metax"
 RUNTIME_HANDLER = "metax"
+# driver-manager's service account (metax-driver.yaml) and the eviction guard, the admission
+# webhook that confines its evictions to its own node (eviction_webhook.py, docs/security.md):
+# its Service, TLS Secret and ValidatingWebhookConfiguration name, and its Deployment in the
+# Extensions chart (the operator-controller serves it in the GPU Operator scheme).
+SERVICE_ACCOUNT_DRIVER_MANAGER = "driver-manager"
+EVICTION_WEBHOOK = "metax-eviction-guard"

@@ -54,6 +54,8 @@ from ..kube.node import OwnNode
 from ..kube.pages import DEFAULT_PAGE_SIZE
 from ..kube.watch import ListWatch, RawSource, WatchPolicy
 from ..kube.slots import POOL_LABEL, SlotError, Slots
+from ..kubelet.constants import POD_RESOURCES_SOCKET
+from ..kubelet.podresources import gpu_holders
 from ..nodeapi import GPU_DEVICE_SELECTOR
 from ..vfnum import config as vfnum_config
 from ..vfnum.plan import VfnumError
@@ -245,13 +247,15 @@ def watch_objects(wake: threading.Event, stop: threading.Event, lister: Callable
 
 
 class Kube:
-    """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch, pods list and
-    pods/eviction create cluster-wide; configmaps get/watch, pods delete, events create, leases
-    list/watch/create/update/delete in its namespace)."""
+    """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch and pods/eviction create
+    cluster-wide, admitted for its own node's pods only by eviction_webhook.py; configmaps get/watch,
+    pods list/delete, events create, leases in its namespace). ``holders``: its node's GPU pods."""
 
-    def __init__(self, api: Any, node: str, namespace: str, config_map: str) -> None:
+    def __init__(self, api: Any, node: str, namespace: str, config_map: str,
+                 holders: Optional[Callable[[], List[str]]] = None) -> None:
         self.api = api
         self.core = core_v1(api)
+        self.holders = holders if holders is not None else gpu_holders()   # the kubelet's answer
         self.node = node
         self.namespace = namespace
         self.config_map = config_map
@@ -305,15 +309,15 @@ class Kube:
         return [p.metadata.name for p in pods]
 
     def gpu_pods(self) -> List[str]:
-        """``namespace/name`` of the pods on this node that request the GPU resource (the eviction
-        code's own selection: the pods it would evict)."""
-        return kube_evict.evict(self.core, self.node, check_mode=True)["selected"]
+        """``namespace/name`` of the pods holding this node's GPUs (the ones evict_gpu_pods evicts)."""
+        return kube_evict.evict(self.core, self.node, check_mode=True, holders=self.holders)["selected"]
 
     def evict_gpu_pods(self, timeout: float) -> List[str]:
         """Evict them (policy/v1 Eviction, never forced) and wait up to ``timeout`` for them to
         leave; kube_evict.EvictionError names those left, and comes at once on a budget's refusal
         (429: the round's backoff retries it, no wait inside the round)."""
-        return kube_evict.evict(self.core, self.node, timeout=timeout, retry_refused=False)["evicted"]
+        return kube_evict.evict(self.core, self.node, timeout=timeout, retry_refused=False,
+                                holders=self.holders)["evicted"]
 
     def vfnum_slots(self, size: int) -> Slots:
         return Slots(coordination_v1(self.api), self.namespace, VFNUM_SLOT_PREFIX, size, self.node)
@@ -541,6 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="evict the pods holding the GPUs before a vfnum change (else refuse it)")
     parser.add_argument("--vfnum-max-parallel", type=positive_int, default=1,
                         help="nodes changing vfnum at once, cluster-wide (Leases %s-<i>)" % VFNUM_SLOT_PREFIX)
+    parser.add_argument("--pod-resources-socket", default=POD_RESOURCES_SOCKET,
+                        help="the kubelet's pod-resources socket: which pods hold the node's GPUs (it lists no pods)")
     return parser
 
 
@@ -552,7 +558,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not HAS_YAML:
         raise UsageError("PyYAML is required to read driver-config")
     host = checked_host_root(args, "sys")
-    kube = Kube(kube_api_client(args.kubeconfig), args.node_name, args.namespace, args.config_map)
+    kube = Kube(kube_api_client(args.kubeconfig), args.node_name, args.namespace, args.config_map,
+                gpu_holders(args.pod_resources_socket))
     manager = Manager(host, kube, args.deploy_policy, args.payload_dir, args.payload_version or None,
                       args.ready_file, vfnum_policy=VfnumPolicy(args.vfnum_evict_in_use == "true",
                                                                 args.vfnum_max_parallel))

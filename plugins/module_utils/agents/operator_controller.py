@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from .. import names
+from .. import eviction_webhook, names
 from ..clusteroperator import migrate
 from ..clusteroperator.cluster import Cluster
 from ..clusteroperator.operator import Operator
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--migrate-timeout", type=float, default=600.0,
                         help="seconds --migrate waits for the older controller's pods to go")
     add_common_flags(parser, host_root=False)
+    eviction_webhook.add_flags(parser)
     return parser
 
 
@@ -219,6 +220,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     health = Health(elector)
     if args.health_port:
         health.serve(args.health_port)
+    if args.eviction_webhook_port:  # every replica, leader or not: the API server calls any (docs/security.md)
+        eviction_webhook.serve_from_flags(k8s_client.CoreV1Api(cluster.api), args)
     # One flag stops everything: SIGTERM before kopf runs (kopf handles the signals once it
     # does), a lost Lease, kopf's end. kopf gets it as its stop flag.
     stop = threading.Event()

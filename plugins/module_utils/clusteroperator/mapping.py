@@ -235,6 +235,8 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
                           "vfnumsConfig": vfnums_entries(driver.get("vfnumsConfig")),
                           "vfnumPolicy": {"evictInUse": bool(vfnum_policy.get("evictInUse", False)),
                                           "maxParallel": int(vfnum_policy.get("maxParallel", 1))},
+                          # the operator-controller serves the eviction guard itself (metax-operator chart)
+                          "evictionGuard": {"enabled": False},
                           "log": merged_log(None, driver.get("log"))},
         # the same for the MACA component (maca.deploy): one image volume per payload image
         "macaManager": {"enabled": True,

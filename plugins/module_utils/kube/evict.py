@@ -87,8 +87,13 @@ def select(pods: List[Mapping], drain: bool) -> List[str]:
 
 def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, force: bool = False,
           check_mode: bool = False, sleep: Callable[[float], None] = time.sleep,
-          grace_period: Optional[int] = None, retry_refused: bool = True) -> Dict[str, List[str]]:
+          grace_period: Optional[int] = None, retry_refused: bool = True,
+          holders: Optional[Callable[[], List[str]]] = None) -> Dict[str, List[str]]:
     """Evict and wait; returns ``{"evicted": [...], "deleted": [...], "selected": [...]}``.
+
+    ``holders``: the node's GPU pods (``namespace/name``) from elsewhere than a pod list, asked again
+    while waiting: driver-manager's from the kubelet's pod-resources API, as it may not list pods
+    (docs/security.md). Not with ``drain``.
 
     Without ``retry_refused`` a budget's refusal ends the call at once (EvictionError naming the
     refused pods, the other pods evicted): for a caller with its own retry, such as an agent's
@@ -102,7 +107,10 @@ def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, for
         # the pods as JSON (pages.raw_list), not models built and sanitized back to dicts
         return list(raw_list(core.list_pod_for_all_namespaces, field_selector="spec.nodeName=%s" % node).items)
 
-    selected = select(listing(), drain)
+    def selection() -> List[str]:
+        return sorted(holders()) if holders is not None and not drain else select(listing(), drain)
+
+    selected = selection()
     result: Dict[str, List[str]] = {"selected": selected, "evicted": [], "deleted": []}
     if check_mode or not selected:
         return result
@@ -132,7 +140,7 @@ def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, for
         if refused and not retry_refused:
             raise EvictionError("eviction refused on node %s: %s" % (
                 node, "; ".join("%s (%s)" % item for item in sorted(refused.items()))), sorted(refused), refused)
-        remaining = [k for k in select(listing(), drain) if k in selected]
+        remaining = [k for k in selection() if k in selected]
         if not remaining:
             return result
         if time.monotonic() >= deadline:

@@ -13,7 +13,7 @@ restarted).
 from __future__ import annotations
 
 import logging
-from typing import Dict, FrozenSet, List, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from ..errors import MetaxGpuError
 from ..names import RESOURCE_NAME
@@ -94,3 +94,22 @@ class PodResourcesClient:
 
 def allocated_ids(allocations: Dict[str, Tuple[str, str, str]]) -> FrozenSet[str]:
     return frozenset(allocations)
+
+
+def holders(allocations: Dict[str, Tuple[str, str, str]]) -> List[str]:
+    """``namespace/name`` of the pods that hold at least one of the devices, sorted, once each."""
+    return sorted({"%s/%s" % (namespace, pod) for namespace, pod, _container in allocations.values()})
+
+
+def gpu_holders(socket_path: str = C.POD_RESOURCES_SOCKET) -> Callable[[], List[str]]:
+    """``namespace/name`` of the pods the kubelet has assigned this node's GPUs to, asked at each call
+    (driver-manager's, which lists no pods). One channel, opened on the first call: a caller that
+    never asks (a unit test, a benchmark's stand-in) never opens it."""
+    client: List[PodResourcesClient] = []
+
+    def ask() -> List[str]:
+        if not client:
+            client.append(PodResourcesClient(socket_path))
+        return holders(client[0].list_allocated())
+
+    return ask

@@ -247,7 +247,12 @@ def test_the_vfnum_policy_reaches_driver_managers_command_line_and_its_rbac():
     assert (args.vfnum_evict_in_use, args.vfnum_max_parallel) == ("true", 3)
     cluster_rules = objs[("ClusterRole", "metax-gpu-driver-manager")]["rules"]
     assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in cluster_rules
-    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in cluster_rules
+    # no pod is listed cluster-wide: the pods holding the node's GPUs come from the kubelet (issue 39)
+    assert not [r for r in cluster_rules if "pods" in r["resources"]]
+    # the guard is the operator-controller's in this scheme: the chart's own guard is not rendered
+    chart = render.helm_template(HELM, str(CHART), dict(render.chart_values(base), nodeAgentPolicy={"enabled": True}),
+                                 names.OPERATOR_NAMESPACE)
+    assert not [o for o in chart if "eviction-guard" in o["metadata"]["name"]]
     leases = [r for r in objs[("Role", "driver-manager")]["rules"] if r["resources"] == ["leases"]]
     assert leases == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                        "verbs": ["list", "watch", "create", "update", "delete"]}]

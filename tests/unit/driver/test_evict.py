@@ -111,3 +111,40 @@ def test_without_retry_a_refusal_ends_the_call_at_once_and_the_others_are_still_
         ev.evict(core, "n1", timeout=300, sleep=slept.append, retry_refused=False)
     assert caught.value.remaining == ["ml/a"] and "pdb-a" in caught.value.refused["ml/a"]
     assert slept == [] and "f" not in core.pods and "a" in core.pods
+
+
+class NoListCore(FakeCore):
+    """driver-manager's view: it may not list pods; the pods holding the GPUs come from the kubelet."""
+
+    def list_pod_for_all_namespaces(self, field_selector):
+        raise AssertionError("driver-manager lists no pods (its ClusterRole has no pods list)")
+
+    def holders(self):
+        return sorted("ml/" + name for name, p in self.pods.items() if name in ("a", "f"))
+
+
+def test_holders_replace_the_pod_list_for_selection_and_the_wait():
+    core = NoListCore(PODS)
+    assert ev.evict(core, "n1", check_mode=True, holders=core.holders)["selected"] == ["ml/a", "ml/f"]
+    result = ev.evict(core, "n1", sleep=lambda s: None, holders=core.holders)
+    assert result["evicted"] == ["ml/a", "ml/f"] and "a" not in core.pods and "b" in core.pods
+
+
+def test_holders_with_a_refusal_still_name_the_budget():
+    core = NoListCore(PODS, blocked={"a"})
+    with pytest.raises(ev.EvictionError) as caught:
+        ev.evict(core, "n1", timeout=300, sleep=lambda s: None, retry_refused=False, holders=core.holders)
+    assert caught.value.remaining == ["ml/a"] and "pdb-a" in caught.value.refused["ml/a"]
+
+
+def test_a_guard_denial_is_an_error_naming_the_pod():
+    """The eviction guard's 403 (a pod of another node): the call fails naming it, nothing else done."""
+    core = NoListCore(PODS)
+
+    def denied(name, namespace, body):
+        exc = ApiException()
+        exc.status, exc.reason = 403, "Forbidden"
+        raise exc
+    core.create_namespaced_pod_eviction = denied
+    with pytest.raises(ev.EvictionError, match="evicting ml/a: 403"):
+        ev.evict(core, "n1", sleep=lambda s: None, holders=core.holders)

@@ -21,8 +21,9 @@ pods of its own node (driver-manager deletes its node's gpu-device pod after
 a vfnum or driver change; RBAC cannot say "this node"): on DELETE the
 apiserver hands the policy the pod being deleted (oldObject), and its
 spec.nodeName must be the token's node. A delete without one (deletecollection)
-is denied. Evictions (pods/eviction) are not covered: the Eviction names only
-the pod, and a policy cannot look the pod up (docs/security.md).
+is denied. Evictions (pods/eviction) are not covered here: the Eviction names
+only the pod, and a policy cannot look the pod up; the eviction guard, an
+admission webhook, does (_eviction_guard.tpl, docs/security.md).
 
 Usage, from a chart that lists this library chart as a dependency:
 
