@@ -36,6 +36,7 @@ from typing import Any, Callable, Collection, Mapping, Optional, Tuple
 
 from .deviceplugin.metrics import WRITE_TIMEOUT, BoundedHTTPServer, _BoundedHandler
 from .errors import MetaxGpuError
+from .kube.pages import raw_get
 
 LOG = logging.getLogger("eviction-webhook")
 
@@ -180,15 +181,11 @@ def kube_pod_node(core: Any, timeout: float = 5.0) -> PodNode:
 
     def pod_node(namespace: str, name: str) -> Optional[str]:
         try:
-            resp = core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=timeout)
+            pod = raw_get(core.read_namespaced_pod, name, namespace, timeout=timeout)
         except Exception as exc:  # pylint: disable=broad-except  # ApiException, without importing the client
             if getattr(exc, "status", None) == 404:
                 return None
             raise
-        try:
-            pod = json.loads(resp.data)
-        finally:
-            resp.release_conn()
         return str((pod.get("spec") or {}).get("nodeName") or "")
 
     return pod_node
