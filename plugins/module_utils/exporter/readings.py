@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
 from ..gpu.model import Inventory
-from ..gpu.mxsmi import GpuSample, MxSmiTable
+from ..gpu.mxsmi import ECC_ERROR_KEYS, GpuSample, MxSmiTable
 from ..gpu.mxsmi_json import JsonDevice, MxSmiJson
 
 MIB = 1024 * 1024
@@ -85,6 +85,13 @@ def _mib(value: Optional[int]) -> Optional[int]:
     return None if value is None else value * MIB
 
 
+def _ecc_errors(counts: Optional[Mapping[str, int]]) -> Optional[int]:
+    """SRAM and DRAM errors, correctable and not (retired pages are not errors)."""
+    if counts is None:
+        return None
+    return sum(counts.get(key, 0) for key in ECC_ERROR_KEYS)
+
+
 def device_metrics(inventory: Inventory, smi_json: Optional[MxSmiJson], table: Optional[MxSmiTable],
                    owners: Mapping[str, Owner],
                    ecc: Optional[Mapping[str, Mapping[str, int]]] = None) -> Tuple[DeviceMetrics, ...]:
@@ -136,7 +143,7 @@ def device_metrics(inventory: Inventory, smi_json: Optional[MxSmiJson], table: O
             bios_version=(js.vbios_version if js is not None and js.vbios_version else
                           (table.bios_version if table is not None else None)),
             pci_events=js.pci_events if js is not None else (),
-            ecc_errors=sum((ecc or {})[gpu.bdf].values()) if gpu.bdf in (ecc or {}) else None))
+            ecc_errors=_ecc_errors((ecc or {}).get(gpu.bdf))))
         for device in inventory.devices:
             if device.gpu_index != gpu.index or not device.is_vf:
                 continue
