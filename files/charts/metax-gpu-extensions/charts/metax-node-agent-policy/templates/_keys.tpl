@@ -10,11 +10,13 @@
         "metax-tech.com/driver.upgrade.message",
         "metax-tech.com/gpu.vfnum.message"
       ],
+      "conditions": [],
       "labels": [
         "metax-tech.com/driver.upgrade-state",
         "metax-tech.com/gpu.driver.mode",
         "metax-tech.com/gpu.vfnum.state"
-      ]
+      ],
+      "taints": []
     },
     "gpu-device": {
       "annotations": [
@@ -22,10 +24,17 @@
         "metax-tech.com/gpu.topology.losses",
         "metax-tech.com/gpu.topology.scores"
       ],
-      "labels": []
+      "conditions": [
+        "MetaXGPUHealthy"
+      ],
+      "labels": [],
+      "taints": [
+        "metax-tech.com/gpu-health"
+      ]
     },
     "gpu-label": {
       "annotations": [],
+      "conditions": [],
       "labels": [
         "metax-tech.com/driver.ready",
         "metax-tech.com/gpu.count",
@@ -39,7 +48,8 @@
         "metax-tech.com/gpu.product",
         "metax-tech.com/gpu.sriov",
         "metax-tech.com/gpu.vfnum"
-      ]
+      ],
+      "taints": []
     }
   },
   "prefix": "metax-tech.com/"
