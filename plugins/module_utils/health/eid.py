@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..gpu.pci import normalize_bdf
+from .signals import EidCounts
 
 # the GPU's address when the line names one (the driver's dev_err lines do), then ``[EID n]`` / ``[SDK EID n]``
 DEFAULT_PATTERN = (r"(?:(?P<bdf>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b.*?)?"
@@ -164,3 +165,35 @@ class LogTail:
 def log_files(root: str, configured: Sequence[str]) -> List[str]:
     """The configured files (relative to the host root) as paths of this process."""
     return [os.path.join(root, rel.lstrip("/")) for rel in configured]
+
+
+class EidTracker:
+    """EID counts per GPU since it started: the kernel log's tail through the pattern.
+
+    An EID naming no GPU of the node (or none at all) counts for every GPU:
+    the log did not say which.
+    """
+
+    def __init__(self, root: str, pattern: str = DEFAULT_PATTERN, files: Sequence[str] = DEFAULT_LOG_FILES) -> None:
+        self.root = root
+        self.pattern = compile_pattern(pattern)
+        self.tail = LogTail(log_files(root, files))
+        self.counts: Dict[str, EidCounts] = {}
+
+    def configure(self, pattern: str, files: Sequence[str]) -> None:
+        """A new pattern or file list; a new list is read from its end again."""
+        self.pattern = compile_pattern(pattern)
+        paths = tuple(log_files(self.root, files))
+        if paths != self.tail.paths:
+            self.tail = LogTail(paths)
+
+    def read(self, bdfs: Sequence[str], problems: Optional[List[str]] = None) -> Dict[str, EidCounts]:
+        for item in parse_lines(self.tail.read(problems), self.pattern, problems):
+            targets = [item.bdf] if item.bdf is not None and item.bdf in bdfs else list(bdfs)
+            for bdf in targets:
+                old = self.counts.get(bdf, EidCounts())
+                if item.sdk:
+                    self.counts[bdf] = EidCounts(old.driver, old.sdk + 1, old.last_driver, item.eid)
+                else:
+                    self.counts[bdf] = EidCounts(old.driver + 1, old.sdk, item.eid, old.last_sdk)
+        return dict(self.counts)

@@ -14,7 +14,6 @@ given are unknown, not 0. Standard library only (node-side).
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -23,7 +22,7 @@ from ..gpu.discovery import MX_SMI
 from ..gpu.model import Inventory
 from ..host import HostRoot, HostRootError
 from . import eid as E
-from .signals import EidCounts, NodeReading, gpu_readings
+from .signals import NodeReading, gpu_readings
 
 _PARSE_FAILURES = (mxsmi.MxSmiParseError, ValueError, IndexError, KeyError, TypeError, AttributeError)
 RETRY_READINGS = 20
@@ -39,18 +38,13 @@ class HealthReader:
         self.host = host
         self.timeout = timeout
         self.clock = clock
-        self.pattern: "re.Pattern[str]" = E.compile_pattern(eid_pattern)
-        self.tail = E.LogTail(E.log_files(host.path, log_files))
+        self.eids = E.EidTracker(host.path, eid_pattern, log_files)
         self._skip: Dict[str, int] = {"-j": 0, "--count-ecc": 0}
-        self._eids: Dict[str, EidCounts] = {}
         self.runs = 0
 
     def configure(self, eid_pattern: str, log_files: Sequence[str]) -> None:
-        """A new pattern or log list (the policy changed): the log is read from its end again."""
-        self.pattern = E.compile_pattern(eid_pattern)
-        paths = tuple(E.log_files(self.host.path, log_files))
-        if paths != self.tail.paths:
-            self.tail = E.LogTail(paths)
+        """A new pattern or log list (the policy changed): a new list is read from its end again."""
+        self.eids.configure(eid_pattern, log_files)
 
     def _run(self, arg: str, deadline: float, problems: List[str]) -> Optional[str]:
         if self._skip[arg] > 0:
@@ -98,19 +92,6 @@ class HealthReader:
             problems.append(str(exc))
             return None
 
-    def _read_eids(self, bdfs: Sequence[str], problems: List[str]) -> Dict[str, EidCounts]:
-        """The kernel log's new EIDs added to the counts; one naming no GPU of the node counts for each."""
-        found = E.parse_lines(self.tail.read(problems), self.pattern, problems)
-        for item in found:
-            targets = [item.bdf] if item.bdf is not None and item.bdf in bdfs else list(bdfs)
-            for bdf in targets:
-                old = self._eids.get(bdf, EidCounts())
-                if item.sdk:
-                    self._eids[bdf] = EidCounts(old.driver, old.sdk + 1, old.last_driver, item.eid)
-                else:
-                    self._eids[bdf] = EidCounts(old.driver + 1, old.sdk, item.eid, old.last_sdk)
-        return dict(self._eids)
-
     def read(self, inventory: Inventory, lost: Sequence[Tuple[str, int]] = ()) -> NodeReading:
         deadline = time.monotonic() + self.timeout
         problems: List[str] = []
@@ -118,6 +99,6 @@ class HealthReader:
         if inventory.gpus and inventory.driver.loaded and inventory.mx_smi_available:
             smi_json = self._json(deadline, problems)
             ecc = self._ecc(deadline, problems)
-        eids = self._read_eids([g.bdf for g in inventory.gpus], problems)
+        eids = self.eids.read([g.bdf for g in inventory.gpus], problems)
         return NodeReading(self.clock(), gpu_readings(inventory, lost, smi_json, ecc, eids),
                            tuple(dict.fromkeys(problems)))
