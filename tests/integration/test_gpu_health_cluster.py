@@ -265,7 +265,10 @@ def test_uncorrectable_ecc_on_one_of_eight_then_quarantine(health_agent, cluster
 
 def test_a_flapping_gpu_makes_one_transition(health_agent):
     agents = health_agent
-    agents.set_policy({"holdOffSeconds": 60, "recoveryReadings": 2})
+    # the default gpu-not-available row recovers at once, as the device plugin always did: a row of
+    # the administrator's without its own hold-off takes the policy's
+    agents.set_policy({"holdOffSeconds": 60, "recoveryReadings": 2, "rules": [
+        {"signal": "gpu-not-available", "threshold": 1, "severity": "critical", "action": "device-unhealthy"}]})
     healthy_again(agents, timeout=60)
     host = agents.sim()
     since = time.time()

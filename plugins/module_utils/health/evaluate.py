@@ -13,7 +13,7 @@ timing is testable.
   later is an ``escalated`` transition; a weaker one changes nothing.
 - It stays failing -- a flapping GPU is held, not toggled -- until
   ``recoveryReadings`` clean readings in a row **and** ``holdOffSeconds``
-  since its last bad one: then one ``recovered`` transition, which carries the
+  since its last bad one (the row's own when it has them, else the policy's): then one ``recovered`` transition, which carries the
   time out of service.
 - A signal a reading does not know (absent: its source did not answer) is no
   news: it neither fails nor counts as clean.
@@ -171,8 +171,12 @@ class Evaluator:
                                                       detail=detail))
                 elif track.rule is not None:
                     track.clean += 1
-                    held_long_enough = at - track.last_bad >= self.policy.hold_off_seconds
-                    if track.clean >= self.policy.recovery_readings and held_long_enough:
+                    held = self.policy_rule(track.rule)
+                    hold_off = held.hold_off_seconds if held.hold_off_seconds is not None \
+                        else self.policy.hold_off_seconds
+                    readings = held.recovery_readings if held.recovery_readings is not None \
+                        else self.policy.recovery_readings
+                    if track.clean >= readings and at - track.last_bad >= hold_off:
                         transitions.append(Transition(RECOVERED, gpu.bdf, gpu.index, signal, track.rule, value, at,
                                                       out_of_service=at - track.since, detail=track.detail))
                         track.rule, track.clean, track.detail = None, 0, ""

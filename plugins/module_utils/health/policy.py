@@ -22,6 +22,7 @@ chart (``gpuDevice.healthPolicy``) or the ClusterOperator's
         severity: critical       # info | warning | critical
         action: device-unhealthy # observe | node-condition | device-unhealthy | quarantine
         # effect: NoSchedule     # quarantine only: NoSchedule | NoExecute
+        # holdOffSeconds, recoveryReadings: this row's own (default: the policy's)
 
 Actions are cumulative, weakest first: ``observe`` (a metric and an Event),
 ``node-condition`` (also the node's MetaXGPUHealthy condition turns False),
@@ -79,6 +80,9 @@ class Rule:
     window_seconds: int = DEFAULT_WINDOW
     effect: Optional[str] = None          # quarantine only
     remediate: bool = False               # the ladder (not shipped: see the module's doc)
+    # this row's own hold-off and clean readings (None: the policy's)
+    hold_off_seconds: Optional[int] = None
+    recovery_readings: Optional[int] = None
 
     @property
     def strength(self) -> Tuple[int, int, int]:
@@ -105,20 +109,24 @@ class Policy:
 
 
 def _r(signal: str, severity: str, action: str, threshold: Optional[int] = None, rate: Optional[int] = None,
-       window: int = DEFAULT_WINDOW) -> Rule:
-    return Rule(signal, severity, action, threshold=threshold, rate=rate, window_seconds=window)
+       window: int = DEFAULT_WINDOW, hold_off: Optional[int] = None, readings: Optional[int] = None) -> Rule:
+    return Rule(signal, severity, action, threshold=threshold, rate=rate, window_seconds=window,
+                hold_off_seconds=hold_off, recovery_readings=readings)
 
 
 # The shipped table. Nothing quarantines by default: a cluster opts in per row.
-# What the device plugin always did stays: a GPU off the bus, unbound, without
-# its driver or reported not available leaves Allocatable; an mx-smi that does
-# not answer says nothing about the GPUs (it never made them unhealthy).
+# What the device plugin always did stays, to the reading: a GPU off the bus,
+# unbound, without its driver or reported not available leaves Allocatable and
+# comes back at the first clean reading (no hold-off: those rows say so); an
+# mx-smi that does not answer says nothing about the GPUs (it never made them
+# unhealthy).
+_AS_BEFORE = {"hold_off": 0, "readings": 1}
 DEFAULT_RULES: Tuple[Rule, ...] = (
-    _r("gpu-lost", CRITICAL, DEVICE_UNHEALTHY, threshold=1),
-    _r("driver-not-loaded", CRITICAL, DEVICE_UNHEALTHY, threshold=1),
-    _r("driver-unbound", CRITICAL, DEVICE_UNHEALTHY, threshold=1),
-    _r("mx-smi-unresponsive", WARNING, NODE_CONDITION, threshold=1),
-    _r("gpu-not-available", CRITICAL, DEVICE_UNHEALTHY, threshold=1),
+    _r("gpu-lost", CRITICAL, DEVICE_UNHEALTHY, threshold=1, **_AS_BEFORE),
+    _r("driver-not-loaded", CRITICAL, DEVICE_UNHEALTHY, threshold=1, **_AS_BEFORE),
+    _r("driver-unbound", CRITICAL, DEVICE_UNHEALTHY, threshold=1, **_AS_BEFORE),
+    _r("mx-smi-unresponsive", WARNING, NODE_CONDITION, threshold=1, **_AS_BEFORE),
+    _r("gpu-not-available", CRITICAL, DEVICE_UNHEALTHY, threshold=1, **_AS_BEFORE),
     # data was lost: the GPU must not take new work until its memory is reset
     _r("ecc-dram-uncorrectable", CRITICAL, DEVICE_UNHEALTHY, threshold=1),
     _r("ecc-sram-uncorrectable", CRITICAL, DEVICE_UNHEALTHY, threshold=1),
@@ -159,6 +167,10 @@ def validate_rule(rule: Rule) -> None:
             raise PolicyError("%s: %s must be 1 or more, not %d" % (where, name, value))
     if rule.window_seconds < 1:
         raise PolicyError("%s: windowSeconds must be 1 or more" % where)
+    if rule.hold_off_seconds is not None and rule.hold_off_seconds < 0:
+        raise PolicyError("%s: holdOffSeconds must be 0 or more" % where)
+    if rule.recovery_readings is not None and rule.recovery_readings < 1:
+        raise PolicyError("%s: recoveryReadings must be 1 or more" % where)
     if rule.action == QUARANTINE:
         if rule.effect not in EFFECTS:
             raise PolicyError("%s: a quarantine needs effect NoSchedule or NoExecute, not %r" % (where, rule.effect))
@@ -180,7 +192,8 @@ def _int(doc: Mapping[str, Any], key: str, where: str, default: Optional[int]) -
     return value
 
 
-RULE_KEYS = frozenset({"signal", "severity", "action", "threshold", "rate", "windowSeconds", "effect", "remediate"})
+RULE_KEYS = frozenset({"signal", "severity", "action", "threshold", "rate", "windowSeconds", "effect", "remediate",
+                       "holdOffSeconds", "recoveryReadings"})
 POLICY_KEYS = frozenset({"holdOffSeconds", "recoveryReadings", "eid", "rules"})
 
 
@@ -204,7 +217,9 @@ def parse_rule(doc: Any, index: int, allow_remediation: bool = False) -> Rule:
     rule = Rule(signal=doc["signal"], severity=doc["severity"], action=doc["action"],
                 threshold=_int(doc, "threshold", where, None), rate=_int(doc, "rate", where, None),
                 window_seconds=_int(doc, "windowSeconds", where, DEFAULT_WINDOW) or 0,
-                effect=doc.get("effect"), remediate=remediate)
+                effect=doc.get("effect"), remediate=remediate,
+                hold_off_seconds=_int(doc, "holdOffSeconds", where, None),
+                recovery_readings=_int(doc, "recoveryReadings", where, None))
     try:
         validate_rule(rule)
     except PolicyError as exc:
@@ -271,6 +286,10 @@ def policy_document(policy: Policy = DEFAULT_POLICY) -> Dict[str, Any]:
             row["effect"] = rule.effect
         if rule.remediate:
             row["remediate"] = True
+        if rule.hold_off_seconds is not None:
+            row["holdOffSeconds"] = rule.hold_off_seconds
+        if rule.recovery_readings is not None:
+            row["recoveryReadings"] = rule.recovery_readings
         rows.append(row)
     return {"holdOffSeconds": policy.hold_off_seconds, "recoveryReadings": policy.recovery_readings,
             "eid": {"pattern": policy.eid_pattern, "logFiles": list(policy.log_files)}, "rules": rows}

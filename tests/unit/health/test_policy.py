@@ -118,11 +118,27 @@ def test_a_flapping_gpu_makes_one_transition_within_the_hold_off():
     ev = evaluator(hold_off_seconds=60, recovery_readings=2)
     kinds = []
     for t, state in enumerate([0, 1, 0, 1, 0, 1, 0, 0]):
-        kinds += [x.kind for x in ev.evaluate(reading(t * 5, a={"gpu-not-available": state})).transitions]
+        kinds += [x.kind for x in ev.evaluate(reading(t * 5, a={"pci-aer-ue": state})).transitions]
     assert kinds == [FAILING]
     # held until 60 s after the last bad reading (t=25) and 2 clean readings
-    assert ev.evaluate(reading(80, a={"gpu-not-available": 0})).transitions == ()
-    assert [t.kind for t in ev.evaluate(reading(85, a={"gpu-not-available": 0})).transitions] == [RECOVERED]
+    assert ev.evaluate(reading(80, a={"pci-aer-ue": 0})).transitions == ()
+    assert [t.kind for t in ev.evaluate(reading(85, a={"pci-aer-ue": 0})).transitions] == [RECOVERED]
+
+
+def test_the_four_old_checks_recover_at_the_first_clean_reading_as_before_unless_a_row_says_otherwise():
+    ev = evaluator(hold_off_seconds=300, recovery_readings=3)
+    ev.evaluate(reading(0, a={"gpu-not-available": 1, "gpu-lost": 0}))
+    assert [t.kind for t in ev.evaluate(reading(5, a={"gpu-not-available": 0})).transitions] == [RECOVERED]
+    mine = P.parse_policy({"holdOffSeconds": 300, "rules": [
+        {"signal": "gpu-not-available", "threshold": 1, "severity": "critical", "action": "device-unhealthy"},
+        {"signal": "gpu-lost", "threshold": 1, "severity": "critical", "action": "device-unhealthy",
+         "holdOffSeconds": 10, "recoveryReadings": 2}]})
+    ev = Evaluator(mine)
+    ev.evaluate(reading(0, a={"gpu-not-available": 1, "gpu-lost": 1}))
+    d = ev.evaluate(reading(5, a={"gpu-not-available": 0, "gpu-lost": 0}))
+    d = ev.evaluate(reading(15, a={"gpu-not-available": 0, "gpu-lost": 0}))
+    assert [(t.kind, t.signal) for t in d.transitions] == [(RECOVERED, "gpu-lost")]       # its own 10 s, 2 readings
+    assert [f.signal for f in d.findings] == ["gpu-not-available"]                        # the policy's 300 s
 
 
 def test_informational_events_never_quarantine_and_observe_rows_only_observe():
