@@ -278,3 +278,20 @@ def test_no_write_before_the_api_side_and_a_failing_write_is_retried(make_node):
     api.fail = None
     monitor.step(discover(host, topology=False))
     assert monitor.write_error is None and api.condition()["status"] == "True"
+
+
+def test_a_held_gpu_takes_its_vfs_out_and_gives_them_back(make_node):
+    host = make_node("2xC550-sriov")
+    pf = generator.load_state(host)["gpus"][0]["bdf"]
+    host.write_attribute("sys/bus/pci/devices/%s/sriov_numvfs" % pf, "4")
+    agent = agent_on(host)
+    snap = agent.state.snapshot()
+    assert len(snap.devices) == 5 and len(snap.healthy_ids) == 5          # 4 VFs and the other PF
+    assert agent.state.hold(frozenset({pf}))
+    held = agent.state.snapshot()
+    assert sorted(d.id for d in held.devices if not d.healthy) == sorted(d.id for d in held.devices if d.gpu_bdf == pf)
+    assert not agent.state.hold(frozenset({pf}))                            # nothing changes twice
+    agent.state.refresh()
+    assert len(agent.state.snapshot().healthy_ids) == 1                    # a rescan keeps them held
+    assert agent.state.hold(frozenset())
+    assert len(agent.state.snapshot().healthy_ids) == 5
