@@ -378,3 +378,21 @@ def test_the_health_policy_reaches_gpu_device_as_its_configmap():
     bad = {"rules": [{"signal": "pci-aer-ce", "rate": 1, "severity": "info", "action": "quarantine", "effect": "NoSchedule"}]}
     rc, objects, err = render(HELM, dict(VALUE_SETS["extender"], gpuDevice={"healthyInterval": 5, "healthPolicy": bad}))
     assert rc != 0 and "healthPolicy" in err
+
+
+def test_gpu_exporter_reads_eids_as_the_health_policy_says():
+    pattern = r'mxgpu (?P<bdf>\S+) err=(?P<eid>\d+) "x"'
+    values = dict(VALUE_SETS["extender"], gpuExporter={"enabled": True},
+                  gpuDevice={"healthyInterval": 5, "healthPolicy": {"eid": {"pattern": pattern,
+                                                                            "logFiles": ["var/log/syslog"]}}})
+    rc, objects, err = render(HELM, values)
+    assert rc == 0, err
+    args = by_kind_name(objects)[("DaemonSet", names.DAEMONSET_GPU_EXPORTER)]["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert "--eid-pattern=" + pattern in args and "--kernel-log=var/log/syslog" in args
+    parsed = gpu_exporter.build_parser().parse_args([a for a in args if a.startswith(("--eid", "--kernel"))])
+    assert parsed.eid_pattern == pattern and parsed.kernel_log == ["var/log/syslog"]
+    rc, objects, err = render(HELM, dict(VALUE_SETS["extender"], gpuExporter={"enabled": True}))
+    args = by_kind_name(objects)[("DaemonSet", names.DAEMONSET_GPU_EXPORTER)]["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert not [a for a in args if a.startswith(("--eid", "--kernel"))]      # the defaults, as gpu-device's
