@@ -43,6 +43,12 @@ ANNOTATION_SCORES = PREFIX + "gpu.topology.scores"
 ANNOTATION_LOSSES = PREFIX + "gpu.topology.losses"
 ANNOTATION_DEVICES = PREFIX + "gpu.devices"
 ANNOTATION_KEYS = (ANNOTATION_SCORES, ANNOTATION_LOSSES, ANNOTATION_DEVICES)
+# GPU health (issue 42, docs/health.md), written by gpu-device: the node condition
+# (failing GPUs and signals in its message), the quarantine taint a policy row may
+# ask for, and the ConfigMap holding the cluster's health policy table.
+CONDITION_GPU_HEALTHY = "MetaXGPUHealthy"
+TAINT_GPU_HEALTH = PREFIX + "gpu-health"
+HEALTH_POLICY_CONFIGMAP = "metax-gpu-health-policy"
 
 # Label on every Lease of a slot pool (kube/slots.py): one list call sees the pool.
 LABEL_SLOT_POOL = PREFIX + "slot-pool"
@@ -132,7 +138,9 @@ DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_A
 # are in no row: the operator-controller sets them (component contract), so
 # the policy refuses them to every agent (docs/security.md).
 NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
-    "gpu-device": {"labels": (), "annotations": ANNOTATION_KEYS},
+    "gpu-device": {"labels": (), "annotations": ANNOTATION_KEYS,
+                   # status.conditions of this type, spec.taints of this key (issue 42)
+                   "conditions": (CONDITION_GPU_HEALTHY,), "taints": (TAINT_GPU_HEALTH,)},
     "gpu-label": {"labels": GPU_LABEL_KEYS, "annotations": ()},
     # driver-manager (GPU Operator driver component): whose driver it is, the
     # vfnum state of driver-config's entry (set_vfnum.yml's vocabulary), and

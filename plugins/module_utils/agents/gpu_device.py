@@ -23,6 +23,12 @@ with device nodes, the MACA mount and its environment; ``auto`` (the default)
 picks ``cdi`` when the node's runtime reads CDI (``cdi.mode``), judged from
 the Node's ``status.nodeInfo.containerRuntimeVersion`` and the runtime's
 configuration under the host root.
+
+``--health-policy`` (docs/health.md): every health reading also goes through
+the health policy (``health/``): ECC, PCI events, RAS, MetaXLink AER, EIDs
+and the GPU state besides the four checks; the GPUs a row holds out leave
+Allocatable, and the node's ``MetaXGPUHealthy`` condition, the quarantine
+taint and an Event per transition tell the cluster.
 """
 
 from __future__ import annotations
@@ -50,7 +56,10 @@ from ..cdi.mode import MODE_AUTO, MODE_CDI, MODE_DEVICES, MODES, Decision, conta
 from ..cdi.writer import MACA_ROOT
 from ..host import HostRoot, HostRootError
 from ..names import CDI_SPEC_DIR
-from ..names import RESOURCE_NAME
+from ..names import NAMESPACE, RESOURCE_NAME
+from ..health.monitor import HealthMonitor
+from ..health.node import NodeHealthWriter
+from ..kube.client import core_v1
 from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, node_runtime_version,
                      non_negative_int, positive_float, process_age, run_main, setup_logging, stop_event, tcp_port)
 
@@ -88,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where the node's CDI spec is written in CDI mode (default %(default)s)")
     parser.add_argument("--maca-root", default=MACA_ROOT,
                         help="the host's MXMACA, under the host root ('' = devices only; default %(default)s)")
+    parser.add_argument("--health-policy", default="",
+                        help="the health policy, a JSON file (the chart's ConfigMap; '' or absent: the shipped "
+                             "defaults; read again when it changes; docs/health.md)")
+    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", NAMESPACE),
+                        help="namespace of the health Events (default: $POD_NAMESPACE, else %(default)s)")
     parser.add_argument("--resource-name", default=RESOURCE_NAME, help=argparse.SUPPRESS)
     return parser
 
@@ -131,6 +145,7 @@ class ApiSide:
     patch: Optional[Callable[..., Any]] = None
     read: Optional[Callable[..., Any]] = None
     decide: Optional[Callable[[], str]] = None
+    health_writer: Optional[NodeHealthWriter] = None     # the node's health condition, taint and Events
 
 
 class GpuDeviceAgent:
@@ -146,7 +161,7 @@ class GpuDeviceAgent:
                  pod_resources_interval: float = 2.0, patch=None, stop: Optional[threading.Event] = None,
                  resource_name: str = RESOURCE_NAME, metrics: Optional[DevicePluginMetrics] = None,
                  mode: Optional[str] = MODE_DEVICES, spec_sync: Optional[SpecSync] = None, read=None,
-                 connect: Optional[Callable[[], ApiSide]] = None) -> None:
+                 connect: Optional[Callable[[], ApiSide]] = None, health_policy: Optional[str] = None) -> None:
         self.host = host
         self.dir = device_plugin_dir
         self.kubelet_socket = os.path.join(device_plugin_dir, C.KUBELET_SOCKET_NAME)
@@ -157,6 +172,8 @@ class GpuDeviceAgent:
         self.stop = stop or threading.Event()
         self.metrics = metrics or DevicePluginMetrics()
         self.state = DeviceState(host, check_health=healthy_interval > 0)
+        # the health policy on top of the four checks (health/monitor.py); off with the checks
+        self.health_monitor = HealthMonitor(host, health_policy) if healthy_interval > 0 else None
         # devices mode still needs the host's MACA (its mount); only CDI mode writes the spec
         self.spec_sync = spec_sync or SpecSync(host, maca_root=None)
         self.service = DevicePluginService(self.state, host, self.metrics, mode, self.spec_sync)
@@ -187,6 +204,8 @@ class GpuDeviceAgent:
         self._connect = None
         if side.patch is not None:
             self._publish(side.patch, side.read)
+        if side.health_writer is not None and self.health_monitor is not None:
+            self.health_monitor.attach(side.health_writer)
         if side.decide is not None:
             decide = side.decide
             self._start_thread(lambda: self.set_mode(decide()), "mode")
@@ -250,11 +269,19 @@ class GpuDeviceAgent:
         while not self.stop.wait(self.healthy_interval):
             before = self.state.snapshot()
             changed = self.state.refresh()
+            changed = self.apply_health_policy() or changed
             self._report_warnings()
             if changed:
                 self._devices_changed(before)
             # every scan, not only on a change of the list: a MACA switch changes no device
             self.sync_spec()
+
+    def apply_health_policy(self) -> bool:
+        """The policy's reading after a scan: GPUs it holds leave Allocatable; True when the list changed."""
+        if self.health_monitor is None or self.state.latest is None:
+            return False
+        decision = self.health_monitor.step(self.state.latest, self.state.lost_gpus())
+        return self.state.hold(decision.unhealthy_gpus)
 
     def pod_resources_loop(self) -> None:
         socket_path = self.pod_resources_socket
@@ -411,11 +438,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # after the first registration (GpuDeviceAgent.run): CoreV1Api alone imports seconds of
         # kubernetes models on a loaded node, and the Node read may wait for the apiserver
         return ApiSide(kube_node_patcher(client, args.node_name), kube_node_annotations(client, args.node_name),
-                       decide if mode is None else None)
+                       decide if mode is None else None,
+                       NodeHealthWriter(core_v1(client), args.node_name, args.namespace, time.time))
     spec_sync = SpecSync(host, args.cdi_spec_dir, args.maca_root or None)
     agent = GpuDeviceAgent(host, args.device_plugin_dir, args.healthy_interval, args.pod_resources_socket,
                            args.pod_resources_interval, stop=stop, resource_name=args.resource_name,
-                           mode=mode, spec_sync=spec_sync, connect=connect if client is not None else None)
+                           mode=mode, spec_sync=spec_sync, connect=connect if client is not None else None,
+                           health_policy=args.health_policy or None)
     metrics_server = None
     if args.metrics_port:
         try:

@@ -36,6 +36,7 @@ from typing import Callable, Mapping, Optional, Sequence, Tuple
 from ..kubelet import constants as C
 from ..deviceplugin.metrics import MetricsServer
 from ..kubelet.podresources import HAS_GRPC, PodResourcesClient
+from ..health.eid import DEFAULT_LOG_FILES, DEFAULT_PATTERN, EidTracker, PatternError
 from ..exporter.cache import SharedReading
 from ..exporter.collect import NodeReader
 from ..exporter.readings import Owner, Reading
@@ -71,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "previous one (default: the mx-smi timeout + 1, at most 10)")
     parser.add_argument("--pod-resources-socket", default=C.POD_RESOURCES_SOCKET,
                         help="the kubelet's pod-resources socket; '' = no pod labels (default %(default)s)")
+    parser.add_argument("--eid-pattern", default=DEFAULT_PATTERN,
+                        help="the EID pattern of the kernel log: a regex with (?P<eid>...), optionally (?P<bdf>...) "
+                             "and (?P<sdk>...) (default: the simulator's form; docs/health.md)")
+    parser.add_argument("--kernel-log", action="append", default=None,
+                        help="kernel log file under the host root, repeatable; the first that exists is read "
+                             "(default: %s; '' turns EIDs off)" % ", ".join(DEFAULT_LOG_FILES))
     parser.add_argument("--resource-name", default=RESOURCE_NAME, help=argparse.SUPPRESS)
     return parser
 
@@ -128,7 +135,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         allocations = pod_resources_reader(args.pod_resources_socket, args.resource_name)
     elif args.pod_resources_socket:
         LOG.warning("grpcio and protobuf are missing (requirements/agents.txt): no namespace/pod/container labels")
-    exporter = Exporter(NodeReader(host, read_timeout, allocations), node, args.interval, wait)
+    files = [f for f in (args.kernel_log if args.kernel_log is not None else DEFAULT_LOG_FILES) if f]
+    try:
+        eids = EidTracker(host.path, args.eid_pattern, files) if files else None
+    except PatternError as exc:
+        raise UsageError("--eid-pattern: %s" % exc)
+    exporter = Exporter(NodeReader(host, read_timeout, allocations, eids=eids), node, args.interval, wait)
     try:
         server = MetricsServer(exporter, args.address, args.port, exporter.health)
     except OSError as exc:

@@ -47,7 +47,8 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
     {"spec": "labelgen", "values": "gpuLabel", "image": "gpu-label", "deployValue": None,
      "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
     {"spec": "devicePlugin", "values": "gpuDevice", "image": "gpu-device", "deployValue": None,
-     "fields": ["deploy", "healthyInterval", "cdiMode", "resources", "podTemplateSpec"], "registryDefaults": []},
+     "fields": ["deploy", "healthyInterval", "cdiMode", "healthPolicy", "resources", "podTemplateSpec"],
+     "registryDefaults": []},
     {"spec": "gpuAware", "values": "gpuAware", "image": "gpu-aware", "deployValue": "deployExtenderGPUAware",
      "fields": ["scoreWeight", "lossWeight", "resources", "podTemplateSpec"], "registryDefaults": []},
     # extra (the real product's CR has it, the manual not): gpu-exporter, default off
@@ -211,7 +212,9 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
         "pullPolicy": _image(device, "gpu-device")["pullPolicy"],
         "log": dict(DEFAULT_LOG),
         "gpuDevice": {"healthyInterval": device.get("healthyInterval", 5), "cdiMode": device.get("cdiMode", "auto"),
-                      "log": merged_log(None, device.get("log"))},
+                      "log": merged_log(None, device.get("log")),
+                      # the health policy section (docs/health.md): rendered into gpu-device's ConfigMap
+                      "healthPolicy": copy.deepcopy(device.get("healthPolicy") or {})},
         # with the driver component, driver.ready is the controller's and gpu.driver.mode
         # driver-manager's: gpu-label writes neither (one writer per key)
         "gpuLabel": {"log": merged_log(None, label.get("log")),

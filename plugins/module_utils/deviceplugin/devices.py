@@ -17,6 +17,10 @@ loaded and ``mx-smi`` reports it available (``gpu.discovery``). It becomes
 Healthy again when that holds again. With the interval at 0 health is not
 checked and every device found at start is advertised Healthy.
 
+On top of that, the health policy (``health/``, docs/health.md) may hold
+GPUs out (:meth:`DeviceState.hold`): their devices are advertised Unhealthy
+until the policy lets them go.
+
 Pure bookkeeping plus one call into discovery; no gRPC here.
 """
 
@@ -27,7 +31,7 @@ import threading
 import time
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from ..gpu.discovery import DiscoveryError, discover
 from ..gpu.model import Device, Inventory
@@ -99,6 +103,8 @@ class DeviceState:
         # about mx-smi output that was not understood (a subset)
         self.warnings: Tuple[str, ...] = ()
         self.unparsed: Tuple[str, ...] = ()
+        self.latest: Optional[Inventory] = None     # the latest successful scan (the health policy reads it)
+        self._held: FrozenSet[str] = frozenset()     # GPU addresses the health policy holds out
 
     # -- scanning -----------------------------------------------------
     def _scan(self, topology: bool) -> Inventory:
@@ -150,6 +156,7 @@ class DeviceState:
             else:
                 updated = self._merge(light, first)
                 self._inventory = full
+                self.latest = light
                 extra = full.warnings if full is not None else ()
                 self.warnings = light.warnings + tuple(w for w in extra if w not in light.warnings)
                 unparsed = set(light.unparsed) | set(full.unparsed if full is not None else ())
@@ -171,7 +178,7 @@ class DeviceState:
         healthy_default = not self.check_health
         out: Dict[str, Advertised] = {}
         for dev in inv.devices:
-            healthy = True if (first and healthy_default) else dev.healthy
+            healthy = True if (first and healthy_default) else dev.healthy and gpu_of[dev.id] not in self._held
             out[dev.id] = Advertised(dev.id, healthy, dev.numa_node, gpu_of[dev.id], dev)
         for dev_id, old in self._known.items():
             if dev_id in out:
@@ -182,6 +189,33 @@ class DeviceState:
                 continue
             out[dev_id] = _replace(old, healthy=False, device=None)
         return out
+
+    def hold(self, gpus: FrozenSet[str]) -> bool:
+        """Advertise the devices of these GPUs (PCI addresses) Unhealthy, and release the others the
+        policy held; True when the advertised list changed (the kubelet must hear of it)."""
+        with self._cond:
+            if gpus == self._held:
+                return False
+            self._held = frozenset(gpus)
+            before = self._known
+            self._known = {i: _replace(a, healthy=(a.device is not None and a.device.healthy
+                                                   and a.gpu_bdf not in self._held))
+                           if a.device is not None else a for i, a in before.items()}
+            changed = self._known != before
+            if changed:
+                self._version += 1
+                self._cond.notify_all()
+            return changed
+
+    def lost_gpus(self) -> List[Tuple[str, int]]:
+        """(address, position) of each GPU whose devices are still advertised but gone from the bus."""
+        with self._cond:
+            seen: Dict[str, int] = {}
+            for pos, dev_id in enumerate(self._order):
+                adv = self._known[dev_id]
+                if adv.device is None and adv.gpu_bdf not in seen:
+                    seen[adv.gpu_bdf] = pos
+            return sorted(seen.items(), key=lambda kv: kv[1])
 
     # -- reading ------------------------------------------------------
     def snapshot(self) -> Snapshot:

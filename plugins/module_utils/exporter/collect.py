@@ -25,6 +25,7 @@ from ..gpu import mxsmi, mxsmi_json, pci
 from ..gpu.discovery import DRIVER_MODULE, MX_SMI, DiscoveryError, discover
 from ..gpu.model import Inventory
 from ..host import HostRoot, HostRootError
+from ..health.eid import EidTracker
 from .readings import Owner, Reading, device_metrics, driver_version
 
 LOG = logging.getLogger("gpu-exporter.collect")
@@ -72,8 +73,10 @@ class NodeReader:
 
     def __init__(self, host: HostRoot, timeout: float,
                  allocations: Optional[Callable[[], Mapping[str, Owner]]] = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, eids: Optional[EidTracker] = None) -> None:
         self.host = host
+        # EIDs from the kernel log (docs/health.md); None: not read
+        self.eids = eids
         self.timeout = timeout
         self.allocations = allocations
         self.clock = clock
@@ -215,7 +218,10 @@ class NodeReader:
             if smi_json is not None or table is not None:
                 self._read_ecc(deadline, problems)
         owners, pod_resources_ok = self._owners(problems)
-        devices = device_metrics(inventory, smi_json, table, owners, self.ecc) if inventory is not None else ()
+        eids = None
+        if self.eids is not None and inventory is not None:
+            eids = self.eids.read([g.bdf for g in inventory.gpus], problems)
+        devices = device_metrics(inventory, smi_json, table, owners, self.ecc, eids) if inventory is not None else ()
         source = "+".join(name for name, part in (("json", smi_json), ("table", table)) if part) or "none"
         ok = smi_json is not None or table is not None
         self._log(problems)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from ..gpu.mxsmi import ECC_ERROR_KEYS
 from .readings import DeviceMetrics, Reading
 
 Labels = Tuple[Tuple[str, str], ...]
@@ -97,6 +98,32 @@ MX_FAMILIES: Tuple[MxFamily, ...] = (
     MxFamily("mx_ecc_error_count", "gauge", "Total ECC errors", "errors",
              "`--count-ecc`: SRAM and DRAM, correctable and uncorrectable, summed (run every 4th reading)",
              lambda d: _one(d.ecc_errors)),
+    # health signals (docs/health.md): what gpu-device's health policy reads, per GPU
+    MxFamily("mx_ecc_error_detail", "gauge", "ECC errors by memory (sram, dram) and type (ce, ue)", "errors",
+             "`--count-ecc`: each of SRAM/DRAM Correctable/Uncorrectable",
+             lambda d: [((("memory", k.split("_")[0]), ("type", "ce" if k.endswith("_correctable") else "ue")),
+                         float(v)) for k, v in d.ecc if k in ECC_ERROR_KEYS]),
+    MxFamily("mx_retired_pages", "gauge", "Device memory pages retired, by cause (dbe: double-bit ECC)", "pages",
+             "`--count-ecc` Retired Pages",
+             lambda d: [((("type", k[len("retired_"):]),), float(v)) for k, v in d.ecc if k.startswith("retired_")]),
+    MxFamily("mx_ras_count", "gauge", "RAS errors summed over the GPU's blocks, by type (uncorrected, corrected)",
+             "errors", "`-j` ras_count",
+             lambda d: [((("type", t),), float(v)) for t, v in (("uncorrected", d.ras_uncorrected),
+                                                                 ("corrected", d.ras_corrected)) if v is not None]),
+    MxFamily("mx_mxlk_aer_count", "gauge", "MetaXLink AER errors per link, by type (ce, ue)", "errors",
+             "`-j` mxlk_aer_count (the simulator's form: docs/health.md)",
+             lambda d: [((("mxlkId", link), ("type", t)), float(v)) for link, ce, ue in d.mxlk_aer
+                        for t, v in (("ce", ce), ("ue", ue))]),
+    MxFamily("mx_driver_eid_errors", "gauge", "The last driver error id (EID) in the kernel log (0: none seen)", "EID",
+             "the kernel log, read from gpu-exporter's start (eid pattern: docs/health.md)",
+             lambda d: _one(None if d.eids is None else float(d.eids.last_driver or 0))),
+    MxFamily("mx_sdk_eid_errors", "gauge", "The last SDK error id (EID) in the kernel log (0: none seen)", "EID",
+             "the kernel log, as mx_driver_eid_errors",
+             lambda d: _one(None if d.eids is None else float(d.eids.last_sdk or 0))),
+    MxFamily("mx_driver_eid_count", "gauge", "Driver EIDs seen in the kernel log since gpu-exporter started",
+             "EIDs", "the kernel log", lambda d: _one(None if d.eids is None else float(d.eids.driver))),
+    MxFamily("mx_sdk_eid_count", "gauge", "SDK EIDs seen in the kernel log since gpu-exporter started",
+             "EIDs", "the kernel log", lambda d: _one(None if d.eids is None else float(d.eids.sdk))),
     MxFamily("mx_device_type", "gauge", "1, with the GPU's chip name in deviceType", "1",
              "discovery's product (the chip name, as gpu.product)",
              lambda d: [((("deviceType", d.product),), 1.0)] if d.product else []),

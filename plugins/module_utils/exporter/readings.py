@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
 from ..gpu.model import Inventory
-from ..gpu.mxsmi import GpuSample, MxSmiTable
+from ..gpu.mxsmi import ECC_ERROR_KEYS, GpuSample, MxSmiTable
 from ..gpu.mxsmi_json import JsonDevice, MxSmiJson
+from ..health.signals import EidCounts
 
 MIB = 1024 * 1024
 Owner = Tuple[str, str, str]     # namespace, pod, container
@@ -50,6 +51,13 @@ class DeviceMetrics:
     bios_version: Optional[str] = None
     pci_events: Tuple[Tuple[str, int], ...] = ()
     ecc_errors: Optional[int] = None           # ``--count-ecc``: SRAM and DRAM, correctable and not
+    # health signals (docs/health.md): ``--count-ecc`` per kind (ECC_ERROR_KEYS and retired_*),
+    # ``-j`` RAS and MetaXLink AER per link (link, ce, ue), EIDs from the kernel log
+    ecc: Tuple[Tuple[str, int], ...] = ()
+    ras_uncorrected: Optional[int] = None
+    ras_corrected: Optional[int] = None
+    mxlk_aer: Tuple[Tuple[str, int, int], ...] = ()
+    eids: Optional[EidCounts] = None
 
 
 @dataclass(frozen=True)
@@ -85,9 +93,17 @@ def _mib(value: Optional[int]) -> Optional[int]:
     return None if value is None else value * MIB
 
 
+def _ecc_errors(counts: Optional[Mapping[str, int]]) -> Optional[int]:
+    """SRAM and DRAM errors, correctable and not (retired pages are not errors)."""
+    if counts is None:
+        return None
+    return sum(counts.get(key, 0) for key in ECC_ERROR_KEYS)
+
+
 def device_metrics(inventory: Inventory, smi_json: Optional[MxSmiJson], table: Optional[MxSmiTable],
                    owners: Mapping[str, Owner],
-                   ecc: Optional[Mapping[str, Mapping[str, int]]] = None) -> Tuple[DeviceMetrics, ...]:
+                   ecc: Optional[Mapping[str, Mapping[str, int]]] = None,
+                   eids: Optional[Mapping[str, EidCounts]] = None) -> Tuple[DeviceMetrics, ...]:
     """One entry per GPU and per VF of ``inventory``, PF first then its VFs, in discovery order.
 
     A GPU that a complete mx-smi answer does not list, or lists as
@@ -136,7 +152,12 @@ def device_metrics(inventory: Inventory, smi_json: Optional[MxSmiJson], table: O
             bios_version=(js.vbios_version if js is not None and js.vbios_version else
                           (table.bios_version if table is not None else None)),
             pci_events=js.pci_events if js is not None else (),
-            ecc_errors=sum((ecc or {})[gpu.bdf].values()) if gpu.bdf in (ecc or {}) else None))
+            ecc_errors=_ecc_errors((ecc or {}).get(gpu.bdf)),
+            ecc=tuple(sorted(((ecc or {}).get(gpu.bdf) or {}).items())),
+            ras_uncorrected=js.ras_uncorrected if js is not None else None,
+            ras_corrected=js.ras_corrected if js is not None else None,
+            mxlk_aer=js.mxlk_aer if js is not None else (),
+            eids=(eids.get(gpu.bdf, EidCounts()) if eids is not None else None)))
         for device in inventory.devices:
             if device.gpu_index != gpu.index or not device.is_vf:
                 continue

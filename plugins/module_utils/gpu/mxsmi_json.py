@@ -12,6 +12,15 @@ numbers (``"utilization": 0``); both are read. Board power is per rail
 for a usable GPU. The JSON has no memory and no process list: gpu-exporter
 reads those from the table.
 
+Health (docs/health.md): ``pci_event_info`` lists events per kind (their
+count is read); ``ras_count`` holds ``uncorrected_error`` and
+``corrected_error`` objects, empty in the real capture: a non-empty one is
+read as ``{"<block>": <count>}`` (the simulator's form, no real capture) and
+its counts summed. MetaXLink AER counts per link are read from a key naming
+``mxlk`` (or ``metaxlink``) and ``aer``, as ``{"<link>": {"ce": n, "ue": n}}``
+(the simulator's ``mxlk_aer_count``; no real capture): absent means unknown,
+not zero.
+
 A device entry or value that cannot be read is reported in
 ``MxSmiJson.problems`` (naming the key) and left out; only output that holds
 no JSON object at all raises :class:`~.mxsmi.MxSmiParseError`.
@@ -45,6 +54,11 @@ class JsonDevice:
     memory_clock_mhz: Optional[float] = None  # ``clocks.MC``
     # ``pci_event_info``: events listed per kind (aer_ue, aer_ce, synfld, dbe, mmio)
     pci_events: Tuple[Tuple[str, int], ...] = ()
+    # ``ras_count``: uncorrected and corrected errors summed over blocks; None when absent
+    ras_uncorrected: Optional[int] = None
+    ras_corrected: Optional[int] = None
+    # MetaXLink AER per link: (link, correctable, uncorrectable); () when the JSON has none
+    mxlk_aer: Tuple[Tuple[str, int, int], ...] = ()
 
     @property
     def available(self) -> bool:
@@ -96,6 +110,59 @@ def _pci_events(entry: Dict[str, Any]) -> Tuple[Tuple[str, int], ...]:
     return tuple((str(kind), len(listed)) for kind, listed in sorted(events.items()) if isinstance(listed, list))
 
 
+_MXLK_AER_KEY = re.compile(r"(mxlk|metaxlink).*aer|aer.*(mxlk|metaxlink)", re.IGNORECASE)
+
+
+def _count(value: Any) -> Optional[int]:
+    """A count: a number, a numeric string, or a list (its length, as pci_event_info lists events)."""
+    if isinstance(value, list):
+        return len(value)
+    found = number(value)
+    return int(found) if found is not None and found >= 0 else None
+
+
+def _ras(entry: Dict[str, Any], key: str, bdf: str, problems: List[str]) -> Optional[int]:
+    counts = entry.get("ras_count")
+    if not isinstance(counts, dict) or key not in counts:
+        return None
+    blocks = counts[key]
+    if not isinstance(blocks, dict):
+        single = _count(blocks)
+        if single is None:
+            problems.append("`%s` output not understood: ras_count.%s of %s is %r" % (JSON_COMMAND, key, bdf, blocks))
+        return single
+    total = 0
+    for block, value in blocks.items():
+        found = _count(value)
+        if found is None:
+            problems.append("`%s` output not understood: ras_count.%s.%s of %s is %r"
+                            % (JSON_COMMAND, key, block, bdf, value))
+            continue
+        total += found
+    return total
+
+
+def _mxlk_aer(entry: Dict[str, Any], bdf: str, problems: List[str]) -> Tuple[Tuple[str, int, int], ...]:
+    key = next((k for k in entry if _MXLK_AER_KEY.search(str(k))), None)
+    links = entry.get(key) if key is not None else None
+    if not isinstance(links, dict):
+        return ()
+    out = []
+    for link, counts in sorted(links.items(), key=lambda kv: (len(str(kv[0])), str(kv[0]))):
+        if not isinstance(counts, dict):
+            problems.append("`%s` output not understood: %s.%s of %s is %r" % (JSON_COMMAND, key, link, bdf, counts))
+            continue
+        found = {}
+        for kind in ("ce", "ue"):
+            name = next((k for k in counts if str(k).lower().split("_")[-1] == kind), None)
+            found[kind] = _count(counts[name]) if name is not None else None
+        if found["ce"] is None or found["ue"] is None:
+            problems.append("`%s` output not understood: %s.%s of %s is %r" % (JSON_COMMAND, key, link, bdf, counts))
+            continue
+        out.append((str(link), found["ce"], found["ue"]))
+    return tuple(out)
+
+
 def _device(bdf: str, entry: Dict[str, Any], problems: List[str]) -> JsonDevice:
     index = entry.get("device_id")
     reason = entry.get("unavailable_reason", "")
@@ -111,7 +178,9 @@ def _device(bdf: str, entry: Dict[str, Any], problems: List[str]) -> JsonDevice:
         utilization_percent=readings.get("utilization"), temperature_celsius=readings.get("hotspot"),
         power_watts=_power(entry),
         vbios_version=str(entry["vbios_version"]) if entry.get("vbios_version") not in (None, "") else None,
-        gpu_clock_mhz=_clock(entry, "XCORE"), memory_clock_mhz=_clock(entry, "MC"), pci_events=_pci_events(entry))
+        gpu_clock_mhz=_clock(entry, "XCORE"), memory_clock_mhz=_clock(entry, "MC"), pci_events=_pci_events(entry),
+        ras_uncorrected=_ras(entry, "uncorrected_error", bdf, problems),
+        ras_corrected=_ras(entry, "corrected_error", bdf, problems), mxlk_aer=_mxlk_aer(entry, bdf, problems))
 
 
 def parse_json(text: str) -> MxSmiJson:

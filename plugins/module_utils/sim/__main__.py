@@ -5,7 +5,9 @@
 
 create --preset NAME DIR     write a simulated MetaX node
 fail DIR --gpu N [--mode]    a GPU falls off the bus (bus) or turns unavailable (smi)
-recover DIR --gpu N          undo ``fail``
+fail DIR --gpu N --ecc-uncorrectable N | --aer-ue N | --eid N ...   a health signal (docs/health.md):
+                             counters add up; the GPU stays available
+recover DIR --gpu N          undo ``fail`` (counters back to zero)
 unload DIR | load DIR        unload / load the kernel driver
 status DIR                   print the node state as JSON
 install-hook DIR             (re)install the kernel hook (roots made before it existed)
@@ -32,6 +34,56 @@ from .pkgtool import LAYOUTS, install_tools, make_package, make_payload, remove_
 from .spec import PRESETS, preset
 
 
+# sim fail's signal options: (flag, counter group, counter)
+SIGNAL_FLAGS = (
+    ("--ecc-uncorrectable", "ecc", "dram_uncorrectable"), ("--ecc-correctable", "ecc", "dram_correctable"),
+    ("--sram-uncorrectable", "ecc", "sram_uncorrectable"), ("--sram-correctable", "ecc", "sram_correctable"),
+    ("--retired-pages", "ecc", "retired_dbe"),
+    ("--aer-ue", "pci_events", "aer_ue"), ("--aer-ce", "pci_events", "aer_ce"),
+    ("--pci-synfld", "pci_events", "synfld"), ("--pci-dbe", "pci_events", "dbe"), ("--pci-mmio", "pci_events", "mmio"),
+    ("--ras-uncorrected", "ras", "uncorrected"), ("--ras-corrected", "ras", "corrected"),
+)
+
+
+def _signal_options(cmd: argparse.ArgumentParser) -> None:
+    for flag, group, counter in SIGNAL_FLAGS:
+        cmd.add_argument(flag, type=int, default=None, metavar="N", help="add N to %s %s" % (group, counter))
+    cmd.add_argument("--mxlk-aer", action="append", default=[], metavar="LINK:ce|ue=N",
+                     help="add N to MetaXLink link LINK's AER count (repeat)")
+    cmd.add_argument("--eid", type=int, action="append", default=[], metavar="N",
+                     help="append an EID line for the GPU to the kernel log (repeat)")
+    cmd.add_argument("--sdk", action="store_true", help="--eid lines are the SDK's, not the driver's")
+
+
+def _mxlk(specs: List[str]) -> dict:
+    out: dict = {}
+    for spec in specs:
+        try:
+            link, rest = spec.split(":", 1)
+            kind, count = rest.split("=", 1)
+            out.setdefault(link, {})[kind] = out.get(link, {}).get(kind, 0) + int(count)
+        except ValueError:
+            raise generator.SimError("--mxlk-aer %r: expected LINK:ce=N or LINK:ue=N" % spec)
+    return out
+
+
+def _fail(host: HostRoot, args: argparse.Namespace) -> None:
+    groups: dict = {}
+    for flag, group, counter in SIGNAL_FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            groups.setdefault(group, {})[counter] = value
+    mxlk = _mxlk(args.mxlk_aer)
+    signals = bool(groups or mxlk or args.eid)
+    if signals:
+        generator.inject_signals(host, args.gpu, ecc=groups.get("ecc"), pci_events=groups.get("pci_events"),
+                                 ras=groups.get("ras"), mxlk_aer=mxlk)
+        for eid in args.eid:
+            sys.stdout.write(generator.add_eid(host, args.gpu, eid, sdk=args.sdk))
+    if args.mode is not None or not signals:
+        generator.fail_gpu(host, args.gpu, args.mode or "bus")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="metax-sim", description="Simulated MetaX GPU node")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -44,7 +96,9 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("root")
         cmd.add_argument("--gpu", type=int, required=True, help="GPU index as created (PCI order)")
         if name == "fail":
-            cmd.add_argument("--mode", choices=("bus", "smi"), default="bus")
+            cmd.add_argument("--mode", choices=("bus", "smi"), default=None,
+                             help="bus (the default without a signal option) or smi (state Not Available)")
+            _signal_options(cmd)
     sub.add_parser("install-hook", help="(re)install .metax-sim/kernel").add_argument("root")
     sub.add_parser("install-mx-smi", help="(re)install usr/bin/mx-smi from this simulator").add_argument("root")
     for name in ("load", "unload", "status"):
@@ -114,7 +168,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             sys.stdout.write("installed %s\n" % generator.reinstall_mx_smi(host))
             return 0
         if args.command == "fail":
-            generator.fail_gpu(host, args.gpu, args.mode)
+            _fail(host, args)
         elif args.command == "recover":
             generator.recover_gpu(host, args.gpu)
         elif args.command == "load":
@@ -137,7 +191,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             state = generator.load_state(host)
             json.dump({"driver_loaded": state["driver_loaded"], "driver_version": state["driver_version"],
-                       "gpus": [{k: g[k] for k in ("index", "bdf", "product", "failed", "numvfs")}
+                       "gpus": [dict({k: g[k] for k in ("index", "bdf", "product", "failed", "numvfs")},
+                                     **{k: g[k] for k in generator.SIGNAL_KEYS if g.get(k)})
                                 for g in state["gpus"]]}, sys.stdout, indent=2)
             sys.stdout.write("\n")
         return 0

@@ -210,15 +210,57 @@ def _json(state):
             # the capture's idle clocks; the core clock rises with the load
             "clocks": {"XCORE": int(round(1125 + 475 * r["util"])), "MC": 1800, "VPUE": 535, "VPUD": 525},
             "board_power": {"power": {"Way%d" % i: "%.3f" % (r["power"] * share) for i, share in enumerate(rails)}},
-            "pci_event_info": {"aer_ue": [], "aer_ce": [], "synfld": [], "dbe": [], "mmio": []},
+            "ras_count": _ras_count(gpu),
+            "pci_event_info": _pci_events(gpu, now),
             "sgpu_count": 0, "sgpu_info": [],
         }
+        links = _mxlk_links(state, gpu)
+        if links:
+            doc[gpu["bdf"]]["mxlk_aer_count"] = links
         for k, vf in enumerate(_vf_bdfs(gpu)):
             util, _procs, _wave = _reading(state, vf, loads, now)
             parent = doc[gpu["bdf"]]
             doc[vf] = {"device_id": len(gpus) + pos * 64 + k, "unavailable_reason": parent["unavailable_reason"],
                        "hotspot": parent["hotspot"], "utilization": int(round(util * 100))}
     return "mx-smi  version: %s\n%s" % (state["mx_smi_version"], json.dumps(doc, indent=4))
+
+
+PCI_EVENT_KINDS = ("aer_ue", "aer_ce", "synfld", "dbe", "mmio")
+
+
+def _pci_events(gpu, now):
+    """``pci_event_info``: per kind, the list of events (the real capture's lists are empty).
+
+    An injected event (``sim fail --aer-ue N``) is listed as a string naming
+    its kind and number: what a real entry holds is unknown, its count is
+    what readers use (docs/health.md).
+    """
+    injected = gpu.get("pci_events") or {}
+    stamp = time.strftime("%a %b %d %H:%M:%S %Y", time.gmtime(now))
+    return {kind: ["%s %s #%d" % (stamp, kind, k + 1) for k in range(int(injected.get(kind, 0)))]
+            for kind in PCI_EVENT_KINDS}
+
+
+def _ras_count(gpu):
+    """``ras_count`` as the capture shows it (two objects, empty); an injected count names a block."""
+    ras = gpu.get("ras") or {}
+    out = {"uncorrected_error": {}, "corrected_error": {}}
+    for kind in ("uncorrected", "corrected"):
+        if ras.get(kind):
+            out[kind + "_error"] = {"MCCTL0": str(int(ras[kind]))}
+    return out
+
+
+def _mxlk_links(state, gpu):
+    """``mxlk_aer_count`` (the simulator's form; no real capture): one entry per MetaXLink peer."""
+    row = state["links"][gpu["index"]]
+    peers = [i for i, link in enumerate(row) if link == "MX"]
+    injected = gpu.get("mxlk_aer") or {}
+    out = {}
+    for link in range(len(peers)):
+        counts = injected.get(str(link)) or {}
+        out[str(link)] = {"ce": str(int(counts.get("ce", 0))), "ue": str(int(counts.get("ue", 0)))}
+    return out
 
 
 def _table_legacy(state):

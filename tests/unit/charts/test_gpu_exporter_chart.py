@@ -98,7 +98,7 @@ def test_dashboard_configmap_for_grafanas_sidecar():
     with open(DASHBOARD) as handle:
         assert dashboard == json.load(handle)
     titles = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
-    assert titles == ["Cluster overview", "Per node", "Per GPU", "Per pod"]
+    assert titles == ["Cluster overview", "Per node", "Per GPU", "Per pod", "Health"]
     rc, objects, err = render(HELM, {"gpuExporter": {"enabled": True, "dashboard": {"namespace": "monitoring"}}})
     assert objects_by_kind_name(objects)[("ConfigMap", "gpu-exporter-dashboard")]["metadata"]["namespace"] == \
         "monitoring"
@@ -128,7 +128,8 @@ def test_dashboard_queries_are_promql(tmp_path):
 
 def test_alert_rules_check():
     proc = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0 and "SUCCESS: 5 rules found" in proc.stdout, proc.stdout + proc.stderr
+    # 5 of the exporter, 8 of GPU health (docs/health.md)
+    assert proc.returncode == 0 and "SUCCESS: 13 rules found" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_chart_lints_with_the_exporter():

@@ -12,6 +12,7 @@ the option.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Dict, List
 
@@ -22,6 +23,7 @@ from ansible_collections.metax.gpu.plugins.module_utils import names
 from ansible_collections.metax.gpu.plugins.module_utils.agents import gpu_aware, gpu_device, gpu_exporter, gpu_label
 from ansible_collections.metax.gpu.plugins.module_utils.agents.common import parse_duration
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import parse_weight
+from ansible_collections.metax.gpu.plugins.module_utils.health.policy import parse_policy
 
 from .helm import CHART, CHARTS, ROOT, find_helm, helm_required, render
 
@@ -201,7 +203,10 @@ def test_rbac_is_least_privilege_per_agent():
     # the service accounts (and so the roles) keep the agents' names: gpu-device, gpu-label, gpu-aware
     rules = {name: objs[("ClusterRole", "metax-gpu-" + name)]["rules"] for name in ("gpu-device", "gpu-label", "gpu-aware")}
     # get: its node's runtime version (gpuDevice.cdiMode auto) and its annotations on resync
-    assert rules["gpu-device"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    # and nodes/status: its MetaXGPUHealthy condition (docs/health.md); its health Events in its namespace
+    assert rules["gpu-device"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+                                   {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
+    assert objs[("Role", "gpu-device")]["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert rules["gpu-label"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert rules["gpu-aware"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
     assert objs[("Role", "gpu-aware")]["rules"] == [
@@ -351,3 +356,43 @@ def test_the_runtime_class_metax_comes_with_container_runtime_only():
     # no scheduling constraint and no overhead: a pod naming it is placed as without it
     assert set(runtime_class) == {"apiVersion", "kind", "metadata", "handler"}
     assert runtime_class["metadata"]["labels"]["app.kubernetes.io/name"] == "metax-container-runtime"
+
+
+def test_the_health_policy_reaches_gpu_device_as_its_configmap():
+    """gpuDevice.healthPolicy -> ConfigMap metax-gpu-health-policy (names.py) -> --health-policy, read by gpu-device."""
+    policy = {"holdOffSeconds": 60, "rules": [{"signal": "pci-aer-ue", "threshold": 1, "severity": "critical",
+                                                "action": "quarantine", "effect": "NoExecute"}]}
+    rc, objects, err = render(HELM, dict(VALUE_SETS["extender"], gpuDevice={"healthyInterval": 5, "healthPolicy": policy}))
+    assert rc == 0, err
+    objs = by_kind_name(objects)
+    config = objs[("ConfigMap", names.HEALTH_POLICY_CONFIGMAP)]
+    assert json.loads(config["data"]["policy.json"]) == policy
+    assert parse_policy(json.loads(config["data"]["policy.json"])).hold_off_seconds == 60
+    pod = objs[("DaemonSet", names.DAEMONSET_GPU_DEVICE)]["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "health-policy")
+    assert volume["configMap"] == {"name": names.HEALTH_POLICY_CONFIGMAP, "optional": True}
+    args = pod["containers"][0]["args"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "health-policy")
+    assert "--health-policy=%s/policy.json" % mount["mountPath"] in args
+    # the schema refuses an informational quarantine before gpu-device sees it
+    bad = {"rules": [{"signal": "pci-aer-ce", "rate": 1, "severity": "info", "action": "quarantine", "effect": "NoSchedule"}]}
+    rc, objects, err = render(HELM, dict(VALUE_SETS["extender"], gpuDevice={"healthyInterval": 5, "healthPolicy": bad}))
+    assert rc != 0 and "healthPolicy" in err
+
+
+def test_gpu_exporter_reads_eids_as_the_health_policy_says():
+    pattern = r'mxgpu (?P<bdf>\S+) err=(?P<eid>\d+) "x"'
+    values = dict(VALUE_SETS["extender"], gpuExporter={"enabled": True},
+                  gpuDevice={"healthyInterval": 5, "healthPolicy": {"eid": {"pattern": pattern,
+                                                                            "logFiles": ["var/log/syslog"]}}})
+    rc, objects, err = render(HELM, values)
+    assert rc == 0, err
+    args = by_kind_name(objects)[("DaemonSet", names.DAEMONSET_GPU_EXPORTER)]["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert "--eid-pattern=" + pattern in args and "--kernel-log=var/log/syslog" in args
+    parsed = gpu_exporter.build_parser().parse_args([a for a in args if a.startswith(("--eid", "--kernel"))])
+    assert parsed.eid_pattern == pattern and parsed.kernel_log == ["var/log/syslog"]
+    rc, objects, err = render(HELM, dict(VALUE_SETS["extender"], gpuExporter={"enabled": True}))
+    args = by_kind_name(objects)[("DaemonSet", names.DAEMONSET_GPU_EXPORTER)]["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert not [a for a in args if a.startswith(("--eid", "--kernel"))]      # the defaults, as gpu-device's

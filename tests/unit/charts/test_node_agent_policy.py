@@ -100,8 +100,13 @@ def test_key_data_is_the_table():
     # what the agents really write: gpu-label its Table 2.7 labels, gpu-device its annotations
     from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin import constants
     from ansible_collections.metax.gpu.plugins.module_utils.gpu.labels import OWNED_LABEL_KEYS
-    assert data["agents"]["gpu-label"] == {"labels": sorted(OWNED_LABEL_KEYS), "annotations": []}
-    assert data["agents"]["gpu-device"] == {"labels": [], "annotations": sorted(constants.ANNOTATION_KEYS)}
+    assert data["agents"]["gpu-label"] == {"labels": sorted(OWNED_LABEL_KEYS), "annotations": [], "conditions": [],
+                                           "taints": []}
+    # gpu-device also its health condition and quarantine taint (issue 42), nobody else any
+    assert data["agents"]["gpu-device"] == {"labels": [], "annotations": sorted(constants.ANNOTATION_KEYS),
+                                            "conditions": [names.CONDITION_GPU_HEALTHY],
+                                            "taints": [names.TAINT_GPU_HEALTH]}
+    assert [a for a, f in data["agents"].items() if f["conditions"] or f["taints"]] == ["gpu-device"]
     # driver-manager: whose driver it is (shared with gpu-label, one writer per deployment), the vfnum
     # state, and its node's part of the rolling upgrade (state and failure message; the target is the controller's)
     assert data["agents"]["driver-manager"]["labels"] == sorted([names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE,
@@ -125,7 +130,10 @@ def test_a_shared_key_has_every_owner_and_nothing_else_is_shared():
     ({"a": {"labels": ("metax-tech.com/",)}}, "is not under"),
     ({"a": {"labels": ("metax-tech.com/x",)}, "b": {"labels": ("metax-tech.com/x",)}},
      "label 'metax-tech.com/x' is owned by both a and b"),
-    ({"a": {"taints": ()}}, "unknown field(s) ['taints']"),
+    ({"a": {"finalizers": ()}}, "unknown field(s) ['finalizers']"),
+    ({"a": {"conditions": ("metax-tech.com/healthy",)}}, "is not a condition type"),
+    ({"a": {"taints": ("example.com/t",)}}, "'example.com/t' is not under metax-tech.com/"),
+    ({"a": {"taints": ("metax-tech.com/t",)}, "b": {"taints": ("metax-tech.com/t",)}}, "taint 'metax-tech.com/t' is owned by both"),
 ])
 def test_a_table_the_policy_cannot_express_is_refused(table, words):
     with pytest.raises(gen.TableError) as err:

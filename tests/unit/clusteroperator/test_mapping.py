@@ -78,3 +78,15 @@ def test_every_ignored_value_is_accepted_by_the_schema_and_documented():
 ])
 def test_a_component_on_needs_its_payload(values, missing):
     assert mapping.missing_requirements(values) == missing
+
+
+def test_the_health_policy_section_reaches_gpu_devices_values():
+    """spec.devicePlugin.healthPolicy -> the Extensions chart's gpuDevice.healthPolicy (docs/health.md), as it is."""
+    from ansible_collections.metax.gpu.plugins.module_utils.health.policy import parse_policy
+    policy = {"recoveryReadings": 5, "rules": [{"signal": "pci-aer-ue", "threshold": 1, "severity": "critical",
+                                                "action": "quarantine", "effect": "NoSchedule"}]}
+    values = mapping.spec_to_extension_values({"devicePlugin": {"healthPolicy": policy}}, {})
+    assert values["gpuDevice"]["healthPolicy"] == policy
+    assert parse_policy(values["gpuDevice"]["healthPolicy"]).recovery_readings == 5
+    assert mapping.spec_to_extension_values({}, {})["gpuDevice"]["healthPolicy"] == {}
+    assert "healthPolicy" in next(s for s in mapping.SECTIONS if s["spec"] == "devicePlugin")["fields"]

@@ -49,7 +49,9 @@ def test_each_component_gets_its_own_objects_owned_by_the_cr():
     objs = objects(SPEC)
     assert objs["gpu-aware"] == []
     kinds = {name: sorted(o["kind"] for o in objs[name]) for name in objs}
-    assert kinds["metax-gpu-device"] == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    # gpu-device: also its health policy ConfigMap and the Role of its health Events (docs/health.md)
+    assert kinds["metax-gpu-device"] == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Role", "RoleBinding",
+                                         "ServiceAccount"]
     assert kinds["metax-gpu-label"] == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
     for obj in objs["metax-gpu-device"] + objs["metax-gpu-label"]:
         labels = obj["metadata"]["labels"]

@@ -13,6 +13,7 @@ import pytest
 from ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_exporter import Exporter, timeouts
 from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import JSON_RETRY_READINGS, NodeReader
 from ansible_collections.metax.gpu.plugins.module_utils.exporter.mx_families import MX_FAMILIES
+from ansible_collections.metax.gpu.plugins.module_utils.health.eid import EidTracker
 from ansible_collections.metax.gpu.plugins.module_utils.exporter.readings import MIB
 from ansible_collections.metax.gpu.plugins.module_utils.exporter.render import DEVICE_METRICS, EXPORTER_METRICS
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
@@ -72,7 +73,8 @@ def test_promtool_accepts_the_exposition(make_node):
     vf = generator.device_bdfs(host)[1]
     generator.set_load(host, vf, 0.5)
     generator.fail_gpu(host, 1, "smi")
-    reader = NodeReader(host, timeout=20.0, allocations=lambda: {vf: ("team-a", "train-0", "main")})
+    reader = NodeReader(host, timeout=20.0, allocations=lambda: {vf: ("team-a", "train-0", "main")},
+                        eids=EidTracker(host.path))
     text = scrape(reader)
     ok, output = promtool_check_mx(text)
     assert ok, output

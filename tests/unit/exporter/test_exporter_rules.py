@@ -11,6 +11,7 @@ watches cannot drift apart unnoticed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,17 @@ RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), *[".."] * 3,
 # promtool's expanding notation: "a+bxn"; a bare "0x10" would read as hex 16
 def series_line(name, labels):
     return "%s{%s}" % (name, ",".join('%s="%s"' % (k, v) for k, v in sorted(labels.items())))
+
+
+def annotations(alert, labels, value=None):
+    """The rule's annotations as Prometheus expands them for these labels and value."""
+    with open(RULES) as handle:
+        rules = [r for g in yaml.safe_load(handle)["groups"] for r in g["rules"] if r.get("alert") == alert]
+
+    def expand(text):
+        text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), "<no value>"), text)
+        return text.replace("{{ $value }}", "%g" % value if value is not None else "")
+    return {k: expand(v) for k, v in rules[0]["annotations"].items()}
 
 
 def promtool_test(tmp_path, tests):
@@ -101,4 +113,89 @@ def test_healthy_node_fires_nothing_and_a_failing_mx_smi_does(make_node, tmp_pat
     rc, output = promtool_test(tmp_path, [
         {"interval": "1m", "input_series": inputs(ok), "alert_rule_test": quiet},
         {"interval": "1m", "input_series": inputs(failing), "alert_rule_test": [firing]}])
+    assert rc == 0, output
+
+
+def test_health_alerts_fire_on_the_signals_gpu_exporter_reads(make_node, tmp_path, monkeypatch):
+    """ECC, PCI events, RAS, MetaXLink AER and EIDs injected on a simulated node; a clean GPU fires nothing."""
+    from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import ECC_EVERY_READINGS
+    from ansible_collections.metax.gpu.plugins.module_utils.health.eid import EidTracker
+    monkeypatch.setenv("METAX_SIM_TIME", "1790000000")
+    host = make_node("8xC500")
+    reader = NodeReader(host, timeout=20.0, eids=EidTracker(host.path))
+    before = Exporter(reader, "gpu-node-1", 60.0, 30.0).exposition().decode()
+    generator.inject_signals(host, 1, ecc={"dram_uncorrectable": 1}, pci_events={"aer_ue": 2}, ras={"uncorrected": 3},
+                             mxlk_aer={"0": {"ue": 1}})
+    generator.add_eid(host, 1, 1021)
+    for _reading in range(ECC_EVERY_READINGS):
+        reader.read()
+    after = Exporter(reader, "gpu-node-1", 60.0, 30.0).exposition().decode()
+    keep = ("mx_ecc_error_detail", "mx_pci_event", "mx_ras_count", "mx_mxlk_aer_count", "mx_driver_eid_errors",
+            "mx_driver_eid_count")
+    old = {(name, tuple(sorted(labels.items()))): value for name, labels, value in samples(before) if name in keep}
+    inputs = []
+    for name, labels, value in samples(after):
+        if name in keep:
+            # 5 minutes as before, then as after: the counters grew within the EID rule's 10 minutes
+            first = old[(name, tuple(sorted(labels.items())))]
+            inputs.append({"series": series_line(name, labels), "values": "%g+0x4 %g+0x10" % (first, value)})
+    gpu1 = {"deviceId": "1", "Hostname": "gpu-node-1", "modelName": "MXC500"}
+
+    def fired(alert, **extra):
+        return {"eval_time": "6m", "alertname": alert, "exp_alerts": None, "_want": dict(gpu1, **extra)}
+
+    wanted = [fired("MetaxGpuEccUncorrectable", memory="dram", type="ue", severity="critical"),
+              fired("MetaxGpuPcieAerUncorrectable", type="aer_ue", severity="critical"),
+              fired("MetaxGpuRasUncorrected", type="uncorrected", severity="critical"),
+              fired("MetaxGpuMetaxLinkAerUncorrectable", mxlkId="0", type="ue", severity="warning"),
+              fired("MetaxGpuDriverEid", severity="warning")]
+    # the exact labels of each alert: the series' own (uuid, versions) plus the rule's
+    labels_of = {name: labels for name, labels, _v in samples(after) if labels.get("deviceId") == "1"}
+    values_of = {(name, tuple(sorted(labels.items()))): value for name, labels, value in samples(after)}
+    tests = []
+    for want in wanted:
+        alert = want.pop("_want")
+        source = {"MetaxGpuEccUncorrectable": "mx_ecc_error_detail", "MetaxGpuPcieAerUncorrectable": "mx_pci_event",
+                  "MetaxGpuRasUncorrected": "mx_ras_count", "MetaxGpuMetaxLinkAerUncorrectable": "mx_mxlk_aer_count",
+                  "MetaxGpuDriverEid": "mx_driver_eid_errors"}[want["alertname"]]
+        base = {k: v for k, v in labels_of[source].items() if k not in ("memory", "type", "mxlkId")}
+        exp_labels = dict(base, **{k: v for k, v in alert.items() if k not in base})
+        value = values_of[(source, tuple(sorted((k, v) for k, v in exp_labels.items() if k != "severity")))]
+        want["exp_alerts"] = [{"exp_labels": exp_labels,
+                               "exp_annotations": annotations(want["alertname"], exp_labels, value)}]
+        tests.append(want)
+    # nothing before the injection
+    quiet = [{"eval_time": "4m", "alertname": w["alertname"], "exp_alerts": []} for w in tests]
+    assert tests[-1]["exp_alerts"][0]["exp_annotations"]["summary"] == "MetaX GPU 1 on gpu-node-1: driver error EID 1021"
+    rc, output = promtool_test(tmp_path, [{"interval": "1m", "input_series": inputs, "alert_rule_test": quiet + tests}])
+    assert rc == 0, output
+
+
+def test_quarantine_condition_and_remediation_alerts_on_kube_state_metrics(tmp_path):
+    """gpu-device's taint and condition as kube-state-metrics reports them (its series names and labels)."""
+    taint = series_line("kube_node_spec_taint", {"node": "gpu-node-1", "key": "metax-tech.com/gpu-health",
+                                                 "value": "true", "effect": "NoSchedule"})
+    other = series_line("kube_node_spec_taint", {"node": "gpu-node-2", "key": "example.com/maintenance",
+                                                 "value": "x", "effect": "NoSchedule"})
+    condition = series_line("kube_node_status_condition", {"node": "gpu-node-1", "condition": "MetaXGPUHealthy",
+                                                           "status": "false"})
+    labels = {"node": "gpu-node-1", "key": "metax-tech.com/gpu-health", "value": "true", "effect": "NoSchedule"}
+    rc, output = promtool_test(tmp_path, [{
+        "interval": "1m",
+        "input_series": [{"series": taint, "values": "1+0x90"}, {"series": other, "values": "1+0x90"},
+                         {"series": condition, "values": "1+0x90"}],
+        "alert_rule_test": [
+            {"eval_time": "1m", "alertname": "MetaxGpuNodeQuarantined",
+             "exp_alerts": [{"exp_labels": dict(labels, severity="critical"),
+                             "exp_annotations": annotations("MetaxGpuNodeQuarantined", labels)}]},
+            {"eval_time": "3m", "alertname": "MetaxGpuHealthConditionFailing", "exp_alerts": []},
+            {"eval_time": "6m", "alertname": "MetaxGpuHealthConditionFailing", "exp_alerts": [{
+                "exp_labels": {"node": "gpu-node-1", "condition": "MetaXGPUHealthy", "status": "false",
+                               "severity": "warning"},
+                "exp_annotations": annotations("MetaxGpuHealthConditionFailing", {"node": "gpu-node-1"})}]},
+            {"eval_time": "30m", "alertname": "MetaxGpuRemediationNeeded", "exp_alerts": []},
+            {"eval_time": "65m", "alertname": "MetaxGpuRemediationNeeded",
+             "exp_alerts": [{"exp_labels": dict(labels, severity="critical"),
+                             "exp_annotations": annotations("MetaxGpuRemediationNeeded", labels)}]},
+        ]}])
     assert rc == 0, output

@@ -17,6 +17,7 @@ import pytest
 
 from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import NodeReader
 from ansible_collections.metax.gpu.plugins.module_utils.exporter.mx_families import MX_FAMILIES
+from ansible_collections.metax.gpu.plugins.module_utils.health.eid import EidTracker
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +53,7 @@ def test_the_real_products_dashboard_families_parse_and_agree_with_ours(make_nod
     state = generator.load_state(host)
     busy = state["gpus"][2]["bdf"]
     generator.set_load(host, busy, 0.9, processes=2)
-    text = scrape(NodeReader(host, timeout=20.0), node="gpu-node-7")
+    text = scrape(NodeReader(host, timeout=20.0, eids=EidTracker(host.path)), node="gpu-node-7")
     found = families(text)
     assert {f.name for f in MX_FAMILIES} <= set(found)
     usage = by_device(found, "mx_gpu_usage")
@@ -169,3 +170,35 @@ def test_an_mx_smi_without_count_ecc_serves_the_rest(make_node):
     for _reading in range(5):
         reader.read()
     assert reader.runs.snapshot()[("ecc", "error")] == 1        # tried again only after a while
+
+
+def test_health_signals_per_gpu_with_the_pod_holding_it(make_node):
+    """ECC by kind, retired pages, RAS, MetaXLink AER per link and EIDs (docs/health.md), attributed like the rest."""
+    host = make_node("8xC500")
+    bdfs = [g["bdf"] for g in generator.load_state(host)["gpus"]]
+    owners = {bdfs[3]: ("team-a", "train-0", "main")}
+    reader = NodeReader(host, timeout=20.0, allocations=lambda: owners, eids=EidTracker(host.path))
+    found = families(scrape(reader))
+    assert by_device(found, "mx_driver_eid_errors") == {str(i): 0.0 for i in range(8)}
+    assert by_device(found, "mx_ecc_error_detail", memory="dram", type="ue") == {str(i): 0.0 for i in range(8)}
+    generator.inject_signals(host, 3, ecc={"dram_uncorrectable": 2, "sram_correctable": 5, "retired_dbe": 1},
+                             ras={"uncorrected": 4}, mxlk_aer={"2": {"ue": 1}}, pci_events={"aer_ue": 1})
+    generator.add_eid(host, 3, 1021)
+    generator.add_eid(host, 3, 3005, sdk=True)
+    from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import ECC_EVERY_READINGS
+    for _reading in range(ECC_EVERY_READINGS - 1):     # --count-ecc runs on every 4th reading
+        reader.read()
+    found = families(scrape(reader))
+    assert by_device(found, "mx_ecc_error_detail", memory="dram", type="ue")["3"] == 2.0
+    assert by_device(found, "mx_ecc_error_detail", memory="sram", type="ce")["3"] == 5.0
+    assert by_device(found, "mx_ecc_error_count")["3"] == 7.0          # retired pages are not errors
+    assert by_device(found, "mx_retired_pages", type="dbe")["3"] == 1.0
+    assert by_device(found, "mx_ras_count", type="uncorrected")["3"] == 4.0
+    assert by_device(found, "mx_mxlk_aer_count", mxlkId="2", type="ue")["3"] == 1.0
+    assert by_device(found, "mx_mxlk_aer_count", mxlkId="2", type="ue")["2"] == 0.0
+    assert by_device(found, "mx_pci_event", type="aer_ue")["3"] == 1.0
+    assert by_device(found, "mx_driver_eid_errors")["3"] == 1021.0 and by_device(found, "mx_sdk_eid_errors")["3"] == 3005.0
+    assert by_device(found, "mx_driver_eid_count")["3"] == 1.0 and by_device(found, "mx_driver_eid_count")["4"] == 0.0
+    labels = next(lab for lab, _v in found["mx_ras_count"] if lab["deviceId"] == "3")
+    assert (labels["exported_namespace"], labels["exported_pod"], labels["exported_container"]) == (
+        "team-a", "train-0", "main")

@@ -361,7 +361,7 @@ def test_mutated_topologies_parse_or_raise_a_parse_error(data):
 def test_count_ecc_reads_the_real_sample_and_reports_what_it_cannot():
     assert mxsmi.parse_count_ecc(sample("count-ecc-2.2.12-1xC500.txt")) == {
         "0000:37:00.0": {"sram_correctable": 0, "sram_uncorrectable": 0, "dram_correctable": 0,
-                         "dram_uncorrectable": 0}}
+                         "dram_uncorrectable": 0, "retired_dbe": 0}}
     text = sample("count-ecc-2.2.12-1xC500.txt").replace("DRAM Correctable                          : 0",
                                                          "DRAM Correctable                          : 12")
     assert mxsmi.parse_count_ecc(text)["0000:37:00.0"]["dram_correctable"] == 12

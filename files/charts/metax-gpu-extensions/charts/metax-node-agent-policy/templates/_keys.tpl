@@ -11,11 +11,13 @@
         "metax-tech.com/gpu.vfnum.message",
         "metax-tech.com/maintenance.owner"
       ],
+      "conditions": [],
       "labels": [
         "metax-tech.com/driver.upgrade-state",
         "metax-tech.com/gpu.driver.mode",
         "metax-tech.com/gpu.vfnum.state"
-      ]
+      ],
+      "taints": []
     },
     "gpu-device": {
       "annotations": [
@@ -23,10 +25,17 @@
         "metax-tech.com/gpu.topology.losses",
         "metax-tech.com/gpu.topology.scores"
       ],
-      "labels": []
+      "conditions": [
+        "MetaXGPUHealthy"
+      ],
+      "labels": [],
+      "taints": [
+        "metax-tech.com/gpu-health"
+      ]
     },
     "gpu-label": {
       "annotations": [],
+      "conditions": [],
       "labels": [
         "metax-tech.com/driver.ready",
         "metax-tech.com/gpu.count",
@@ -40,7 +49,8 @@
         "metax-tech.com/gpu.product",
         "metax-tech.com/gpu.sriov",
         "metax-tech.com/gpu.vfnum"
-      ]
+      ],
+      "taints": []
     }
   },
   "prefix": "metax-tech.com/"

@@ -8,7 +8,13 @@ names the node its pod runs on (request.userInfo.extra
 1.30), and CEL compares the new Node with the old one. An agent's update of a
 Node is admitted only when
   - the Node is the one its pod runs on;
-  - spec, status, finalizers and owner references are unchanged;
+  - spec, status, finalizers and owner references are unchanged, except
+    that an agent owning condition types or taint keys (gpu-device: the
+    MetaXGPUHealthy condition and the metax-tech.com/gpu-health taint, issue
+    42) may change status.conditions of those types and spec.taints of those
+    keys, nothing else of either (the other fields of spec and status are
+    compared one by one: those of every Kubernetes release the policy is
+    rendered for);
   - every label and annotation it adds, changes or removes is under
     metax-tech.com/ and is one the agent owns (names.py NODE_AGENT_KEYS,
     generated into _keys.tpl).
@@ -77,6 +83,17 @@ server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy and is
 {{- range $keys.labels }}{{ $_ := set $labelOwners . (append (get $labelOwners . | default list) $agent) }}{{ end -}}
 {{- range $keys.annotations }}{{ $_ := set $annotationOwners . (append (get $annotationOwners . | default list) $agent) }}{{ end -}}
 {{- end -}}
+{{- /* agent -> the condition types / taint keys it owns (most own none) */ -}}
+{{- $conditionsOf := dict -}}
+{{- $taintsOf := dict -}}
+{{- range $agent, $keys := $data.agents -}}
+{{- $_ := set $conditionsOf $agent ($keys.conditions | default list) -}}
+{{- $_ := set $taintsOf $agent ($keys.taints | default list) -}}
+{{- end -}}
+{{- /* Node fields compared one by one for an agent that owns conditions or taints (in every
+release since 1.11; a field the apiserver's schema lacks would not compile) */ -}}
+{{- $specFields := list "podCIDR" "podCIDRs" "providerID" "unschedulable" "configSource" "externalID" -}}
+{{- $statusFields := list "capacity" "allocatable" "phase" "addresses" "daemonEndpoints" "nodeInfo" "images" "volumesInUse" "volumesAttached" "config" -}}
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
 metadata:
@@ -115,6 +132,26 @@ spec:
     - name: annotationOwners
       expression: |-
         {{ toJson $annotationOwners }}
+    - name: ownedConditions
+      expression: |-
+        {{ toJson $conditionsOf }}[variables.agent]
+    - name: ownedTaints
+      expression: |-
+        {{ toJson $taintsOf }}[variables.agent]
+    # the other fields of spec and status unchanged (for an agent owning conditions or taints)
+    - name: otherSpecUnchanged
+      expression: |-
+        has(object.spec) == has(oldObject.spec) && (!has(object.spec) || ({{ range $i, $f := $specFields }}{{ if $i }} && {{ end }}has(object.spec.{{ $f }}) == has(oldObject.spec.{{ $f }}) && (!has(object.spec.{{ $f }}) || object.spec.{{ $f }} == oldObject.spec.{{ $f }}){{ end }}))
+    - name: otherStatusUnchanged
+      expression: |-
+        has(object.status) == has(oldObject.status) && (!has(object.status) || ({{ range $i, $f := $statusFields }}{{ if $i }} && {{ end }}has(object.status.{{ $f }}) == has(oldObject.status.{{ $f }}) && (!has(object.status.{{ $f }}) || object.status.{{ $f }} == oldObject.status.{{ $f }}){{ end }}))
+    # taints and conditions that are not the agent's, before and after
+    - name: otherTaintsUnchanged
+      expression: |-
+        object.spec.?taints.orValue([]).filter(t, !(t.key in variables.ownedTaints)) == oldObject.spec.?taints.orValue([]).filter(t, !(t.key in variables.ownedTaints))
+    - name: otherConditionsUnchanged
+      expression: |-
+        object.status.?conditions.orValue([]).filter(c, !(c.type in variables.ownedConditions)) == oldObject.status.?conditions.orValue([]).filter(c, !(c.type in variables.ownedConditions))
     - name: oldLabels
       expression: oldObject.metadata.?labels.orValue({})
     - name: newLabels
@@ -142,17 +179,17 @@ spec:
       messageExpression: |-
         variables.agent + " may change only its own node " + variables.nodeName + ", not node " + object.metadata.name
     - expression: |-
-        has(object.spec) == has(oldObject.spec) && (!has(object.spec) || object.spec == oldObject.spec)
+        size(variables.ownedTaints) == 0 ? has(object.spec) == has(oldObject.spec) && (!has(object.spec) || object.spec == oldObject.spec) : variables.otherSpecUnchanged && variables.otherTaintsUnchanged
       reason: Forbidden
-      message: a node agent may not change the node's spec (taints, unschedulable, ...)
+      message: a node agent may not change the node's spec (taints, unschedulable, ...) beyond the taints it owns
       messageExpression: |-
-        variables.agent + " may not change the spec of node " + object.metadata.name + " (taints, unschedulable, ...): a node agent writes only its own {{ $prefix }} labels and annotations"
+        variables.agent + " may not change the spec of node " + object.metadata.name + " (taints, unschedulable, ...): a node agent writes only its own {{ $prefix }} labels and annotations" + (size(variables.ownedTaints) == 0 ? "" : " and its own taints " + variables.ownedTaints.join(", "))
     - expression: |-
-        has(object.status) == has(oldObject.status) && (!has(object.status) || object.status == oldObject.status)
+        size(variables.ownedConditions) == 0 ? has(object.status) == has(oldObject.status) && (!has(object.status) || object.status == oldObject.status) : variables.otherStatusUnchanged && variables.otherConditionsUnchanged
       reason: Forbidden
-      message: a node agent may not change the node's status
+      message: a node agent may not change the node's status beyond the conditions it owns
       messageExpression: |-
-        variables.agent + " may not change the status of node " + object.metadata.name + ": a node agent writes only its own {{ $prefix }} labels and annotations"
+        variables.agent + " may not change the status of node " + object.metadata.name + ": a node agent writes only its own {{ $prefix }} labels and annotations" + (size(variables.ownedConditions) == 0 ? "" : " and its own conditions " + variables.ownedConditions.join(", "))
     - expression: |-
         object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([]) && object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([])
       reason: Forbidden
