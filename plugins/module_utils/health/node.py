@@ -28,12 +28,12 @@ names the time the signal held the GPU out.
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import names
+from ..kube import node as kube_node
 from .evaluate import ESCALATED, FAILING, RECOVERED, Decision, Transition
 from .policy import ACTIONS, NODE_CONDITION, QUARANTINE
 
@@ -164,11 +164,7 @@ class NodeHealthWriter:
 
     def _read(self) -> Dict[str, Any]:
         """The Node as JSON (raw: the few fields read, none of the client's model building)."""
-        resp = self.core.read_node(self.node, _request_timeout=self.timeout, _preload_content=False)
-        try:
-            return json.loads(resp.data)
-        finally:
-            resp.release_conn()
+        return kube_node.read_node(self.core, self.node, timeout=self.timeout)
 
     def write(self, decision: Decision, before: Optional[Decision]) -> None:
         """Events for ``decision``'s transitions (a failure is logged: an Event is not retried), then
@@ -197,8 +193,7 @@ class NodeHealthWriter:
             return
         body = {"status": {"conditions": [condition(decision, current, now)]}}
         # strategic merge: conditions merge by type, the kubelet's stay as they are
-        self.core.patch_node_status(self.node, body, _request_timeout=self.timeout,
-                                    _content_type="application/strategic-merge-patch+json")
+        kube_node.patch_node_status(self.core, self.node, body, timeout=self.timeout)
         self._written = state
         LOG.info("node condition %s=%s (%s): %s", names.CONDITION_GPU_HEALTHY, state[0], state[1], state[2])
 
@@ -211,8 +206,7 @@ class NodeHealthWriter:
             patch = [{"op": "test", "path": "/metadata/resourceVersion",
                       "value": (node.get("metadata") or {}).get("resourceVersion")},
                      {"op": "add", "path": "/spec/taints", "value": new}]
-            self.core.patch_node(self.node, patch, _request_timeout=self.timeout,
-                                 _content_type="application/json-patch+json")
+            kube_node.json_patch_node(self.core, self.node, patch, timeout=self.timeout)
             LOG.info("taint %s %s", names.TAINT_GPU_HEALTH, "set to %s" % effect if effect else "removed")
         self._tainted, self._taint_known = effect, True
 

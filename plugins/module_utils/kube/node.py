@@ -82,9 +82,21 @@ def patch_metadata(core: Any, name: str, labels: Optional[Mapping[str, Optional[
     return True
 
 
-def read_node(core: Any, name: str) -> Dict[str, Any]:
+def read_node(core: Any, name: str, timeout: Any = None) -> Dict[str, Any]:
     """Node ``name`` as the API server's JSON (its resourceVersion included, for a patch that must not race)."""
-    return raw_get(core.read_node, name)
+    return raw_get(core.read_node, name, **({"timeout": timeout} if timeout is not None else {}))
+
+
+def json_patch_node(core: Any, name: str, ops: Sequence[Mapping[str, Any]], timeout: Any = None) -> None:
+    """A JSON patch of node ``name`` (a ``test`` op of the resourceVersion first makes it fail on a race)."""
+    _discard(core.patch_node(name, list(ops), _content_type="application/json-patch+json",
+                             _preload_content=False, _request_timeout=timeout))
+
+
+def patch_node_status(core: Any, name: str, body: Mapping[str, Any], timeout: Any = None) -> None:
+    """A strategic merge patch of node ``name``'s status: conditions merge by type, others' stay."""
+    _discard(core.patch_node_status(name, dict(body), _content_type="application/strategic-merge-patch+json",
+                                    _preload_content=False, _request_timeout=timeout))
 
 
 def merge_patch_node(core: Any, name: str, body: Mapping[str, Any]) -> None:

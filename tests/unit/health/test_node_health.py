@@ -55,7 +55,7 @@ class FakeApiServer:
         assert name == "n1" and _preload_content is False
         return Raw(self.node)
 
-    def patch_node_status(self, name, body, _request_timeout=None, _content_type=None):
+    def patch_node_status(self, name, body, _request_timeout=None, _content_type=None, _preload_content=True):
         assert _content_type == "application/strategic-merge-patch+json"
         if self.fail:
             raise self.fail
@@ -64,7 +64,7 @@ class FakeApiServer:
             conditions[:] = [c for c in conditions if c["type"] != cond["type"]] + [cond]
         self._bump()
 
-    def patch_node(self, name, patch, _request_timeout=None, _content_type=None):
+    def patch_node(self, name, patch, _request_timeout=None, _content_type=None, _preload_content=True):
         assert _content_type == "application/json-patch+json"
         test, add = patch
         if test["value"] != self.node["metadata"]["resourceVersion"]:
