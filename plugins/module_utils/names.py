@@ -207,3 +207,19 @@ DEVICE_PLUGIN_DAEMONSETS = (DAEMONSET_GPU_DEVICE, "gpu-device")
 # others, never as the default: a copy of the default runtime (docs/runtime.md).
 RUNTIME_CLASS = "metax"
 RUNTIME_HANDLER = "metax"
+# Dynamic Resource Allocation (issue 41, docs/dra.md). The driver name gpu-dra
+# registers with the kubelet and writes in its ResourceSlices (its attributes
+# are gpu.metax-tech.com/<name>); the DeviceClasses of a whole GPU and of a VF;
+# the device taint of an unhealthy device; the per-node switch between the
+# device plugin and DRA (absent: the device plugin). The two DaemonSets select
+# the nodes by it, so a node is never served by both.
+DRA_DRIVER = "gpu." + DOMAIN
+DRA_DEVICE_CLASS_GPU = "gpu.metax-tech.com"
+DRA_DEVICE_CLASS_VF = "vf.gpu.metax-tech.com"
+DRA_TAINT_UNHEALTHY = DRA_DRIVER + "/unhealthy"
+LABEL_DEVICE_MODE = PREFIX + "gpu.device-mode"
+DEVICE_MODE_PLUGIN = "device-plugin"
+DEVICE_MODE_DRA = "dra"
+DAEMONSET_GPU_DRA = "metax-gpu-dra"
+# the CDI spec gpu-dra writes per prepared claim: <prefix><claim uid>.json
+CDI_CLAIM_SPEC_PREFIX = "metax-tech.com-gpu-claim-"
