@@ -293,3 +293,13 @@ def tainted(devices: Iterable[Dict[str, Any]]) -> List[Tuple[str, str]]:
     """(device name, reason) of every device carrying the unhealthy taint."""
     return [(d["name"], t.get("value", "")) for d in devices for t in d.get("taints") or []
             if t.get("key") == DRA_TAINT_UNHEALTHY]
+
+
+def taint_all(previous: Sequence[Dict[str, Any]], reason: str = REASON_UNHEALTHY) -> List[Dict[str, Any]]:
+    """``previous`` with every device tainted: the node cannot be read, so nothing is known to work."""
+    out = []
+    for dev in previous:
+        entry = copy.deepcopy(dev)
+        entry["taints"] = [unhealthy_taint(reason)]
+        out.append(entry)
+    return out

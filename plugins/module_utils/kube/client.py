@@ -39,7 +39,7 @@ except ImportError:
         reason = ""
 
 __all__ = ["ApiException", "HAS_KUBERNETES", "KubeClientError", "KubeApiError", "KubeConnectionError", "api_client", "coordination_v1",
-           "core_v1", "reaching"]
+           "core_v1", "custom_objects", "reaching"]
 
 MISSING = "the 'kubernetes' Python package is required (requirements/agents.txt)"
 
@@ -135,3 +135,11 @@ def coordination_v1(client: Any) -> Any:
     if not HAS_KUBERNETES:
         raise KubeClientError(MISSING)
     return k8s_client.CoordinationV1Api(client)
+
+
+def custom_objects(client: Any) -> Any:
+    """CustomObjectsApi over an ApiClient: any group's objects as dicts (gpu-dra's resource.k8s.io/v1,
+    whose fields the typed models of an older client would drop)."""
+    if not HAS_KUBERNETES:
+        raise KubeClientError(MISSING)
+    return k8s_client.CustomObjectsApi(client)
