@@ -122,6 +122,8 @@ NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
                        "annotations": (ANNOTATION_DRIVER_MESSAGE, ANNOTATION_VFNUM_MESSAGE,
                                        ANNOTATION_DRIVER_UPGRADE_MESSAGE, ANNOTATION_DRIVER_PAYLOAD_VERSION,
                                        ANNOTATION_DRIVER_PAYLOAD_DRIVER)},
+    # gpu-dra (issue 41) reads its Node (the device-mode label) and writes no key of it
+    "gpu-dra": {"labels": (), "annotations": ()},
 }
 
 # Keys two node agents may write, each with its one writer at run time: the
@@ -223,3 +225,8 @@ DEVICE_MODE_DRA = "dra"
 DAEMONSET_GPU_DRA = "metax-gpu-dra"
 # the CDI spec gpu-dra writes per prepared claim: <prefix><claim uid>.json
 CDI_CLAIM_SPEC_PREFIX = "metax-tech.com-gpu-claim-"
+# The node agents that write ResourceSlices, each with the one DRA driver its
+# slices may name: the node-agent admission policy lets such an agent create,
+# update and delete only slices of that driver whose spec.nodeName is its own
+# pod's node (generated into the policy chart like NODE_AGENT_KEYS).
+NODE_AGENT_RESOURCE_SLICES: Dict[str, str] = {"gpu-dra": DRA_DRIVER}

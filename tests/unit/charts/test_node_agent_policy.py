@@ -133,6 +133,17 @@ def test_a_table_the_policy_cannot_express_is_refused(table, words):
     assert words in str(err.value)
 
 
+
+def test_resource_slice_writers_are_node_agents_with_a_driver():
+    """names.NODE_AGENT_RESOURCE_SLICES (gpu-dra) goes into the data; a writer that is no node agent is refused."""
+    data = gen.key_data(names.PREFIX, names.NODE_AGENT_KEYS, names.SHARED_NODE_KEYS, names.NODE_AGENT_RESOURCE_SLICES)
+    assert data["resourceSlices"] == {"gpu-dra": names.DRA_DRIVER}
+    assert gen.key_data("metax-tech.com/", {"a": {}})["resourceSlices"] == {}
+    with pytest.raises(gen.TableError, match="'b' is not a node agent"):
+        gen.key_data("metax-tech.com/", {"a": {}}, slices={"b": "x.example.com"})
+    with pytest.raises(gen.TableError, match="no driver"):
+        gen.key_data("metax-tech.com/", {"a": {}}, slices={"a": ""})
+
 def _tree_copy(tmp_path: Path) -> Path:
     """names.py and files/charts in a scratch root, to change one without touching the checkout."""
     root = tmp_path / "repo"
@@ -408,4 +419,4 @@ def test_an_agent_missing_from_names_py_is_refused(tmp_path, chart):
                                                            '"gpu-mystery" "gpu-mystery"'), encoding="utf-8")
     rc, objects, err = render(HELM, chart_values(chart, {}), extra=SUPPORTED, chart=chart)
     assert rc != 0 and not objects
-    assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: driver-manager, gpu-device, gpu-label)" in err
+    assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: driver-manager, gpu-device, gpu-dra, gpu-label)" in err

@@ -24,6 +24,14 @@ spec.nodeName must be the token's node. A delete without one (deletecollection)
 is denied. Evictions (pods/eviction) are not covered: the Eviction names only
 the pod, and a policy cannot look the pod up (docs/security.md).
 
+A third policy, <name>-resourceslices, rendered when one of the agents writes
+ResourceSlices (names.py NODE_AGENT_RESOURCE_SLICES: gpu-dra), lets such an
+agent create, update and delete only the slices of its own driver whose
+spec.nodeName is the token's node, before and after the change: a DRA driver's
+token cannot publish or withdraw devices of another node (RBAC can only grant
+"resourceslices", any node). A delete naming no one slice (deletecollection)
+is denied.
+
 Usage, from a chart that lists this library chart as a dependency:
 
   {{- include "metax-node-agent-policy.objects" (dict
@@ -249,5 +257,82 @@ metadata:
 spec:
   policyName: {{ .name }}-pods
   validationActions: [Deny]
+{{- $sliceUsers := list -}}
+{{- $driverOf := dict -}}
+{{- range $user, $agent := $agentOf -}}
+{{- if hasKey ($data.resourceSlices | default dict) $agent -}}
+{{- $sliceUsers = append $sliceUsers $user -}}
+{{- $_ := set $driverOf $user (get $data.resourceSlices $agent) -}}
+{{- end -}}
+{{- end -}}
+{{- if $sliceUsers }}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {{ .name }}-resourceslices
+  {{- with .labels }}
+  labels:
+    {{- . | nindent 4 }}
+  {{- end }}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [resource.k8s.io]
+        apiVersions: ["*"]
+        operations: [CREATE, UPDATE, DELETE]
+        resources: [resourceslices]
+  matchConditions:
+    # the node agents that write ResourceSlices (their own service accounts only)
+    - name: resource-slice-writer
+      expression: |-
+        request.userInfo.username in {{ toJson (sortAlpha $sliceUsers) }}
+  variables:
+    - name: agent
+      expression: |-
+        {{ toJson $agentOf }}[request.userInfo.username]
+    - name: driver
+      expression: |-
+        {{ toJson $driverOf }}[request.userInfo.username]
+    - name: nodeName
+      expression: |-
+        has(request.userInfo.extra) && "authentication.kubernetes.io/node-name" in request.userInfo.extra && size(request.userInfo.extra["authentication.kubernetes.io/node-name"]) == 1 ? request.userInfo.extra["authentication.kubernetes.io/node-name"][0] : ""
+    # the slice as it is after the request (not on DELETE) and before it (not on CREATE);
+    # a delete naming no one slice has no old object, and fails the checks below
+    - name: slices
+      expression: |-
+        (request.operation == "DELETE" ? [] : [object]) + (request.operation == "CREATE" ? [] : [oldObject])
+  validations:
+    - expression: variables.nodeName != ""
+      reason: Forbidden
+      message: a node agent may write only ResourceSlices of the node its pod runs on, and this token names no node
+      messageExpression: |-
+        variables.agent + " may write only ResourceSlices of the node its pod runs on, and this token names no node (no authentication.kubernetes.io/node-name: use the pod's own service-account token)"
+    - expression: |-
+        variables.slices.all(s, s != null && s.spec.?nodeName.orValue("") == variables.nodeName)
+      reason: Forbidden
+      message: a node agent may write only the ResourceSlices of its own node
+      messageExpression: |-
+        variables.agent + " may write only the ResourceSlices of its own node " + variables.nodeName + ", not " + variables.slices.map(s, s == null ? "several slices at once" : "a slice of " + s.spec.?nodeName.orValue("no node")).join(", ")
+    - expression: |-
+        variables.slices.all(s, s != null && s.spec.driver == variables.driver)
+      reason: Forbidden
+      message: a node agent may write only the ResourceSlices of its own driver
+      messageExpression: |-
+        variables.agent + " may write only ResourceSlices of driver " + variables.driver
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ .name }}-resourceslices
+  {{- with .labels }}
+  labels:
+    {{- . | nindent 4 }}
+  {{- end }}
+spec:
+  policyName: {{ .name }}-resourceslices
+  validationActions: [Deny]
+{{- end }}
 {{- end -}}
 {{- end -}}
