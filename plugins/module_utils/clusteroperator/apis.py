@@ -23,8 +23,10 @@ Kind = Tuple[str, str]   # (apiVersion, kind)
 MONITORING_API = "monitoring.coreos.com/v1"
 SERVICE_MONITOR: Kind = (MONITORING_API, "ServiceMonitor")
 PROMETHEUS_RULE: Kind = (MONITORING_API, "PrometheusRule")
+# gpu-dra's DeviceClasses (issue 41): resource.k8s.io/v1 is served from Kubernetes 1.34
+DEVICE_CLASS: Kind = ("resource.k8s.io/v1", "DeviceClass")
 # Kinds a component may own that a cluster may not serve, with the CRDs that serve them.
-OPTIONAL_KINDS: Tuple[Kind, ...] = (SERVICE_MONITOR, PROMETHEUS_RULE)
+OPTIONAL_KINDS: Tuple[Kind, ...] = (SERVICE_MONITOR, PROMETHEUS_RULE, DEVICE_CLASS)
 OPTIONAL_CRDS: FrozenSet[str] = frozenset(("servicemonitors.monitoring.coreos.com",
                                            "prometheusrules.monitoring.coreos.com"))
 # How long a discovery answer is used by the paths that do not refresh it

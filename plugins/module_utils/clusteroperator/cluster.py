@@ -42,7 +42,7 @@ OWNED_KINDS: Tuple[Kind, ...] = (
     # container-runtime's RuntimeClass metax (issue 38)
     ("node.k8s.io/v1", "RuntimeClass"),
 )
-CLUSTER_KINDS = frozenset(("ClusterRole", "ClusterRoleBinding", "RuntimeClass"))
+CLUSTER_KINDS = frozenset(("ClusterRole", "ClusterRoleBinding", "RuntimeClass", "DeviceClass"))
 # Objects per list request of the status round's node and pod lists (docs/scale.md).
 LIST_PAGE = 500
 

@@ -63,6 +63,10 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
      "fields": ["deploy", "payload", "resources", "podTemplateSpec"], "registryDefaults": ["payload"]},
     {"spec": "runtime", "values": "runtime", "image": "container-runtime", "deployValue": None,
      "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
+    # extra (issue 41): gpu-dra, the DRA driver (docs/dra.md), default off
+    {"spec": "draDriver", "values": "draDriver", "image": "gpu-dra", "deployValue": None,
+     "fields": ["deploy", "healthyInterval", "extendedResourceClass", "resources", "podTemplateSpec"],
+     "registryDefaults": []},
     # the real product's vfio-manager: in the CR as in 0.9.2's, not built (a later issue)
     {"spec": "vfioManager", "values": "vfioManager", "image": "vfio-manager", "deployValue": None,
      "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
@@ -73,7 +77,8 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
 # IGNORED_VALUES_ANNOTATION, from which the status condition IgnoredFields reports them
 # (status.ignored_fields). "any": reported when set at all; "map": only when a map (a string
 # there is ours: controller.image). Nothing of a real values file is refused or dropped unsaid.
-_COMPONENT_VALUES = ("gpuLabel", "gpuDevice", "gpuAware", "dataExporter", "driver", "maca", "runtime", "vfioManager")
+_COMPONENT_VALUES = ("gpuLabel", "gpuDevice", "gpuAware", "dataExporter", "driver", "maca", "runtime", "vfioManager",
+                     "draDriver")
 IGNORED_VALUES: Dict[str, str] = dict(
     [("serviceAccount", "any"), ("cmInit", "any"), ("topoDiscovery", "any"), ("gpuScheduler", "any"),
      ("podTemplateSpecFile", "any"), ("controller.image", "map")]
@@ -206,6 +211,7 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
     payload = driver.get("payload") or {}
     maca = spec.get("maca") or {}
     maca_payload = maca.get("payload") or {}
+    dra = spec.get("draDriver") or {}
     values: Dict[str, Any] = {
         "registry": "operator.invalid/rendered",  # replaced per component by the CR's image
         "pullPolicy": _image(device, "gpu-device")["pullPolicy"],
@@ -244,6 +250,10 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
                         "log": merged_log(None, maca.get("log"))},
         "gpuNodeSelector": dict(gpu_node_selector),
         "deployExtenderGPUAware": False,
+        # always rendered too: desired_objects keeps gpu-dra's objects only when draDriver.deploy is true
+        "dra": {"enabled": True, "healthyInterval": dra.get("healthyInterval", 5),
+                "extendedResourceClass": dra.get("extendedResourceClass", "gpu"),
+                "log": merged_log(None, dra.get("log"))},
     }
     for key in ("hostRoot", "tolerations", "imagePullSecrets", "priorityClassName"):
         if key in spec:

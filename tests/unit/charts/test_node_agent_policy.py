@@ -54,7 +54,8 @@ EXTENSIONS_AGENTS = {"gpu-device", "gpu-label"}
 def policy_objects(objects: List[Dict[str, Any]], pods: bool = False):
     """The node policy and its binding, or (``pods``) the policy on the pods the agents delete."""
     found = {o["kind"]: o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")
-             and o["metadata"]["name"].endswith("-pods") == pods}
+             and o["metadata"]["name"].endswith("-pods") == pods
+             and not o["metadata"]["name"].endswith("-resourceslices")}
     return found.get("ValidatingAdmissionPolicy"), found.get("ValidatingAdmissionPolicyBinding")
 
 
@@ -333,8 +334,11 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
         "metax-gpu-device", "metax-gpu-label", "gpu-aware", "metax-driver"}
     writers = node_writers(deployed)
     agent_of = agent_map(policy)
-    assert set(agent_of) == writers
-    assert set(agent_of.values()) == EXTENSIONS_AGENTS | {"driver-manager"}
+    # gpu-dra (spec.draDriver, off here) is in the policy too: it writes no Node key and only its
+    # node's ResourceSlices (test_dra_chart.py); it only reads Nodes, so it is no node writer
+    dra_user = "system:serviceaccount:%s:gpu-dra" % namespace
+    assert set(agent_of) == writers | {dra_user}
+    assert set(agent_of.values()) == EXTENSIONS_AGENTS | {"driver-manager", "gpu-dra"}
     # the DaemonSets the controller applies run as those service accounts, in the release namespace
     daemonsets = {(o["metadata"]["namespace"], o["spec"]["template"]["spec"]["serviceAccountName"])
                   for o in deployed if o["kind"] == "DaemonSet"}
@@ -344,7 +348,7 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
     assert controller_writers == {"system:serviceaccount:%s:operator-controller" % namespace}
     assert not controller_writers & set(agent_of)
     condition = policy["spec"]["matchConditions"][0]["expression"]
-    assert json.loads(condition.split(" in ", 1)[1]) == sorted(writers)
+    assert json.loads(condition.split(" in ", 1)[1]) == sorted(writers | {dra_user})
     assert policy["metadata"]["name"] == binding["metadata"]["name"] == "%s-node-agents" % namespace
 
 
