@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""Kinds the operator owns only where the cluster serves them: the Prometheus operator's.
+"""Kinds the operator owns only where the cluster serves them: the Prometheus operator's, and
+gpu-dra's DeviceClass (resource.k8s.io/v1, served from Kubernetes 1.34).
 
 The Extensions chart renders gpu-exporter's ServiceMonitor and PrometheusRule
 only when ``.Capabilities.APIVersions`` has them; ``helm template`` knows no

@@ -77,8 +77,7 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
 # IGNORED_VALUES_ANNOTATION, from which the status condition IgnoredFields reports them
 # (status.ignored_fields). "any": reported when set at all; "map": only when a map (a string
 # there is ours: controller.image). Nothing of a real values file is refused or dropped unsaid.
-_COMPONENT_VALUES = ("gpuLabel", "gpuDevice", "gpuAware", "dataExporter", "driver", "maca", "runtime", "vfioManager",
-                     "draDriver")
+_COMPONENT_VALUES = ("gpuLabel", "gpuDevice", "gpuAware", "dataExporter", "driver", "maca", "runtime", "vfioManager")
 IGNORED_VALUES: Dict[str, str] = dict(
     [("serviceAccount", "any"), ("cmInit", "any"), ("topoDiscovery", "any"), ("gpuScheduler", "any"),
      ("podTemplateSpecFile", "any"), ("controller.image", "map")]
