@@ -155,3 +155,39 @@ def test_the_policy_confines_gpu_dras_slices_to_its_node_and_driver():
     node_policy = by(objects, "ValidatingAdmissionPolicy", "metax-gpu-node-agents")[0]
     assert user in node_policy["spec"]["matchConditions"][0]["expression"]
     assert names.NODE_AGENT_KEYS["gpu-dra"] == {"labels": (), "annotations": ()}
+
+
+def test_the_operator_renders_gpu_dra_only_when_its_spec_deploys_it():
+    """spec.draDriver.deploy: the controller's rendering of the Extensions chart keeps gpu-dra's DaemonSet,
+    RBAC and DeviceClasses, the classes cluster-scoped (no namespace, no owner reference across scopes)."""
+    from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import components, mapping
+    from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render as operator_render
+    from .helm import CHART
+
+    owner = {"metadata": {"name": names.OPERATOR_CR_NAME, "uid": "u-1"}}
+    for deploy in (False, True):
+        spec = {"minimal": False, "draDriver": {"deploy": deploy, "healthyInterval": 7,
+                                                "extendedResourceClass": "vf"},
+                "driver": {"deploy": False}, "maca": {"deploy": False}, "runtime": {"deploy": False}}
+        values = mapping.spec_to_extension_values(spec, {names.LABEL_GPU_INSTALLED: "true"})
+        assert values["dra"]["enabled"] and values["dra"]["healthyInterval"] == 7
+        rendered = operator_render.helm_template(HELM, str(CHART), values, "metax-operator")
+        desired = operator_render.desired_objects(rendered, spec, owner)
+        objects = desired[names.DAEMONSET_GPU_DRA]
+        if not deploy:
+            assert objects == []
+            continue
+        kinds = sorted(o["kind"] for o in objects)
+        assert kinds == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "DeviceClass", "DeviceClass",
+                         "ServiceAccount"]
+        for obj in objects:
+            if obj["kind"] == "DeviceClass":
+                assert "namespace" not in obj["metadata"] and "ownerReferences" not in obj["metadata"]
+        (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
+        args = gpu_dra.build_parser().parse_args(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+        assert args.healthy_interval == 7
+        assert ds["spec"]["template"]["spec"]["containers"][0]["image"].endswith("gpu-dra:latest")
+        mapped = [o["metadata"]["name"] for o in objects
+                  if o["kind"] == "DeviceClass" and o["spec"].get("extendedResourceName")]
+        assert mapped == [names.DRA_DEVICE_CLASS_VF]
+    assert components.GPU_DRA in components.REGISTRY and components.REGISTRY[-1] is components.GPU_DRA
