@@ -148,9 +148,15 @@ def test_the_policy_confines_gpu_dras_slices_to_its_node_and_driver():
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
     assert json.loads(variables["driver"].split("[request.userInfo.username]")[0]) == {user: names.DRA_DRIVER}
     checks = [v["expression"] for v in spec["validations"]]
-    assert checks[0] == 'variables.nodeName != ""'
-    assert "s.spec.?nodeName.orValue(\"\") == variables.nodeName" in checks[1]
-    assert "s.spec.driver == variables.driver" in checks[2]
+    assert checks == ['variables.nodeName != ""',
+                      'request.operation == "DELETE" || variables.newNode == variables.nodeName',
+                      'request.operation == "CREATE" || variables.oldNode == variables.nodeName',
+                      'request.operation == "DELETE" || object.spec.driver == variables.driver',
+                      'request.operation == "CREATE" || (oldObject != null && oldObject.spec.driver == variables.driver)']
+    assert 'object.spec.?nodeName.orValue("")' in variables["newNode"]
+    assert "oldObject == null" in variables["oldNode"] and 'oldObject.spec.?nodeName.orValue("")' in variables["oldNode"]
+    assert all(r["reason"] == "Forbidden" and r["messageExpression"].startswith("variables.agent + ")
+               for r in spec["validations"])
     # gpu-dra is a node agent of the Node policy too, owning no key: it may read its node, never change it
     node_policy = by(objects, "ValidatingAdmissionPolicy", "metax-gpu-node-agents")[0]
     assert user in node_policy["spec"]["matchConditions"][0]["expression"]

@@ -298,11 +298,14 @@ spec:
     - name: nodeName
       expression: |-
         has(request.userInfo.extra) && "authentication.kubernetes.io/node-name" in request.userInfo.extra && size(request.userInfo.extra["authentication.kubernetes.io/node-name"]) == 1 ? request.userInfo.extra["authentication.kubernetes.io/node-name"][0] : ""
-    # the slice as it is after the request (not on DELETE) and before it (not on CREATE);
-    # a delete naming no one slice has no old object, and fails the checks below
-    - name: slices
+    # the slice's node after the request (not on DELETE) and before it (not on CREATE; a delete
+    # naming no one slice, a deletecollection, has no old object: "")
+    - name: newNode
       expression: |-
-        (request.operation == "DELETE" ? [] : [object]) + (request.operation == "CREATE" ? [] : [oldObject])
+        request.operation == "DELETE" ? "" : object.spec.?nodeName.orValue("")
+    - name: oldNode
+      expression: |-
+        request.operation == "CREATE" || oldObject == null ? "" : oldObject.spec.?nodeName.orValue("")
   validations:
     - expression: variables.nodeName != ""
       reason: Forbidden
@@ -310,17 +313,29 @@ spec:
       messageExpression: |-
         variables.agent + " may write only ResourceSlices of the node its pod runs on, and this token names no node (no authentication.kubernetes.io/node-name: use the pod's own service-account token)"
     - expression: |-
-        variables.slices.all(s, s != null && s.spec.?nodeName.orValue("") == variables.nodeName)
+        request.operation == "DELETE" || variables.newNode == variables.nodeName
       reason: Forbidden
       message: a node agent may write only the ResourceSlices of its own node
       messageExpression: |-
-        variables.agent + " may write only the ResourceSlices of its own node " + variables.nodeName + ", not " + variables.slices.map(s, s == null ? "several slices at once" : "a slice of " + s.spec.?nodeName.orValue("no node")).join(", ")
+        variables.agent + " may write only the ResourceSlices of its own node " + variables.nodeName + ", not a slice of " + (variables.newNode == "" ? "no node" : "node " + variables.newNode)
     - expression: |-
-        variables.slices.all(s, s != null && s.spec.driver == variables.driver)
+        request.operation == "CREATE" || variables.oldNode == variables.nodeName
+      reason: Forbidden
+      message: a node agent may change or delete only the ResourceSlices of its own node
+      messageExpression: |-
+        variables.agent + " may change or delete only the ResourceSlices of its own node " + variables.nodeName + ", not " + (variables.oldNode == "" ? "several slices at once or a slice of no node" : "a slice of node " + variables.oldNode)
+    - expression: |-
+        request.operation == "DELETE" || object.spec.driver == variables.driver
       reason: Forbidden
       message: a node agent may write only the ResourceSlices of its own driver
       messageExpression: |-
         variables.agent + " may write only ResourceSlices of driver " + variables.driver
+    - expression: |-
+        request.operation == "CREATE" || (oldObject != null && oldObject.spec.driver == variables.driver)
+      reason: Forbidden
+      message: a node agent may change or delete only the ResourceSlices of its own driver
+      messageExpression: |-
+        variables.agent + " may change or delete only ResourceSlices of driver " + variables.driver
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicyBinding
