@@ -204,3 +204,16 @@ def test_parser_and_main_refuse_clearly(tmp_path):
         "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", 5)
     with pytest.raises(gpu_dra.UsageError, match="--node-name"):
         gpu_dra.main(["--node-name", "", "--log-format", "text"])
+
+
+def test_sockets_removed_by_a_restarting_kubelet_are_served_again(make_node, sockdir, tmp_path):
+    host = make_node("1xC500")
+    api = ApiServer()
+    with Running(make_agent(host, api, sockdir, tmp_path)) as agent:
+        assert until(lambda: os.path.exists(reg_socket(sockdir)))
+        os.unlink(reg_socket(sockdir))          # what a kubelet cleaning plugins_registry does
+        assert until(lambda: os.path.exists(reg_socket(sockdir)))     # (the inode number may be reused)
+        with grpc.insecure_channel("unix://" + reg_socket(sockdir)) as channel:
+            info = reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=5)
+        assert info.name == DRA_DRIVER and os.path.exists(info.endpoint)
+        assert agent.plugin.sockets_present()
