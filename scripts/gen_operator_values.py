@@ -66,6 +66,8 @@ NOT_SHARED: Dict[str, str] = {
     "driverManager": "the operator deploys driver-manager from its driver option (spec.driver)",
     # and its maca block (values-src, Table 3.3) is the CR's spec.maca; the controller fills this one from it
     "macaManager": "the operator deploys maca-manager from its maca option (spec.maca)",
+    # the operator's own draDriver block (values-src) is the CR's spec.draDriver (issue 41), deploy as the others
+    "dra": "the operator deploys gpu-dra from its draDriver option (spec.draDriver)",
 }
 
 KEY_LINE = re.compile(r"^([A-Za-z][\w.-]*):(\s|$)")

@@ -151,6 +151,8 @@ NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
                        "annotations": (ANNOTATION_DRIVER_MESSAGE, ANNOTATION_VFNUM_MESSAGE,
                                        ANNOTATION_DRIVER_UPGRADE_MESSAGE, ANNOTATION_DRIVER_PAYLOAD_VERSION,
                                        ANNOTATION_DRIVER_PAYLOAD_DRIVER, ANNOTATION_MAINTENANCE_OWNER)},
+    # gpu-dra reads its Node (the device-mode label) and writes no key of it
+    "gpu-dra": {"labels": (), "annotations": ()},
 }
 
 # Keys two node agents may write, each with its one writer at run time: the
@@ -242,3 +244,24 @@ RUNTIME_HANDLER = "metax"
 # Extensions chart (the operator-controller serves it in the GPU Operator scheme).
 SERVICE_ACCOUNT_DRIVER_MANAGER = "driver-manager"
 EVICTION_WEBHOOK = "metax-eviction-guard"
+# Dynamic Resource Allocation (issue 41, docs/dra.md). The driver name gpu-dra
+# registers with the kubelet and writes in its ResourceSlices (its attributes
+# are gpu.metax-tech.com/<name>); the DeviceClasses of a whole GPU and of a VF;
+# the device taint of an unhealthy device; the per-node switch between the
+# device plugin and DRA (absent: the device plugin). The two DaemonSets select
+# the nodes by it, so a node is never served by both.
+DRA_DRIVER = "gpu." + DOMAIN
+DRA_DEVICE_CLASS_GPU = "gpu.metax-tech.com"
+DRA_DEVICE_CLASS_VF = "vf.gpu.metax-tech.com"
+DRA_TAINT_UNHEALTHY = DRA_DRIVER + "/unhealthy"
+LABEL_DEVICE_MODE = PREFIX + "gpu.device-mode"
+DEVICE_MODE_PLUGIN = "device-plugin"
+DEVICE_MODE_DRA = "dra"
+DAEMONSET_GPU_DRA = "metax-gpu-dra"
+# the CDI spec gpu-dra writes per prepared claim: <prefix><claim uid>.json
+CDI_CLAIM_SPEC_PREFIX = "metax-tech.com-gpu-claim-"
+# The node agents that write ResourceSlices, each with the one DRA driver its
+# slices may name: the node-agent admission policy lets such an agent create,
+# update and delete only slices of that driver whose spec.nodeName is its own
+# pod's node (generated into the policy chart like NODE_AGENT_KEYS).
+NODE_AGENT_RESOURCE_SLICES: Dict[str, str] = {"gpu-dra": DRA_DRIVER}

@@ -41,6 +41,7 @@ from test_gpu_device_cluster import (  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils import names  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.sim import signals as sim_signals
 
 POLICY_DIR = "/etc/metax/health-policy"
 # quick to recover, so each signal's test ends in seconds
@@ -125,7 +126,7 @@ def health_agent(cluster, agent_images):
         agents.recreate_sim("8xC500")
     generator.reinstall_mx_smi(agents.sim())        # this simulator's mx-smi (-j, --count-ecc, injected signals)
     for gpu in generator.load_state(agents.sim())["gpus"]:
-        generator.clear_signals(agents.sim(), gpu["index"])
+        sim_signals.clear_signals(agents.sim(), gpu["index"])
     volumes = {
         "device-plugins": ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins"),
         "pod-resources": ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources"),
@@ -157,7 +158,7 @@ def health_agent(cluster, agent_images):
         agents.cluster.kubectl("-n", NS, "delete", "configmap", names.HEALTH_POLICY_CONFIGMAP, "--ignore-not-found")
         agents.cluster.kubectl("-n", NS, "delete", "role,rolebinding", "gpu-device-events", "--ignore-not-found")
         for gpu in generator.load_state(agents.sim())["gpus"]:
-            generator.clear_signals(agents.sim(), gpu["index"])
+            sim_signals.clear_signals(agents.sim(), gpu["index"])
         state = generator.load_state(agents.sim())
         if any(g["failed"] for g in state["gpus"]) or not state["driver_loaded"]:
             agents.recreate_sim("8xC500")
@@ -170,19 +171,19 @@ def healthy_again(agents, timeout=30):
 
 # (label, inject on GPU 2, the signal, its default row as the condition shows it)
 SIGNALS = [
-    ("ecc", lambda host: generator.inject_signals(host, 2, ecc={"dram_uncorrectable": 1}),
+    ("ecc", lambda host: sim_signals.inject_signals(host, 2, ecc={"dram_uncorrectable": 1}),
      "ecc-dram-uncorrectable", "[critical, device-unhealthy]", "False"),
-    ("aer", lambda host: generator.inject_signals(host, 2, pci_events={"aer_ue": 1}),
+    ("aer", lambda host: sim_signals.inject_signals(host, 2, pci_events={"aer_ue": 1}),
      "pci-aer-ue", "[critical, device-unhealthy]", "False"),
-    ("ras", lambda host: generator.inject_signals(host, 2, ras={"uncorrected": 1}),
+    ("ras", lambda host: sim_signals.inject_signals(host, 2, ras={"uncorrected": 1}),
      "ras-uncorrected", "[critical, device-unhealthy]", "False"),
-    ("mxlk", lambda host: generator.inject_signals(host, 2, mxlk_aer={"0": {"ue": 1}}),
+    ("mxlk", lambda host: sim_signals.inject_signals(host, 2, mxlk_aer={"0": {"ue": 1}}),
      "mxlk-aer-ue", "[warning, node-condition]", "False"),
-    ("eid", lambda host: generator.add_eid(host, 2, 1021),
+    ("eid", lambda host: sim_signals.add_eid(host, 2, 1021),
      "eid-driver", "[warning, node-condition]", "False"),
     ("state", lambda host: generator.fail_gpu(host, 2, "smi"),
      "gpu-not-available", "[critical, device-unhealthy]", "False"),
-    ("aer-ce", lambda host: generator.inject_signals(host, 2, pci_events={"aer_ce": 5}),
+    ("aer-ce", lambda host: sim_signals.inject_signals(host, 2, pci_events={"aer_ce": 5}),
      "pci-aer-ce", "[info, observe]", "True"),
 ]
 
@@ -213,7 +214,7 @@ def test_each_signal_reaches_the_condition_within_10s(health_agent, label, injec
         elif label == "state":
             generator.recover_gpu(host, 2)
         else:
-            generator.clear_signals(host, 2)
+            sim_signals.clear_signals(host, 2)
     if label == "eid":
         # the default eid-driver row counts EIDs within 600 s: restart gpu-device (counting starts again)
         agents.restart("gpu-device")
@@ -232,7 +233,7 @@ def test_uncorrectable_ecc_on_one_of_eight_then_quarantine(health_agent, cluster
     host = agents.sim()
     pods = []
     try:
-        generator.inject_signals(host, 5, ecc={"dram_uncorrectable": 1})
+        sim_signals.inject_signals(host, 5, ecc={"dram_uncorrectable": 1})
         wait_for(lambda: agents.gpu_resources() == (8, 7), DETECTION_BUDGET + status_delay + 2, "allocatable 7")
         devices = json.loads(agents.annotations()["metax-tech.com/gpu.devices"])
         assert [d["health"] for d in devices].count("Unhealthy") == 1
@@ -254,7 +255,7 @@ def test_uncorrectable_ecc_on_one_of_eight_then_quarantine(health_agent, cluster
     finally:
         for pod in pods:
             agents.api.delete_namespaced_pod(pod, NS, grace_period_seconds=0)
-        generator.clear_signals(host, 5)
+        sim_signals.clear_signals(host, 5)
     t0 = time.monotonic()
     wait_for(lambda: agents.our_taints() == [], DETECTION_BUDGET, "the taint removed")
     healthy_again(agents)

@@ -115,6 +115,16 @@ def maca_env(maca: Maca, container_path: str = MACA_CONTAINER_PATH) -> List[str]
     return env
 
 
+def _common_edits(maca: Optional[Maca], host_path: Callable[[str], str], container_maca: str) -> Dict[str, Any]:
+    """The spec-wide edits: ``/dev/mxcd``, and the host's MXMACA with its environment."""
+    common: Dict[str, Any] = {"deviceNodes": [_node(DEVICE_MXCD, host_path)]}
+    if maca is not None:
+        common["env"] = maca_env(maca, container_maca)
+        common["mounts"] = [{"hostPath": maca.host_path, "containerPath": container_maca,
+                             "options": list(MOUNT_OPTIONS)}]
+    return common
+
+
 def build_spec(devices: Sequence[CdiDevice], maca: Optional[Maca],
                host_path: Callable[[str], str] = lambda path: path,
                container_maca: str = MACA_CONTAINER_PATH) -> Dict[str, Any]:
@@ -135,11 +145,7 @@ def build_spec(devices: Sequence[CdiDevice], maca: Optional[Maca],
             cdi_devices.append({"name": name, "containerEdits": edits})
     cdi_devices.append({"name": CDI_ALL, "containerEdits": {
         "deviceNodes": [_node(path, host_path) for dev in ordered for path in dev.nodes]}})
-    common: Dict[str, Any] = {"deviceNodes": [_node(DEVICE_MXCD, host_path)]}
-    if maca is not None:
-        common["env"] = maca_env(maca, container_maca)
-        common["mounts"] = [{"hostPath": maca.host_path, "containerPath": container_maca,
-                             "options": list(MOUNT_OPTIONS)}]
+    common = _common_edits(maca, host_path, container_maca)
     spec: Dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND, "devices": cdi_devices, "containerEdits": common}
     spec["cdiVersion"] = required_version(spec)
     return spec
@@ -178,3 +184,34 @@ def qualified_name(name: Any, kind: str = CDI_KIND) -> str:
 def device_names(spec: Dict[str, Any]) -> List[str]:
     """The fully qualified names (``metax-tech.com/gpu=0``) a spec defines."""
     return [qualified_name(d["name"], spec["kind"]) for d in spec.get("devices") or []]
+
+
+def claim_device_name(claim_uid: str, name: str) -> str:
+    """The CDI device name of device ``name`` of a DRA claim: ``<claim uid>-<name>``."""
+    return "%s-%s" % (claim_uid, name)
+
+
+def build_claim_spec(claim_uid: str, devices: Sequence[Tuple[str, CdiDevice]], maca: Optional[Maca],
+                     host_path: Callable[[str], str] = lambda path: path,
+                     container_maca: str = MACA_CONTAINER_PATH) -> Dict[str, Any]:
+    """The spec of one DRA claim (gpu-dra): ``(device name, device)`` pairs -> a spec whose
+    devices are named ``<claim uid>-<device name>``.
+
+    The claim's UID in every name keeps two claims' specs (and gpu-device's node spec, which
+    may be left on a node switched to DRA) from defining the same name: the CDI cache drops a
+    name two specs of one priority define. The spec-wide edits are the node spec's:
+    ``/dev/mxcd``, the host's MXMACA and its environment.
+    """
+    if not devices:
+        raise CdiSpecError("claim %s has no MetaX device: a CDI spec needs at least one" % claim_uid)
+    cdi_devices: List[Dict[str, Any]] = []
+    for name, dev in devices:
+        full = claim_device_name(claim_uid, name)
+        if not _NAME.match(full):
+            raise CdiSpecError("%r is not a valid CDI device name" % full)
+        cdi_devices.append({"name": full, "containerEdits": {
+            "deviceNodes": [_node(path, host_path) for path in dev.nodes]}})
+    common = _common_edits(maca, host_path, container_maca)
+    spec: Dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND, "devices": cdi_devices, "containerEdits": common}
+    spec["cdiVersion"] = required_version(spec)
+    return spec

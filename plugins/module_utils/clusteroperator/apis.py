@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""Kinds the operator owns only where the cluster serves them: the Prometheus operator's.
+"""Kinds the operator owns only where the cluster serves them: the Prometheus operator's, and
+gpu-dra's DeviceClass (resource.k8s.io/v1, served from Kubernetes 1.34).
 
 The Extensions chart renders gpu-exporter's ServiceMonitor and PrometheusRule
 only when ``.Capabilities.APIVersions`` has them; ``helm template`` knows no
@@ -23,8 +24,10 @@ Kind = Tuple[str, str]   # (apiVersion, kind)
 MONITORING_API = "monitoring.coreos.com/v1"
 SERVICE_MONITOR: Kind = (MONITORING_API, "ServiceMonitor")
 PROMETHEUS_RULE: Kind = (MONITORING_API, "PrometheusRule")
+# gpu-dra's DeviceClasses (issue 41): resource.k8s.io/v1 is served from Kubernetes 1.34
+DEVICE_CLASS: Kind = ("resource.k8s.io/v1", "DeviceClass")
 # Kinds a component may own that a cluster may not serve, with the CRDs that serve them.
-OPTIONAL_KINDS: Tuple[Kind, ...] = (SERVICE_MONITOR, PROMETHEUS_RULE)
+OPTIONAL_KINDS: Tuple[Kind, ...] = (SERVICE_MONITOR, PROMETHEUS_RULE, DEVICE_CLASS)
 OPTIONAL_CRDS: FrozenSet[str] = frozenset(("servicemonitors.monitoring.coreos.com",
                                            "prometheusrules.monitoring.coreos.com"))
 # How long a discovery answer is used by the paths that do not refresh it

@@ -18,7 +18,8 @@ from ..errors import MetaxGpuError
 from ..kube.client import HAS_KUBERNETES, ApiException, KubeClientError
 from ..kube.node import patch_metadata, strip_changes
 from ..kube.pages import raw_list
-from .apis import OPTIONAL_KINDS, Kind, ServedKinds, delete_policy, group_versions, owned_kinds, served_of
+from .apis import (DEVICE_CLASS, OPTIONAL_KINDS, PROMETHEUS_RULE, SERVICE_MONITOR, Kind, ServedKinds, delete_policy,
+                   group_versions, owned_kinds, served_of)
 from .contract import Component
 from .driver_rollout import RolloutPlan, driver_rollout, handback_patches
 
@@ -35,14 +36,16 @@ except ImportError:
 # (the Prometheus operator's) only where the cluster serves them.
 OWNED_KINDS: Tuple[Kind, ...] = (
     ("apps/v1", "DaemonSet"), ("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"),
-) + OPTIONAL_KINDS + (
+    SERVICE_MONITOR, PROMETHEUS_RULE,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
     # container-runtime's RuntimeClass metax (issue 38)
     ("node.k8s.io/v1", "RuntimeClass"),
+    # gpu-dra's DeviceClasses (issue 41), where resource.k8s.io/v1 is served (an optional kind)
+    DEVICE_CLASS,
 )
-CLUSTER_KINDS = frozenset(("ClusterRole", "ClusterRoleBinding", "RuntimeClass"))
+CLUSTER_KINDS = frozenset(("ClusterRole", "ClusterRoleBinding", "RuntimeClass", "DeviceClass"))
 # Objects per list request of the status round's node and pod lists (docs/scale.md).
 LIST_PAGE = 500
 

@@ -91,8 +91,18 @@ MACA = Component(
     gpu_nodes_only=True, default_deploy=True,  # on by default, as the real product (issue 38)
 )
 
+# gpu-dra (issue 41, docs/dra.md): the DRA driver gpu.metax-tech.com and its DeviceClasses,
+# on the GPU nodes labelled metax-tech.com/gpu.device-mode=dra (the chart's nodeAffinity;
+# gpu-device leaves them); after maca.ready and runtime.ready, as gpu-device. Off unless deployed.
+GPU_DRA = Component(
+    name=names.DAEMONSET_GPU_DRA, spec_key="draDriver", values_key="draDriver", chart=EXTENSIONS_CHART,
+    image="gpu-dra", default_deploy=False, gpu_nodes_only=True,
+    requires=(names.LABEL_MACA_READY, names.LABEL_RUNTIME_READY),
+)
+
 # Chain order: a component comes after every component owning a label it requires.
-REGISTRY: Tuple[Component, ...] = (GPU_LABEL, CONTAINER_RUNTIME, DRIVER, MACA, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER)
+REGISTRY: Tuple[Component, ...] = (GPU_LABEL, CONTAINER_RUNTIME, DRIVER, MACA, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER,
+                                   GPU_DRA)
 
 BY_NAME: Dict[str, Component] = {c.name: c for c in REGISTRY}
 BY_SPEC_KEY: Dict[str, Component] = {c.spec_key: c for c in REGISTRY}

@@ -64,6 +64,10 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
      "fields": ["deploy", "payload", "resources", "podTemplateSpec"], "registryDefaults": ["payload"]},
     {"spec": "runtime", "values": "runtime", "image": "container-runtime", "deployValue": None,
      "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
+    # extra (issue 41): gpu-dra, the DRA driver (docs/dra.md), default off
+    {"spec": "draDriver", "values": "draDriver", "image": "gpu-dra", "deployValue": None,
+     "fields": ["deploy", "healthyInterval", "extendedResourceClass", "resources", "podTemplateSpec"],
+     "registryDefaults": []},
     # the real product's vfio-manager: in the CR as in 0.9.2's, not built (a later issue)
     {"spec": "vfioManager", "values": "vfioManager", "image": "vfio-manager", "deployValue": None,
      "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
@@ -207,6 +211,7 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
     payload = driver.get("payload") or {}
     maca = spec.get("maca") or {}
     maca_payload = maca.get("payload") or {}
+    dra = spec.get("draDriver") or {}
     values: Dict[str, Any] = {
         "registry": "operator.invalid/rendered",  # replaced per component by the CR's image
         "pullPolicy": _image(device, "gpu-device")["pullPolicy"],
@@ -249,6 +254,10 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
                         "log": merged_log(None, maca.get("log"))},
         "gpuNodeSelector": dict(gpu_node_selector),
         "deployExtenderGPUAware": False,
+        # always rendered too: desired_objects keeps gpu-dra's objects only when draDriver.deploy is true
+        "dra": {"enabled": True, "healthyInterval": dra.get("healthyInterval", 5),
+                "extendedResourceClass": dra.get("extendedResourceClass", "gpu"),
+                "log": merged_log(None, dra.get("log"))},
     }
     for key in ("hostRoot", "tolerations", "imagePullSecrets", "priorityClassName"):
         if key in spec:

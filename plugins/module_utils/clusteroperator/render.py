@@ -25,7 +25,7 @@ from .contract import Component, administrator_owned, deployed, gate_selector, o
 from .mapping import image_reference, spec_to_extension_values
 from .podtemplate import apply_overrides
 
-CLUSTER_SCOPED = frozenset(("ClusterRole", "ClusterRoleBinding", "RuntimeClass"))
+CLUSTER_SCOPED = frozenset(("ClusterRole", "ClusterRoleBinding", "RuntimeClass", "DeviceClass"))
 WORKLOADS = frozenset(("DaemonSet", "Deployment"))
 # Helm's own labels: the operator, not Helm, manages these objects.
 HELM_LABELS = ("app.kubernetes.io/managed-by", "helm.sh/chart")

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from ..gpu import mxsmi, mxsmi_json, pci
+from ..gpu import mxsmi, mxsmi_ecc, mxsmi_json, pci
 from ..gpu.discovery import DRIVER_MODULE, MX_SMI, DiscoveryError, discover
 from ..gpu.model import Inventory
 from ..host import HostRoot, HostRootError
@@ -188,7 +188,7 @@ class NodeReader:
             return
         found: List[str] = []
         try:
-            self.ecc = mxsmi.parse_count_ecc(out, found)
+            self.ecc = mxsmi_ecc.parse_count_ecc(out, found)
         except _PARSE_FAILURES as exc:
             found.append(str(exc))
             self.ecc = {}

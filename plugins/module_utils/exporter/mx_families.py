@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from ..gpu.mxsmi import ECC_ERROR_KEYS
+from ..gpu.mxsmi_ecc import ECC_ERROR_KEYS
 from .readings import DeviceMetrics, Reading
 
 Labels = Tuple[Tuple[str, str], ...]

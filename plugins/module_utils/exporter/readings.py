@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
 from ..gpu.model import Inventory
-from ..gpu.mxsmi import ECC_ERROR_KEYS, GpuSample, MxSmiTable
+from ..gpu.mxsmi import GpuSample, MxSmiTable
+from ..gpu.mxsmi_ecc import ECC_ERROR_KEYS
 from ..gpu.mxsmi_json import JsonDevice, MxSmiJson
 from ..health.signals import EidCounts
 

@@ -203,7 +203,7 @@ class NodeHealthWriter:
         if new is not None:
             # JSON patch guarded by the resourceVersion: a concurrent change of the taints (an
             # administrator's) fails the test and is read again next time, never overwritten
-            patch = [{"op": "test", "path": "/metadata/resourceVersion",
+            patch: List[Dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
                       "value": (node.get("metadata") or {}).get("resourceVersion")},
                      {"op": "add", "path": "/spec/taints", "value": new}]
             kube_node.json_patch_node(self.core, self.node, patch, timeout=self.timeout)

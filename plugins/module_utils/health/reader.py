@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..gpu import mxsmi, mxsmi_json
+from ..gpu import mxsmi, mxsmi_ecc, mxsmi_json
 from ..gpu.discovery import MX_SMI
 from ..gpu.model import Inventory
 from ..host import HostRoot, HostRootError
@@ -87,7 +87,7 @@ class HealthReader:
         if out is None:
             return None
         try:
-            return mxsmi.parse_count_ecc(out, problems)
+            return mxsmi_ecc.parse_count_ecc(out, problems)
         except _PARSE_FAILURES as exc:
             problems.append(str(exc))
             return None

@@ -54,7 +54,7 @@ except ImportError:
         reason = ""
 
 __all__ = ["ApiException", "Auth", "HAS_KUBERNETES", "KubeClientError", "KubeApiError", "KubeConnectionError", "api_client",
-           "api_client_for", "auth_from_params", "coordination_v1", "core_v1", "module_client", "reaching"]
+           "api_client_for", "auth_from_params", "coordination_v1", "core_v1", "custom_objects", "module_client", "reaching"]
 
 MISSING = "the 'kubernetes' Python package is required (requirements/agents.txt)"
 
@@ -439,3 +439,11 @@ def coordination_v1(client: Any) -> Any:
     if not HAS_KUBERNETES:
         raise KubeClientError(MISSING)
     return k8s_client.CoordinationV1Api(client)
+
+
+def custom_objects(client: Any) -> Any:
+    """CustomObjectsApi over an ApiClient: any group's objects as dicts (gpu-dra's resource.k8s.io/v1,
+    whose fields the typed models of an older client would drop)."""
+    if not HAS_KUBERNETES:
+        raise KubeClientError(MISSING)
+    return k8s_client.CustomObjectsApi(client)

@@ -7,8 +7,9 @@
 ``grpc_api``        the guarded import of grpc and the kubelet API stubs (once)
 ``registration``    Register a device plugin with the kubelet
 ``podresources``    which devices the kubelet has assigned to containers
+``pluginwatcher``   the plugin-registration server a DRA plugin offers the kubelet
 
-Used by gpu-device (``deviceplugin/``) and gpu-exporter; neither imports the
+Used by gpu-device (``deviceplugin/``), gpu-dra (``dra/``) and gpu-exporter; neither imports the
 other. The stubs themselves stay where their generator writes them
 (``deviceplugin/api/``, ``deviceplugin/gen_protos.sh``).
 """

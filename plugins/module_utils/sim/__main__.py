@@ -29,6 +29,7 @@ from typing import List, Optional
 
 from ..host import HostRoot
 from . import generator
+from . import signals as sim_signals
 from .kernel import install_hook
 from .pkgtool import LAYOUTS, install_tools, make_package, make_payload, remove_tools
 from .spec import PRESETS, preset
@@ -76,10 +77,10 @@ def _fail(host: HostRoot, args: argparse.Namespace) -> None:
     mxlk = _mxlk(args.mxlk_aer)
     signals = bool(groups or mxlk or args.eid)
     if signals:
-        generator.inject_signals(host, args.gpu, ecc=groups.get("ecc"), pci_events=groups.get("pci_events"),
+        sim_signals.inject_signals(host, args.gpu, ecc=groups.get("ecc"), pci_events=groups.get("pci_events"),
                                  ras=groups.get("ras"), mxlk_aer=mxlk)
         for eid in args.eid:
-            sys.stdout.write(generator.add_eid(host, args.gpu, eid, sdk=args.sdk))
+            sys.stdout.write(sim_signals.add_eid(host, args.gpu, eid, sdk=args.sdk))
     if args.mode is not None or not signals:
         generator.fail_gpu(host, args.gpu, args.mode or "bus")
 
@@ -192,7 +193,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             state = generator.load_state(host)
             json.dump({"driver_loaded": state["driver_loaded"], "driver_version": state["driver_version"],
                        "gpus": [dict({k: g[k] for k in ("index", "bdf", "product", "failed", "numvfs")},
-                                     **{k: g[k] for k in generator.SIGNAL_KEYS if g.get(k)})
+                                     **{k: g[k] for k in sim_signals.SIGNAL_KEYS if g.get(k)})
                                 for g in state["gpus"]]}, sys.stdout, indent=2)
             sys.stdout.write("\n")
         return 0

@@ -296,7 +296,12 @@ def test_node_agents_stay_off_paused_nodes():
     for ds in daemonsets:
         terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert terms == [{"matchExpressions": [{"key": names.LABEL_AGENTS_PAUSED, "operator": "DoesNotExist"}]}]
+        # one term (the expressions are ANDed): the pause, then gpu-device's mode (docs/dra.md)
+        assert len(terms) == 1
+        assert terms[0]["matchExpressions"][0] == {"key": names.LABEL_AGENTS_PAUSED, "operator": "DoesNotExist"}
+        extra = terms[0]["matchExpressions"][1:]
+        assert extra == ([{"key": names.LABEL_DEVICE_MODE, "operator": "NotIn", "values": [names.DEVICE_MODE_DRA]}]
+                         if ds["metadata"]["name"] == "metax-gpu-device" else [])
 
 
 def test_gpu_aware_has_its_own_priority_class():

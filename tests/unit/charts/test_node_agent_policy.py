@@ -54,7 +54,8 @@ EXTENSIONS_AGENTS = {"gpu-device", "gpu-label"}
 def policy_objects(objects: List[Dict[str, Any]], pods: bool = False):
     """The node policy and its binding, or (``pods``) the policy on the pods the agents delete."""
     found = {o["kind"]: o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")
-             and o["metadata"]["name"].endswith("-pods") == pods}
+             and o["metadata"]["name"].endswith("-pods") == pods
+             and not o["metadata"]["name"].endswith("-resourceslices")}
     return found.get("ValidatingAdmissionPolicy"), found.get("ValidatingAdmissionPolicyBinding")
 
 
@@ -140,6 +141,17 @@ def test_a_table_the_policy_cannot_express_is_refused(table, words):
         gen.key_data("metax-tech.com/", table)
     assert words in str(err.value)
 
+
+
+def test_resource_slice_writers_are_node_agents_with_a_driver():
+    """names.NODE_AGENT_RESOURCE_SLICES (gpu-dra) goes into the data; a writer that is no node agent is refused."""
+    data = gen.key_data(names.PREFIX, names.NODE_AGENT_KEYS, names.SHARED_NODE_KEYS, names.NODE_AGENT_RESOURCE_SLICES)
+    assert data["resourceSlices"] == {"gpu-dra": names.DRA_DRIVER}
+    assert gen.key_data("metax-tech.com/", {"a": {}})["resourceSlices"] == {}
+    with pytest.raises(gen.TableError, match="'b' is not a node agent"):
+        gen.key_data("metax-tech.com/", {"a": {}}, slices={"b": "x.example.com"})
+    with pytest.raises(gen.TableError, match="no driver"):
+        gen.key_data("metax-tech.com/", {"a": {}}, slices={"a": ""})
 
 def _tree_copy(tmp_path: Path) -> Path:
     """names.py and files/charts in a scratch root, to change one without touching the checkout."""
@@ -330,8 +342,11 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
         "metax-gpu-device", "metax-gpu-label", "gpu-aware", "metax-driver"}
     writers = node_writers(deployed)
     agent_of = agent_map(policy)
-    assert set(agent_of) == writers
-    assert set(agent_of.values()) == EXTENSIONS_AGENTS | {"driver-manager"}
+    # gpu-dra (spec.draDriver, off here) is in the policy too: it writes no Node key and only its
+    # node's ResourceSlices (test_dra_chart.py); it only reads Nodes, so it is no node writer
+    dra_user = "system:serviceaccount:%s:gpu-dra" % namespace
+    assert set(agent_of) == writers | {dra_user}
+    assert set(agent_of.values()) == EXTENSIONS_AGENTS | {"driver-manager", "gpu-dra"}
     # the DaemonSets the controller applies run as those service accounts, in the release namespace
     daemonsets = {(o["metadata"]["namespace"], o["spec"]["template"]["spec"]["serviceAccountName"])
                   for o in deployed if o["kind"] == "DaemonSet"}
@@ -341,7 +356,7 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
     assert controller_writers == {"system:serviceaccount:%s:operator-controller" % namespace}
     assert not controller_writers & set(agent_of)
     condition = policy["spec"]["matchConditions"][0]["expression"]
-    assert json.loads(condition.split(" in ", 1)[1]) == sorted(writers)
+    assert json.loads(condition.split(" in ", 1)[1]) == sorted(writers | {dra_user})
     assert policy["metadata"]["name"] == binding["metadata"]["name"] == "%s-node-agents" % namespace
 
 
@@ -416,4 +431,4 @@ def test_an_agent_missing_from_names_py_is_refused(tmp_path, chart):
                                                            '"gpu-mystery" "gpu-mystery"'), encoding="utf-8")
     rc, objects, err = render(HELM, chart_values(chart, {}), extra=SUPPORTED, chart=chart)
     assert rc != 0 and not objects
-    assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: driver-manager, gpu-device, gpu-label)" in err
+    assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: driver-manager, gpu-device, gpu-dra, gpu-label)" in err

@@ -22,7 +22,7 @@ needs_helm = helm_required(HELM)
 RBAC_GROUP = "rbac.authorization.k8s.io"
 EVERYTHING = {"deployExtenderGPUAware": True, "driver": {"deploy": True, "payload": {"version": "2.14.3"}},
               "maca": {"deploy": True, "payload": {"images": ["mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]}},
-              "runtime": {"deploy": True}}
+              "runtime": {"deploy": True}, "draDriver": {"deploy": True}}
 
 
 def _controller_role(objects):

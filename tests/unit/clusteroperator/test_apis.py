@@ -31,22 +31,24 @@ HELM = find_helm()
 OWNER = {"metadata": {"name": names.OPERATOR_CR_NAME, "namespace": names.OPERATOR_NAMESPACE, "uid": "u-1"}}
 EXPORTER = {"dataExporter": {"deploy": True}}
 BOTH = frozenset(apis.OPTIONAL_KINDS)
+MONITORING = frozenset((apis.SERVICE_MONITOR, apis.PROMETHEUS_RULE))
 
 
 def test_api_versions_name_exactly_the_served_optional_kinds():
     assert apis.helm_api_versions(frozenset()) == []
     assert apis.helm_api_versions(BOTH) == ["monitoring.coreos.com/v1/PrometheusRule",
-                                            "monitoring.coreos.com/v1/ServiceMonitor"]
+                                            "monitoring.coreos.com/v1/ServiceMonitor", "resource.k8s.io/v1/DeviceClass"]
     assert apis.helm_api_versions({apis.SERVICE_MONITOR, ("apps/v1", "DaemonSet")}) == [
         "monitoring.coreos.com/v1/ServiceMonitor"]     # only what the controller asks discovery about
 
 
 def test_discovery_answer_is_read_by_kind():
     listed = ["Alertmanager", "PodMonitor", "Prometheus", "PrometheusRule", "ServiceMonitor"]
-    assert apis.served_of("monitoring.coreos.com/v1", listed) == BOTH
+    assert apis.served_of("monitoring.coreos.com/v1", listed) == MONITORING
     assert apis.served_of("monitoring.coreos.com/v1", ["ServiceMonitor"]) == {apis.SERVICE_MONITOR}
     assert apis.served_of("monitoring.coreos.com/v1alpha1", listed) == frozenset()
-    assert apis.group_versions() == ("monitoring.coreos.com/v1",)
+    assert apis.group_versions() == ("monitoring.coreos.com/v1", "resource.k8s.io/v1")
+    assert apis.served_of("resource.k8s.io/v1", ["DeviceClass", "ResourceSlice"]) == {apis.DEVICE_CLASS}
 
 
 def test_owned_kinds_leave_out_what_is_not_served_and_keep_the_order():

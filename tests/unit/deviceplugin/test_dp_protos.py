@@ -19,7 +19,7 @@ from google.protobuf import descriptor_pb2  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin import constants as C  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.api import (  # noqa: E402
-    deviceplugin_v1beta1_pb2 as dp, podresources_v1_pb2 as pr,
+    deviceplugin_v1beta1_pb2 as dp, dra_v1_pb2 as dra, pluginregistration_v1_pb2 as reg, podresources_v1_pb2 as pr,
 )
 from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME  # noqa: E402
 
@@ -94,8 +94,36 @@ def _fields(module):
     return proto, {(m.name, f.name): (f.number, f.label, f.type) for m in proto.message_type for f in m.field}
 
 
+DRA_FIELDS = {
+    ("NodePrepareResourcesRequest", "claims"): (1, REPEATED, T_MSG),
+    ("NodePrepareResourcesResponse", "claims"): (1, REPEATED, T_MSG),      # map<string, ...>
+    ("NodePrepareResourceResponse", "devices"): (1, REPEATED, T_MSG),
+    ("NodePrepareResourceResponse", "error"): (2, OPTIONAL, T_STRING),
+    ("Device", "request_names"): (1, REPEATED, T_STRING),
+    ("Device", "pool_name"): (2, OPTIONAL, T_STRING),
+    ("Device", "device_name"): (3, OPTIONAL, T_STRING),
+    ("Device", "cdi_device_ids"): (4, REPEATED, T_STRING),
+    ("Device", "share_id"): (5, OPTIONAL, T_STRING),
+    ("NodeUnprepareResourcesRequest", "claims"): (1, REPEATED, T_MSG),
+    ("NodeUnprepareResourcesResponse", "claims"): (1, REPEATED, T_MSG),
+    ("NodeUnprepareResourceResponse", "error"): (1, OPTIONAL, T_STRING),
+    ("Claim", "namespace"): (1, OPTIONAL, T_STRING),
+    ("Claim", "uid"): (2, OPTIONAL, T_STRING),
+    ("Claim", "name"): (3, OPTIONAL, T_STRING),
+}
+REGISTRATION_FIELDS = {
+    ("PluginInfo", "type"): (1, OPTIONAL, T_STRING),
+    ("PluginInfo", "name"): (2, OPTIONAL, T_STRING),
+    ("PluginInfo", "endpoint"): (3, OPTIONAL, T_STRING),
+    ("PluginInfo", "supported_versions"): (4, REPEATED, T_STRING),
+    ("RegistrationStatus", "plugin_registered"): (1, OPTIONAL, T_BOOL),
+    ("RegistrationStatus", "error"): (2, OPTIONAL, T_STRING),
+}
+
+
 @pytest.mark.parametrize("module, package, expected", [
-    (dp, "v1beta1", DEVICEPLUGIN_FIELDS), (pr, "v1", PODRESOURCES_FIELDS)])
+    (dp, "v1beta1", DEVICEPLUGIN_FIELDS), (pr, "v1", PODRESOURCES_FIELDS),
+    (dra, "k8s.io.kubelet.pkg.apis.dra.v1", DRA_FIELDS), (reg, "pluginregistration", REGISTRATION_FIELDS)])
 def test_wire_contract(module, package, expected):
     proto, fields = _fields(module)
     assert proto.package == package
@@ -115,6 +143,11 @@ def test_method_paths():
     assert law.output_type.full_name == "v1beta1.ListAndWatchResponse"
     lister = pr.DESCRIPTOR.services_by_name["PodResourcesLister"]
     assert [m.name for m in lister.methods] == ["List", "GetAllocatableResources", "Get"]
+    # the paths the kubelet's DRA client and plugin watcher dial (api_grpc.pb.go of v1.36.3)
+    assert {s.full_name: [m.name for m in s.methods] for s in dra.DESCRIPTOR.services_by_name.values()} == {
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"]}
+    assert {s.full_name: [m.name for m in s.methods] for s in reg.DESCRIPTOR.services_by_name.values()} == {
+        "pluginregistration.Registration": ["GetInfo", "NotifyRegistrationStatus"]}
 
 
 def test_known_bytes():
@@ -146,14 +179,15 @@ def test_committed_stubs_match_the_protos():
 
     with tempfile.TemporaryDirectory() as out:
         names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(API_DIR, "*.proto")))
-        assert names == ["deviceplugin_v1beta1.proto", "podresources_v1.proto"]
+        assert names == ["deviceplugin_v1beta1.proto", "dra_v1.proto", "pluginregistration_v1.proto",
+                         "podresources_v1.proto"]
         args = ["protoc", "--proto_path=" + API_DIR, "--descriptor_set_out=" + os.path.join(out, "set.pb")]
         assert protoc.main(args + [os.path.join(API_DIR, n) for n in names]) == 0, grpc_tools
         fds = descriptor_pb2.FileDescriptorSet()
         with open(os.path.join(out, "set.pb"), "rb") as handle:
             fds.ParseFromString(handle.read())
     fresh = {f.name: _normalized(f) for f in fds.file}
-    for module in (dp, pr):
+    for module in (dp, pr, dra, reg):
         committed = descriptor_pb2.FileDescriptorProto()
         module.DESCRIPTOR.CopyToProto(committed)
         assert _normalized(committed) == fresh[committed.name], (
@@ -184,6 +218,7 @@ def test_gen_protos_reports_stale_files(tmp_path):
     assert gen_protos.main(["--dir", str(tmp_path), "--check"]) == 0
     assert sorted(n for n in os.listdir(str(tmp_path)) if n.endswith(".py")) == [
         "deviceplugin_v1beta1_pb2.py", "deviceplugin_v1beta1_pb2_grpc.py",
+        "dra_v1_pb2.py", "dra_v1_pb2_grpc.py", "pluginregistration_v1_pb2.py", "pluginregistration_v1_pb2_grpc.py",
         "podresources_v1_pb2.py", "podresources_v1_pb2_grpc.py"]
     for name in os.listdir(str(tmp_path)):
         if name.endswith(".py"):
@@ -204,7 +239,8 @@ def _upstream(path):
 
 
 @pytest.mark.parametrize("module, rel", [
-    (dp, "pkg/apis/deviceplugin/v1beta1/api.proto"), (pr, "pkg/apis/podresources/v1/api.proto")])
+    (dp, "pkg/apis/deviceplugin/v1beta1/api.proto"), (pr, "pkg/apis/podresources/v1/api.proto"),
+    (dra, "pkg/apis/dra/v1/api.proto"), (reg, "pkg/apis/pluginregistration/v1/api.proto")])
 def test_same_as_the_kubelets_own_proto(module, rel):
     """When the Kubernetes sources are around (the local cluster builds them), compare field by field."""
     upstream = _upstream(rel)

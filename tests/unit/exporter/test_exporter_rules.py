@@ -22,6 +22,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_exporter impo
 from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import NodeReader
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
 
+from ansible_collections.metax.gpu.plugins.module_utils.sim import signals as sim_signals
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from exposition import samples  # noqa: E402
 
@@ -124,9 +125,9 @@ def test_health_alerts_fire_on_the_signals_gpu_exporter_reads(make_node, tmp_pat
     host = make_node("8xC500")
     reader = NodeReader(host, timeout=20.0, eids=EidTracker(host.path))
     before = Exporter(reader, "gpu-node-1", 60.0, 30.0).exposition().decode()
-    generator.inject_signals(host, 1, ecc={"dram_uncorrectable": 1}, pci_events={"aer_ue": 2}, ras={"uncorrected": 3},
+    sim_signals.inject_signals(host, 1, ecc={"dram_uncorrectable": 1}, pci_events={"aer_ue": 2}, ras={"uncorrected": 3},
                              mxlk_aer={"0": {"ue": 1}})
-    generator.add_eid(host, 1, 1021)
+    sim_signals.add_eid(host, 1, 1021)
     for _reading in range(ECC_EVERY_READINGS):
         reader.read()
     after = Exporter(reader, "gpu-node-1", 60.0, 30.0).exposition().decode()

@@ -20,6 +20,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.exporter.mx_families imp
 from ansible_collections.metax.gpu.plugins.module_utils.health.eid import EidTracker
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
 
+from ansible_collections.metax.gpu.plugins.module_utils.sim import signals as sim_signals
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from exposition import series  # noqa: E402
 from test_exporter import FIXED_TIME, _replace_mx_smi, scrape, with_vfs  # noqa: E402,F401
@@ -181,10 +182,10 @@ def test_health_signals_per_gpu_with_the_pod_holding_it(make_node):
     found = families(scrape(reader))
     assert by_device(found, "mx_driver_eid_errors") == {str(i): 0.0 for i in range(8)}
     assert by_device(found, "mx_ecc_error_detail", memory="dram", type="ue") == {str(i): 0.0 for i in range(8)}
-    generator.inject_signals(host, 3, ecc={"dram_uncorrectable": 2, "sram_correctable": 5, "retired_dbe": 1},
+    sim_signals.inject_signals(host, 3, ecc={"dram_uncorrectable": 2, "sram_correctable": 5, "retired_dbe": 1},
                              ras={"uncorrected": 4}, mxlk_aer={"2": {"ue": 1}}, pci_events={"aer_ue": 1})
-    generator.add_eid(host, 3, 1021)
-    generator.add_eid(host, 3, 3005, sdk=True)
+    sim_signals.add_eid(host, 3, 1021)
+    sim_signals.add_eid(host, 3, 3005, sdk=True)
     from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import ECC_EVERY_READINGS
     for _reading in range(ECC_EVERY_READINGS - 1):     # --count-ecc runs on every 4th reading
         reader.read()

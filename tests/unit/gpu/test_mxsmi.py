@@ -7,7 +7,7 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.metax.gpu.plugins.module_utils.gpu import mxsmi
+from ansible_collections.metax.gpu.plugins.module_utils.gpu import mxsmi, mxsmi_ecc
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import LinkClass
 from ansible_collections.metax.gpu.plugins.module_utils.sim import mx_smi as fake
 
@@ -359,15 +359,15 @@ def test_mutated_topologies_parse_or_raise_a_parse_error(data):
 
 
 def test_count_ecc_reads_the_real_sample_and_reports_what_it_cannot():
-    assert mxsmi.parse_count_ecc(sample("count-ecc-2.2.12-1xC500.txt")) == {
+    assert mxsmi_ecc.parse_count_ecc(sample("count-ecc-2.2.12-1xC500.txt")) == {
         "0000:37:00.0": {"sram_correctable": 0, "sram_uncorrectable": 0, "dram_correctable": 0,
                          "dram_uncorrectable": 0, "retired_dbe": 0}}
     text = sample("count-ecc-2.2.12-1xC500.txt").replace("DRAM Correctable                          : 0",
                                                          "DRAM Correctable                          : 12")
-    assert mxsmi.parse_count_ecc(text)["0000:37:00.0"]["dram_correctable"] == 12
+    assert mxsmi_ecc.parse_count_ecc(text)["0000:37:00.0"]["dram_correctable"] == 12
     problems = []
     bad = text.replace(": 12", ": N/A")
-    assert mxsmi.parse_count_ecc(bad, problems) == {} and "dram_correctable of 0000:37:00.0 is 'N/A'" in problems[0]
+    assert mxsmi_ecc.parse_count_ecc(bad, problems) == {} and "dram_correctable of 0000:37:00.0 is 'N/A'" in problems[0]
     with pytest.raises(mxsmi.MxSmiParseError, match="--count-ecc"):
-        mxsmi.parse_count_ecc(bad)
-    assert mxsmi.parse_count_ecc("Moffett mx-smi 1.0\nno devices\n") == {}
+        mxsmi_ecc.parse_count_ecc(bad)
+    assert mxsmi_ecc.parse_count_ecc("Moffett mx-smi 1.0\nno devices\n") == {}

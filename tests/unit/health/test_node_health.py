@@ -21,6 +21,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.health.monitor import He
 from ansible_collections.metax.gpu.plugins.module_utils.health.signals import GpuReading, NodeReading
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
 
+from ansible_collections.metax.gpu.plugins.module_utils.sim import signals as sim_signals
 A = "0000:0a:00.0"
 
 
@@ -233,7 +234,7 @@ def test_an_uncorrectable_ecc_takes_one_gpu_of_eight_out_and_recovery_brings_it_
     assert not agent.apply_health_policy()
     assert len(agent.state.snapshot().healthy_ids) == 8 and api.condition()["status"] == "True"
     bdf = generator.load_state(host)["gpus"][5]["bdf"]
-    generator.inject_signals(host, 5, ecc={"dram_uncorrectable": 1})
+    sim_signals.inject_signals(host, 5, ecc={"dram_uncorrectable": 1})
     assert agent.apply_health_policy()
     snap = agent.state.snapshot()
     assert len(snap.healthy_ids) == 7 and bdf not in snap.healthy_ids
@@ -242,7 +243,7 @@ def test_an_uncorrectable_ecc_takes_one_gpu_of_eight_out_and_recovery_brings_it_
     agent.state.refresh()
     assert len(agent.state.snapshot().healthy_ids) == 7
     # the driver reload / reset zeroes the counter: 2 clean readings
-    generator.clear_signals(host, 5)
+    sim_signals.clear_signals(host, 5)
     assert not agent.apply_health_policy()
     assert agent.apply_health_policy()
     assert len(agent.state.snapshot().healthy_ids) == 8 and api.condition()["status"] == "True"

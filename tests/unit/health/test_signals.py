@@ -7,12 +7,13 @@ import subprocess
 
 import pytest
 
-from ansible_collections.metax.gpu.plugins.module_utils.gpu import mxsmi, mxsmi_json
+from ansible_collections.metax.gpu.plugins.module_utils.gpu import mxsmi, mxsmi_ecc, mxsmi_json
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover
 from ansible_collections.metax.gpu.plugins.module_utils.health import eid as E
 from ansible_collections.metax.gpu.plugins.module_utils.health.reader import HealthReader
 from ansible_collections.metax.gpu.plugins.module_utils.health.signals import SIGNAL_NAMES, SIGNALS, gpu_readings
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator
+from ansible_collections.metax.gpu.plugins.module_utils.sim import signals as sim_signals
 from ansible_collections.metax.gpu.plugins.module_utils.sim.__main__ import main as sim_main
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu", "fixtures", "mx-smi")
@@ -40,14 +41,14 @@ def test_the_real_json_gives_state_pci_events_and_ras_all_zero():
 
 
 def test_the_real_count_ecc_gives_every_ecc_signal():
-    ecc = mxsmi.parse_count_ecc(sample("count-ecc-2.2.12-1xC500.txt"))
+    ecc = mxsmi_ecc.parse_count_ecc(sample("count-ecc-2.2.12-1xC500.txt"))
     assert ecc["0000:37:00.0"]["retired_dbe"] == 0
     text = sample("count-ecc-2.2.12-1xC500.txt").replace(
         "Double Bit ECC                            : 0", "Double Bit ECC                            : 3")
-    assert mxsmi.parse_count_ecc(text)["0000:37:00.0"]["retired_dbe"] == 3
+    assert mxsmi_ecc.parse_count_ecc(text)["0000:37:00.0"]["retired_dbe"] == 3
     # a kind of retired page not seen yet is read by its words, not dropped or fatal
     more = text.replace("End of Log", "").rstrip() + "\n        Single Bit ECC      : 2 \n"
-    assert mxsmi.parse_count_ecc(more)["0000:37:00.0"]["retired_single_bit_ecc"] == 2
+    assert mxsmi_ecc.parse_count_ecc(more)["0000:37:00.0"]["retired_single_bit_ecc"] == 2
 
 
 def test_json_readers_tolerate_forms_not_seen():
@@ -71,7 +72,7 @@ def test_sim_count_ecc_is_the_real_form_and_carries_injected_counts(make_node):
     assert ours == [l.replace("0000:37:00.0", bdf) for l in real]
     assert sim_main(["fail", host.path, "--gpu", "0", "--ecc-uncorrectable", "1", "--retired-pages", "2"]) == 0
     assert sim_main(["fail", host.path, "--gpu", "0", "--ecc-uncorrectable", "1"]) == 0     # counts add up
-    counts = mxsmi.parse_count_ecc(mx_smi(host, "--count-ecc"))[bdf]
+    counts = mxsmi_ecc.parse_count_ecc(mx_smi(host, "--count-ecc"))[bdf]
     assert counts["dram_uncorrectable"] == 2 and counts["retired_dbe"] == 2 and counts["sram_correctable"] == 0
     # the GPU stays available: a counter moved, nothing else
     assert mxsmi_json.parse_json(mx_smi(host, "-j")).devices[0].available
@@ -99,7 +100,7 @@ def test_sim_injects_pci_ras_mxlk_and_not_available(make_node):
     assert two.ras_uncorrected == 2 and two.mxlk_aer[:2] == (("0", 5, 0), ("1", 0, 1))
     assert not devs[bdfs[4]].available and devs[bdfs[3]].available
     with pytest.raises(generator.SimError, match="no link '7'"):
-        generator.inject_signals(host, 2, mxlk_aer={"7": {"ue": 1}})
+        sim_signals.inject_signals(host, 2, mxlk_aer={"7": {"ue": 1}})
     assert sim_main(["fail", host.path, "--gpu", "2", "--mxlk-aer", "nonsense"]) == 2
     # recover zeroes the counters
     assert sim_main(["recover", host.path, "--gpu", "2"]) == 0
@@ -113,7 +114,7 @@ def test_sim_eid_lines_match_the_default_pattern(make_node):
     bdf = generator.load_state(host)["gpus"][1]["bdf"]
     assert sim_main(["fail", host.path, "--gpu", "1", "--eid", "1021"]) == 0
     assert sim_main(["fail", host.path, "--gpu", "1", "--eid", "3005", "--sdk"]) == 0
-    with open(host.join(generator.KERNEL_LOG)) as handle:
+    with open(host.join(sim_signals.KERNEL_LOG)) as handle:
         lines = handle.read().splitlines()
     found = E.parse_lines(lines, E.compile_pattern(E.DEFAULT_PATTERN))
     assert [(e.eid, e.sdk, e.bdf) for e in found] == [(1021, False, bdf), (3005, True, bdf)]
@@ -166,9 +167,9 @@ def test_the_reader_gives_every_signal_of_a_simulated_node(make_node):
     clean = first.gpus[0].values
     assert set(clean) == set(SIGNAL_NAMES) - set()    # every signal is known on a 2.2.12 node
     assert all(v == 0 for v in clean.values())
-    generator.inject_signals(host, 0, ecc={"dram_uncorrectable": 1})
-    generator.add_eid(host, 3, 43)
-    with open(host.join(generator.KERNEL_LOG), "a") as handle:
+    sim_signals.inject_signals(host, 0, ecc={"dram_uncorrectable": 1})
+    sim_signals.add_eid(host, 3, 43)
+    with open(host.join(sim_signals.KERNEL_LOG), "a") as handle:
         handle.write("Nov 28 10:00:00 n kernel: metax: [EID 7] a line that names no GPU\n")
     generator.fail_gpu(host, 6, "bus")
     inv = discover(host, topology=False)

@@ -65,6 +65,12 @@ metax-tech.com/agents.paused (the driver_upgrade and set_vfnum playbooks set it)
 runs none of them: the DaemonSet controller removes the pods, so gpu-label cannot
 put the labels back mid-procedure and gpu-device releases the devices. */}}
 {{- define "metax-gpu.nodePodCommon" -}}
+{{- include "metax-gpu.nodePodCommonWith" (list . list) -}}
+{{- end -}}
+
+{{/* nodePodCommon with more node-affinity expressions ANDed to the pause: (list $ EXPRESSIONS). */}}
+{{- define "metax-gpu.nodePodCommonWith" -}}
+{{- $root := index . 0 -}}
 affinity:
   nodeAffinity:
     requiredDuringSchedulingIgnoredDuringExecution:
@@ -72,17 +78,26 @@ affinity:
         - matchExpressions:
             - key: metax-tech.com/agents.paused
               operator: DoesNotExist
-{{- with .Values.tolerations }}
+            {{- range index . 1 }}
+            - {{ toJson . }}
+            {{- end }}
+{{- with $root.Values.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.imagePullSecrets }}
+{{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.priorityClassName }}
+{{- with $root.Values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
+{{- end -}}
+
+{{/* One mode per node (docs/dra.md): the node-affinity expression of the device plugin
+(operator NotIn: nodes without the label too) or of gpu-dra (In). Argument: the operator. */}}
+{{- define "metax-gpu.deviceModeExpression" -}}
+{{- toJson (dict "key" "metax-tech.com/gpu.device-mode" "operator" . "values" (list "dra")) -}}
 {{- end -}}
 
 {{/* Security context of an unprivileged agent: non-root unless it must write a root-owned host log directory. Argument: log dir. */}}

@@ -31,6 +31,14 @@ is denied. Evictions (pods/eviction) are not covered here: the Eviction names
 only the pod, and a policy cannot look the pod up; the eviction guard, an
 admission webhook, does (_eviction_guard.tpl, docs/security.md).
 
+A third policy, <name>-resourceslices, rendered when one of the agents writes
+ResourceSlices (names.py NODE_AGENT_RESOURCE_SLICES: gpu-dra), lets such an
+agent create, update and delete only the slices of its own driver whose
+spec.nodeName is the token's node, before and after the change: a DRA driver's
+token cannot publish or withdraw devices of another node (RBAC can only grant
+"resourceslices", any node). A delete naming no one slice (deletecollection)
+is denied.
+
 Usage, from a chart that lists this library chart as a dependency:
 
   {{- include "metax-node-agent-policy.objects" (dict
@@ -287,5 +295,97 @@ metadata:
 spec:
   policyName: {{ .name }}-pods
   validationActions: [Deny]
+{{- $sliceUsers := list -}}
+{{- $driverOf := dict -}}
+{{- range $user, $agent := $agentOf -}}
+{{- if hasKey ($data.resourceSlices | default dict) $agent -}}
+{{- $sliceUsers = append $sliceUsers $user -}}
+{{- $_ := set $driverOf $user (get $data.resourceSlices $agent) -}}
+{{- end -}}
+{{- end -}}
+{{- if $sliceUsers }}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {{ .name }}-resourceslices
+  {{- with .labels }}
+  labels:
+    {{- . | nindent 4 }}
+  {{- end }}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [resource.k8s.io]
+        apiVersions: ["*"]
+        operations: [CREATE, UPDATE, DELETE]
+        resources: [resourceslices]
+  matchConditions:
+    # the node agents that write ResourceSlices (their own service accounts only)
+    - name: resource-slice-writer
+      expression: |-
+        request.userInfo.username in {{ toJson (sortAlpha $sliceUsers) }}
+  variables:
+    - name: agent
+      expression: |-
+        {{ toJson $agentOf }}[request.userInfo.username]
+    - name: driver
+      expression: |-
+        {{ toJson $driverOf }}[request.userInfo.username]
+    - name: nodeName
+      expression: |-
+        has(request.userInfo.extra) && "authentication.kubernetes.io/node-name" in request.userInfo.extra && size(request.userInfo.extra["authentication.kubernetes.io/node-name"]) == 1 ? request.userInfo.extra["authentication.kubernetes.io/node-name"][0] : ""
+    # the slice's node after the request (not on DELETE) and before it (not on CREATE; a delete
+    # naming no one slice, a deletecollection, has no old object: "")
+    - name: newNode
+      expression: |-
+        request.operation == "DELETE" ? "" : object.spec.?nodeName.orValue("")
+    - name: oldNode
+      expression: |-
+        request.operation == "CREATE" || oldObject == null ? "" : oldObject.spec.?nodeName.orValue("")
+  validations:
+    - expression: variables.nodeName != ""
+      reason: Forbidden
+      message: a node agent may write only ResourceSlices of the node its pod runs on, and this token names no node
+      messageExpression: |-
+        variables.agent + " may write only ResourceSlices of the node its pod runs on, and this token names no node (no authentication.kubernetes.io/node-name: use the pod's own service-account token)"
+    - expression: |-
+        request.operation == "DELETE" || variables.newNode == variables.nodeName
+      reason: Forbidden
+      message: a node agent may write only the ResourceSlices of its own node
+      messageExpression: |-
+        variables.agent + " may write only the ResourceSlices of its own node " + variables.nodeName + ", not a slice of " + (variables.newNode == "" ? "no node" : "node " + variables.newNode)
+    - expression: |-
+        request.operation == "CREATE" || variables.oldNode == variables.nodeName
+      reason: Forbidden
+      message: a node agent may change or delete only the ResourceSlices of its own node
+      messageExpression: |-
+        variables.agent + " may change or delete only the ResourceSlices of its own node " + variables.nodeName + ", not " + (variables.oldNode == "" ? "several slices at once or a slice of no node" : "a slice of node " + variables.oldNode)
+    - expression: |-
+        request.operation == "DELETE" || object.spec.driver == variables.driver
+      reason: Forbidden
+      message: a node agent may write only the ResourceSlices of its own driver
+      messageExpression: |-
+        variables.agent + " may write only ResourceSlices of driver " + variables.driver
+    - expression: |-
+        request.operation == "CREATE" || (oldObject != null && oldObject.spec.driver == variables.driver)
+      reason: Forbidden
+      message: a node agent may change or delete only the ResourceSlices of its own driver
+      messageExpression: |-
+        variables.agent + " may change or delete only ResourceSlices of driver " + variables.driver
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ .name }}-resourceslices
+  {{- with .labels }}
+  labels:
+    {{- . | nindent 4 }}
+  {{- end }}
+spec:
+  policyName: {{ .name }}-resourceslices
+  validationActions: [Deny]
+{{- end }}
 {{- end -}}
 {{- end -}}
