@@ -207,3 +207,11 @@ DEVICE_PLUGIN_DAEMONSETS = (DAEMONSET_GPU_DEVICE, "gpu-device")
 # others, never as the default: a copy of the default runtime (docs/runtime.md).
 RUNTIME_CLASS = "metax"
 RUNTIME_HANDLER = "metax"
+
+# GPUs for virtual machines (issue 43), as MetaX's operator 0.9.2 has them: the
+# resource vfio-manager advertises per IOMMU group (a GPU bound to vfio-pci), its
+# DaemonSet, and driver-config's key listing which GPUs of which node go to VMs
+# (a YAML list of {nodeName, gpus: "<mx-smi indices>|all"}).
+VFIO_RESOURCE_NAME = PREFIX + "vfio-gpu"
+DAEMONSET_VFIO_MANAGER = "metax-vfio-manager"
+DRIVER_CONFIG_VFIO_KEY = "vfio"

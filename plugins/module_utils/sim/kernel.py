@@ -83,6 +83,10 @@ class SimulatedKernel:
             return
         if wanted and current:
             raise KernelRefusal(errno.EBUSY)
+        held_by = generator.driver_of(self.host, pf_dir)
+        if held_by is not None and held_by != vfio_sysfs.METAX_DRIVER:
+            # another driver (vfio-pci without enable_sriov) configures no SR-IOV
+            raise KernelRefusal(errno.ENOENT)
         if wanted and not self.host.exists("sys/module/metax"):
             # no PF driver bound: the kernel refuses to enable SR-IOV
             raise KernelRefusal(errno.ENOENT)
