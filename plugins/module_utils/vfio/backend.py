@@ -45,7 +45,8 @@ class PassthroughApplyError(PassthroughError):
 
 def recorded_vfnums(host: HostRoot) -> Dict[str, int]:
     record = read_record(host, RECORD) or {}
-    gpus = record.get("gpus") if isinstance(record.get("gpus"), dict) else {}
+    found = record.get("gpus")
+    gpus: Dict[str, object] = found if isinstance(found, dict) else {}
     return {str(bdf): int(entry.get("vfnum", 0)) for bdf, entry in gpus.items()
             if isinstance(entry, dict) and isinstance(entry.get("vfnum", 0), int)}
 
