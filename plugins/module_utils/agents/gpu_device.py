@@ -39,6 +39,7 @@ from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 from ..deviceplugin import constants as C
 from ..deviceplugin.annotations import AnnotationPublisher, kube_node_annotations, kube_node_patcher, node_annotations
 from ..deviceplugin.devices import DeviceState, Snapshot, health_transitions
+from ..deviceplugin.containers import discover_for_containers
 from ..deviceplugin.metrics import DevicePluginMetrics, MetricsServer
 from ..kubelet.podresources import PodResourcesClient, PodResourcesError
 from ..kubelet.registration import RegistrationError, register, socket_identity
@@ -156,7 +157,8 @@ class GpuDeviceAgent:
         self.resource_name = resource_name
         self.stop = stop or threading.Event()
         self.metrics = metrics or DevicePluginMetrics()
-        self.state = DeviceState(host, check_health=healthy_interval > 0)
+        # GPUs handed to VMs (vfio-pci) are vfio-manager's, not ours (deviceplugin/containers.py)
+        self.state = DeviceState(host, check_health=healthy_interval > 0, discover_fn=discover_for_containers)
         # devices mode still needs the host's MACA (its mount); only CDI mode writes the spec
         self.spec_sync = spec_sync or SpecSync(host, maca_root=None)
         self.service = DevicePluginService(self.state, host, self.metrics, mode, self.spec_sync)

@@ -13,10 +13,12 @@ nothing is left once every GPU is back.
 from __future__ import annotations
 
 import errno as errno_codes
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set
+from dataclasses import dataclass
+from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..driver.records import read_record, unlink, write_record
 from ..gpu import pci
+from ..gpu.model import METAX_VENDOR_ID
 from ..gpu.users import open_device_users
 from ..host import HostRoot, HostRootError
 from ..names import RESOURCE_NAME, VFIO_RESOURCE_NAME
@@ -204,3 +206,61 @@ def forget_settled(host: HostRoot) -> None:
     gone = {bdf for bdf in records if bdf not in {g.bdf for g in node.gpus}}
     if settled | gone:
         _write_records(host, {b: n for b, n in records.items() if b not in settled | gone})
+
+
+# -- what the device plugins see --------------------------------------------------
+@dataclass(frozen=True)
+class VmGroup:
+    """One IOMMU group of MetaX GPUs vfio-pci holds: one ``metax-tech.com/vfio-gpu`` device."""
+
+    group: int
+    bdfs: Tuple[str, ...]         # the group's MetaX functions (one GPU per group on usual boards)
+    numa_node: int
+    ready: bool                   # every function of the group on vfio-pci and /dev/vfio/<group> present
+
+    @property
+    def id(self) -> str:
+        return str(self.group)
+
+
+def _metax_functions(host: HostRoot) -> List[str]:
+    """PCI addresses of the MetaX functions (a cheap scan: vendor only)."""
+    out = []
+    for name in host.listdir(pci.PCI_DEVICES):
+        vendor = host.read_attribute("%s/%s/vendor" % (pci.PCI_DEVICES, name), default="")
+        if vendor.lower() == "0x%04x" % METAX_VENDOR_ID:
+            out.append(name)
+    return out
+
+
+def _driver_name(host: HostRoot, bdf: str) -> Optional[str]:
+    link = host.readlink("%s/%s/driver" % (pci.PCI_DEVICES, bdf))
+    return link.rstrip("/").rsplit("/", 1)[-1] if link else None
+
+
+def held_for_vm(host: HostRoot) -> FrozenSet[str]:
+    """MetaX functions vfio-pci holds or that are on their way to it (driver_override): no
+    longer the container pool's. Cheap enough for every health scan of gpu-device."""
+    held = set()
+    for bdf in _metax_functions(host):
+        override = host.read_attribute("%s/%s/%s" % (pci.PCI_DEVICES, bdf, sysfs.DRIVER_OVERRIDE), default="")
+        if sysfs.VFIO_DRIVER in (_driver_name(host, bdf), override):
+            held.add(bdf)
+    return frozenset(held)
+
+
+def vm_groups(host: HostRoot) -> List[VmGroup]:
+    """The IOMMU groups holding MetaX GPUs for VMs, by group number."""
+    by_group: Dict[int, List[str]] = {}
+    for bdf in sorted(held_for_vm(host)):
+        group = _group(host, bdf)
+        if group is not None:
+            by_group.setdefault(group, []).append(bdf)
+    out = []
+    for group, bdfs in sorted(by_group.items()):
+        members = host.listdir("%s/%d/devices" % (sysfs.IOMMU_GROUPS, group))
+        ready = host.exists("%s/%d" % (sysfs.VFIO_DEV_DIR, group)) and all(
+            _driver_name(host, m) == sysfs.VFIO_DRIVER for m in members)
+        numa = host.read_int("%s/%s/numa_node" % (pci.PCI_DEVICES, bdfs[0]), default=-1)
+        out.append(VmGroup(group, tuple(bdfs), numa, ready))
+    return out
