@@ -215,3 +215,8 @@ RUNTIME_HANDLER = "metax"
 VFIO_RESOURCE_NAME = PREFIX + "vfio-gpu"
 DAEMONSET_VFIO_MANAGER = "metax-vfio-manager"
 DRIVER_CONFIG_VFIO_KEY = "vfio"
+# vfio-manager's node annotations: whether the node has IOMMU ("enabled" / "disabled": the
+# operator's controller names the nodes without it in the CR's condition), and why its
+# last round failed (removed when a round succeeds)
+ANNOTATION_VFIO_IOMMU = PREFIX + "vfio.iommu"
+ANNOTATION_VFIO_MESSAGE = PREFIX + "vfio.message"
