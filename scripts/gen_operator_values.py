@@ -66,6 +66,8 @@ NOT_SHARED: Dict[str, str] = {
     "driverManager": "the operator deploys driver-manager from its driver option (spec.driver)",
     # and its maca block (values-src, Table 3.3) is the CR's spec.maca; the controller fills this one from it
     "macaManager": "the operator deploys maca-manager from its maca option (spec.maca)",
+    # and its vfioManager block is the CR's spec.vfioManager (issue 43); the controller fills this one from it
+    "vfioAgent": "the operator deploys vfio-manager from its vfioManager option (spec.vfioManager)",
 }
 
 KEY_LINE = re.compile(r"^([A-Za-z][\w.-]*):(\s|$)")

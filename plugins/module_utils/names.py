@@ -99,6 +99,11 @@ ANNOTATION_DRIVER_MESSAGE = PREFIX + "driver.message"
 DRIVER_CONFIGMAP = "driver-config"
 # the driver upgrade strips metax-tech.com/ labels except these
 DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_AGENTS_PAUSED, LABEL_VFNUM_STATE)
+# vfio-manager's node annotations (issue 43): whether the node has IOMMU ("enabled" /
+# "disabled": the operator's controller names the nodes without it in the CR's
+# condition), and why its last round failed (removed when a round succeeds)
+ANNOTATION_VFIO_IOMMU = PREFIX + "vfio.iommu"
+ANNOTATION_VFIO_MESSAGE = PREFIX + "vfio.message"
 
 # The Node keys each node agent writes (issue 30), by agent (= its service
 # account) and metadata field. The charts' ValidatingAdmissionPolicy lets an
@@ -122,6 +127,9 @@ NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
                        "annotations": (ANNOTATION_DRIVER_MESSAGE, ANNOTATION_VFNUM_MESSAGE,
                                        ANNOTATION_DRIVER_UPGRADE_MESSAGE, ANNOTATION_DRIVER_PAYLOAD_VERSION,
                                        ANNOTATION_DRIVER_PAYLOAD_DRIVER)},
+    # vfio-manager (GPU Operator vfioManager, issue 43): whether its node has IOMMU, and why
+    # its last round failed
+    "vfio-manager": {"labels": (), "annotations": (ANNOTATION_VFIO_IOMMU, ANNOTATION_VFIO_MESSAGE)},
 }
 
 # Keys two node agents may write, each with its one writer at run time: the
@@ -215,8 +223,3 @@ RUNTIME_HANDLER = "metax"
 VFIO_RESOURCE_NAME = PREFIX + "vfio-gpu"
 DAEMONSET_VFIO_MANAGER = "metax-vfio-manager"
 DRIVER_CONFIG_VFIO_KEY = "vfio"
-# vfio-manager's node annotations: whether the node has IOMMU ("enabled" / "disabled": the
-# operator's controller names the nodes without it in the CR's condition), and why its
-# last round failed (removed when a round succeeds)
-ANNOTATION_VFIO_IOMMU = PREFIX + "vfio.iommu"
-ANNOTATION_VFIO_MESSAGE = PREFIX + "vfio.message"

@@ -49,6 +49,7 @@ from ..clusteroperator.components import DRIVER, REGISTRY
 from ..clusteroperator.contract import ADMINISTRATOR_OWNED, Component, administrator_owned, deployed, owner_id
 from ..vfnum import config as vfnum_config
 from ..vfnum.plan import VfnumError
+from ..clusteroperator.vfio import vfio_conditions
 from ..clusteroperator.status import (
     component_status, condition, ignored_fields, node_messages, overall, readiness_labels, same_status,
     waiting_nodes, with_transition_times)
@@ -339,8 +340,8 @@ class Operator:
         device = next((e for e in entries if e["name"] == names.DAEMONSET_GPU_DEVICE), None)
         out = {
             "observedGeneration": body["metadata"].get("generation", 0),
-            "conditions": with_transition_times(overall(entries, ignored_fields(body)) + self.not_applied(body),
-                                                old.get("conditions"), now),
+            "conditions": with_transition_times(overall(entries, ignored_fields(body)) + self.not_applied(body)
+                                                + vfio_conditions(spec, nodes), old.get("conditions"), now),
             "nodes": {"total": len(nodes), "gpu": len(gpu_nodes), "ready": device["ready"] if device else 0},
             "components": entries,
         }

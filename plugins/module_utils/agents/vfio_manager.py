@@ -211,7 +211,7 @@ class VfioManager:
         if reasons:
             pods = sorted({pod for device_pods in holders.values() for pod in device_pods})
             if not (self.evict_in_use and pods):
-                hint = "" if self.evict_in_use else " (vfioManager.evictInUse: true evicts the pods)"
+                hint = "" if self.evict_in_use else " (spec.driver.vfnumPolicy.evictInUse: true evicts the pods)"
                 raise PassthroughError("refused, the GPUs are in use: %s%s" % ("; ".join(reasons), hint))
             LOG.info("evicting %s", ", ".join(pods))
             self.kube.evict(pods, EVICT_TIMEOUT)

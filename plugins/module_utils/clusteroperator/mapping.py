@@ -63,7 +63,7 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
      "fields": ["deploy", "payload", "resources", "podTemplateSpec"], "registryDefaults": ["payload"]},
     {"spec": "runtime", "values": "runtime", "image": "container-runtime", "deployValue": None,
      "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
-    # the real product's vfio-manager: in the CR as in 0.9.2's, not built (a later issue)
+    # the real product's vfio-manager (issue 43): GPUs for VMs from driver-config's vfio entry
     {"spec": "vfioManager", "values": "vfioManager", "image": "vfio-manager", "deployValue": None,
      "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
 )
@@ -244,6 +244,10 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
                         "log": merged_log(None, maca.get("log"))},
         "gpuNodeSelector": dict(gpu_node_selector),
         "deployExtenderGPUAware": False,
+        # always rendered too, kept when vfioManager.deploy is true; a GPU in use is handed over
+        # as a vfnum change is made (the vfnum rules: spec.driver.vfnumPolicy.evictInUse)
+        "vfioAgent": {"enabled": True, "evictInUse": bool(vfnum_policy.get("evictInUse", False)),
+                        "log": merged_log(None, (spec.get("vfioManager") or {}).get("log"))},
     }
     for key in ("hostRoot", "tolerations", "imagePullSecrets", "priorityClassName"):
         if key in spec:

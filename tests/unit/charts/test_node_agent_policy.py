@@ -408,4 +408,4 @@ def test_an_agent_missing_from_names_py_is_refused(tmp_path, chart):
                                                            '"gpu-mystery" "gpu-mystery"'), encoding="utf-8")
     rc, objects, err = render(HELM, chart_values(chart, {}), extra=SUPPORTED, chart=chart)
     assert rc != 0 and not objects
-    assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: driver-manager, gpu-device, gpu-label)" in err
+    assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: driver-manager, gpu-device, gpu-label, vfio-manager)" in err

@@ -40,6 +40,13 @@
         "metax-tech.com/gpu.sriov",
         "metax-tech.com/gpu.vfnum"
       ]
+    },
+    "vfio-manager": {
+      "annotations": [
+        "metax-tech.com/vfio.iommu",
+        "metax-tech.com/vfio.message"
+      ],
+      "labels": []
     }
   },
   "prefix": "metax-tech.com/"
