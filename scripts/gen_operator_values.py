@@ -68,6 +68,8 @@ NOT_SHARED: Dict[str, str] = {
     "macaManager": "the operator deploys maca-manager from its maca option (spec.maca)",
     # the operator's own draDriver block (values-src) is the CR's spec.draDriver (issue 41), deploy as the others
     "dra": "the operator deploys gpu-dra from its draDriver option (spec.draDriver)",
+    # and its vfioManager block is the CR's spec.vfioManager (issue 43); the controller fills this one from it
+    "vfioAgent": "the operator deploys vfio-manager from its vfioManager option (spec.vfioManager)",
 }
 
 KEY_LINE = re.compile(r"^([A-Za-z][\w.-]*):(\s|$)")

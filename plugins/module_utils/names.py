@@ -126,6 +126,11 @@ MAINTENANCE_KEYS = (LABEL_AGENTS_PAUSED, ANNOTATION_MAINTENANCE_OWNER, ANNOTATIO
                     LABEL_VFNUM_STATE, ANNOTATION_VFNUM_MESSAGE)
 # the driver upgrade strips metax-tech.com/ labels except these
 DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_AGENTS_PAUSED, LABEL_VFNUM_STATE)
+# vfio-manager's node annotations (issue 43): whether the node has IOMMU ("enabled" /
+# "disabled": the operator's controller names the nodes without it in the CR's
+# condition), and why its last round failed (removed when a round succeeds)
+ANNOTATION_VFIO_IOMMU = PREFIX + "vfio.iommu"
+ANNOTATION_VFIO_MESSAGE = PREFIX + "vfio.message"
 
 # The Node keys each node agent writes (issue 30), by agent (= its service
 # account) and metadata field. The charts' ValidatingAdmissionPolicy lets an
@@ -153,6 +158,9 @@ NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
                                        ANNOTATION_DRIVER_PAYLOAD_DRIVER, ANNOTATION_MAINTENANCE_OWNER)},
     # gpu-dra reads its Node (the device-mode label) and writes no key of it
     "gpu-dra": {"labels": (), "annotations": ()},
+    # vfio-manager (GPU Operator vfioManager, issue 43): whether its node has IOMMU, and why
+    # its last round failed
+    "vfio-manager": {"labels": (), "annotations": (ANNOTATION_VFIO_IOMMU, ANNOTATION_VFIO_MESSAGE)},
 }
 
 # Keys two node agents may write, each with its one writer at run time: the
@@ -265,3 +273,11 @@ CDI_CLAIM_SPEC_PREFIX = "metax-tech.com-gpu-claim-"
 # update and delete only slices of that driver whose spec.nodeName is its own
 # pod's node (generated into the policy chart like NODE_AGENT_KEYS).
 NODE_AGENT_RESOURCE_SLICES: Dict[str, str] = {"gpu-dra": DRA_DRIVER}
+
+# GPUs for virtual machines (issue 43), as MetaX's operator 0.9.2 has them: the
+# resource vfio-manager advertises per IOMMU group (a GPU bound to vfio-pci), its
+# DaemonSet, and driver-config's key listing which GPUs of which node go to VMs
+# (a YAML list of {nodeName, gpus: "<mx-smi indices>|all"}).
+VFIO_RESOURCE_NAME = PREFIX + "vfio-gpu"
+DAEMONSET_VFIO_MANAGER = "metax-vfio-manager"
+DRIVER_CONFIG_VFIO_KEY = "vfio"

@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 
 # One Containerfile stage each (--target NAME); the order is the build order.
 IMAGES = ("gpu-device", "gpu-label", "gpu-aware", "gpu-exporter", "driver-manager", "operator-controller",
-          "container-runtime", "gpu-dra")
+          "container-runtime", "gpu-dra", "vfio-manager")
 
 # The collection paths copied to collection/ (MANIFEST.json: an installed collection's galaxy.yml).
 COLLECTION_PATHS = ("galaxy.yml", "MANIFEST.json", "meta", "plugins", "README.md", "LICENSE")

@@ -45,6 +45,7 @@ from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 from ..deviceplugin import constants as C
 from ..deviceplugin.annotations import AnnotationPublisher, kube_node_annotations, kube_node_patcher, node_annotations
 from ..deviceplugin.devices import DeviceState, Snapshot, health_transitions
+from ..deviceplugin.containers import discover_for_containers
 from ..deviceplugin.metrics import DevicePluginMetrics, MetricsServer
 from ..kubelet.podresources import PodResourcesClient, PodResourcesError
 from ..kubelet.registration import RegistrationError, register, socket_identity
@@ -171,7 +172,8 @@ class GpuDeviceAgent:
         self.resource_name = resource_name
         self.stop = stop or threading.Event()
         self.metrics = metrics or DevicePluginMetrics()
-        self.state = DeviceState(host, check_health=healthy_interval > 0)
+        # GPUs handed to VMs (vfio-pci) are vfio-manager's, not ours (deviceplugin/containers.py)
+        self.state = DeviceState(host, check_health=healthy_interval > 0, discover_fn=discover_for_containers)
         # the health policy on top of the four checks (health/monitor.py); off with the checks
         self.health_monitor = HealthMonitor(host, health_policy) if healthy_interval > 0 else None
         # devices mode still needs the host's MACA (its mount); only CDI mode writes the spec

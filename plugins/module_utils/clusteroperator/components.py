@@ -100,9 +100,22 @@ GPU_DRA = Component(
     requires=(names.LABEL_MACA_READY, names.LABEL_RUNTIME_READY),
 )
 
+# GPUs for virtual machines (issue 43): vfio-manager hands the GPUs driver-config's
+# ``vfio`` entry names to vfio-pci and serves metax-tech.com/vfio-gpu. On GPU nodes
+# only (the real metax-vfio-manager's selector: gpu.installed=true), nothing
+# required before it, off by default (the CRD defaults vfioManager.deploy to false,
+# as the real product's). What it writes on a node goes with it; a node's failure
+# message makes it Degraded, and clusteroperator/vfio.py names the nodes without IOMMU.
+VFIO_MANAGER = Component(
+    name=names.DAEMONSET_VFIO_MANAGER, spec_key="vfioManager", values_key="vfioManager", chart=EXTENSIONS_CHART,
+    image="vfio-manager", gpu_nodes_only=True, default_deploy=False,
+    cleanup_annotations=(names.ANNOTATION_VFIO_IOMMU, names.ANNOTATION_VFIO_MESSAGE),
+    message_annotations=(names.ANNOTATION_VFIO_MESSAGE,),
+)
+
 # Chain order: a component comes after every component owning a label it requires.
 REGISTRY: Tuple[Component, ...] = (GPU_LABEL, CONTAINER_RUNTIME, DRIVER, MACA, GPU_DEVICE, GPU_AWARE, GPU_EXPORTER,
-                                   GPU_DRA)
+                                   GPU_DRA, VFIO_MANAGER)
 
 BY_NAME: Dict[str, Component] = {c.name: c for c in REGISTRY}
 BY_SPEC_KEY: Dict[str, Component] = {c.spec_key: c for c in REGISTRY}

@@ -68,7 +68,7 @@ SECTIONS: Tuple[Dict[str, Any], ...] = (
     {"spec": "draDriver", "values": "draDriver", "image": "gpu-dra", "deployValue": None,
      "fields": ["deploy", "healthyInterval", "extendedResourceClass", "resources", "podTemplateSpec"],
      "registryDefaults": []},
-    # the real product's vfio-manager: in the CR as in 0.9.2's, not built (a later issue)
+    # the real product's vfio-manager (issue 43): GPUs for VMs from driver-config's vfio entry
     {"spec": "vfioManager", "values": "vfioManager", "image": "vfio-manager", "deployValue": None,
      "fields": ["deploy", "resources", "podTemplateSpec"], "registryDefaults": []},
 )
@@ -258,6 +258,10 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
         "dra": {"enabled": True, "healthyInterval": dra.get("healthyInterval", 5),
                 "extendedResourceClass": dra.get("extendedResourceClass", "gpu"),
                 "log": merged_log(None, dra.get("log"))},
+        # always rendered too, kept when vfioManager.deploy is true; a GPU in use is handed over
+        # as a vfnum change is made (the vfnum rules: spec.driver.vfnumPolicy.evictInUse)
+        "vfioAgent": {"enabled": True, "evictInUse": bool(vfnum_policy.get("evictInUse", False)),
+                        "log": merged_log(None, (spec.get("vfioManager") or {}).get("log"))},
     }
     for key in ("hostRoot", "tolerations", "imagePullSecrets", "priorityClassName"):
         if key in spec:

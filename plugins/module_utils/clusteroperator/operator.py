@@ -26,6 +26,7 @@ from .components import DRIVER, REGISTRY
 from .contract import Component, administrator_owned, deployed, owner_id
 from .driver_rollout import RolloutPlan
 from .notes import not_applied_condition, seed_digest
+from .vfio import vfio_conditions
 from .status import (
     component_status, ignored_fields, node_messages, overall, readiness_labels, waiting_nodes,
     with_transition_times)
@@ -303,8 +304,8 @@ class Operator:
         device = next((e for e in entries if e["name"] == names.DAEMONSET_GPU_DEVICE), None)
         out = {
             "observedGeneration": body["metadata"].get("generation", 0),
-            "conditions": with_transition_times(overall(entries, ignored_fields(body)) + self.not_applied(body),
-                                                old.get("conditions"), now),
+            "conditions": with_transition_times(overall(entries, ignored_fields(body)) + self.not_applied(body)
+                                                + vfio_conditions(spec, nodes), old.get("conditions"), now),
             "nodes": {"total": len(nodes), "gpu": len(gpu_nodes), "ready": device["ready"] if device else 0},
             "components": entries,
         }

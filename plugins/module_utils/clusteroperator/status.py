@@ -25,13 +25,11 @@ from .mapping import IGNORED_VALUES_ANNOTATION
 
 # Fields of ClusterOperator.spec that the CRD accepts, as the real 0.9.2 CR has them, and the
 # operator does not act on: path -> the value it acts as if given (None: any value set is
-# reported). The firmware options: no firmware is flashed; vfio-manager: not built yet.
+# reported). The firmware options: no firmware is flashed.
 IGNORED_SPEC: Dict[str, Optional[object]] = {
     "driver.fwEffectPolicy": None,
     "driver.fwEnableVirt": None,
     "driver.fwUpgradePolicy": None,
-    # the CRD defaults it to false in every CR: only a vfio-manager asked for is reported
-    "vfioManager.deploy": False,
 }
 IGNORED_CONDITION = "IgnoredFields"
 

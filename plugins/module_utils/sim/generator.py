@@ -23,10 +23,11 @@ import struct
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import MetaxGpuError
 from ..gpu.model import METAX_VENDOR_ID, PRODUCTS_BY_NAME, VF_DEVICE_ID_FLAG
 from ..host import SIM_STATE_DIR, HostRoot
-from .spec import GpuSpec, NodeSpec, expected_link
+from ..vfio import sysfs as vfio_sysfs
+from .layout import SimError, _Layout, canonical_gpus, vf_bdf
+from .spec import NodeSpec, expected_link
 
 STATE_FILE = SIM_STATE_DIR + "/state.json"
 LOAD_FILE = SIM_STATE_DIR + "/load.json"     # read by mx-smi at each run (sim/mx_smi.py)
@@ -38,104 +39,8 @@ DRM_MAJOR = 226
 RENDER_MINOR_BASE = 128
 PCI_BRIDGE_CLASS = "0x060400"
 GPU_CLASS = "0x038000"    # display controller, "other"
-
-
-class SimError(MetaxGpuError):
-    """A simulated-node operation was invalid (unknown GPU, bad directory...)."""
-
-
-def canonical_gpus(spec: NodeSpec) -> List[GpuSpec]:
-    """GPUs in PCI address order: the order discovery and mx-smi index them.
-
-    Sorting by placement makes every subtree contiguous, so the depth-first
-    bus numbering below yields increasing addresses in exactly this order.
-    """
-    order = sorted(range(len(spec.gpus)),
-                   key=lambda i: (spec.gpus[i].root_complex, spec.gpus[i].root_port,
-                                  spec.gpus[i].switch_path, i))
-    return [spec.gpus[i] for i in order]
-
-
-def vf_bdf(pf_bdf: str, k: int) -> str:
-    """BDF of VF number ``k`` (1-based) of a PF at function 0."""
-    domain, bus = pf_bdf.split(":")[:2]
-    return "%s:%s:%02x.%d" % (domain, bus, k >> 3, k & 7)
-
-
-def _bdf(domain: int, bus: int, dev: int, fn: int = 0) -> str:
-    return "%04x:%02x:%02x.%d" % (domain, bus, dev, fn)
-
-
-class _Layout:
-    """Assigns bus numbers depth-first and records each GPU's sysfs path."""
-
-    def __init__(self, gpus: List[GpuSpec]) -> None:
-        self.gpus = gpus
-        self.bridges: List[Tuple[str, str]] = []   # (sysfs dir, bdf)
-        self.gpu_dirs: List[str] = [""] * len(gpus)
-
-    def build(self) -> None:
-        complexes = sorted({g.root_complex for g in self.gpus})
-        for rc in complexes:
-            domain, base = rc // 4, (rc % 4) * 0x40
-            rc_dir = "sys/devices/pci%04x:%02x" % (domain, base)
-            next_bus = [base + 1]
-            members = [i for i, g in enumerate(self.gpus) if g.root_complex == rc]
-            ports = sorted({self.gpus[i].root_port for i in members})
-            for port in ports:
-                port_bdf = _bdf(domain, base, port + 1)
-                port_dir = "%s/%s" % (rc_dir, port_bdf)
-                self.bridges.append((port_dir, port_bdf))
-                under = [i for i in members if self.gpus[i].root_port == port]
-                self._subtree(port_dir, under, 0, domain, next_bus, base)
-
-    def _subtree(self, parent_dir: str, members: List[int], depth: int, domain: int,
-                 next_bus: List[int], base: int) -> None:
-        # children in first-appearance order: a GPU ending here, or a switch one level down
-        children: List[Tuple[str, object]] = []
-        seen = set()
-        for i in members:
-            path = self.gpus[i].switch_path
-            if len(path) == depth:
-                children.append(("gpu", i))
-            elif path[depth] not in seen:
-                seen.add(path[depth])
-                children.append(("switch", path[depth]))
-        if depth > 0:
-            # inside a switch: the upstream port sits on its own bus, downstream ports on the next
-            up_bus = self._take_bus(next_bus, base)
-            up_bdf = _bdf(domain, up_bus, 0)
-            up_dir = "%s/%s" % (parent_dir, up_bdf)
-            self.bridges.append((up_dir, up_bdf))
-            down_bus = self._take_bus(next_bus, base)
-            for slot, child in enumerate(children):
-                down_bdf = _bdf(domain, down_bus, slot)
-                down_dir = "%s/%s" % (up_dir, down_bdf)
-                self.bridges.append((down_dir, down_bdf))
-                self._place(down_dir, child, members, depth, domain, next_bus, base)
-        else:
-            if len(children) != 1 and any(child[0] == "gpu" for child in children):
-                raise SimError("a GPU attached directly to a root port must be alone there")
-            for child in children:
-                self._place(parent_dir, child, members, depth, domain, next_bus, base)
-
-    def _place(self, parent_dir, child, members, depth, domain, next_bus, base) -> None:
-        kind, value = child
-        if kind == "gpu":
-            bus = self._take_bus(next_bus, base)
-            self.gpu_dirs[value] = "%s/%s" % (parent_dir, _bdf(domain, bus, 0))
-        else:
-            sub = [i for i in members if len(self.gpus[i].switch_path) > depth
-                   and self.gpus[i].switch_path[depth] == value]
-            self._subtree(parent_dir, sub, depth + 1, domain, next_bus, base)
-
-    @staticmethod
-    def _take_bus(next_bus: List[int], base: int) -> int:
-        bus = next_bus[0]
-        if bus >= base + 0x40:
-            raise SimError("too many buses under one root complex in this spec")
-        next_bus[0] += 1
-        return bus
+VFIO_DRIVER_DIR = vfio_sysfs.PCI_DRIVERS + "/" + vfio_sysfs.VFIO_DRIVER
+VFIO_GROUP_MAJOR = 511    # dynamic on real nodes, as the MetaX driver's
 
 
 def _write(path: str, content: str) -> None:
@@ -235,6 +140,11 @@ def create(root: str, spec: NodeSpec, force: bool = False) -> HostRoot:
             "failed": None,
             "numvfs": 0,
             "vf_cards": [],
+            # the PF's IOMMU group (None without IOMMU), its VFs' groups, and
+            # whether vfio-pci holds it (mx-smi then no longer sees it)
+            "iommu_group": index if spec.iommu else None,
+            "vf_groups": [],
+            "vfio": False,
         })
     matrix = [[None if a == b else expected_link(gpus[a], gpus[b]).legend
                for b in range(len(gpus))] for a in range(len(gpus))]
@@ -249,11 +159,17 @@ def create(root: str, spec: NodeSpec, force: bool = False) -> HostRoot:
         "mx_smi_layout": MX_SMI_LAYOUTS[0],
         "seed": sum(ord(c) for c in spec.name),    # mx-smi's readings sway per node, reproducibly
         "next_card": len(gpus),
+        "iommu": spec.iommu,
+        "next_iommu_group": len(gpus),
     }
     host = HostRoot(root)
+    os.makedirs(host.join(vfio_sysfs.IOMMU_GROUPS), exist_ok=True)
     for gpu_state in gpu_states:
         _write_function(host, gpu_state["sysfs"], gpu_state["device_id"], gpu_state["numa_node"],
                         gpu_state["sriov_totalvfs"], serial=gpu_state["serial"])
+        if gpu_state["iommu_group"] is not None:
+            _join_group(host, gpu_state["sysfs"], gpu_state["iommu_group"])
+    _load_vfio(host)
     _install_mx_smi(root)
     _install_kernel_hook(root)
     save_state(host, state)
@@ -272,6 +188,7 @@ def _write_function(host: HostRoot, sysfs_dir: str, device_id: int, numa_node: i
     _write(os.path.join(base, "device"), "0x%04x\n" % device_id)
     _write(os.path.join(base, "class"), GPU_CLASS + "\n")
     _write(os.path.join(base, "numa_node"), "%d\n" % numa_node)
+    _write(os.path.join(base, vfio_sysfs.DRIVER_OVERRIDE), vfio_sysfs.NO_OVERRIDE + "\n")
     if physfn is None:
         _write(os.path.join(base, "sriov_totalvfs"), "%d\n" % totalvfs)
         _write(os.path.join(base, "sriov_numvfs"), "0\n")
@@ -339,7 +256,7 @@ def _bind(host: HostRoot, sysfs_dir: str, card: int) -> None:
 
 def _unbind(host: HostRoot, sysfs_dir: str, card: int) -> None:
     base = host.join(sysfs_dir)
-    if os.path.lexists(os.path.join(base, "driver")):
+    if driver_of(host, sysfs_dir) == vfio_sysfs.METAX_DRIVER:
         os.unlink(os.path.join(base, "driver"))
     shutil.rmtree(os.path.join(base, "drm"), ignore_errors=True)
     for name in ("card%d" % card, "renderD%d" % (RENDER_MINOR_BASE + card)):
@@ -366,7 +283,10 @@ def load_driver(host: HostRoot) -> None:
     for gpu in state["gpus"]:
         if gpu["failed"] != "bus":
             for sysfs_dir, card in _functions(gpu):
-                _bind(host, sysfs_dir, card)
+                # a function held by another driver, or meant for one, is not probed by metax
+                if driver_of(host, sysfs_dir) is None and override_of(host, sysfs_dir) in (
+                        vfio_sysfs.NO_OVERRIDE, vfio_sysfs.METAX_DRIVER):
+                    _bind(host, sysfs_dir, card)
     state["driver_loaded"] = True
     save_state(host, state)
 
@@ -468,6 +388,8 @@ def fail_gpu(host: HostRoot, index: int, mode: str = "bus") -> None:
         os.makedirs(stash)
         for sysfs_dir, card in _functions(gpu):
             _unbind(host, sysfs_dir, card)
+            if driver_of(host, sysfs_dir) == vfio_sysfs.VFIO_DRIVER:
+                unbind_vfio(host, sysfs_dir, state)
             bdf = os.path.basename(sysfs_dir)
             link = host.join("sys/bus/pci/devices/" + bdf)
             if os.path.lexists(link):
@@ -493,7 +415,8 @@ def recover_gpu(host: HostRoot, index: int) -> None:
             bdf = os.path.basename(sysfs_dir)
             shutil.move(os.path.join(stash, bdf), host.join(sysfs_dir))
             _symlink(host.join(sysfs_dir), host.join("sys/bus/pci/devices/" + bdf))
-            if state["driver_loaded"]:
+            if state["driver_loaded"] and override_of(host, sysfs_dir) in (
+                    vfio_sysfs.NO_OVERRIDE, vfio_sysfs.METAX_DRIVER):
                 _bind(host, sysfs_dir, card)
         shutil.rmtree(stash, ignore_errors=True)
     gpu["failed"] = None
@@ -517,8 +440,12 @@ def set_numvfs(host: HostRoot, pf_sysfs_dir: str, numvfs: int) -> None:
             os.unlink(link)
         if os.path.lexists(os.path.join(base, "virtfn%d" % (k - 1))):
             os.unlink(os.path.join(base, "virtfn%d" % (k - 1)))
+        if driver_of(host, vf_dir) == vfio_sysfs.VFIO_DRIVER:
+            unbind_vfio(host, vf_dir, state)
+        _leave_group(host, vf_dir)
         shutil.rmtree(host.join(vf_dir), ignore_errors=True)
     gpu["vf_cards"] = []
+    gpu["vf_groups"] = []
     for k in range(1, numvfs + 1):
         vf_dir = "%s/%s" % (parent, vf_bdf(gpu["bdf"], k))
         _write_function(host, vf_dir, gpu["device_id"] | VF_DEVICE_ID_FLAG, gpu["numa_node"], 0,
@@ -527,6 +454,11 @@ def set_numvfs(host: HostRoot, pf_sysfs_dir: str, numvfs: int) -> None:
         card = state["next_card"]
         state["next_card"] += 1
         gpu["vf_cards"].append(card)
+        if state.get("iommu", True):
+            group = state.get("next_iommu_group", len(state["gpus"]))
+            state["next_iommu_group"] = group + 1
+            gpu.setdefault("vf_groups", []).append(group)
+            _join_group(host, vf_dir, group)
         if state["driver_loaded"]:
             _bind(host, vf_dir, card)
     gpu["numvfs"] = numvfs
@@ -537,3 +469,115 @@ def set_numvfs(host: HostRoot, pf_sysfs_dir: str, numvfs: int) -> None:
 def gpu_sysfs_dirs(host: HostRoot) -> Dict[str, str]:
     """BDF -> sysfs dir of every PF (for tests and the kernel emulator)."""
     return {g["bdf"]: g["sysfs"] for g in load_state(host)["gpus"]}
+
+
+# -- IOMMU groups and vfio-pci -------------------------------------------------
+def _join_group(host: HostRoot, sysfs_dir: str, group: int) -> None:
+    """Function ``sysfs_dir`` in IOMMU group ``group``: both links, as the kernel makes them."""
+    group_dir = host.join("%s/%d" % (vfio_sysfs.IOMMU_GROUPS, group))
+    _symlink(host.join(sysfs_dir), os.path.join(group_dir, "devices", os.path.basename(sysfs_dir)))
+    _symlink(group_dir, os.path.join(host.join(sysfs_dir), vfio_sysfs.IOMMU_GROUP_LINK))
+
+
+def _leave_group(host: HostRoot, sysfs_dir: str) -> None:
+    group = group_of(host, sysfs_dir)
+    if group is None:
+        return
+    group_dir = host.join("%s/%d" % (vfio_sysfs.IOMMU_GROUPS, group))
+    link = os.path.join(group_dir, "devices", os.path.basename(sysfs_dir))
+    if os.path.lexists(link):
+        os.unlink(link)
+    if not os.listdir(os.path.join(group_dir, "devices")):
+        shutil.rmtree(group_dir, ignore_errors=True)
+
+
+def group_of(host: HostRoot, sysfs_dir: str) -> Optional[int]:
+    """A function's IOMMU group, None without one (no IOMMU)."""
+    target = os.readlink(host.join(sysfs_dir + "/" + vfio_sysfs.IOMMU_GROUP_LINK)) \
+        if os.path.islink(host.join(sysfs_dir + "/" + vfio_sysfs.IOMMU_GROUP_LINK)) else None
+    return int(os.path.basename(target)) if target else None
+
+
+def driver_of(host: HostRoot, sysfs_dir: str) -> Optional[str]:
+    link = host.join(sysfs_dir + "/driver")
+    return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+
+def override_of(host: HostRoot, sysfs_dir: str) -> str:
+    path = host.join(sysfs_dir + "/" + vfio_sysfs.DRIVER_OVERRIDE)
+    if not os.path.exists(path):
+        return vfio_sysfs.NO_OVERRIDE
+    with open(path) as handle:
+        return handle.read().strip() or vfio_sysfs.NO_OVERRIDE
+
+
+def _load_vfio(host: HostRoot) -> None:
+    """vfio-pci loaded (as ``modprobe vfio-pci`` leaves it): its driver directory and /dev/vfio/vfio."""
+    os.makedirs(host.join(VFIO_DRIVER_DIR), exist_ok=True)
+    make_char_device(host.join(vfio_sysfs.VFIO_CONTAINER), vfio_sysfs.VFIO_CONTAINER_MAJOR,
+                     vfio_sysfs.VFIO_CONTAINER_MINOR)
+
+
+def find_function(state: dict, sysfs_dir: str) -> Tuple[dict, int]:
+    """(the GPU, its card number) of a PF's or VF's sysfs dir."""
+    for gpu in state["gpus"]:
+        for func_dir, card in _functions(gpu):
+            if func_dir == sysfs_dir:
+                return gpu, card
+    raise SimError("%s is not a MetaX function of this simulated node" % sysfs_dir)
+
+
+def bind_metax(host: HostRoot, sysfs_dir: str) -> None:
+    """The metax driver probes a function (bind, drivers_probe)."""
+    state = load_state(host)
+    _gpu_unused, card = find_function(state, sysfs_dir)
+    _bind(host, sysfs_dir, card)
+
+
+def unbind_metax(host: HostRoot, sysfs_dir: str) -> None:
+    """The metax driver lets a function go; a PF's remove() disables its SR-IOV first, as PF drivers do."""
+    state = load_state(host)
+    gpu, card = find_function(state, sysfs_dir)
+    if sysfs_dir == gpu["sysfs"] and gpu["numvfs"]:
+        set_numvfs(host, sysfs_dir, 0)
+    _unbind(host, sysfs_dir, card)
+
+
+def bind_vfio(host: HostRoot, sysfs_dir: str) -> int:
+    """vfio-pci takes a function: its driver link and its group's /dev/vfio/<N>; returns the group."""
+    group = group_of(host, sysfs_dir)
+    if group is None:
+        raise SimError("%s has no IOMMU group" % sysfs_dir)
+    _symlink(host.join(VFIO_DRIVER_DIR), host.join(sysfs_dir + "/driver"))
+    node = host.join("%s/%d" % (vfio_sysfs.VFIO_DEV_DIR, group))
+    if not os.path.lexists(node):
+        make_char_device(node, VFIO_GROUP_MAJOR, group)
+    state = load_state(host)
+    gpu, _card = find_function(state, sysfs_dir)
+    if sysfs_dir == gpu["sysfs"]:
+        gpu["vfio"] = True
+        save_state(host, state)
+    return group
+
+
+def unbind_vfio(host: HostRoot, sysfs_dir: str, state: Optional[dict] = None) -> None:
+    """vfio-pci lets a function go; the group's node goes with its last vfio-pci function.
+
+    ``state``: the caller's loaded state, updated in place (the caller saves it)."""
+    link = host.join(sysfs_dir + "/driver")
+    if os.path.islink(link):
+        os.unlink(link)
+    group = group_of(host, sysfs_dir)
+    if group is not None:
+        members = host.listdir("%s/%d/devices" % (vfio_sysfs.IOMMU_GROUPS, group))
+        held = [m for m in members if driver_of(host, host.realpath("%s/%d/devices/%s" % (
+            vfio_sysfs.IOMMU_GROUPS, group, m)).lstrip("/")) == vfio_sysfs.VFIO_DRIVER]
+        node = host.join("%s/%d" % (vfio_sysfs.VFIO_DEV_DIR, group))
+        if not held and os.path.lexists(node):
+            os.unlink(node)
+    own = state if state is not None else load_state(host)
+    for gpu in own["gpus"]:
+        if gpu["sysfs"] == sysfs_dir:
+            gpu["vfio"] = False
+    if state is None:
+        save_state(host, own)

@@ -63,7 +63,8 @@ def _state():
 
 
 def _visible(state):
-    return [g for g in state["gpus"] if g["failed"] != "bus"]
+    # a GPU vfio-pci holds is not the MetaX driver's: mx-smi no longer sees it
+    return [g for g in state["gpus"] if g["failed"] != "bus" and not g.get("vfio")]
 
 
 POWER_CAP = {"C500": 350, "C550": 450, "N100": 150}

@@ -36,6 +36,9 @@ class NodeSpec:
     driver_version: str = "2.14.6"
     maca_version: str = "2.29.0.19"
     mx_smi_version: str = "2.2.12"      # the first with -j (JSON)
+    # IOMMU on (intel_iommu=on / amd_iommu): every function in an IOMMU group
+    # (/sys/kernel/iommu_groups/N), which vfio-pci needs to take a GPU
+    iommu: bool = True
     extra: Dict[str, str] = field(default_factory=dict, hash=False)
 
     def validate(self) -> None:
@@ -92,6 +95,10 @@ PRESETS: Dict[str, NodeSpec] = {
     "16xC500": NodeSpec("16xC500", tuple(
         _c500(q // 2, q // 2, q, q) for q in range(4) for _slot in range(4))),
     "1xC500": NodeSpec("1xC500", (GpuSpec("C500", switch_path=(0,)),)),
+    # 8xC500 booted without IOMMU: /sys/kernel/iommu_groups is empty, vfio-pci
+    # cannot take a GPU (issue 43: the vendor's vfio-manager crash-loops there)
+    "8xC500-noiommu": NodeSpec("8xC500-noiommu", tuple(
+        [_c500(0, 0, 0, 0)] * 4 + [_c500(1, 1, 1, 1)] * 4), iommu=False),
 }
 
 

@@ -17,6 +17,7 @@ from ..gpu import pci
 from ..gpu.users import open_device_users as device_users
 from ..host import HostRoot, HostRootError
 from ..names import RESOURCE_NAME
+from ..vfio.sysfs import VFIO_DRIVER
 from .plan import Change, PfState, Plan, VfnumError
 
 NUMVFS = "sriov_numvfs"
@@ -52,8 +53,14 @@ def read_pfs(host: HostRoot) -> List[PfState]:
             vfs.setdefault(function.physfn, []).append(function.bdf)
     pfs = [f for f in functions if f.physfn is None]
     return [PfState(index=i, bdf=f.bdf, totalvfs=f.sriov_totalvfs, numvfs=f.sriov_numvfs,
-                    vf_bdfs=tuple(vfs.get(f.bdf, ())))
+                    vf_bdfs=tuple(vfs.get(f.bdf, ())), for_vm=_for_vm(host, f))
             for i, f in enumerate(pfs)]
+
+
+def _for_vm(host: HostRoot, function: pci.PciFunction) -> bool:
+    """Bound to vfio-pci, or on its way (driver_override): the hand-over's, not vfnum's (docs/vfio.md)."""
+    override = host.read_attribute("%s/%s/driver_override" % (pci.PCI_DEVICES, function.bdf), default="")
+    return VFIO_DRIVER in (function.driver, override)
 
 
 def device_nodes(host: HostRoot, bdfs: Iterable[str]) -> Set[str]:

@@ -41,6 +41,9 @@ class PfState:
     totalvfs: int
     numvfs: int
     vf_bdfs: Tuple[str, ...] = ()
+    # handed to VMs (bound to vfio-pci, or its driver_override says so: docs/vfio.md): vfnum is
+    # not this GPU's any more until it is handed back (which restores the vfnum it had)
+    for_vm: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,10 @@ def plan(pfs: Sequence[PfState], vfnum: int, devices: Optional[Sequence[object]]
     if not pfs:
         raise VfnumError("no MetaX GPU (physical function) found on this node")
     chosen = select(pfs, devices)
+    held = ["%d (%s)" % (p.index, p.bdf) for p in chosen if p.for_vm]
+    if held and devices:
+        raise VfnumError("GPU(s) %s are handed to VMs (vfio-pci): hand them back first (docs/vfio.md)" % ", ".join(held))
+    chosen = [p for p in chosen if not p.for_vm]
     if vfnum > 0 and not any(p.totalvfs > 0 for p in pfs):
         raise VfnumError("SR-IOV is not available on this node (gpu.sriov=forbidden: "
                          "sriov_totalvfs is 0 on every GPU); vfnum %d cannot be set" % vfnum)

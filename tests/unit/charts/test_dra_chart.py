@@ -196,4 +196,7 @@ def test_the_operator_renders_gpu_dra_only_when_its_spec_deploys_it():
         mapped = [o["metadata"]["name"] for o in objects
                   if o["kind"] == "DeviceClass" and o["spec"].get("extendedResourceName")]
         assert mapped == [names.DRA_DEVICE_CLASS_VF]
-    assert components.GPU_DRA in components.REGISTRY and components.REGISTRY[-1] is components.GPU_DRA
+    # in the chain after the components whose labels it requires (maca.ready, runtime.ready) and gpu-device
+    order = components.REGISTRY.index
+    assert order(components.GPU_DRA) > max(order(components.MACA), order(components.CONTAINER_RUNTIME),
+                                           order(components.GPU_DEVICE))

@@ -266,6 +266,19 @@ def test_driver_manager_of_the_extensions_chart_is_confined():
     assert set(agent_map(policy_objects(objects)[0]).values()) == EXTENSIONS_AGENTS
 
 
+def test_vfio_manager_of_the_extensions_chart_is_confined():
+    """With vfioAgent.enabled (issue 43) the chart runs vfio-manager, which annotates its node: it is in the policy."""
+    namespace = "metax-gpu"
+    rc, objects, err = render(HELM, {"vfioAgent": {"enabled": True}}, namespace=namespace, extra=SUPPORTED)
+    assert rc == 0, err
+    policy, _binding = policy_objects(objects)
+    writers = node_writers(objects)
+    assert "system:serviceaccount:%s:vfio-manager" % namespace in writers
+    agent_of = agent_map(policy)
+    assert set(agent_of) == writers
+    assert set(agent_of.values()) == EXTENSIONS_AGENTS | {"vfio-manager"}
+
+
 def pod_deleters(objects: List[Dict[str, Any]]) -> set:
     """Users of the service accounts that the objects' bindings let delete pods (anywhere they bind)."""
     roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objects
@@ -329,7 +342,8 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
                                      "driver": {"deploy": True, "payload": {"version": "2.14.3"}},
                                      # the node writers among the agents (MACA and container-runtime write
                                      # no Node: off here, as before they were on by default)
-                                     "maca": {"deploy": False}, "runtime": {"deploy": False}},
+                                     "maca": {"deploy": False}, "runtime": {"deploy": False},
+                                     "vfioManager": {"deploy": True}},
                               namespace=namespace, extra=SUPPORTED, chart=OPERATOR_CHART)
     assert rc == 0, err
     policy, binding = policy_objects(objects)
@@ -339,14 +353,14 @@ def test_every_node_agent_the_operator_deploys_is_confined(namespace):
     rendered = operator_render.helm_template(HELM, str(CHART), operator_render.chart_values(cr["spec"]), namespace)
     deployed = [o for objs in operator_render.desired_objects(rendered, cr["spec"], owner).values() for o in objs]
     assert {c for c, objs in operator_render.desired_objects(rendered, cr["spec"], owner).items() if objs} == {
-        "metax-gpu-device", "metax-gpu-label", "gpu-aware", "metax-driver"}
+        "metax-gpu-device", "metax-gpu-label", "gpu-aware", "metax-driver", names.DAEMONSET_VFIO_MANAGER}
     writers = node_writers(deployed)
     agent_of = agent_map(policy)
     # gpu-dra (spec.draDriver, off here) is in the policy too: it writes no Node key and only its
     # node's ResourceSlices (test_dra_chart.py); it only reads Nodes, so it is no node writer
     dra_user = "system:serviceaccount:%s:gpu-dra" % namespace
     assert set(agent_of) == writers | {dra_user}
-    assert set(agent_of.values()) == EXTENSIONS_AGENTS | {"driver-manager", "gpu-dra"}
+    assert set(agent_of.values()) == EXTENSIONS_AGENTS | {"driver-manager", "gpu-dra", "vfio-manager"}
     # the DaemonSets the controller applies run as those service accounts, in the release namespace
     daemonsets = {(o["metadata"]["namespace"], o["spec"]["template"]["spec"]["serviceAccountName"])
                   for o in deployed if o["kind"] == "DaemonSet"}
@@ -431,4 +445,4 @@ def test_an_agent_missing_from_names_py_is_refused(tmp_path, chart):
                                                            '"gpu-mystery" "gpu-mystery"'), encoding="utf-8")
     rc, objects, err = render(HELM, chart_values(chart, {}), extra=SUPPORTED, chart=chart)
     assert rc != 0 and not objects
-    assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: driver-manager, gpu-device, gpu-dra, gpu-label)" in err
+    assert "gpu-mystery is not a node agent of names.py NODE_AGENT_KEYS (known: driver-manager, gpu-device, gpu-dra, gpu-label, vfio-manager)" in err

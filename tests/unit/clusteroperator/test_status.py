@@ -144,14 +144,14 @@ def test_ignored_fields_name_what_the_cr_and_the_values_carry_and_we_do_not_act_
                    "vfioManager": {"deploy": True}}}
     assert ignored_fields(cr) == [
         "spec.driver.fwEffectPolicy", "spec.driver.fwEnableVirt", "spec.driver.fwUpgradePolicy",
-        "spec.vfioManager.deploy", "values cmInit", "values controller.image", "values serviceAccount"]
-    # the CRD puts vfioManager.deploy: false into every CR: that is what we do anyway, not reported
+        "values cmInit", "values controller.image", "values serviceAccount"]
+    # vfioManager is acted on since issue 43 (vfio-manager): neither value is reported
     assert ignored_fields({"spec": {"vfioManager": {"deploy": False}, "driver": {}}}) == []
     assert ignored_fields({}) == [] and ignored_condition([]) is None
     extra = overall([component_status(components.GPU_LABEL, {}, ds(1, 1), [], {})], ignored_fields(cr))[-1]
     assert extra["type"] == "IgnoredFields" and extra["status"] == "True" and extra["reason"] == "AcceptedNotActedOn"
     assert extra["message"].endswith(": spec.driver.fwEffectPolicy, spec.driver.fwEnableVirt, "
-                                     "spec.driver.fwUpgradePolicy, spec.vfioManager.deploy, values cmInit, "
+                                     "spec.driver.fwUpgradePolicy, values cmInit, "
                                      "values controller.image, values serviceAccount")
     # one condition for all, with a stable transition time while the list stays
     first = with_transition_times([extra], None, "t1")

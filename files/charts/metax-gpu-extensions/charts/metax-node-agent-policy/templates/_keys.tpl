@@ -57,6 +57,15 @@
         "metax-tech.com/gpu.vfnum"
       ],
       "taints": []
+    },
+    "vfio-manager": {
+      "annotations": [
+        "metax-tech.com/vfio.iommu",
+        "metax-tech.com/vfio.message"
+      ],
+      "conditions": [],
+      "labels": [],
+      "taints": []
     }
   },
   "prefix": "metax-tech.com/",
