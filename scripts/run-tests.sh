@@ -47,7 +47,15 @@ pytest_phase() {   # junit name, pytest args...
 }
 
 unit_phase() {   # the unit tests on every core (pytest-xdist), a module's tests together on one worker
-  pytest_phase unit -n "${METAX_UNIT_WORKERS:-2}" --dist loadfile tests/unit
+  # Bytecode cached, in .build/ (out of the tree): the tests start Python processes by the
+  # hundred (the simulator's package tools and mx-smi, agents, ansible-playbook, the module
+  # finder), and under PYTHONDONTWRITEBYTECODE (which some shells set) every one of them, and each
+  # xdist worker's collection, compiled the collection's modules again.
+  (
+    unset PYTHONDONTWRITEBYTECODE
+    export PYTHONPYCACHEPREFIX="$ROOT/.build/pycache"
+    pytest_phase unit -n "${METAX_UNIT_WORKERS:-2}" --dist loadfile tests/unit
+  )
 }
 
 integration_phase() {   # test paths...

@@ -120,17 +120,24 @@ def test_a_docker_archive_with_too_many_members_is_refused(tmp_path):
         S._TarStore(path, limits=A.Limits(max_members=20))
 
 
-@pytest.mark.parametrize("tool", ["python", "auto"])
-def test_the_xz_pusher_reads_its_archive_without_keeping_headers(tmp_path, tool):
+@pytest.fixture(scope="module")
+def padded_xz(tmp_path_factory):
+    """A docker archive with 20,000 members before the image, xz-compressed (built once: both readers only read it)."""
     import lzma
-    from ansible_collections.metax.gpu.plugins.module_utils.registry import xzsource as X
-    plain = tmp_path / "img.tar"
+    base = tmp_path_factory.mktemp("padded-xz")
+    plain = base / "img.tar"
     docker_archive(plain, junk=20000)
-    (tmp_path / "img.tar.xz").write_bytes(lzma.compress(plain.read_bytes(), preset=0))
+    (base / "img.tar.xz").write_bytes(lzma.compress(plain.read_bytes(), preset=0))
+    return str(base / "img.tar.xz")
+
+
+@pytest.mark.parametrize("tool", ["python", "auto"])
+def test_the_xz_pusher_reads_its_archive_without_keeping_headers(padded_xz, tool):
+    from ansible_collections.metax.gpu.plugins.module_utils.registry import xzsource as X
     budget = A.Budget()
     tracemalloc.start()
     try:
-        with X.XzReader(str(tmp_path / "img.tar.xz"), tool) as reader:
+        with X.XzReader(padded_xz, tool) as reader:
             names = [m.name for m in A.members(X.open_tar(reader), budget, container=True) if m.isfile()]
         _current, peak = tracemalloc.get_traced_memory()
     finally:

@@ -46,24 +46,37 @@ def _finder_payload(module_path: str, collections_paths: list) -> list:
         return sorted(zf.namelist())
 
 
-def payload(module_path: str) -> list:
-    """Run the finder in a child: its collection loader must not leak into this test session."""
+def payloads(module_paths: list) -> dict:
+    """Run the finder in a child: its collection loader must not leak into this test session.
+
+    One child for all the modules: starting Ansible's loader costs a child a second or two, and
+    ``recursive_finder`` keeps no state between calls (AnsiballZ builds every module of a play in
+    one controller process the same way)."""
     # every directory this session imports ansible_collections from, ours first (imported
     # here, not at the top: the child imports this file before installing Ansible's loader)
     import ansible_collections
     collections = [os.path.dirname(p) for p in ansible_collections.__path__]
     code = ("import json, sys; sys.path.insert(0, %r); import test_module_payload as t; "
-            "print(json.dumps(t._finder_payload(%r, %r)))"
-            % (os.path.dirname(os.path.abspath(__file__)), module_path, collections))
+            "print(json.dumps({p: t._finder_payload(p, %r) for p in %r}))"
+            % (os.path.dirname(os.path.abspath(__file__)), collections, list(module_paths)))
     proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
+def payload(module_path: str) -> list:
+    return payloads([module_path])[module_path]
+
+
+@pytest.fixture(scope="module")
+def module_payloads() -> dict:
+    return payloads(MODULES)
+
+
 @pytest.mark.parametrize("module_path", MODULES, ids=os.path.basename)
-def test_module_payload_ships_no_simulator_and_no_agent(module_path):
-    files = payload(module_path)
+def test_module_payload_ships_no_simulator_and_no_agent(module_path, module_payloads):
+    files = module_payloads[module_path]
     ours = [f for f in files if f.startswith("ansible_collections/metax/gpu/")]
     assert ours, "the dependency finder found none of our module_utils: %s" % files
     leaked = [f for f in ours if any(part in f for part in FORBIDDEN)]
