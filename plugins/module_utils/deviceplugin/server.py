@@ -26,7 +26,6 @@ import logging
 import os
 import secrets
 import socket
-import stat
 import threading
 import time
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
@@ -41,6 +40,7 @@ from ..host import HostRoot
 from ..kubelet.grpc_api import HAS_GRPC, REQUIRED, grpc
 from ..kubelet.grpc_api import dp_grpc as pb_grpc
 from ..kubelet.grpc_api import dp_pb as pb
+from ..kubelet.pluginwatcher import remove_socket
 from . import constants as C
 from ..gpu.model import Device
 from ..names import MACA_CONTAINER_PATH
@@ -329,17 +329,6 @@ class DevicePluginService:
         context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
         context.set_details("%s: %s" % (rpc, exc))
         return response_type()
-
-
-def remove_socket(path: str) -> None:
-    """Remove a stale socket (or anything but a directory) at ``path``."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        raise OSError("%s is a directory, not a socket" % path)
-    os.unlink(path)
 
 
 def remove_stale_sockets(directory: str, prefix: str = C.PLUGIN_SOCKET_PREFIX) -> List[str]:
