@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..errors import MetaxGpuError
 from ..gpu.pci import normalize_bdf
 from .signals import EidCounts
 
@@ -46,7 +47,7 @@ MAX_LINE = 4096
 MAX_READ = 1 << 20
 
 
-class PatternError(ValueError):
+class PatternError(MetaxGpuError, ValueError):
     """An EID pattern an administrator gave cannot be used."""
 
 

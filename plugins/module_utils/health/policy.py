@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from ..errors import MetaxGpuError
 from .eid import DEFAULT_LOG_FILES, DEFAULT_PATTERN, PatternError, compile_pattern
 from .signals import SIGNALS
 
@@ -66,7 +67,7 @@ DEFAULT_HOLD_OFF = 300
 DEFAULT_RECOVERY_READINGS = 3
 
 
-class PolicyError(ValueError):
+class PolicyError(MetaxGpuError, ValueError):
     """A policy document that cannot be used; nothing of it is applied."""
 
 
