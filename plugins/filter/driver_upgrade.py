@@ -89,14 +89,17 @@ def driver_upgrade_plan(nodes: Sequence[Mapping[str, Any]], names: Sequence[str]
     except PolicyError as exc:
         raise AnsibleFilterError(str(exc).replace("maxUnavailable", "max_unavailable"))
     first = plan.first
-    if plan.blocked:
+    held = ["%s (%s)" % (v.name, v.held_by) for v in views if v.name in first.reasons(WAIT_HELD)]
+    # a node another procedure holds is the first thing to say (the role refuses to start on it), even
+    # when its hold is what uses the budget up
+    if plan.blocked and not held:
         raise AnsibleFilterError(
             "max_unavailable %s (= %d of %d nodes) is used up: already unavailable %s; nothing can be "
             "cordoned" % (max_unavailable, first.max_unavailable, len(names), ", ".join(first.unavailable)))
     todo = [v for v in views if not v.skip and v.ready]
     return {"batches": [list(batch) for batch in plan.batches],
             "skipped": list(first.reasons(WAIT_SKIP)), "not_ready": list(first.reasons(WAIT_NOT_READY)),
-            "held": ["%s (%s)" % (v.name, v.held_by) for v in views if v.name in first.reasons(WAIT_HELD)],
+            "held": held,
             "pre_cordoned": [v.name for v in todo if v.admin_cordoned],
             "resumed": [v.name for v in todo if v.cordoned and not v.admin_cordoned],
             "max_unavailable": first.max_unavailable, "already_unavailable": list(first.unavailable),

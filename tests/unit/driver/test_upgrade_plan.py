@@ -165,3 +165,12 @@ def test_a_node_another_procedure_holds_is_listed_held_and_counts_against_the_bu
     ours = node("b", cordoned=True, labels={N.LABEL_AGENTS_PAUSED: "true", N.LABEL_DRIVER_UPGRADE_STATE: "paused"})
     plan = driver_upgrade_plan([node("a"), ours, node("c"), node("d")], NAMES, serial=1, max_unavailable=1)
     assert plan["held"] == [] and plan["resumed"] == ["b"] and plan["batches"] == [["b"], ["a"], ["c"], ["d"]]
+
+
+def test_a_held_node_is_named_even_where_its_hold_uses_the_budget_up():
+    """Three nodes at 25%: the one held is the whole budget; the plan names it for the role's refusal
+    instead of failing on the budget."""
+    held = node("c")
+    held["metadata"]["annotations"] = {N.ANNOTATION_MAINTENANCE_OWNER: N.MAINTENANCE_OWNER_HEALTH}
+    plan = driver_upgrade_plan([node("a"), node("b"), held], ["a", "b", "c"])
+    assert plan["held"] == ["c (health)"] and plan["already_unavailable"] == ["c"]
