@@ -128,11 +128,14 @@ class Kube:
         patch_metadata(self.core, self.node, annotations=annotations)
 
     def event(self, reason: str, message: str, warning: bool = True) -> None:
-        """An Event about this node (``kubectl describe node`` shows it), in the components' namespace."""
+        """An Event about this node, in the components' namespace (``kubectl get events -n <namespace>``)."""
         from ..kube.client import ApiException
         now = datetime.datetime.now(datetime.timezone.utc).isoformat()
         body = {"metadata": {"generateName": "%s-%s." % (COMPONENT, self.node), "namespace": self.namespace},
-                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node},
+                # the involvedObject names our namespace: the API server refuses an Event about a
+                # cluster-scoped object outside "default" otherwise (as driver-manager's Events do)
+                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node,
+                                   "namespace": self.namespace},
                 "reason": reason, "message": message[:1000], "type": "Warning" if warning else "Normal",
                 "source": {"component": COMPONENT, "host": self.node},
                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}

@@ -214,7 +214,10 @@ class NodeHealthWriter:
         stamp = _iso(now)
         body = {
             "metadata": {"generateName": "%s.gpu-health." % self.node, "namespace": self.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node},
+            # the involvedObject names our namespace: the API server refuses an Event about a
+            # cluster-scoped object outside "default" otherwise (as driver-manager's Events do)
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node,
+                               "namespace": self.namespace},
             "reason": spec.reason, "message": spec.message[:1000], "type": spec.type,
             "source": {"component": EVENT_COMPONENT, "host": self.node},
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,

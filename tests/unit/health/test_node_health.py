@@ -75,7 +75,8 @@ class FakeApiServer:
         self._bump()
 
     def create_namespaced_event(self, namespace, body, _request_timeout=None):
-        assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "n1"}
+        assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "n1",
+                                          "namespace": namespace}
         self.events.append((body["type"], body["reason"], body["message"]))
 
     def condition(self):
