@@ -120,7 +120,7 @@ class DraAgents(NodeAgents):
         if not statuses or not statuses[0].resource_claim_name:
             return None
         return self.custom.get_namespaced_custom_object("resource.k8s.io", "v1", NS, "resourceclaims",
-                                                         statuses[0].resource_claim_name)
+                                                        statuses[0].resource_claim_name)
 
     def host_kubelet_path(self, path):
         """A path under the node's kubelet directory, as the machine sees it."""

@@ -261,7 +261,7 @@ def spec_to_extension_values(spec: Mapping[str, Any], gpu_node_selector: Mapping
         # always rendered too, kept when vfioManager.deploy is true; a GPU in use is handed over
         # as a vfnum change is made (the vfnum rules: spec.driver.vfnumPolicy.evictInUse)
         "vfioAgent": {"enabled": True, "evictInUse": bool(vfnum_policy.get("evictInUse", False)),
-                        "log": merged_log(None, (spec.get("vfioManager") or {}).get("log"))},
+                      "log": merged_log(None, (spec.get("vfioManager") or {}).get("log"))},
     }
     for key in ("hostRoot", "tolerations", "imagePullSecrets", "priorityClassName"):
         if key in spec:

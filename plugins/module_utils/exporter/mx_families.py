@@ -109,7 +109,7 @@ MX_FAMILIES: Tuple[MxFamily, ...] = (
     MxFamily("mx_ras_count", "gauge", "RAS errors summed over the GPU's blocks, by type (uncorrected, corrected)",
              "errors", "`-j` ras_count",
              lambda d: [((("type", t),), float(v)) for t, v in (("uncorrected", d.ras_uncorrected),
-                                                                 ("corrected", d.ras_corrected)) if v is not None]),
+                                                                ("corrected", d.ras_corrected)) if v is not None]),
     MxFamily("mx_mxlk_aer_count", "gauge", "MetaXLink AER errors per link, by type (ce, ue)", "errors",
              "`-j` mxlk_aer_count (the simulator's form: docs/health.md)",
              lambda d: [((("mxlkId", link), ("type", t)), float(v)) for link, ce, ue in d.mxlk_aer

@@ -50,8 +50,8 @@ class Finding:
 
     def describe(self) -> str:
         text = "GPU %d (%s) %s=%s [%s, %s]" % (self.index, self.bdf, self.signal,
-                                             "?" if self.value is None else self.value,
-                                             self.rule.severity, self.rule.action)
+                                               "?" if self.value is None else self.value,
+                                               self.rule.severity, self.rule.action)
         return text + (": " + self.detail if self.detail else "")
 
 

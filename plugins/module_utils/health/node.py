@@ -119,7 +119,8 @@ def _event_of(t: Transition) -> EventSpec:
                          "%s: %s [%s]" % (what, "failing" if warning else "observed", row))
     if t.kind == ESCALATED:
         return EventSpec("Warning", "GPUHealthEscalated", "%s: escalated [%s]" % (what, row))
-    assert t.kind == RECOVERED
+    if t.kind != RECOVERED:
+        raise ValueError("unknown transition %r" % (t.kind,))
     return EventSpec("Normal", "GPUHealthRecovered", "%s: recovered after %s out of service [%s]"
                      % (what, duration(t.out_of_service or 0), row))
 
@@ -204,8 +205,8 @@ class NodeHealthWriter:
             # JSON patch guarded by the resourceVersion: a concurrent change of the taints (an
             # administrator's) fails the test and is read again next time, never overwritten
             patch: List[Dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
-                      "value": (node.get("metadata") or {}).get("resourceVersion")},
-                     {"op": "add", "path": "/spec/taints", "value": new}]
+                                            "value": (node.get("metadata") or {}).get("resourceVersion")},
+                                           {"op": "add", "path": "/spec/taints", "value": new}]
             kube_node.json_patch_node(self.core, self.node, patch, timeout=self.timeout)
             LOG.info("taint %s %s", names.TAINT_GPU_HEALTH, "set to %s" % effect if effect else "removed")
         self._tainted, self._taint_known = effect, True

@@ -205,7 +205,7 @@ def parse_rule(doc: Any, index: int, allow_remediation: bool = False) -> Rule:
     unknown = set(doc) - RULE_KEYS
     if unknown:
         raise PolicyError("%s: unknown key(s) %s (known: %s)" % (where, ", ".join(sorted(unknown)),
-                                                                ", ".join(sorted(RULE_KEYS))))
+                                                                 ", ".join(sorted(RULE_KEYS))))
     for key in ("signal", "severity", "action"):
         if not isinstance(doc.get(key), str):
             raise PolicyError("%s: %s is required (a string)" % (where, key))

@@ -119,7 +119,7 @@ class OwnNode:
         except ApiException as exc:
             status = getattr(exc, "status", None)
             raise NodeUnavailable("%s node %s: HTTP %s %s%s" % (what, self.name, status, getattr(exc, "reason", ""),
-                                                                  HINTS.get(status or 0, "")), status) from exc
+                                                                HINTS.get(status or 0, "")), status) from exc
         except MetaxGpuError:
             raise
         except Exception as exc:  # pylint: disable=broad-except  # urllib3/socket errors of many kinds

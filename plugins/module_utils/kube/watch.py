@@ -376,4 +376,3 @@ class RawSource:
             resp.close()
         except Exception:  # pylint: disable=broad-except
             pass
-

@@ -78,7 +78,7 @@ def _fail(host: HostRoot, args: argparse.Namespace) -> None:
     signals = bool(groups or mxlk or args.eid)
     if signals:
         sim_signals.inject_signals(host, args.gpu, ecc=groups.get("ecc"), pci_events=groups.get("pci_events"),
-                                 ras=groups.get("ras"), mxlk_aer=mxlk)
+                                   ras=groups.get("ras"), mxlk_aer=mxlk)
         for eid in args.eid:
             sys.stdout.write(sim_signals.add_eid(host, args.gpu, eid, sdk=args.sdk))
     if args.mode is not None or not signals:

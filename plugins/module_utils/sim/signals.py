@@ -91,5 +91,3 @@ def clear_signals(host: HostRoot, index: int) -> bool:
         gpu.pop(key, None)
     save_state(host, state)
     return had
-
-

@@ -920,7 +920,7 @@ def test_a_vfnum_change_holds_the_node_for_driver_manager_and_releases_it(tmp_pa
     ({}, {N.ANNOTATION_MAINTENANCE_OWNER: N.MAINTENANCE_OWNER_HEALTH}, "health"),   # the health ladder
 ])
 def test_a_node_another_procedure_holds_waits_and_nothing_on_it_changes(tmp_path, holder_labels,
-                                                                         holder_annotations, holder):
+                                                                        holder_annotations, holder):
     host = node(tmp_path, preset_name="2xC550-sriov")
     mgr, kube = manager(tmp_path, host, "Never", data=VFNUM_4, vfnum_policy=VfnumPolicy(evict_in_use=True))
     kube.node_labels.update(holder_labels)

@@ -366,7 +366,7 @@ def test_the_runtime_class_metax_comes_with_container_runtime_only():
 def test_the_health_policy_reaches_gpu_device_as_its_configmap():
     """gpuDevice.healthPolicy -> ConfigMap metax-gpu-health-policy (names.py) -> --health-policy, read by gpu-device."""
     policy = {"holdOffSeconds": 60, "rules": [{"signal": "pci-aer-ue", "threshold": 1, "severity": "critical",
-                                                "action": "quarantine", "effect": "NoExecute"}]}
+                                               "action": "quarantine", "effect": "NoExecute"}]}
     rc, objects, err = render(HELM, dict(VALUE_SETS["extender"], gpuDevice={"healthyInterval": 5, "healthPolicy": policy}))
     assert rc == 0, err
     objs = by_kind_name(objects)

@@ -142,7 +142,6 @@ def test_a_table_the_policy_cannot_express_is_refused(table, words):
     assert words in str(err.value)
 
 
-
 def test_resource_slice_writers_are_node_agents_with_a_driver():
     """names.NODE_AGENT_RESOURCE_SLICES (gpu-dra) goes into the data; a writer that is no node agent is refused."""
     data = gen.key_data(names.PREFIX, names.NODE_AGENT_KEYS, names.SHARED_NODE_KEYS, names.NODE_AGENT_RESOURCE_SLICES)
@@ -152,6 +151,7 @@ def test_resource_slice_writers_are_node_agents_with_a_driver():
         gen.key_data("metax-tech.com/", {"a": {}}, slices={"b": "x.example.com"})
     with pytest.raises(gen.TableError, match="no driver"):
         gen.key_data("metax-tech.com/", {"a": {}}, slices={"a": ""})
+
 
 def _tree_copy(tmp_path: Path) -> Path:
     """names.py and files/charts in a scratch root, to change one without touching the checkout."""

@@ -126,7 +126,7 @@ def test_health_alerts_fire_on_the_signals_gpu_exporter_reads(make_node, tmp_pat
     reader = NodeReader(host, timeout=20.0, eids=EidTracker(host.path))
     before = Exporter(reader, "gpu-node-1", 60.0, 30.0).exposition().decode()
     sim_signals.inject_signals(host, 1, ecc={"dram_uncorrectable": 1}, pci_events={"aer_ue": 2}, ras={"uncorrected": 3},
-                             mxlk_aer={"0": {"ue": 1}})
+                               mxlk_aer={"0": {"ue": 1}})
     sim_signals.add_eid(host, 1, 1021)
     for _reading in range(ECC_EVERY_READINGS):
         reader.read()

@@ -183,7 +183,7 @@ def test_health_signals_per_gpu_with_the_pod_holding_it(make_node):
     assert by_device(found, "mx_driver_eid_errors") == {str(i): 0.0 for i in range(8)}
     assert by_device(found, "mx_ecc_error_detail", memory="dram", type="ue") == {str(i): 0.0 for i in range(8)}
     sim_signals.inject_signals(host, 3, ecc={"dram_uncorrectable": 2, "sram_correctable": 5, "retired_dbe": 1},
-                             ras={"uncorrected": 4}, mxlk_aer={"2": {"ue": 1}}, pci_events={"aer_ue": 1})
+                               ras={"uncorrected": 4}, mxlk_aer={"2": {"ue": 1}}, pci_events={"aer_ue": 1})
     sim_signals.add_eid(host, 3, 1021)
     sim_signals.add_eid(host, 3, 3005, sdk=True)
     from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import ECC_EVERY_READINGS

@@ -33,7 +33,7 @@ def test_hand_over_writes_override_first_then_unbind_then_probe():
 def test_a_pf_with_vfs_goes_through_vfnum_0_first():
     step = plan(node(gpu(0, numvfs=4, vfs=["0000:03:00.1"])), to_vm=[0]).steps[0]
     assert [w[0].rsplit("/", 1)[-1] for w in step.writes] == ["driver_override", "sriov_numvfs", "unbind",
-                                                                "drivers_probe"]
+                                                              "drivers_probe"]
     assert step.writes[1][1] == "0" and (step.vfnum_before, step.vfnum_after) == (4, 0)
 
 
