@@ -142,7 +142,7 @@ class Shared:
                 member[1].set()
             self._count(1 if member is not None else 0)
             return False
-        for _name, watched, wake in self.members:
+        for _member, watched, wake in self.members:
             if watched.changed(event):
                 wake.set()
         self._count(len(self.members))

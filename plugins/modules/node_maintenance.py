@@ -21,9 +21,9 @@ description:
     the cordon (the driver upgrade validates that way).
   - O(state=resumed) releases the hold, un-pauses the agents and uncordons the node only if the hold cordoned it;
     an administrator's cordon is kept. With O(uncordon=false) the cordon (and its record) stays, as for a node
-    left failed. A node that nobody holds is not uncordoned; only O(procedure_state) and O(message) are written.
+    left failed. A node that nobody holds is not uncordoned; only O(procedure_state) and O(procedure_message) are written.
   - A node held by another owner is refused, in both states, with a message naming the holder; nothing is changed.
-  - O(procedure_state) and O(message) write the owner's own state label and message annotation in the same patch
+  - O(procedure_state) and O(procedure_message) write the owner's own state label and message annotation in the same patch
     (C(metax-tech.com/driver.upgrade-state) and C(metax-tech.com/driver.upgrade.message) for C(driver-upgrade),
     C(metax-tech.com/gpu.vfnum.state) and C(metax-tech.com/gpu.vfnum.message) for C(set-vfnum)); an empty string
     removes them.
@@ -75,7 +75,7 @@ options:
     description: The value of O(owner)'s state label to write in the same patch; an empty string removes the
       label. Only for owners with a state label (C(driver-upgrade), C(set-vfnum)).
     type: str
-  message:
+  procedure_message:
     description: The value of O(owner)'s message annotation to write in the same patch; an empty string removes it.
     type: str
   namespace:
@@ -212,7 +212,7 @@ ARGUMENT_SPEC = {
     "pause_agents": {"type": "bool", "default": True},
     "uncordon": {"type": "bool", "default": True},
     "procedure_state": {"type": "str"},
-    "message": {"type": "str"},
+    "procedure_message": {"type": "str"},
     "namespace": {"type": "str", "default": names.NAMESPACE},
     "remove_agent_labels": {"type": "bool", "default": False},
     "wait_agents": {"type": "bool", "default": True},
@@ -249,13 +249,13 @@ def main():
                 outcome = maintenance.pause(
                     api, params["node_name"], params["owner"], cordon=params["cordon"],
                     pause_agents=params["pause_agents"], procedure_state=params["procedure_state"],
-                    message=params["message"], remove_agent_labels=params["remove_agent_labels"], evict=evict,
+                    message=params["procedure_message"], remove_agent_labels=params["remove_agent_labels"], evict=evict,
                     wait_agents=params["wait_agents"],
                     agents_timeout=params["agents_timeout"],
                     poll=params["poll_delay"], check_mode=module.check_mode)
             else:
                 outcome = maintenance.resume(api, params["node_name"], params["owner"], uncordon=params["uncordon"],
-                                             procedure_state=params["procedure_state"], message=params["message"],
+                                             procedure_state=params["procedure_state"], message=params["procedure_message"],
                                              check_mode=module.check_mode)
     except (MetaxGpuError, kube.ApiException) as exc:
         module.fail_json(msg=str(exc))

@@ -280,7 +280,7 @@ def test_plain_and_idle_clients_do_not_wedge_it(serving, tls):
             sock.recv(100)
         except OSError:
             pass
-    idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(ew.MAX_CONNECTIONS + 8)]
+    idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _conn in range(ew.MAX_CONNECTIONS + 8)]
     try:
         started = time.monotonic()
         status, doc = post(tls, srv.port, review_body(request()))

@@ -154,7 +154,7 @@ def _mxlk_aer(entry: Dict[str, Any], bdf: str, problems: List[str]) -> Tuple[Tup
             continue
         found = {}
         for kind in ("ce", "ue"):
-            name = next((k for k in counts if str(k).lower().split("_")[-1] == kind), None)
+            name = next((k for k in counts if str(k).lower().rsplit("_", maxsplit=1)[-1] == kind), None)
             found[kind] = _count(counts[name]) if name is not None else None
         if found["ce"] is None or found["ue"] is None:
             problems.append("`%s` output not understood: %s.%s of %s is %r" % (JSON_COMMAND, key, link, bdf, counts))

@@ -24,7 +24,7 @@ from ..gpu.model import Inventory
 from ..host import HostRoot
 from .evaluate import RECOVERED, Decision, Evaluator
 from .node import NodeHealthWriter
-from .policy import DEFAULT_POLICY, Policy, PolicyError, parse_policy
+from .policy import DEFAULT_POLICY, Policy, parse_policy
 from .reader import HealthReader
 
 LOG = logging.getLogger("gpu-device.health")

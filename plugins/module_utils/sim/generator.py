@@ -474,7 +474,7 @@ def gpu_sysfs_dirs(host: HostRoot) -> Dict[str, str]:
 # -- IOMMU groups and vfio-pci -------------------------------------------------
 def _join_group(host: HostRoot, sysfs_dir: str, group: int) -> None:
     """Function ``sysfs_dir`` in IOMMU group ``group``: both links, as the kernel makes them."""
-    group_dir = host.join("%s/%d" % (vfio_sysfs.IOMMU_GROUPS, group))
+    group_dir = host.join("%s/%s" % (vfio_sysfs.IOMMU_GROUPS, group))
     _symlink(host.join(sysfs_dir), os.path.join(group_dir, "devices", os.path.basename(sysfs_dir)))
     _symlink(group_dir, os.path.join(host.join(sysfs_dir), vfio_sysfs.IOMMU_GROUP_LINK))
 
@@ -483,7 +483,7 @@ def _leave_group(host: HostRoot, sysfs_dir: str) -> None:
     group = group_of(host, sysfs_dir)
     if group is None:
         return
-    group_dir = host.join("%s/%d" % (vfio_sysfs.IOMMU_GROUPS, group))
+    group_dir = host.join("%s/%s" % (vfio_sysfs.IOMMU_GROUPS, group))
     link = os.path.join(group_dir, "devices", os.path.basename(sysfs_dir))
     if os.path.lexists(link):
         os.unlink(link)
@@ -549,7 +549,7 @@ def bind_vfio(host: HostRoot, sysfs_dir: str) -> int:
     if group is None:
         raise SimError("%s has no IOMMU group" % sysfs_dir)
     _symlink(host.join(VFIO_DRIVER_DIR), host.join(sysfs_dir + "/driver"))
-    node = host.join("%s/%d" % (vfio_sysfs.VFIO_DEV_DIR, group))
+    node = host.join("%s/%s" % (vfio_sysfs.VFIO_DEV_DIR, group))
     if not os.path.lexists(node):
         make_char_device(node, VFIO_GROUP_MAJOR, group)
     state = load_state(host)
@@ -572,7 +572,7 @@ def unbind_vfio(host: HostRoot, sysfs_dir: str, state: Optional[dict] = None) ->
         members = host.listdir("%s/%d/devices" % (vfio_sysfs.IOMMU_GROUPS, group))
         held = [m for m in members if driver_of(host, host.realpath("%s/%d/devices/%s" % (
             vfio_sysfs.IOMMU_GROUPS, group, m)).lstrip("/")) == vfio_sysfs.VFIO_DRIVER]
-        node = host.join("%s/%d" % (vfio_sysfs.VFIO_DEV_DIR, group))
+        node = host.join("%s/%s" % (vfio_sysfs.VFIO_DEV_DIR, group))
         if not held and os.path.lexists(node):
             os.unlink(node)
     own = state if state is not None else load_state(host)

@@ -70,7 +70,7 @@ def test_no_iommu_says_it_once_and_stays_quiet(make_node):
     host = make_node("8xC500-noiommu")
     kube = Recorder([{"nodeName": "vm", "gpus": "all"}])
     agent = manager(host, kube)
-    for _ in range(3):
+    for _round in range(3):
         assert agent.round() == "no-iommu"
     assert kube.events == [("IOMMUDisabled", "IOMMU support is missing on node vm. "
                                              "Please ensure that IOMMU is enabled on the node")]

@@ -26,8 +26,8 @@ SUPPORTED = ["--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmiss
 ON = {"dra": {"enabled": True}}
 
 
-def rendered(values: Dict[str, Any], extra=SUPPORTED) -> List[Dict[str, Any]]:
-    rc, objects, err = render(HELM, values, extra=extra)
+def rendered(values: Dict[str, Any], extra=None) -> List[Dict[str, Any]]:
+    rc, objects, err = render(HELM, values, extra=SUPPORTED if extra is None else extra)
     assert rc == 0, err
     return objects
 

@@ -137,7 +137,8 @@ def test_publishes_the_pool_and_taints_a_failed_gpu_until_it_recovers(make_node,
     api = ApiServer()
     with Running(make_agent(host, api, sockdir, tmp_path)) as agent:
         assert until(lambda: len(api.devices()) == 8)
-        (item,) = api.slices.values()
+        assert len(api.slices) == 1
+        item = next(iter(api.slices.values()))
         assert item["spec"]["pool"]["generation"] == 1 and item["spec"]["nodeName"] == "node-a"
         assert until(lambda: os.path.exists(reg_socket(sockdir)))
         generator.fail_gpu(host, 3, "smi")

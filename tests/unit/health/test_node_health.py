@@ -16,7 +16,7 @@ from ansible_collections.metax.gpu.plugins.module_utils import names
 from ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device import GpuDeviceAgent
 from ansible_collections.metax.gpu.plugins.module_utils.health import node as H
 from ansible_collections.metax.gpu.plugins.module_utils.health import policy as P
-from ansible_collections.metax.gpu.plugins.module_utils.health.evaluate import Decision, Evaluator
+from ansible_collections.metax.gpu.plugins.module_utils.health.evaluate import Evaluator
 from ansible_collections.metax.gpu.plugins.module_utils.health.monitor import HealthMonitor, PolicyFile
 from ansible_collections.metax.gpu.plugins.module_utils.health.signals import GpuReading, NodeReading
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator

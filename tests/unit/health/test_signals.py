@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.metax.gpu.plugins.module_utils.gpu import mxsmi, mxsmi_ecc, mxsmi_json
+from ansible_collections.metax.gpu.plugins.module_utils.gpu import mxsmi_ecc, mxsmi_json
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.discovery import discover
 from ansible_collections.metax.gpu.plugins.module_utils.health import eid as E
 from ansible_collections.metax.gpu.plugins.module_utils.health.reader import HealthReader

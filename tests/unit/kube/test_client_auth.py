@@ -234,7 +234,7 @@ def test_api_key_overrides_the_kubeconfig_token_and_host_its_server(server, tmp_
         # host with a kubeconfig and no credential of its own: the file's token, sent to the given host
         auth = auth_from_params({"kubeconfig": str(path), "host": other.url, "ca_cert": str(path)}, {})
         client = kube.api_client_for(auth)
-        for _ in range(3):      # the loader's token hook runs before each request: the options stay laid over it
+        for _request in range(3):      # the loader's token hook runs before each request: the options stay laid over it
             assert [n.metadata.name for n in kube.core_v1(client).list_node().items] == ["node-1"]
         assert [r["authorization"] for r in other.seen] == ["Bearer file-token"] * 3
         assert client.configuration.ssl_ca_cert == str(path) and len(server.seen) == 2
@@ -330,7 +330,7 @@ def _pki(tmp_path) -> Dict[str, str]:
     def key_pem(key: Any) -> bytes:
         return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
-    ca_key, server_key, client_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
+    ca_key, server_key, client_key = (ec.generate_private_key(ec.SECP256R1()) for _key in range(3))
     ca = issue("h14-ca", ca_key, "h14-ca", ca_key, True)
     server = issue("127.0.0.1", server_key, "h14-ca", ca_key, False, ExtendedKeyUsageOID.SERVER_AUTH,
                    [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])

@@ -101,7 +101,7 @@ def test_the_record_wins_over_the_pause_label():
 
 def test_the_same_owner_pausing_again_changes_nothing():
     view = node()
-    for _ in range(2):
+    for _run in range(2):
         change = plan_pause(view, UPGRADE, procedure_state="paused")
         view = applied(view, change)
     assert not change.changed and change.patch == {} and change.holder == UPGRADE

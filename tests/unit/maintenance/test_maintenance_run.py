@@ -229,7 +229,7 @@ def fake_kube(monkeypatch):
 def test_module_pause_and_resume_with_diff(fake_kube):
     core = fake_kube(FakeCore(cordoned=True))
     failed, result = run_module(node_maintenance, {"node_name": "gpu-1", "owner": "set-vfnum", "cordon": True,
-                                                   "procedure_state": "pending", "message": ""}, diff=True)
+                                                   "procedure_state": "pending", "procedure_message": ""}, diff=True)
     assert not failed and result["changed"] and result["held_by"] is None and result["cordon_kept"]
     assert core.labels() == {N.LABEL_AGENTS_PAUSED: VFNUM, N.LABEL_VFNUM_STATE: "pending"}
     assert result["diff"]["after"]["labels"][N.LABEL_VFNUM_STATE] == "pending"

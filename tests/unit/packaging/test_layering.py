@@ -241,7 +241,7 @@ def _node_api_calls(tree):
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr in ("read_node", "patch_node", "patch_node_status", "replace_node")
-                and _source(node.func.value).split(".")[-1] == "core"):
+                and _source(node.func.value).rsplit(".", maxsplit=1)[-1] == "core"):
             yield node.lineno
 
 

@@ -33,7 +33,8 @@ def test_the_entry_names_every_metax_device_id_and_the_resource():
     assert text.count("resourceName: %s" % names.VFIO_RESOURCE_NAME) == len(PCI_DEVICE_IDS)
     assert text.count("externalResourceProvider: true") == len(PCI_DEVICE_IDS)
     # the generator and the device plugin spell KubeVirt's variable alike
-    assert _script().kubevirt_env_var(names.VFIO_RESOURCE_NAME) == kubevirt_env_var() in text
+    assert _script().kubevirt_env_var(names.VFIO_RESOURCE_NAME) == kubevirt_env_var()
+    assert kubevirt_env_var() in text
 
 
 def test_a_stale_section_is_found_and_rewritten(tmp_path):
