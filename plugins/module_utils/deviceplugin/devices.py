@@ -27,7 +27,6 @@ Pure bookkeeping plus one call into discovery; no gRPC here.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import dataclasses
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 from ..gpu.discovery import DiscoveryError, discover
 from ..gpu.model import Device, Inventory
 from ..host import HostRoot, HostRootError
+from .versioned import Versioned
 
 LOG = logging.getLogger("gpu-device.devices")
 
@@ -76,7 +76,7 @@ def _gpu_bdf_of(inventory: Inventory) -> Dict[str, str]:
     return {d.id: gpu_bdf[d.gpu_index] for d in inventory.devices}
 
 
-class DeviceState:
+class DeviceState(Versioned):
     """Thread-safe advertised list; :meth:`refresh` rescans the host root.
 
     ``discover_fn`` is :func:`gpu.discovery.discover` (tests may pass a
@@ -90,9 +90,7 @@ class DeviceState:
         self.host = host
         self.check_health = check_health
         self._discover = discover_fn
-        self._cond = threading.Condition()
-        self._version = 0
-        self._wakeups = 0
+        Versioned.__init__(self)
         self._order: List[str] = []                 # every id seen, in first-seen order
         self._known: Dict[str, Advertised] = {}
         self._inventory: Optional[Inventory] = None  # last full scan (topology)
@@ -221,24 +219,6 @@ class DeviceState:
     def snapshot(self) -> Snapshot:
         with self._cond:
             return Snapshot(self._version, tuple(self._known[i] for i in self._order), self._inventory)
-
-    @property
-    def version(self) -> int:
-        with self._cond:
-            return self._version
-
-    def wait_for_change(self, version: int, timeout: float) -> int:
-        """Block until the version differs from ``version``, :meth:`wake` or ``timeout``."""
-        with self._cond:
-            wakeups = self._wakeups
-            self._cond.wait_for(lambda: self._version != version or self._wakeups != wakeups, timeout=timeout)
-            return self._version
-
-    def wake(self) -> None:
-        """Wake every waiter (used at shutdown)."""
-        with self._cond:
-            self._wakeups += 1
-            self._cond.notify_all()
 
 
 def _replace(adv: Advertised, **changes) -> Advertised:

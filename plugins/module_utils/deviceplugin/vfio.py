@@ -32,6 +32,7 @@ from ..vfio import sysfs
 from ..vfio.backend import VmGroup, vm_groups
 from . import constants as C
 from .server import RequestError, require_grpc
+from .versioned import Versioned
 
 LOG = logging.getLogger("vfio-manager.plugin")
 STREAM_POLL_SECONDS = 1.0
@@ -57,14 +58,12 @@ class GroupSnapshot:
         return {g.id: g for g in self.groups}
 
 
-class GroupState:
+class GroupState(Versioned):
     """Thread-safe list of the node's vfio groups; :meth:`refresh` rescans sysfs."""
 
     def __init__(self, host: HostRoot) -> None:
         self.host = host
-        self._cond = threading.Condition()
-        self._version = 0
-        self._wakeups = 0
+        Versioned.__init__(self)
         self._groups: Tuple[VmGroup, ...] = ()
         self._started = False
 
@@ -86,17 +85,6 @@ class GroupState:
     def snapshot(self) -> GroupSnapshot:
         with self._cond:
             return GroupSnapshot(self._version, self._groups)
-
-    def wait_for_change(self, version: int, timeout: float) -> int:
-        with self._cond:
-            wakeups = self._wakeups
-            self._cond.wait_for(lambda: self._version != version or self._wakeups != wakeups, timeout=timeout)
-            return self._version
-
-    def wake(self) -> None:
-        with self._cond:
-            self._wakeups += 1
-            self._cond.notify_all()
 
 
 def container_allocation(host: HostRoot, snapshot: GroupSnapshot, device_ids: Iterable[str],
