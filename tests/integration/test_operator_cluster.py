@@ -319,17 +319,21 @@ def test_bad_values_are_refused_by_the_api_server(cluster, installed, patch, fie
 def test_rbac_on_the_cluster_is_the_committed_table(cluster, installed):
     """`kubectl auth can-i --list` per service account = docs/operator-rbac.md; no wildcard, no Secrets."""
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
-    assert patch_cr(cluster, {"gpuAware": {"deploy": True}}).returncode == 0
+    optional = gen_operator_rbac.OPTIONAL_COMPONENTS
+    assert patch_cr(cluster, {key: {"deploy": True} for key in optional}).returncode == 0
     try:
-        wait_until(lambda: get_json(cluster, "rolebinding", "gpu-aware", "-n", NS), 30, "gpu-aware's RBAC applied")
+        for binding in optional.values():
+            wait_until(lambda b=binding: get_json(cluster, "clusterrolebinding", b), 30, "%s applied" % binding)
 
         def kubectl(args):
             return cluster.kubectl(*args, check=True).stdout
         live, problems = gen_operator_rbac.check(kubectl, NS)
     finally:
-        assert patch_cr(cluster, {"gpuAware": {"deploy": False}}).returncode == 0
+        assert patch_cr(cluster, {key: {"deploy": False} for key in optional}).returncode == 0
         wait_until(lambda: not get_json(cluster, "deployment", "gpu-aware", "-n", NS), 60, "gpu-aware removed")
-    assert "### gpu-aware" in live and "| nodes |" in live
+        for binding in optional.values():
+            wait_until(lambda b=binding: not get_json(cluster, "clusterrolebinding", b), 60, "%s removed" % binding)
+    assert "### gpu-aware" in live and "### vfio-manager" in live and "| nodes |" in live
     assert not gen_operator_rbac.violations(live)
     assert not problems, "%s\n%s" % (problems, live)
 
