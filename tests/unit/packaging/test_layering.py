@@ -141,18 +141,9 @@ def test_floor_only_the_simulator_imports_the_simulator():
     assert offenders == []
 
 
-# gpu-exporter's metrics server is still deviceplugin.metrics (another change moves it to
-# kubelet/ with one metrics library for every agent): remove the entry then.
-EXPORTER_PENDING = ("deviceplugin.metrics",)
-
-
 def test_floor_exporter_imports_no_device_plugin():
-    """The exporter reads the kubelet through kubelet/, not through gpu-device's package."""
-    importers = ["exporter", "agents.gpu_exporter"]
-    assert _violations(importers, ["deviceplugin"], allowed=EXPORTER_PENDING) == []
-    # each pending exception is still needed (else it is stale: delete it)
-    for pending in EXPORTER_PENDING:
-        assert any(_under(t, pending) for rel, t in _violations(importers, ["deviceplugin"])), pending
+    """The exporter reads the kubelet and serves /metrics through kubelet/, not through gpu-device's package."""
+    assert _violations(["exporter", "agents.gpu_exporter"], ["deviceplugin"]) == []
 
 
 def test_floor_kubelet_is_below_the_agents_that_use_it():

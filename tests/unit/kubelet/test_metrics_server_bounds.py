@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""The /metrics server of gpu-device and gpu-exporter against hostile clients (issue 39, finding 6).
+"""The agents' /metrics server (kubelet/metrics.py) against hostile clients (issue 39, finding 6).
 
 Real sockets on 127.0.0.1 against the real :class:`MetricsServer`; deadlines
 are functional, not latency targets.
@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.metrics import MAX_CONNECTIONS, MetricsServer
+from ansible_collections.metax.gpu.plugins.module_utils.kubelet.httpserve import MAX_CONNECTIONS
+from ansible_collections.metax.gpu.plugins.module_utils.kubelet.metrics import MetricsServer
 
 EXPOSITION = b"# HELP metax_test_up a test\n# TYPE metax_test_up gauge\nmetax_test_up 1\n"
 
