@@ -84,9 +84,9 @@ def exposition(registry: Any) -> bytes:
     return generate_latest(registry) if HAS_PROMETHEUS and registry is not None else MISSING
 
 
-def sample(registry: Any, name: str, **labels: str) -> Optional[float]:
+def sample(registry: Any, series: str, /, **labels: str) -> Optional[float]:
     """One sample's value (``gpu_aware_relists_total``, labels by name), None when absent: for tests and tools."""
-    return registry.get_sample_value(name, labels) if HAS_PROMETHEUS and registry is not None else None
+    return registry.get_sample_value(series, labels) if HAS_PROMETHEUS and registry is not None else None
 
 
 class Exposing(Protocol):  # pylint: disable=too-few-public-methods
