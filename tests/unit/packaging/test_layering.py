@@ -159,6 +159,31 @@ def test_floor_grpc_is_imported_once():
     assert importers == [os.path.join("kubelet", "grpc_api.py")]
 
 
+def _absolute_importers(top):
+    """Files (below module_utils, generated stubs aside) with an absolute import of package ``top``."""
+    return sorted(rel for rel, path in FILES if not rel.endswith(GENERATED)
+                  and any(m.split(".")[0] == top for m, lvl, _g in _imports(path) if not lvl))
+
+
+def test_floor_prometheus_client_is_imported_once():
+    """One metrics library for every agent: prometheus_client, imported (guarded) by kubelet/metrics alone, so
+    no agent starts a server of its own (``start_http_server``) or writes the exposition its own way."""
+    assert _absolute_importers("prometheus_client") == [os.path.join("kubelet", "metrics.py")]
+
+
+# gpu-aware's scheduler-facing server: keep-alive, TLS, request bodies in pools (its own bounds over
+# httpbounds); its /metrics path serves the one library's exposition (ExtenderMetrics.exposition).
+HTTP_SERVERS_ALLOWED = (os.path.join("kubelet", "httpserve.py"), os.path.join("extender", "server.py"))
+
+
+def test_floor_one_bounded_http_server_for_metrics_and_probes():
+    """/metrics, /healthz and the eviction guard are kubelet/httpserve's bounded server (issue 39's bounds):
+    nothing else builds on http.server or socketserver, so an unbounded server cannot come back."""
+    servers = sorted(rel for rel, path in FILES if any(
+        not lvl and (m == "http.server" or m.split(".")[0] == "socketserver") for m, lvl, _g in _imports(path)))
+    assert servers == sorted(HTTP_SERVERS_ALLOWED)
+
+
 def _string_constants(path):
     tree = ast.parse(open(path).read(), path)
     for node in ast.walk(tree):
