@@ -67,8 +67,9 @@ class Served:
         status, body = answer
         if self.kind == "metrics-server":
             return (status, body) == (200, EXPOSITION)
-        if self.kind == "operator-metrics":    # the process's default registry (platform collectors)
-            return status == 200 and (b"python_info" in body if HAS_PROMETHEUS else b"not installed" in body)
+        if self.kind == "operator-metrics":    # the process's default registry (process and platform collectors)
+            return status == 200 and (b"process_resident_memory_bytes" in body and b"python_info" in body
+                                      if HAS_PROMETHEUS else b"not installed" in body)
         return (status, json.loads(body)) == (200, STANDBY)
 
     def stop(self):
