@@ -64,23 +64,24 @@ def new_registry() -> Any:
     return CollectorRegistry(auto_describe=True) if HAS_PROMETHEUS else None
 
 
-def counter(name: str, help_text: str, labels: Sequence[str] = (), registry: Any = None) -> Any:
-    """A counter (``name`` without ``_total``: prometheus_client appends it) registered in ``registry``."""
+def counter(name: str, help_text: str, labels: Sequence[str] = (), *, registry: Any) -> Any:
+    """A counter (``name`` without ``_total``: prometheus_client appends it) registered in ``registry`` (an
+    agent's :func:`new_registry`, or :data:`REGISTRY`, the process's default)."""
     return Counter(name, help_text, list(labels), registry=registry) if HAS_PROMETHEUS else NOOP
 
 
-def gauge(name: str, help_text: str, labels: Sequence[str] = (), registry: Any = None) -> Any:
+def gauge(name: str, help_text: str, labels: Sequence[str] = (), *, registry: Any) -> Any:
     return Gauge(name, help_text, list(labels), registry=registry) if HAS_PROMETHEUS else NOOP
 
 
-def histogram(name: str, help_text: str, labels: Sequence[str] = (), registry: Any = None,
+def histogram(name: str, help_text: str, labels: Sequence[str] = (), *, registry: Any,
               buckets: Sequence[float] = LATENCY_BUCKETS) -> Any:
     return Histogram(name, help_text, list(labels), buckets=tuple(buckets), registry=registry) if HAS_PROMETHEUS \
         else NOOP
 
 
 def exposition(registry: Any) -> bytes:
-    """The text exposition (format 0.0.4) of ``registry``."""
+    """The Prometheus text exposition of ``registry`` (prometheus_client's, served as :data:`CONTENT_TYPE`)."""
     return generate_latest(registry) if HAS_PROMETHEUS and registry is not None else MISSING
 
 
