@@ -32,12 +32,20 @@ Measured:
 
 Printed: microseconds (median of the rounds' means), prometheus_client over
 hand-written, and the difference as a share of each baseline.
+
+And for gpu-exporter, which renders every scrape from a reading
+(``exporter/render.py``): the render of a 16-GPU, 64-VF node's reading (the
+node of benchmarks/exporter_bench.py) against prometheus_client writing the
+very same families (parsed back from the render and handed to it as a
+collector): prometheus_client's formatting alone, a lower bound of what the
+exporter would pay with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import gc
 import http.client
 import json
@@ -47,6 +55,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
@@ -66,7 +75,11 @@ from ansible_collections.metax.gpu.plugins.module_utils.extender.server import E
 from ansible_collections.metax.gpu.plugins.module_utils.extender.metrics import ExtenderMetrics  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import Weights  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.extender.service import ExtenderService  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import NodeReader  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.exporter.render import ExporterState, render  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.kubelet.metrics import HAS_PROMETHEUS  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  # noqa: E402
 
 
 # -- the reference: gpu-aware's former hand-written writer (its counters, gauges, histograms) --------------
@@ -256,6 +269,32 @@ def per_call_us(fn: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - started) / calls * 1e6
 
 
+def exporter_sides() -> Tuple[Callable[[], object], Callable[[], object], int]:
+    """(render, prometheus_client writing the same families, series) on exporter_bench's node."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    base = preset("16xC500")
+    spec = dataclasses.replace(base, name="16xC550-sriov", gpus=tuple(
+        dataclasses.replace(g, product="C550", sriov_totalvfs=8) for g in base.gpus))
+    host = generator.create(os.path.join(tempfile.mkdtemp(prefix="metrics-bench-"), "node"), spec)
+    for gpu in generator.load_state(host)["gpus"]:
+        host.write_attribute("sys/bus/pci/devices/%s/sriov_numvfs" % gpu["bdf"], "4")
+    reader = NodeReader(host, 10.0)
+    reading = reader.read()
+    state = ExporterState(runs=reader.runs.snapshot(), readings=1, scrapes=1, age_seconds=1.0)
+    text = render("bench", reading, state)
+    families = list(text_string_to_metric_families(text))
+
+    class Same:  # pylint: disable=too-few-public-methods
+        def collect(self) -> list:
+            return families
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Same())
+    series = sum(len(f.samples) for f in families)
+    return (lambda: render("bench", reading, state).encode("utf-8")), (lambda: generate_latest(registry)), series
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -299,6 +338,8 @@ def main() -> int:
         "prioritize updates": (lambda: hand_prioritize(hand), lambda: prom_prioritize(prom), args.calls),
         "scrape": (hand.exposition, prom.exposition, max(20, args.calls // 100)),
     }
+    exporter_render, exporter_prom, exporter_series = exporter_sides()
+    sides["exporter scrape"] = (exporter_render, exporter_prom, max(5, args.calls // 2000))
     for fn in work.values():
         fn()
     results: Dict[str, List[float]] = {}
@@ -321,8 +362,13 @@ def main() -> int:
                                                  "delta/decide 10", "delta/decide 1000"))
     for name in sides:
         h, p = med["%s/hand-written" % name], med["%s/prometheus_client" % name]
+        if name.startswith("exporter"):     # another agent: gpu-aware's requests are no baseline of it
+            print("%-20s %9.2f %9.2f %9.2fx %15s %17s %19s" % (name, h, p, p / h, "-", "-", "-"))
+            continue
         print("%-20s %9.2f %9.2f %9.2fx %14.2f%% %16.2f%% %18.3f%%" % (
             (name, h, p, p / h) + tuple(100.0 * (p - h) / value for _name, value in bases)))
+    print("exporter scrape: %d series of 16 GPUs and 64 VFs; 'hand' is exporter/render.py, 'prom' formats the same "
+          "families" % exporter_series)
     print("scrape size: hand-written %d bytes, prometheus_client %d bytes (its _created series included)"
           % (len(scraped["hand-written"]), len(scraped["prometheus_client"])))
     print("a scrape every 15 s costs prometheus_client %.4f%% of one core (hand-written %.4f%%)"
