@@ -251,6 +251,7 @@ RUNTIME_HANDLER = "metax"
 # its Service, TLS Secret and ValidatingWebhookConfiguration name, and its Deployment in the
 # Extensions chart (the operator-controller serves it in the GPU Operator scheme).
 SERVICE_ACCOUNT_DRIVER_MANAGER = "driver-manager"
+SERVICE_ACCOUNT_VFIO_MANAGER = "vfio-manager"
 EVICTION_WEBHOOK = "metax-eviction-guard"
 # Dynamic Resource Allocation (issue 41, docs/dra.md). The driver name gpu-dra
 # registers with the kubelet and writes in its ResourceSlices (its attributes
