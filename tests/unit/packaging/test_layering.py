@@ -176,12 +176,35 @@ def test_floor_prometheus_client_is_imported_once():
 HTTP_SERVERS_ALLOWED = (os.path.join("kubelet", "httpserve.py"), os.path.join("extender", "server.py"))
 
 
+def _serves_http(path):
+    """Whether ``path`` imports the standard library's HTTP server (http.server, socketserver)."""
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import) and any(a.name == "http.server" or a.name.split(".")[0] == "socketserver"
+                                                for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and (
+                node.module == "http.server" or (node.module or "").split(".")[0] == "socketserver"
+                or (node.module == "http" and any(a.name == "server" for a in node.names))):
+            return True
+    return False
+
+
 def test_floor_one_bounded_http_server_for_metrics_and_probes():
     """/metrics, /healthz and the eviction guard are kubelet/httpserve's bounded server (issue 39's bounds):
     nothing else builds on http.server or socketserver, so an unbounded server cannot come back."""
-    servers = sorted(rel for rel, path in FILES if any(
-        not lvl and (m == "http.server" or m.split(".")[0] == "socketserver") for m, lvl, _g in _imports(path)))
-    assert servers == sorted(HTTP_SERVERS_ALLOWED)
+    assert sorted(rel for rel, path in FILES if _serves_http(path)) == sorted(HTTP_SERVERS_ALLOWED)
+
+
+def test_the_metrics_floors_see_what_they_forbid(tmp_path):
+    """The shapes the two rules above forbid (the operator-controller had the first and the last)."""
+    for text in ("from prometheus_client import start_http_server\n", "import http.server\n",
+                 "from http import server\n", "from socketserver import ThreadingMixIn\n"):
+        path = tmp_path / "sample.py"
+        path.write_text("try:\n    " + text + "except ImportError:\n    pass\n")
+        found = any(m.split(".")[0] == "prometheus_client" for m, lvl, _g in _imports(str(path)) if not lvl)
+        assert found or _serves_http(str(path)), text
+    path.write_text("import http.client\nfrom http import HTTPStatus\n")
+    assert not _serves_http(str(path))
 
 
 def _string_constants(path):
