@@ -39,6 +39,9 @@ node of benchmarks/exporter_bench.py) against prometheus_client writing the
 very same families (parsed back from the render and handed to it as a
 collector): prometheus_client's formatting alone, a lower bound of what the
 exporter would pay with it.
+
+Last, gpu-aware's RSS after importing the agent and building its metrics, in a
+fresh process, with prometheus_client and with its import blocked.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ import math
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -295,6 +299,23 @@ def exporter_sides() -> Tuple[Callable[[], object], Callable[[], object], int]:
     return (lambda: render("bench", reading, state).encode("utf-8")), (lambda: generate_latest(registry)), series
 
 
+RSS_PROBE = """
+import sys
+if sys.argv[1] == "blocked":
+    sys.modules["prometheus_client"] = None
+import ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_aware
+from ansible_collections.metax.gpu.plugins.module_utils.extender.metrics import ExtenderMetrics
+metrics = ExtenderMetrics()
+print([line.split()[1] for line in open("/proc/self/status") if line.startswith("VmRSS:")][0])
+"""
+
+
+def rss_mib(side: str) -> float:
+    """VmRSS of a fresh process that imported gpu-aware and built its metrics (``side``: prom or blocked)."""
+    env = dict(os.environ, PYTHONPATH=COLLECTIONS)
+    return int(subprocess.check_output([sys.executable, "-c", RSS_PROBE, side], env=env)) / 1024.0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -371,6 +392,9 @@ def main() -> int:
           "families" % exporter_series)
     print("scrape size: hand-written %d bytes, prometheus_client %d bytes (its _created series included)"
           % (len(scraped["hand-written"]), len(scraped["prometheus_client"])))
+    rss = {side: statistics.median(rss_mib(side) for _ in range(3)) for side in ("blocked", "prom")}
+    print("gpu-aware's RSS after import (median of 3): %.2f MiB with prometheus_client, %.2f MiB with it blocked "
+          "(+%.2f MiB)" % (rss["prom"], rss["blocked"], rss["prom"] - rss["blocked"]))
     print("a scrape every 15 s costs prometheus_client %.4f%% of one core (hand-written %.4f%%)"
           % (med["scrape/prometheus_client"] / 15e6 * 100, med["scrape/hand-written"] / 15e6 * 100))
     return 0
