@@ -46,7 +46,8 @@ from ..deviceplugin import constants as C
 from ..deviceplugin.annotations import AnnotationPublisher, kube_node_annotations, kube_node_patcher, node_annotations
 from ..deviceplugin.devices import DeviceState, Snapshot, health_transitions
 from ..deviceplugin.containers import discover_for_containers
-from ..deviceplugin.metrics import DevicePluginMetrics, MetricsServer
+from ..deviceplugin.metrics import DevicePluginMetrics
+from ..kubelet.metrics import MetricsServer
 from ..kubelet.podresources import PodResourcesClient, PodResourcesError
 from ..kubelet.registration import RegistrationError, register, socket_identity
 from ..deviceplugin.server import HAS_GRPC, DevicePluginService, PluginServer
