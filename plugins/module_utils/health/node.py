@@ -142,8 +142,8 @@ def events(decision: Decision, before: Optional[Decision]) -> List[EventSpec]:
                 " after %s out of service" % duration(decision.at - since))))
     if decision.ladder:
         for request in decision.ladder:
-            out.append(EventSpec("Warning", "GPURemediationRequested", "GPU %s %s: remediation step %s requested "
-                                 "(the remediation ladder is not in this release)" % (
+            out.append(EventSpec("Warning", "GPURemediationRequested", "GPU %s %s: remediation requested, from "
+                                 "step %s (driver-manager climbs the ladder)" % (
                                      request.bdf, request.signal, request.step)))
     return out
 
