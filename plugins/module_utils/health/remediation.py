@@ -169,7 +169,8 @@ class Ladder:
             self.wait(state, plan.reason, node)
             return state, False
         if action == L.START:
-            return self.start(facts, settings, node), True
+            state = self.start(facts, settings, node)
+            return state, state is not None          # None: waiting for the budget or another hold
         if action == L.RECOVER:
             self.recover(state, facts, node)
             return None, False
