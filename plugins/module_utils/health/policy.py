@@ -205,6 +205,10 @@ def validate_rule(rule: Rule) -> None:
                               "not on a threshold of the counter" % where)
     elif rule.effect is not None:
         raise PolicyError("%s: effect is for action quarantine only" % where)
+    if rule.remediate and (rule.severity == INFO or ACTIONS.index(rule.action) < ACTIONS.index(NODE_CONDITION)):
+        # the ladder reads the findings of a False condition: an observed signal never takes a node out
+        raise PolicyError("%s: remediate needs a row that fails the node condition (action node-condition or "
+                          "stronger, severity warning or critical)" % where)
 
 
 def _int(doc: Mapping[str, Any], key: str, where: str, default: Optional[int]) -> Optional[int]:

@@ -37,6 +37,9 @@ def test_the_extensions_chart_takes_the_remediation_settings_and_gives_driver_ma
     assert rc != 0 and "maxNodes" in err
     rc, _objects, err = render(HELM, dict(DRIVER, gpuDevice={"healthPolicy": {"remediation": {"speed": 1}}}))
     assert rc != 0
+    observed = {"rules": [{"signal": "pci-aer-ce", "rate": 1, "severity": "info", "action": "observe", "remediate": True}]}
+    rc, _objects, err = render(HELM, dict(DRIVER, gpuDevice={"healthPolicy": observed}))
+    assert rc != 0 and "healthPolicy" in err
 
 
 def _crd_schema():
@@ -50,6 +53,7 @@ def _crd_schema():
     ({"settleSeconds": -1}, False),
 ])
 def test_the_cluster_operator_takes_the_remediation_settings(remediation, ok):
+    """The schema's part (the API server also runs the rows' CEL rules: remediate only on a failing row)."""
     cr = {"apiVersion": "gpu.metax-tech.com/v1alpha1", "kind": "ClusterOperator", "metadata": {"name": "cluster-operator"},
           "spec": {"devicePlugin": {"healthPolicy": dict(POLICY, remediation=remediation)}}}
     errors = list(jsonschema.validators.validator_for(_crd_schema())(_crd_schema()).iter_errors(cr))

@@ -278,6 +278,11 @@ def test_the_policy_document_carries_the_remediation_settings():
     assert policy.rules_of("ecc-dram-uncorrectable")[0].remediate
     assert P.parse_policy(P.policy_document(policy)) == policy
     assert P.DEFAULT_POLICY.remediation == P.Remediation(1, 300, 600, "")
+    for row in ({"signal": "pci-aer-ce", "rate": 1, "severity": "info", "action": "observe", "remediate": True},
+                {"signal": "pci-aer-ue", "threshold": 1, "severity": "info", "action": "device-unhealthy",
+                 "remediate": True}):
+        with pytest.raises(P.PolicyError, match="remediate needs a row that fails the node condition"):
+            P.parse_policy({"rules": [row]})
     for bad, words in (({"maxNodes": 0}, "maxNodes must be 1 or more"), ({"speed": 1}, "remediation holds"),
                        ({"rebootSentinel": "../etc/x"}, "under the host root"), ({"maxNodes": "2"}, "whole number")):
         with pytest.raises(P.PolicyError, match=words):
