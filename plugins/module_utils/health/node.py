@@ -64,7 +64,9 @@ def condition_state(decision: Decision) -> Tuple[str, str, str]:
         return "True", REASON_HEALTHY, "every MetaX GPU passes the health policy"
     floor = ACTIONS.index(NODE_CONDITION)
     failing = [f for f in decision.findings if ACTIONS.index(f.rule.action) >= floor]
-    shown = sorted(decision.findings, key=lambda f: (-ACTIONS.index(f.rule.action), f.index, f.signal))
+    # remediating findings first: a message cut at MAX_MESSAGE still names them (health/ladder.py reads them)
+    shown = sorted(decision.findings, key=lambda f: (not f.rule.remediate, -ACTIONS.index(f.rule.action), f.index,
+                                                     f.signal))
     text = "; ".join(f.describe() for f in shown)
     if decision.quarantine:
         status, reason = "False", REASON_QUARANTINED

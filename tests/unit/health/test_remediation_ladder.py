@@ -236,6 +236,15 @@ def test_remediating_reads_only_the_marked_findings_of_a_false_condition():
     assert L.remediating(health_condition(quarantined, None, 0.0)) == ("GPU 5 (%s) pci-mmio=1" % BDF,)
 
 
+def test_a_long_message_still_names_the_remediating_findings():
+    many = tuple(Finding("0000:%02x:00.0" % i, i, "pci-mmio", P.Rule("pci-mmio", "critical", "quarantine", threshold=1,
+                                                                    effect="NoSchedule"), 1, 0.0) for i in range(40))
+    decision = Decision(0.0, many + (Finding(BDF, 63, "ecc-dram-uncorrectable", ECC_ROW, 1, 0.0),))
+    cond = health_condition(decision, None, 0.0)
+    assert cond["message"].endswith("(41 in all)")
+    assert L.remediating(cond) == ("GPU 63 (%s) ecc-dram-uncorrectable=1" % BDF,)
+
+
 def test_the_state_round_trips_and_a_bad_annotation_starts_again():
     state = L.State(L.EVICT, L.RESULT_RUNNING, 1.0, 2.0, "ours", "", ("GPU 5 (x) s=1",)).record("cordon: cordoned")
     assert L.parse_state(state.to_json()) == state
