@@ -496,3 +496,44 @@ def test_driver_managers_node_watch_wakes_on_a_remediating_finding():
 def test_the_sentinel_path_stays_under_the_host_root():
     assert os.path.normpath(P.parse_policy({"remediation": {"rebootSentinel": "/var/run/x"}}).remediation
                             .reboot_sentinel) == "var/run/x"
+
+
+class DriverManagerKube(FakeNodeApi):
+    """What driver-manager's round asks of its Kube, over the same in-memory Node."""
+
+    def __init__(self, nodes, name, leases, policy=None):
+        super().__init__(nodes, name, policy)
+        self.leases = leases
+        self.config_version = "1"
+        self.last_node = None
+
+    def config(self):
+        return {}
+
+    def node_metadata(self):
+        self.last_node = self.read_node()
+        return self.last_node["metadata"]
+
+    def vfnum_slots(self, size):
+        return Slots(self.leases, "metax-operator", dm.VFNUM_SLOT_PREFIX, size, self.node)
+
+    def health_slots(self, size):
+        return Slots(self.leases, "metax-operator", N.HEALTH_SLOT_PREFIX, size, self.node)
+
+
+def test_driver_managers_round_climbs_the_ladder_with_the_node_it_read(tmp_path, sim_root):
+    leases = FakeLeaseApi()
+    kube = DriverManagerKube({"gpu-1": new_node("gpu-1")}, "gpu-1", leases)
+    mgr = dm.Manager(sim_root, kube, "Never", str(tmp_path / "payload"), None, str(tmp_path / "ready"))
+    mgr.driver.verify_pause = 0.0
+    kube.pods = ["team/train-0"]
+    assert mgr.round()
+    assert not kube.cordoned() and kube.condition() is None          # healthy: the ladder made no request
+    kube.health(("ecc-dram-uncorrectable", ECC_ROW))
+    assert mgr.round()
+    assert kube.cordoned() and kube.pods == [] and kube.state().step == L.DRIVER_RELOAD
+    assert kube.state().result == L.RESULT_OK and sim_root.exists("dev/mxcd")
+    kube.health()
+    assert mgr.round()
+    assert not kube.cordoned() and kube.condition()["reason"] == "Recovered"
+    mgr.ladder._budget.release()
