@@ -165,7 +165,10 @@ class Ladder:
             node: Mapping[str, Any]) -> Tuple[Optional[L.State], bool]:
         """Carry out ``plan``; the state after it and whether to decide again now."""
         action = plan.action
-        if action in (L.NONE, L.WAIT):
+        if action == L.NONE:          # stopped for this incident: the condition says so, no more Events
+            self.write_condition(L.condition_state(state), node)
+            return state, False
+        if action == L.WAIT:
             self.wait(state, plan.reason, node)
             return state, False
         if action == L.START:
@@ -287,6 +290,10 @@ class Ladder:
             maintenance.resume(_OnThisNode(self.api), self.node, L.OWNER, uncordon=True, message=state.to_json())
         except maintenance.MaintenanceConflict:
             self.save(state)
+        # the node is the administrator's again: no reboot asked for on the ladder's behalf
+        if names.ANNOTATION_REBOOT_REQUIRED in _meta(node, "annotations"):
+            self.api.patch_node({}, {names.ANNOTATION_REBOOT_REQUIRED: None})
+        self.remove_sentinel()
         if self._budget is not None:
             self._budget.release()
         self.write_condition(L.condition_state(state), node)

@@ -412,6 +412,19 @@ def test_an_administrators_uncordon_stops_the_ladder_for_the_incident(world):
     assert api.cordoned() and api.reasons().count("GPURemediationCordon") == 2
 
 
+def test_an_uncordon_after_the_reboot_request_withdraws_it(world, sim_root):
+    w = world(policy={"remediation": {"settleSeconds": 0, "rebootSentinel": "var/run/reboot-required"}})
+    api = w.apis["gpu-1"]
+    api.health(("ecc-dram-uncorrectable", ECC_ROW))
+    assert w.round("gpu-1") == L.REBOOT_REQUEST and sim_root.exists("var/run/reboot-required")
+    api.admin(False)
+    assert w.round("gpu-1") == L.STOP
+    assert N.ANNOTATION_REBOOT_REQUIRED not in api.annotations() and not sim_root.exists("var/run/reboot-required")
+    events = len(api.events)
+    w.round("gpu-1")
+    assert len(api.events) == events                         # stopped: no Event per round
+
+
 def test_two_nodes_failing_with_a_budget_of_one_the_second_waits(world):
     w = world(names=("gpu-1", "gpu-2"))
     for name in ("gpu-1", "gpu-2"):
