@@ -58,3 +58,49 @@ def test_the_cluster_operator_takes_the_remediation_settings(remediation, ok):
           "spec": {"devicePlugin": {"healthPolicy": dict(POLICY, remediation=remediation)}}}
     errors = list(jsonschema.validators.validator_for(_crd_schema())(_crd_schema()).iter_errors(cr))
     assert (errors == []) == ok, errors
+
+
+def _generator():
+    import importlib.util
+    from .helm import ROOT
+    spec = importlib.util.spec_from_file_location("gen_node_agent_policy_ladder", ROOT / "scripts" / "gen_node_agent_policy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_only_the_cordon_is_a_spec_field_an_agent_may_own_and_it_carries_its_record():
+    gen = _generator()
+    with pytest.raises(gen.TableError, match="'taints' is not one of"):
+        gen.key_data("metax-tech.com/", {"a": {"spec": ("taints",)}})
+    data = gen.key_data("metax-tech.com/", {"a": {"spec": ("unschedulable",)}, "b": {"spec": ("unschedulable",)}},
+                        cordon_record=("metax-tech.com/maintenance.cordon", "ours"))
+    assert data["agents"]["a"]["spec"] == data["agents"]["b"]["spec"] == ["unschedulable"]
+    assert data["cordonRecord"] == {"key": "metax-tech.com/maintenance.cordon", "ours": "ours"}
+    # no record given: an empty key, which no annotation has: the policy admits no cordon change (fails closed)
+    assert gen.key_data("metax-tech.com/", {"a": {"spec": ("unschedulable",)}})["cordonRecord"]["key"] == ""
+    assert "cordonRecord" not in gen.key_data("metax-tech.com/", {"a": {"labels": ("metax-tech.com/x",)}})
+
+
+@helm_required(HELM)
+@pytest.mark.parametrize("chart, values", [
+    (CHARTS / "metax-gpu-extensions", {"nodeAgentPolicy": {"enabled": True}}),
+    (CHARTS / "metax-operator", {"nodeAgentPolicy": {"enabled": True}, "driver": {"payload": {"version": "2.29.0.13"}},
+                                 "maca": {"payload": {"images": ["mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]}}}),
+], ids=["extensions", "operator"])
+def test_the_policy_admits_driver_managers_cordon_only_beside_the_record_ours(chart, values):
+    rc, objects, err = render(HELM, values, chart=chart)
+    assert rc == 0, err
+    policy = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+                  and not o["metadata"]["name"].endswith(("-pods", "-resourceslices")))
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    owned = json.loads(variables["ownedSpec"].split("[variables.agent]")[0])
+    assert owned["driver-manager"] == ["unschedulable"] and not any(v for a, v in owned.items() if a != "driver-manager")
+    record = '"%s" in variables.newAnnotations && variables.newAnnotations["%s"] == "%s"' % (
+        names.ANNOTATION_MAINTENANCE_CORDON, names.ANNOTATION_MAINTENANCE_CORDON, names.MAINTENANCE_CORDON_OURS)
+    assert record in variables["cordonRecorded"]
+    assert record.replace("newAnnotations", "oldAnnotations") in variables["cordonRecorded"]
+    spec_rule = next(r["expression"] for r in policy["spec"]["validations"] if "otherSpecUnchanged" in r["expression"])
+    assert "variables.cordonRecorded" in spec_rule and "size(variables.ownedSpec) == 0" in spec_rule
+    conditions = json.loads(variables["ownedConditions"].split("[variables.agent]")[0])
+    assert conditions["driver-manager"] == [names.CONDITION_GPU_REMEDIATION]
