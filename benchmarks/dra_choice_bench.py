@@ -7,7 +7,7 @@
     flock /tmp/metax-heavy.lock env PYTHONPATH=.build/collections .venv/bin/python benchmarks/dra_choice_bench.py
 
 A private control plane (dra_common: etcd, kube-apiserver, our kube-scheduler;
-never the shared cluster; ~2 min). The requests are compare_go.py's
+never the shared cluster; ~1 min). The requests are compare_go.py's
 (``build_cases``: the same nodes, free GPUs, sizes and sequences). For each
 request a Node object of its own carries the ResourceSlice gpu-dra publishes
 for the simulated node (discovery over a simulator host root, then
@@ -18,13 +18,17 @@ and its devices are compared with ``allocator.allocate`` on the same free
 GPUs (the free set the scheduler saw: earlier steps keep what the scheduler
 gave them).
 
-The claim is what a user writes without our extender: ``matchAttribute`` on
-the tightest attribute first, looser ones only when the scheduler says no
-node fits (for whole GPUs: the MetaXLink group, then the PCIe root, then the
-NUMA node, then no constraint; for VFs the physical function first). A
-request that must include a device (the device plugin's mustInclude) is a
-request for that device by a CEL selector plus one for the rest, under the
-same constraint.
+The claim is what a user can write without our extender: ``matchAttribute``
+on the tightest attribute first, looser ones only where that cannot be
+satisfied (for whole GPUs: the MetaXLink group, then the PCIe root, then the
+NUMA node, then no constraint; for VFs the physical function first). By
+default that is one claim per step, its request listing the constraints as
+prioritized subrequests (``firstAvailable``, DRAPrioritizedList, on in
+1.36); ``--claims ladder`` writes one claim per constraint instead, the next
+only when the scheduler finds the last unschedulable (the same sets, more
+round trips). A request of size 1 has no constraint. A request that must
+include a device (the device plugin's mustInclude) is a request for that
+device by a CEL selector plus one for the rest, under the same constraint.
 
 Verdicts: ``same`` set; ``equivalent`` (another set, equal on the
 allocator's objective: worst link, pair weights, damage to the free GPUs);
@@ -56,8 +60,10 @@ from ansible_collections.metax.gpu.plugins.module_utils.sim.layout import canoni
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 GPU_LADDER = (D.ATTR_GROUP, D.ATTR_ROOT, D.ATTR_NUMA, None)
 VF_LADDER = (D.ATTR_PF, D.ATTR_GROUP, D.ATTR_ROOT, D.ATTR_NUMA, None)
+# --switch-attribute (a what-if, not published by gpu-dra): the PCIe switch above each GPU
+ATTR_SWITCH = D.DRA_DRIVER + "/pcieSwitch"
 SHORT = {D.ATTR_GROUP: "metaxLinkGroup", D.ATTR_ROOT: "pcieRoot", D.ATTR_NUMA: "numaNode",
-         D.ATTR_PF: "physicalFunction", None: "none"}
+         D.ATTR_PF: "physicalFunction", ATTR_SWITCH: "pcieSwitch", None: "none"}
 
 
 @dataclass
@@ -70,13 +76,22 @@ class SimNode:
     index_of: Dict[str, int] = field(default_factory=dict)      # device name -> compare_go index
     attrs: Dict[str, Dict[str, object]] = field(default_factory=dict)
     order: List[str] = field(default_factory=list)              # device names in slice order
+    extra: Dict[str, Dict[str, object]] = field(default_factory=dict)   # device name -> what-if attributes
+
+    def slices(self, node_name: str) -> List[Dict[str, object]]:
+        """The ResourceSlices gpu-dra publishes for this node under ``node_name`` (plus the what-ifs)."""
+        pool = D.node_slices(node_name, self.inventory)
+        for item in pool:
+            for entry in item["spec"].get("devices") or []:
+                entry["attributes"].update(self.extra.get(entry["name"], {}))
+        return pool
 
     @property
     def device_class(self) -> str:
         return D.VF_CLASS if self.node.vfs else D.GPU_CLASS
 
 
-def simulate(node: Node, root: str) -> SimNode:
+def simulate(node: Node, root: str, switch_attribute: bool = False) -> SimNode:
     """The simulated node behind compare_go's synthetic one, and the index mapping between them.
 
     The simulator numbers GPUs in PCI order (layout.canonical_gpus), compare_go in spec order and VFs
@@ -97,6 +112,10 @@ def simulate(node: Node, root: str) -> SimNode:
     for item in devices:
         for entry in item["spec"].get("devices") or []:
             dev = by_bdf[entry["attributes"][D.S.ATTR_PCI_BUS_ID]["string"]]
+            switch = next(g for g in inv.gpus if g.index == dev.gpu_index).switch
+            if switch_attribute and switch:
+                sim.extra[entry["name"]] = {ATTR_SWITCH.split("/", 1)[1]: {"string": switch}}
+                entry["attributes"].update(sim.extra[entry["name"]])
             gpu = spec_of_pos[dev.gpu_index]
             if node.vfs:
                 k = seen_vfs.get(gpu, 0)
@@ -177,35 +196,80 @@ def verdict(node: Node, free: Sequence[int], ours: Sequence[int], theirs: Sequen
     return ("worse" if k_mine > k_sched else "better"), why
 
 
+def ladder_of(sim: SimNode, size: int) -> Sequence[Optional[str]]:
+    if size <= 1:
+        return (None,)
+    ladder = VF_LADDER if sim.node.vfs else GPU_LADDER
+    if sim.extra:       # the switch between the MetaXLink group and the root complex
+        at = ladder.index(D.ATTR_ROOT)
+        ladder = ladder[:at] + (ATTR_SWITCH,) + ladder[at:]
+    return ladder
+
+
+def must_request(sim: SimNode, must: str) -> Dict[str, object]:
+    return D.device_request("must", 1, sim.device_class, 'device.attributes["%s"].index == %d' % (
+        D.DRA_DRIVER, int(sim.attrs[must]["index"])))  # type: ignore[call-overload]
+
+
+def schedule_claim(api: D.TokenClient, watch: D.PodWatch, node_name: str, name: str,
+                   claim: Dict[str, object], settle: float = 0.0) -> Tuple[str, object, float]:
+    """Create ``claim`` and a pod using it, pinned to the node: ("bound", the claim, seconds) or
+    ("unschedulable", the scheduler's message, seconds)."""
+    api.create(D.claims_path(), claim)
+    start = time.monotonic()
+    api.create(D.pods_path(), D.pod_manifest(name, node_name, name))
+    state, detail = watch.wait(name, settle=settle)
+    if state == "bound":
+        return state, api.request("GET", "%s/%s" % (D.claims_path(), name)), detail[0] - start
+    return state, detail, time.monotonic() - start
+
+
 def run_step(api: D.TokenClient, watch: D.PodWatch, sim: SimNode, node_name: str, tag: str, size: int,
-             must: Optional[str]) -> Tuple[str, int, List[str], float, str]:
-    """(rung, tries, devices, seconds to bind, last refusal) of one step through the ladder."""
-    ladder = (VF_LADDER if sim.node.vfs else GPU_LADDER) if size > 1 else (None,)
+             must: Optional[str], style: str) -> Tuple[str, int, List[str], float, str]:
+    """(constraint used, claims written, devices, seconds to bind, last refusal) of one step.
+
+    ``first-available``: one claim whose request lists the ladder as prioritized subrequests;
+    ``ladder``: one claim per rung, the next written when the scheduler finds the last unschedulable."""
+    ladder = ladder_of(sim, size)
+    rest = size - (1 if must else 0)
+    if style == "first-available":
+        requests, constraints = [], []
+        if must:
+            requests.append(must_request(sim, must))
+        if rest:
+            request, constraints = D.prioritized_request("gpus", rest, ladder, sim.device_class,
+                                                         ["must"] if must else [])
+            requests.append(request)
+        name = "%s-1" % tag
+        # always satisfiable (the last subrequest has no constraint): a refusal is the scheduler
+        # not having seen the whole pool yet
+        state, detail, seconds = schedule_claim(api, watch, node_name, name,
+                                                D.claim_manifest(name, requests, constraints=constraints), 10.0)
+        if state != "bound":
+            raise RuntimeError("%s: unschedulable: %s" % (tag, detail))
+        results = D.allocation_results(detail)  # type: ignore[arg-type]
+        chosen = [r["request"].split("/", 1)[1] for r in results if "/" in str(r.get("request"))]
+        attribute = ladder[int(chosen[0][1:])] if chosen else None
+        devices = [str(r["device"]) for r in results if r.get("pool") == node_name]
+        return SHORT[attribute], 1, devices, seconds, ""
     last = ""
     for tries, attribute in enumerate(ladder, 1):
         name = "%s-%d" % (tag, tries)
-        requests = []
-        if must:
-            requests.append(D.device_request("must", 1, sim.device_class,
-                                             'device.attributes["%s"].index == %d' % (
-                                                 D.DRA_DRIVER, int(sim.attrs[must]["index"]))))
-        if size - (1 if must else 0) > 0:
-            requests.append(D.device_request("gpus", size - (1 if must else 0), sim.device_class))
-        api.create(D.claims_path(), D.claim_manifest(name, requests, attribute if size > 1 else None))
-        start = time.monotonic()
-        api.create(D.pods_path(), D.pod_manifest(name, node_name, name))
-        state, detail = watch.wait(name)
+        requests = [must_request(sim, must)] if must else []
+        if rest:
+            requests.append(D.device_request("gpus", rest, sim.device_class))
+        state, detail, seconds = schedule_claim(api, watch, node_name, name, D.claim_manifest(
+            name, requests, attribute if size > 1 else None))
         if state == "bound":
-            claim = api.request("GET", "%s/%s" % (D.claims_path(), name))
-            devices = [dev for pool, dev in D.allocated_devices(claim) if pool == node_name]
-            return SHORT[attribute], tries, devices, detail[0] - start, last
-        last = detail
+            devices = [dev for pool, dev in D.allocated_devices(detail) if pool == node_name]  # type: ignore[arg-type]
+            return SHORT[attribute], tries, devices, seconds, last
+        last = str(detail)
         D.delete_now(api, "%s/%s" % (D.pods_path(), name))
         D.delete_now(api, "%s/%s" % (D.claims_path(), name))
     raise RuntimeError("%s: no rung of the ladder was schedulable: %s" % (tag, last))
 
 
-def run(requests: Sequence[Request], quiet: bool = False) -> Tuple[List[Step], str]:
+def run(requests: Sequence[Request], style: str, switch_attribute: bool = False, quiet: bool = False) -> Tuple[List[Step], str]:
     steps: List[Step] = []
     with D.Cluster() as cluster:
         api = cluster.api
@@ -216,11 +280,17 @@ def run(requests: Sequence[Request], quiet: bool = False) -> Tuple[List[Step], s
             for i, req in enumerate(requests):
                 sim = sims.get(id(req.node))
                 if sim is None:
-                    sim = sims[id(req.node)] = simulate(req.node, os.path.join(cluster.plane.dir, "sim%d" % len(sims)))
+                    sim = sims[id(req.node)] = simulate(req.node, os.path.join(cluster.plane.dir, "sim%d" % len(sims)),
+                                                        switch_attribute)
                 node_name = "req-%02d" % i
                 D.create_node(api, D.node_manifest(node_name))
-                for item in D.node_slices(node_name, sim.inventory):
+                pool = sim.slices(node_name)
+                for item in pool:
                     api.create("/apis/resource.k8s.io/v1/resourceslices", item)
+                if len(pool) > 1:
+                    # the scheduler allocates from a pool only once it has all its slices: a refusal
+                    # before would be read as the constraint's in ladder mode
+                    time.sleep(1.0)
                 taken = [sim.names[d] for d in sorted(sim.names) if d not in set(req.available)]
                 if taken:
                     D.hold_devices(api, "held-%02d" % i, node_name, taken, sim.device_class)
@@ -229,7 +299,7 @@ def run(requests: Sequence[Request], quiet: bool = False) -> Tuple[List[Step], s
                 for s, size in enumerate(req.sizes):
                     step = Step(req.node.name, req.id, size, sorted(free))
                     rung, tries, devices, seconds, message = run_step(
-                        api, watch, sim, node_name, "r%02d-%d" % (i, s), size, must[0] if must else None)
+                        api, watch, sim, node_name, "r%02d-%d" % (i, s), size, must[0] if must else None, style)
                     step.rung, step.tries, step.seconds, step.message = rung, tries, seconds, message
                     step.scheduler = sorted(sim.index_of[d] for d in devices)
                     opt = allocator.allocate(req.node.topology, free, size, [sim.index_of[m] for m in must])
@@ -250,7 +320,7 @@ def run(requests: Sequence[Request], quiet: bool = False) -> Tuple[List[Step], s
 
 
 HEADER = "%-16s %-28s %4s | %-18s %-16s %-16s | %-10s %-38s %5s %7s" % (
-    "node", "request", "size", "constraint (tries)", "scheduler", "allocator", "verdict", "why", "first", "bind ms")
+    "node", "request", "size", "constraint (claims)", "scheduler", "allocator", "verdict", "why", "first", "bind ms")
 
 
 def row(step: Step) -> str:
@@ -295,6 +365,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--seed", type=int, default=7, help="compare_go's seed (default %(default)s: its 69 requests)")
     parser.add_argument("--random-nodes", type=int, default=12, help="compare_go's random nodes (default %(default)s)")
+    parser.add_argument("--claims", choices=("first-available", "ladder"), default="first-available",
+                        help="first-available (default): one claim per step, its request listing the constraints "
+                             "from tightest to none as prioritized subrequests; ladder: one claim per constraint, "
+                             "the next written when the scheduler finds the last unschedulable")
+    parser.add_argument("--switch-attribute", action="store_true",
+                        help="what-if: give every device a pcieSwitch attribute (the PCIe switch above its GPU; "
+                             "gpu-dra does not publish it) and try it between the MetaXLink group and the PCIe root")
     parser.add_argument("--json", help="also write the steps to this file")
     args = parser.parse_args(argv)
     requests = build_cases(random.Random(args.seed), args.random_nodes)
@@ -302,12 +379,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("machine: " + D.machine())
     print(HEADER)
     print("-" * len(HEADER))
-    steps, version = run(requests)
-    lines = ["", "kube-scheduler %s (default profile, no extender); allocator: plugins/module_utils/gpu/allocator.py"
-             % version] + summary(steps) + ["total %.0f s" % (time.monotonic() - started)]
+    steps, version = run(requests, args.claims, args.switch_attribute)
+    lines = ["", "kube-scheduler %s (default profile, no extender); claims: %s%s; allocator: "
+             "plugins/module_utils/gpu/allocator.py" % (
+                 version, args.claims, ", what-if pcieSwitch attribute" if args.switch_attribute else "")] + summary(steps) + ["total %.0f s" % (time.monotonic() - started)]
     print("\n".join(lines))
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "dra_choice.txt"), "w", encoding="utf-8") as handle:
+    suffix = ("" if args.claims == "first-available" else "_" + args.claims) + (
+        "_switch" if args.switch_attribute else "")
+    with open(os.path.join(RESULTS, "dra_choice%s.txt" % suffix), "w", encoding="utf-8") as handle:
         handle.write("\n".join(["machine: " + D.machine(), HEADER, "-" * len(HEADER)] + [row(s) for s in steps]
                                + lines) + "\n")
     if args.json:

@@ -284,12 +284,32 @@ def device_request(name: str, count: int, device_class: str = GPU_CLASS, cel: Op
     return {"name": name, "exactly": exactly}
 
 
+def prioritized_request(name: str, count: int, attributes: Sequence[Optional[str]], device_class: str = GPU_CLASS,
+                        also: Sequence[str] = ()) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """One request whose ``firstAvailable`` subrequests (``t0``, ``t1``...) ask the same devices under
+    ``matchAttribute`` on each of ``attributes`` in turn (None: no constraint), and the constraints;
+    ``also``: other requests of the claim each constraint covers too. The scheduler takes the first
+    subrequest it can satisfy (DRAPrioritizedList)."""
+    subrequests, constraints = [], []
+    for i, attribute in enumerate(attributes):
+        sub = "t%d" % i
+        subrequests.append({"name": sub, "deviceClassName": device_class, "allocationMode": "ExactCount",
+                            "count": count})
+        if attribute:
+            constraints.append({"requests": list(also) + ["%s/%s" % (name, sub)], "matchAttribute": attribute})
+    return {"name": name, "firstAvailable": subrequests}, constraints
+
+
 def claim_manifest(name: str, requests: Sequence[Dict[str, Any]], match: Optional[str] = None,
-                   labels: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """A ResourceClaim; ``match``: one ``matchAttribute`` constraint over all its requests."""
+                   labels: Optional[Mapping[str, str]] = None,
+                   constraints: Sequence[Dict[str, Any]] = ()) -> Dict[str, Any]:
+    """A ResourceClaim; ``match``: one ``matchAttribute`` constraint over all its requests (else
+    ``constraints`` as given)."""
     devices: Dict[str, Any] = {"requests": list(requests)}
     if match:
         devices["constraints"] = [{"requests": [r["name"] for r in requests], "matchAttribute": match}]
+    elif constraints:
+        devices["constraints"] = list(constraints)
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(labels or {})},
             "spec": {"devices": devices}}
@@ -338,10 +358,13 @@ def pod_manifest(name: str, node: Optional[str] = None, claim: Optional[str] = N
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(labels or {})}, "spec": spec}
 
 
+def allocation_results(claim: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    return ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or [])
+
+
 def allocated_devices(claim: Mapping[str, Any]) -> List[Tuple[str, str]]:
     """(pool, device) of a claim's allocation, in the scheduler's order."""
-    results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or [])
-    return [(str(r.get("pool")), str(r.get("device"))) for r in results]
+    return [(str(r.get("pool")), str(r.get("device"))) for r in allocation_results(claim)]
 
 
 def delete_now(api: TokenClient, path: str) -> None:
@@ -407,16 +430,25 @@ class PodWatch:
                     self.unschedulable[name] = str(cond.get("message"))
             self._cond.notify_all()
 
-    def wait(self, name: str, timeout: float = 60.0) -> Tuple[str, Any]:
-        """("bound", (monotonic time, node)) or ("unschedulable", the scheduler's message); TimeoutError."""
+    def wait(self, name: str, timeout: float = 60.0, settle: float = 0.0) -> Tuple[str, Any]:
+        """("bound", (monotonic time, node)) or ("unschedulable", the scheduler's message); TimeoutError.
+
+        ``settle``: seconds to wait on for a binding after the scheduler said Unschedulable (a pool of
+        several slices seen in part: the scheduler tries again when the rest arrives)."""
         deadline = time.monotonic() + timeout
+        refused: Optional[float] = None
         with self._cond:
             while True:
                 if name in self.bound:
                     return "bound", self.bound[name]
                 if name in self.unschedulable:
-                    return "unschedulable", self.unschedulable[name]
+                    refused = time.monotonic() if refused is None else refused
+                    if time.monotonic() - refused >= settle:
+                        return "unschedulable", self.unschedulable[name]
+                    deadline = min(deadline, refused + settle)
                 left = deadline - time.monotonic()
+                if refused is not None and left <= 0:
+                    return "unschedulable", self.unschedulable[name]
                 if left <= 0:
                     raise TimeoutError("pod %s neither bound nor unschedulable after %.0f s" % (name, timeout))
                 self._cond.wait(left)
