@@ -100,8 +100,8 @@ def simulate(node: Node, root: str, switch_attribute: bool = False) -> SimNode:
     spec_order = canonical_gpus(node.spec)
     remaining = list(range(len(node.spec.gpus)))
     spec_of_pos = []
-    for gpu in spec_order:       # canonical position -> spec index (identical GpuSpecs: first unused)
-        idx = next(i for i in remaining if node.spec.gpus[i] == gpu)
+    for placed in spec_order:       # canonical position -> spec index (identical GpuSpecs: first unused)
+        idx = next(i for i in remaining if node.spec.gpus[i] == placed)
         remaining.remove(idx)
         spec_of_pos.append(idx)
     sim = SimNode(node, inv)
@@ -199,7 +199,7 @@ def verdict(node: Node, free: Sequence[int], ours: Sequence[int], theirs: Sequen
 def ladder_of(sim: SimNode, size: int) -> Sequence[Optional[str]]:
     if size <= 1:
         return (None,)
-    ladder = VF_LADDER if sim.node.vfs else GPU_LADDER
+    ladder: Tuple[Optional[str], ...] = VF_LADDER if sim.node.vfs else GPU_LADDER
     if sim.extra:       # the switch between the MetaXLink group and the root complex
         at = ladder.index(D.ATTR_ROOT)
         ladder = ladder[:at] + (ATTR_SWITCH,) + ladder[at:]
@@ -233,7 +233,8 @@ def run_step(api: D.TokenClient, watch: D.PodWatch, sim: SimNode, node_name: str
     ladder = ladder_of(sim, size)
     rest = size - (1 if must else 0)
     if style == "first-available":
-        requests, constraints = [], []
+        requests: List[Dict[str, object]] = []
+        constraints: List[Dict[str, object]] = []
         if must:
             requests.append(must_request(sim, must))
         if rest:
@@ -382,7 +383,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     steps, version = run(requests, args.claims, args.switch_attribute)
     lines = ["", "kube-scheduler %s (default profile, no extender); claims: %s%s; allocator: "
              "plugins/module_utils/gpu/allocator.py" % (
-                 version, args.claims, ", what-if pcieSwitch attribute" if args.switch_attribute else "")] + summary(steps) + ["total %.0f s" % (time.monotonic() - started)]
+                 version, args.claims, ", what-if pcieSwitch attribute" if args.switch_attribute else "")]
+    lines += summary(steps) + ["total %.0f s" % (time.monotonic() - started)]
     print("\n".join(lines))
     os.makedirs(RESULTS, exist_ok=True)
     suffix = ("" if args.claims == "first-available" else "_" + args.claims) + (

@@ -209,7 +209,7 @@ class Cluster:
 
     @property
     def apiserver_pid(self) -> int:
-        return next(p.pid for p in self.plane.procs if "kube-apiserver" in " ".join(p.args))
+        return next(p.pid for p in self.plane.procs if "kube-apiserver" in str(p.args))
 
     def version(self) -> str:
         return str(self.api.request("GET", "/version").get("gitVersion"))
