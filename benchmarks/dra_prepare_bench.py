@@ -24,7 +24,9 @@ the kubelet would, over the agent's unix socket with gRPC:
   work, so the ratios say what Prepare costs beyond the transport.
 
 The agent's VmRSS and VmHWM (peak) are read from /proc at idle (after its
-first publication) and after the calls.
+first publication) and after the calls; beside them, the RSS of a bare
+interpreter that imported what the agent imports (grpcio, the kubernetes
+client, the agent's module), the floor of any Python agent of ours.
 """
 
 from __future__ import annotations
@@ -70,6 +72,20 @@ def wait_for(what: str, check, timeout: float, agent: subprocess.Popen, log: str
             with open(log, encoding="utf-8", errors="replace") as fh:
                 raise RuntimeError("gpu-dra: no %s (exit %s):\n%s" % (what, agent.poll(), fh.read()[-3000:]))
         time.sleep(0.2)
+
+
+def imports_floor(env: Dict[str, str]) -> Dict[str, float]:
+    """VmRSS/VmHWM of a Python process that imported the agent's module (and with it grpcio and the
+    kubernetes client) and does nothing."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, %s, grpc, kubernetes; sys.stdout.write('ok\\n'); "
+                             "sys.stdout.flush(); sys.stdin.read()" % AGENT], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ok"
+        return D.proc_memory(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 def stats(samples: Sequence[float]) -> Dict[str, float]:
@@ -148,6 +164,7 @@ def run(claims: int) -> Dict[str, Any]:
                 for name in names[max(0, claims - WINDOW + 1):]:
                     unprepare.append(timed(do_unprepare, name))
             out["after"] = D.proc_memory(agent.pid)
+            out["imports"] = imports_floor(env)
             out["cdi_specs_left"] = len(os.listdir(cdi)) if os.path.isdir(cdi) else 0
             out["errors"] = errors[:10]
             out["error_count"] = len(errors)
@@ -176,6 +193,8 @@ def report(r: Dict[str, Any]) -> List[str]:
             s["p99_ms"] / floor["p99_ms"]))
     lines += ["", "gpu-dra memory (MiB): idle VmRSS %.1f (VmHWM %.1f); after the calls VmRSS %.1f, VmHWM %.1f" % (
         r["idle"]["VmRSS"], r["idle"]["VmHWM"], r["after"]["VmRSS"], r["after"]["VmHWM"]),
+        "a Python process that only imported gpu-dra's module, grpcio and the kubernetes client: VmRSS %.1f MiB "
+        "(gpu-dra idle / that: x%.2f)" % (r["imports"]["VmRSS"], r["idle"]["VmRSS"] / r["imports"]["VmRSS"]),
         "started to first ResourceSlice and socket: %.2f s; errors: %d%s; CDI specs left after the last "
         "Unprepare: %d" % (r["ready_s"], r["error_count"], (" " + "; ".join(r["errors"])) if r["errors"] else "",
                            r["cdi_specs_left"])]
