@@ -384,7 +384,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lines = ["", "kube-scheduler %s (default profile, no extender); claims: %s%s; allocator: "
              "plugins/module_utils/gpu/allocator.py" % (
                  version, args.claims, ", what-if pcieSwitch attribute" if args.switch_attribute else "")]
-    lines += summary(steps) + ["total %.0f s" % (time.monotonic() - started)]
+    lines += summary(steps) + ["total %.0f s; 1-minute load average at the end %.2f" % (
+        time.monotonic() - started, os.getloadavg()[0])]
     print("\n".join(lines))
     os.makedirs(RESULTS, exist_ok=True)
     suffix = ("" if args.claims == "first-available" else "_" + args.claims) + (

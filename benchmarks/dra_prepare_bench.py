@@ -208,7 +208,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     result = run(args.claims)
-    lines = report(result) + ["total %.0f s" % (time.monotonic() - started)]
+    lines = report(result) + ["total %.0f s; 1-minute load average at the end %.2f" % (
+        time.monotonic() - started, os.getloadavg()[0])]
     print("\n".join(lines))
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "dra_prepare.txt"), "w", encoding="utf-8") as handle:

@@ -214,7 +214,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.monotonic()
     result = run(args.nodes, args.pods, args.workers)
     result["seconds"] = round(time.monotonic() - started)
-    lines = report(result) + ["total %d s" % result["seconds"]]
+    result["load_end"] = os.getloadavg()[0]
+    lines = report(result) + ["total %d s; 1-minute load average at the end %.2f" % (result["seconds"], result["load_end"])]
     print("\n".join(lines))
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "dra_scale.txt"), "w", encoding="utf-8") as handle:
