@@ -33,6 +33,10 @@ def process(settings: Settings, binary: str) -> ProcessSpec:
         "--kubelet-preferred-address-types=InternalIP,Hostname",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         "--service-account-key-file=%s/sa.pub" % pki, "--service-account-signing-key-file=%s/sa.key" % pki,
+        # the API server runs on the host, outside every node's kube-proxy: it reaches a webhook's or an
+        # aggregated API's Service at its endpoints (pod IPs, routed to the nodes), not its ClusterIP,
+        # which the host does not route (a connection there left the machine: the eviction guard's calls)
+        "--enable-aggregator-routing=true",
         "--profiling=false", "--v=1"))
 
 
