@@ -45,6 +45,7 @@ STATE_KEYS: Dict[str, Tuple[Optional[str], Optional[str]]] = {
     N.MAINTENANCE_OWNER_SET_VFNUM: (N.LABEL_VFNUM_STATE, N.ANNOTATION_VFNUM_MESSAGE),
     N.MAINTENANCE_OWNER_DRIVER_MANAGER: (None, None),
     N.MAINTENANCE_OWNER_HEALTH: (None, None),
+    N.MAINTENANCE_OWNER_DEVICE_MODE: (None, None),
 }
 # agents.paused values written before the protocol, and whose pause they were
 LEGACY_PAUSE = {"true": N.MAINTENANCE_OWNER_DRIVER_UPGRADE}
