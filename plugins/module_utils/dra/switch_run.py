@@ -187,6 +187,7 @@ def switch(api: SwitchApi, node: str, target: str, evict: Optional[Eviction] = N
         if evict is None:
             maintenance.resume(api, node, OWNER)
             plan_switch(found, target, late, False)          # raises SwitchRefused
+            raise AssertionError("unreachable")
         more = api.evict(node, evict, False)
         for key in ("selected", "evicted", "deleted"):
             outcome.evicted[key] = sorted(set(outcome.evicted[key]) | set(more[key]))
