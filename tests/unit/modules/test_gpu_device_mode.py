@@ -1,5 +1,6 @@
 """metax.gpu.gpu_device_mode against a local HTTP API server: the refusal while pods hold the node's GPUs (either
-mode's), check mode and diff, a node already in its mode, bad input refused before any request.
+mode's), check mode and diff, a node already in its mode, bad input refused before any request, and a whole
+switch through the real client (the writes in their order; the pool deleted on the way back).
 
 The server answers what the module reads (the Node, the node's pods, the ResourceClaims, the node's pool) and
 records every request, so "nothing changed" is checked as "no write reached the API server". The switch itself
@@ -40,15 +41,17 @@ class Api:
             "spec": {}, "status": {"allocatable": {N.RESOURCE_NAME: "8"}}}
         self.pods = list(pods)
         self.claims = list(claims)
+        self.slices: List[Dict[str, Any]] = []
         self.seen: List[Tuple[str, str]] = []
 
-    def answer(self, method: str, path: str) -> Tuple[int, Dict[str, Any]]:
+    def answer(self, method: str, path: str, body: Any = None) -> Tuple[int, Dict[str, Any]]:
         self.seen.append((method, path))
         if method != "GET":
-            return 405, {"kind": "Status", "code": 405}
+            return self.write(method, path, body)
         lists = {"/api/v1/pods": ("PodList", self.pods),
                  "/apis/resource.k8s.io/v1/resourceclaims": ("ResourceClaimList", self.claims),
-                 "/apis/resource.k8s.io/v1/resourceslices": ("ResourceSliceList", [])}
+                 "/apis/resource.k8s.io/v1/resourceslices": ("ResourceSliceList", self.slices),
+                 "/api/v1/namespaces/metax-gpu/pods": ("PodList", [])}       # the agents' pods: gone
         if path == "/api/v1/nodes/gpu-1":
             return 200, self.node
         if path in lists:
@@ -58,6 +61,39 @@ class Api:
 
     def writes(self):
         return [s for s in self.seen if s[0] != "GET"]
+
+    # -- the writes a switch makes, and the kubelet's part ----------------------------------------------
+    def write(self, method: str, path: str, body: Any) -> Tuple[int, Dict[str, Any]]:
+        if method == "PATCH" and path == "/api/v1/nodes/gpu-1":
+            meta = body.get("metadata") or {}
+            if meta.get("resourceVersion") not in (None, self.node["metadata"]["resourceVersion"]):
+                return 409, {"kind": "Status", "code": 409, "reason": "Conflict"}
+            _merge(self.node, {k: v for k, v in body.items() if k != "metadata"})
+            _merge(self.node["metadata"], {k: v for k, v in meta.items() if k != "resourceVersion"})
+            self.node["metadata"]["resourceVersion"] = str(int(self.node["metadata"]["resourceVersion"]) + 1)
+            if N.LABEL_AGENTS_PAUSED in self.node["metadata"]["labels"]:
+                # the paused agents leave at once here; the kubelet zeroes the gone plugin's devices
+                self.node["status"]["allocatable"][N.RESOURCE_NAME] = "0"
+            return 200, self.node
+        if method == "POST" and path.endswith("/eviction"):
+            name = path.split("/")[-2]
+            self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
+            return 201, {"kind": "Eviction", "apiVersion": "policy/v1", "metadata": {"name": name}}
+        if method == "DELETE" and path.startswith("/apis/resource.k8s.io/v1/resourceslices/"):
+            name = path.rsplit("/", 1)[1]
+            self.slices = [s for s in self.slices if s["metadata"]["name"] != name]
+            return 200, {"kind": "Status", "status": "Success"}
+        return 405, {"kind": "Status", "code": 405}
+
+
+def _merge(have: Dict[str, Any], patch: Dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            have.pop(key, None)
+        elif isinstance(value, dict):
+            _merge(have.setdefault(key, {}), value)
+        else:
+            have[key] = value
 
 
 @pytest.fixture
@@ -69,8 +105,8 @@ def server(tmp_path):
             pass
 
         def _serve(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            code, body = holder["api"].answer(self.command, self.path.split("?", 1)[0])
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            code, body = holder["api"].answer(self.command, self.path.split("?", 1)[0], json.loads(raw or b"null"))
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -151,3 +187,29 @@ def test_bad_input_is_refused_before_any_request(server, args, message):
     failed, result = run_module(gpu_device_mode, full)
     assert failed and message in result["msg"], result
     assert api.seen == []
+
+
+def test_a_switch_with_evict_holds_evicts_pauses_labels_and_releases_in_that_order(server):
+    api = Api(pods=[pod("train", {"limits": {N.RESOURCE_NAME: "1"}})])
+    failed, result = run_module(gpu_device_mode, {"node_name": "gpu-1", "mode": "dra", "evict": True, "poll_delay": 1,
+                                                  "kubeconfig": server(api)}, diff=True)
+    assert not failed and result["changed"] and result["evicted"] == ["ml/train"], result
+    assert result["diff"] == {"before": {"mode": "device-plugin"}, "after": {"mode": "dra"}}
+    meta = api.node["metadata"]
+    assert meta["labels"] == {N.LABEL_DEVICE_MODE: N.DEVICE_MODE_DRA} and meta["annotations"] == {}
+    assert not api.node["spec"].get("unschedulable")
+    writes = [w[0] + " " + w[1].rsplit("/", 1)[-1] for w in api.writes()]
+    # hold + cordon, the eviction while the agents still run, the pause, the label, the release
+    assert writes == ["PATCH gpu-1", "POST eviction", "PATCH gpu-1", "PATCH gpu-1", "PATCH gpu-1"], writes
+
+
+def test_back_to_the_device_plugin_deletes_what_is_left_of_the_pool(server):
+    api = Api(labels={N.LABEL_DEVICE_MODE: N.DEVICE_MODE_DRA})
+    api.node["status"]["allocatable"][N.RESOURCE_NAME] = "0"
+    api.slices = [{"metadata": {"name": "gpu-1-gpu.metax-tech.com-0"}, "spec": {
+        "driver": N.DRA_DRIVER, "nodeName": "gpu-1", "pool": {"name": "gpu-1", "generation": 3},
+        "devices": [{"name": "gpu-0000-3b-00-0"}]}}]
+    failed, result = run_module(gpu_device_mode, {"node_name": "gpu-1", "mode": "device-plugin", "poll_delay": 1,
+                                                  "kubeconfig": server(api)})
+    assert not failed and result["changed"] and result["slices_deleted"] == ["gpu-1-gpu.metax-tech.com-0"], result
+    assert api.slices == [] and api.node["metadata"]["labels"] == {N.LABEL_DEVICE_MODE: N.DEVICE_MODE_PLUGIN}
