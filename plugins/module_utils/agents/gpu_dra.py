@@ -267,7 +267,9 @@ class GpuDraAgent:
         except Exception as exc:  # pylint: disable=broad-except
             LOG.warning("cannot delete the ResourceSlices of %s: %s", self.node_name, exc)
         self.published = []
-        LOG.warning("node %s is not in DRA mode: unregistered, %d ResourceSlice(s) deleted", self.node_name, deleted)
+        # a warning when it took a pool away from the scheduler; a gpu-dra that never served says so quietly
+        LOG.log(logging.WARNING if deleted else logging.INFO,
+                "node %s is not in DRA mode: unregistered, %d ResourceSlice(s) deleted", self.node_name, deleted)
 
     def serve(self) -> None:
         """Register and publish until stopped or the node leaves DRA mode."""
