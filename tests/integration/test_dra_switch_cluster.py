@@ -269,9 +269,11 @@ def test_a_failed_gpus_health_reaches_the_pod_holding_it(switching):
     claim = agents.claim_of(name)
     uid, pair = claim["metadata"]["uid"], allocated(claim)
     ids = {device: qualified_name(claim_device_name(uid, device)) for device in pair}
-    healthy = wait_for(lambda: (lambda h: h if set(h) == set(ids.values()) and
-                                all(v[0] == "Healthy" for v in h.values()) else None)(_resource_health(agents, name)),
-                       90, "the pod's allocatedResourcesStatus: both devices Healthy", interval=1)
+
+    def both_healthy():
+        now = _resource_health(agents, name)
+        return now if set(now) == set(ids.values()) and all(v[0] == "Healthy" for v in now.values()) else None
+    healthy = wait_for(both_healthy, 90, "the pod's allocatedResourcesStatus: both devices Healthy", interval=1)
     assert len(healthy) == 2
     victim = pair[0]
     index = attr(next(d for d in agents.devices() if d["name"] == victim), "index")

@@ -37,6 +37,7 @@ LOG = logging.getLogger("gpu-dra.health")
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 MESSAGES = {REASON_GONE: "the GPU is gone from the PCI bus (gpu-dra's health checks)"}
+CHECKS_FAILED = "failed gpu-dra's health checks (the GPU on the bus, bound to the driver, mx-smi): %s"
 # seconds between full lists when nothing changed; the timeout we give the kubelet is three of them
 RESEND_SECONDS = 10.0
 STREAM_POLL_SECONDS = 1.0
@@ -61,9 +62,8 @@ def device_health(pool: str, devices: Iterable[Mapping[str, Any]]) -> Tuple[Devi
         name = str(dev["name"])
         if name in reasons:
             reason = reasons[name] or UNHEALTHY
-            out.append(DeviceHealth(pool, name, UNHEALTHY, MESSAGES.get(reason, "failed gpu-dra's health checks "
-                                                                                 "(the GPU on the bus, bound to the "
-                                                                                 "driver, mx-smi): %s" % reason)))
+            message = MESSAGES.get(reason, CHECKS_FAILED % reason)
+            out.append(DeviceHealth(pool, name, UNHEALTHY, message))
         else:
             out.append(DeviceHealth(pool, name, HEALTHY))
     return tuple(sorted(out, key=lambda h: h.device))

@@ -263,8 +263,8 @@ def test_the_kubelets_health_stream_follows_the_taints(make_node, sockdir, tmp_p
         socket = os.path.join(sockdir, "plugins", DRA_DRIVER, "dra.sock")
         with grpc.insecure_channel("unix://" + socket) as channel:
             # the call the kubelet makes (pkg/kubelet/cm/dra/plugin: NodeWatchResources on the DRA socket)
-            stream = hgrpc.DRAResourceHealthStub(channel).NodeWatchResources(hpb.NodeWatchResourcesRequest(),
-                                                                              timeout=30)
+            watcher = hgrpc.DRAResourceHealthStub(channel)
+            stream = watcher.NodeWatchResources(hpb.NodeWatchResourcesRequest(), timeout=30)
             first = next(stream)
             assert health_map(first) == {n: (hpb.HEALTHY, "") for n in names}
             assert {d.device.pool_name for d in first.devices} == {"node-a"}

@@ -118,7 +118,7 @@ class Cluster:
         assert not now.both, (now, self.log)
 
     def settle(self, steps=20):
-        for _ in range(steps):
+        for _step in range(steps):
             self.tick()
         return S.serving(self.node, self.slices_.values())
 
