@@ -74,7 +74,9 @@ options:
     type: int
     default: 2
   namespace:
-    description: Namespace of the node agents' pods (the GPU Extensions release).
+    description:
+      - Namespace of the node agents' pods, whose leaving the switch waits for (the GPU Extensions release's;
+        in the GPU Operator scheme the operator's, C(metax-operator) by default).
     type: str
     default: metax-gpu
 notes:
