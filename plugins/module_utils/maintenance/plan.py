@@ -5,7 +5,8 @@
 
 One protocol for every procedure that takes a GPU node out of service (the
 ``set_vfnum`` and ``driver_upgrade`` roles, driver-manager, the health
-ladder); docs/maintenance.md says it for administrators. The rules:
+ladder, the device-mode switch of dra/switch_run.py); docs/maintenance.md says
+it for administrators. The rules:
 
 * a node is *held* by one procedure, its *owner* (``names.MAINTENANCE_OWNERS``),
   recorded in ``maintenance.owner``; a pause by another owner is refused
