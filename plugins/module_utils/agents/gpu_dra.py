@@ -40,6 +40,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..cdi.spec import CdiDevice
@@ -120,7 +121,7 @@ class GpuDraAgent:
         self.maca_root = maca_root
         self.preparer = Preparer(node_name, os.path.join(plugins_dir, DRA_DRIVER), spec_dir, api.get_claim,
                                  self.node_devices, self.maca, host.host_path)
-        self.health = HealthFeed(node_name)
+        self.health = HealthFeed(node_name, check_interval=healthy_interval)
         self.plugin = DraPlugin(self.preparer, plugins_dir, registry_dir, health=self.health)
         self.published: List[Dict[str, Any]] = []
         self.publishes = 0
@@ -240,6 +241,7 @@ class GpuDraAgent:
     def health_loop(self) -> None:
         while not self.stop.wait(self.healthy_interval):
             self.state.refresh()
+            self.health.checked(time.time())
 
     def _start_thread(self, target, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -296,6 +298,8 @@ class GpuDraAgent:
 
     def run(self) -> int:
         self.state.refresh()
+        if self.healthy_interval > 0:
+            self.health.checked(time.time())
         snap = self.state.snapshot()
         LOG.info("found %d MetaX device(s), %d healthy; %d claim(s) prepared before", len(snap.devices),
                  len(snap.healthy_ids), len(self.preparer.prepared))

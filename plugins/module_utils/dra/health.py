@@ -18,7 +18,8 @@ pool's devices as gpu-dra publishes them (agents/gpu_dra.py); a device is
 UNHEALTHY while it carries the taint ``gpu.metax-tech.com/unhealthy``, with the
 taint's reason as the message. A stream sends the list at once, on every
 change, and every ``resend`` seconds so that the kubelet's timeout never
-turns a known health into ``Unknown``.
+turns a known health into ``Unknown``; the time it states is the last run of
+the checks, so checks that stop running do lapse to ``Unknown``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
 from ..deviceplugin.versioned import Versioned
 from ..kubelet.grpc_api import drahealth_pb
@@ -70,13 +71,24 @@ def device_health(pool: str, devices: Iterable[Mapping[str, Any]]) -> Tuple[Devi
 
 
 class HealthFeed(Versioned):
-    """The pool's current device health; a new version on every change (streams wait on it)."""
+    """The pool's current device health; a new version on every change (streams wait on it).
 
-    def __init__(self, pool: str) -> None:
+    ``checked_at`` is when the health checks last ran (:meth:`checked`): the time the kubelet is
+    told the health was determined, so checks that hang (mx-smi stuck) let it lapse to Unknown
+    after the timeout instead of being vouched for. None: no periodic checks, the health is as of
+    each send. ``check_interval`` is their period: the timeout given to the kubelet covers it.
+    """
+
+    def __init__(self, pool: str, check_interval: float = 0.0) -> None:
         super().__init__()
         self.pool = pool
+        self.check_interval = check_interval
+        self.checked_at: Optional[float] = None
         self._health: Tuple[DeviceHealth, ...] = ()
         self.known = False              # nothing is reported before the first update
+
+    def checked(self, when: float) -> None:
+        self.checked_at = when
 
     def update(self, devices: Sequence[Mapping[str, Any]]) -> bool:
         """Take the pool's devices as published; True when a device's health changed."""
@@ -115,7 +127,8 @@ class HealthService:
         self.feed = feed
         self.resend = resend
         self.clock = clock
-        self.timeout_seconds = max(1, int(round(3 * resend)))
+        # three resends, or three check periods when the checks are slower: one missed is no lapse
+        self.timeout_seconds = max(1, int(round(3 * max(resend, feed.check_interval))))
         self.streams = 0
         self.sent = 0
         self._stopping = threading.Event()
@@ -129,9 +142,11 @@ class HealthService:
     def restart(self) -> None:
         self._stopping.clear()
 
-    def _send(self, health: Sequence[DeviceHealth]) -> Any:
+    def message(self, health: Sequence[DeviceHealth]) -> Any:
+        """The response to send now: ``health``, as of the checks' last run."""
         self.sent += 1
-        return response(health, self.clock(), self.timeout_seconds)
+        checked = self.feed.checked_at
+        return response(health, checked if checked is not None else self.clock(), self.timeout_seconds)
 
     def NodeWatchResources(self, request, context) -> Iterator[Any]:  # noqa: N802 (the gRPC method's name)
         with self._lock:
@@ -147,7 +162,7 @@ class HealthService:
                 return
             LOG.info("health stream opened: %d device(s), %d unhealthy", len(health),
                      sum(1 for h in health if h.health != HEALTHY))
-            yield self._send(health)
+            yield self.message(health)
             while not self._stopping.is_set() and context.is_active():
                 now = self.feed.wait_for_change(version, min(STREAM_POLL_SECONDS, self.resend))
                 waited += min(STREAM_POLL_SECONDS, self.resend)
@@ -156,7 +171,7 @@ class HealthService:
                 if now != version or waited >= self.resend:
                     version, health = self.feed.snapshot()
                     waited = 0.0
-                    yield self._send(health)
+                    yield self.message(health)
         finally:
             with self._lock:
                 self.streams -= 1

@@ -112,3 +112,15 @@ def test_stopping_ends_open_streams(served):
             while True:
                 next(stream)
     assert service.streams == 0
+
+
+def test_the_stated_time_is_the_last_run_of_the_checks_so_stalled_checks_lapse():
+    feed = H.HealthFeed("node-a", check_interval=20)
+    service = H.HealthService(feed, resend=10, clock=lambda: 5000.0)
+    # slower checks than resends: the kubelet's timeout covers three check periods
+    assert service.timeout_seconds == 60
+    feed.update(devices())
+    assert {d.last_updated_time for d in service.message(feed.snapshot()[1]).devices} == {5000}  # no checks yet
+    feed.checked(4321.9)
+    # however often it is resent, the health is as of the checks' last run
+    assert {d.last_updated_time for d in service.message(feed.snapshot()[1]).devices} == {4321}
