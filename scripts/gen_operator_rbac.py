@@ -29,7 +29,11 @@ from typing import Callable, List, Sequence, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "operator-rbac.md")
 NAMESPACE = "metax-operator"
-SERVICE_ACCOUNTS = ("operator-controller", "gpu-label", "gpu-device", "gpu-aware")
+# the optional components the table shows are deployed while it is read (OPTIONAL_COMPONENTS)
+SERVICE_ACCOUNTS = ("operator-controller", "gpu-label", "gpu-device", "gpu-aware", "gpu-dra", "vfio-manager")
+# spec sections switched on while the table is read, and the ClusterRoleBinding each brings
+OPTIONAL_COMPONENTS = {"gpuAware": "metax-gpu-gpu-aware", "draDriver": "metax-gpu-gpu-dra",
+                       "vfioManager": "metax-gpu-vfio-manager"}
 MARKER = "<!-- generated: kubectl auth can-i --list, scripts/gen_operator_rbac.py -->"
 # granted to every authenticated user by the API server's defaults, not by us
 DEFAULT_RULES = ("selfsubjectreviews.authentication.k8s.io", "selfsubjectaccessreviews.authorization.k8s.io",

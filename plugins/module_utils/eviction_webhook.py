@@ -21,7 +21,7 @@ otherwise (``agents/eviction_webhook.py``); docs/security.md.
 
 :func:`decide` is pure; :class:`EvictionWebhook` turns an AdmissionReview into
 its answer with the pod lookup given; :class:`WebhookServer` serves it over
-HTTPS with the bounds of the ``/metrics`` servers (``deviceplugin/metrics.py``:
+HTTPS with the bounds of the agents' ``/metrics`` servers (``kubelet/httpserve.py``:
 a connection cap, a request deadline) and a body limit. Standard library only.
 """
 
@@ -34,9 +34,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Optional, Tuple
 
-from .deviceplugin.metrics import WRITE_TIMEOUT, BoundedHTTPServer, _BoundedHandler
 from .errors import MetaxGpuError
 from .kube.pages import raw_get
+from .kubelet.httpserve import BoundedHandler, BoundedHTTPServer
 
 LOG = logging.getLogger("eviction-webhook")
 
@@ -198,7 +198,7 @@ def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     return context
 
 
-class _Handler(_BoundedHandler):
+class _Handler(BoundedHandler):
     server: "WebhookServer"
 
     def setup(self) -> None:
@@ -234,17 +234,7 @@ class _Handler(_BoundedHandler):
             self._send(404, {"error": "not found"})
 
     def _send(self, code: int, doc: Mapping[str, Any]) -> None:
-        body = json.dumps(doc).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.connection.settimeout(WRITE_TIMEOUT)
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # pylint: disable=redefined-builtin
-        return None
+        self.send_body(code, json.dumps(doc).encode(), "application/json")
 
 
 class WebhookServer(BoundedHTTPServer):
@@ -259,18 +249,8 @@ class WebhookServer(BoundedHTTPServer):
         self.webhook = webhook
         self.max_body_bytes = max_body_bytes
 
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
     def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="eviction-webhook", daemon=True)
-        thread.start()
-        return thread
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
+        return self.serve_in_thread("eviction-webhook")
 
 
 # -- flags, shared by the guard's own agent and the operator-controller ------------------------

@@ -49,6 +49,15 @@ ANNOTATION_KEYS = (ANNOTATION_SCORES, ANNOTATION_LOSSES, ANNOTATION_DEVICES)
 CONDITION_GPU_HEALTHY = "MetaXGPUHealthy"
 TAINT_GPU_HEALTH = PREFIX + "gpu-health"
 HEALTH_POLICY_CONFIGMAP = "metax-gpu-health-policy"
+# The remediation ladder (issue 42, health/ladder.py), climbed by driver-manager on
+# its node: its own condition (each step and its result in the message), the
+# ladder's state as JSON (which step, since when, whose cordon), the reboot request
+# a reboot tool can read (kured: docs/health.md), and its budget's Leases
+# <prefix>-<i> (maxNodes nodes in remediation at once).
+CONDITION_GPU_REMEDIATION = "MetaXGPURemediation"
+ANNOTATION_HEALTH_REMEDIATION = PREFIX + "gpu-health.remediation"
+ANNOTATION_REBOOT_REQUIRED = PREFIX + "gpu-health.reboot-required"
+HEALTH_SLOT_PREFIX = "metax-health-slot"
 
 # Label on every Lease of a slot pool (kube/slots.py): one list call sees the pool.
 LABEL_SLOT_POOL = PREFIX + "slot-pool"
@@ -125,7 +134,7 @@ MAINTENANCE_CORDON_ADMIN = "admin"
 # metax.gpu.node_maintenance; tests/unit/maintenance/test_maintenance_yaml.py keeps it so).
 MAINTENANCE_KEYS = (LABEL_AGENTS_PAUSED, ANNOTATION_MAINTENANCE_OWNER, ANNOTATION_MAINTENANCE_CORDON,
                     ANNOTATION_PRE_CORDONED, LABEL_DRIVER_UPGRADE_STATE, ANNOTATION_DRIVER_UPGRADE_MESSAGE,
-                    LABEL_VFNUM_STATE, ANNOTATION_VFNUM_MESSAGE)
+                    LABEL_VFNUM_STATE, ANNOTATION_VFNUM_MESSAGE, ANNOTATION_HEALTH_REMEDIATION)
 # the driver upgrade strips metax-tech.com/ labels except these
 DAY_TWO_LABELS = (LABEL_DRIVER_UPGRADE_STATE, LABEL_DRIVER_UPGRADE_SKIP, LABEL_AGENTS_PAUSED, LABEL_VFNUM_STATE)
 # vfio-manager's node annotations (issue 43): whether the node has IOMMU ("enabled" /
@@ -154,10 +163,16 @@ NODE_AGENT_KEYS: Dict[str, Dict[str, Tuple[str, ...]]] = {
     # its node's part of the rolling upgrade (driver_upgrade.yml's state label
     # and failure message; the controller sets upgrade-required and the target).
     # gpu.driver.mode is shared with gpu-label (SHARED_NODE_KEYS).
+    # The remediation ladder (issue 42) adds: the cordon (spec.unschedulable, admitted only
+    # with the maintenance protocol's record "ours" beside it), that record, its state,
+    # the reboot request and its condition.
     "driver-manager": {"labels": (LABEL_DRIVER_MODE, LABEL_VFNUM_STATE, LABEL_DRIVER_UPGRADE_STATE),
                        "annotations": (ANNOTATION_DRIVER_MESSAGE, ANNOTATION_VFNUM_MESSAGE,
                                        ANNOTATION_DRIVER_UPGRADE_MESSAGE, ANNOTATION_DRIVER_PAYLOAD_VERSION,
-                                       ANNOTATION_DRIVER_PAYLOAD_DRIVER, ANNOTATION_MAINTENANCE_OWNER)},
+                                       ANNOTATION_DRIVER_PAYLOAD_DRIVER, ANNOTATION_MAINTENANCE_OWNER,
+                                       ANNOTATION_MAINTENANCE_CORDON, ANNOTATION_HEALTH_REMEDIATION,
+                                       ANNOTATION_REBOOT_REQUIRED),
+                       "conditions": (CONDITION_GPU_REMEDIATION,), "spec": ("unschedulable",)},
     # gpu-dra reads its Node (the device-mode label) and writes no key of it
     "gpu-dra": {"labels": (), "annotations": ()},
     # vfio-manager (GPU Operator vfioManager, issue 43): whether its node has IOMMU, and why
@@ -253,6 +268,7 @@ RUNTIME_HANDLER = "metax"
 # its Service, TLS Secret and ValidatingWebhookConfiguration name, and its Deployment in the
 # Extensions chart (the operator-controller serves it in the GPU Operator scheme).
 SERVICE_ACCOUNT_DRIVER_MANAGER = "driver-manager"
+SERVICE_ACCOUNT_VFIO_MANAGER = "vfio-manager"
 EVICTION_WEBHOOK = "metax-eviction-guard"
 # Dynamic Resource Allocation (issue 41, docs/dra.md). The driver name gpu-dra
 # registers with the kubelet and writes in its ResourceSlices (its attributes

@@ -43,3 +43,23 @@ class NodeApi(Protocol):
 
     def event(self, reason: str, message: str, warning: bool = True) -> None:
         """An Event about this node's procedure."""
+
+
+class RemediationApi(NodeApi, Protocol):
+    """What the remediation ladder (health/remediation.py) asks beyond :class:`NodeApi`."""
+
+    def read_node(self) -> Mapping[str, Any]:
+        """This node as the API server's JSON (metadata with resourceVersion, spec, status)."""
+
+    def merge_patch_node(self, body: Mapping[str, Any]) -> None:
+        """A JSON merge patch of this node (the maintenance protocol's, with its resourceVersion);
+        maintenance.run.Stale when the node changed since it was read."""
+
+    def write_condition(self, condition: Mapping[str, Any]) -> None:
+        """This node's status condition of ``condition["type"]`` (merged by type: the others stay)."""
+
+    def node_event(self, reason: str, message: str, warning: bool = True) -> None:
+        """An Event about this Node (in the agent's namespace: ``kubectl describe node`` shows it)."""
+
+    def health_policy(self) -> Optional[str]:
+        """The health policy ConfigMap's policy.json (None: no ConfigMap, the shipped defaults)."""

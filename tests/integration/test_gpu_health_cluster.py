@@ -31,9 +31,7 @@ import uuid
 
 import pytest
 
-pytestmark = [pytest.mark.cluster, pytest.mark.xfail(
-    run=False, reason="known failing on the local cluster (session 11): the Events were refused by the API server "
-    "(fixed since, not yet re-run) and the recovery waits timed out; issue 42 stays open until this module passes")]
+pytestmark = pytest.mark.cluster
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

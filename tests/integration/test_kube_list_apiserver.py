@@ -283,7 +283,7 @@ def test_gpu_aware_node_cache_lists_in_pages_and_follows_the_watch(cp):
         assert _until(lambda: len(cache) >= COUNT), len(cache)
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-watched"}})
         assert _until(lambda: cache.get("node-watched") is not None), "the created node was not seen"
-        assert _until(lambda: watch.state.version is not None and watch.lists == 1 and metrics.relists.value("nodes") == 1)
+        assert _until(lambda: watch.state.version is not None and watch.lists == 1 and metrics.value("gpu_aware_relists_total", resource="nodes") == 1)
         core.delete_node("node-watched")
         assert _until(lambda: cache.get("node-watched") is None), "the deleted node is still cached"
         assert watch.lists == 1 and watch.restarts == 0

@@ -58,6 +58,7 @@ import pytest
 from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
+from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_handlers import STATUS_INTERVAL
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -319,17 +320,21 @@ def test_bad_values_are_refused_by_the_api_server(cluster, installed, patch, fie
 def test_rbac_on_the_cluster_is_the_committed_table(cluster, installed):
     """`kubectl auth can-i --list` per service account = docs/operator-rbac.md; no wildcard, no Secrets."""
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
-    assert patch_cr(cluster, {"gpuAware": {"deploy": True}}).returncode == 0
+    optional = gen_operator_rbac.OPTIONAL_COMPONENTS
+    assert patch_cr(cluster, {key: {"deploy": True} for key in optional}).returncode == 0
     try:
-        wait_until(lambda: get_json(cluster, "rolebinding", "gpu-aware", "-n", NS), 30, "gpu-aware's RBAC applied")
+        for binding in optional.values():
+            wait_until(lambda b=binding: get_json(cluster, "clusterrolebinding", b), 30, "%s applied" % binding)
 
         def kubectl(args):
             return cluster.kubectl(*args, check=True).stdout
         live, problems = gen_operator_rbac.check(kubectl, NS)
     finally:
-        assert patch_cr(cluster, {"gpuAware": {"deploy": False}}).returncode == 0
+        assert patch_cr(cluster, {key: {"deploy": False} for key in optional}).returncode == 0
         wait_until(lambda: not get_json(cluster, "deployment", "gpu-aware", "-n", NS), 60, "gpu-aware removed")
-    assert "### gpu-aware" in live and "| nodes |" in live
+        for binding in optional.values():
+            wait_until(lambda b=binding: not get_json(cluster, "clusterrolebinding", b), 60, "%s removed" % binding)
+    assert "### gpu-aware" in live and "### vfio-manager" in live and "| nodes |" in live
     assert not gen_operator_rbac.violations(live)
     assert not problems, "%s\n%s" % (problems, live)
 
@@ -422,10 +427,24 @@ def test_the_cr_is_cluster_scoped_as_the_real_one(cluster, installed):
     assert lease["spec"]["holderIdentity"] in controller_pods(cluster)
 
 
+def gpu_aware_args(cluster):
+    dep = get_json(cluster, "deployment", "gpu-aware", "-n", NS) or {}
+    containers = ((dep.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [{}]
+    return containers[0].get("args") or []
+
+
+# Each way the controller could put the weights back, and how long the test watches for it: the drift
+# watch's event for the edit (at once), the status timer's rounds with their audit of owned objects
+# (every STATUS_INTERVAL s; three rounds before the CR change and three after it) and the reconcile of
+# a CR change, which applies every component again (watched until gpu-aware's Deployment shows that change).
+# It watched a fixed 60 s before; no mechanism of the controller has a longer period than the status round.
+KEEP_SECONDS = 3 * STATUS_INTERVAL + 1
+
+
 def test_an_edit_of_gpu_aware_plugin_survives_the_controller(cluster, installed):
-    """Manual 2.1.5 step 4: `kubectl edit configmap gpu-aware-plugin` (the weights) stays for 60 s of
-    the controller running, a CR change included; an edited object the manual does not hand to the
-    administrator (gpu-aware's Deployment) is still put back."""
+    """Manual 2.1.5 step 4: `kubectl edit configmap gpu-aware-plugin` (the weights) stays through the
+    controller's drift watch, three status rounds, a CR change's reconcile and three more rounds; an edited
+    object the manual does not hand to the administrator (gpu-aware's Deployment) is still put back."""
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
     assert patch_cr(cluster, {"gpuAware": {"deploy": True}}).returncode == 0
     try:
@@ -438,16 +457,28 @@ def test_an_edit_of_gpu_aware_plugin_survives_the_controller(cluster, installed)
         wait_until(lambda: get_json(cluster, "deployment", "gpu-aware", "-n", NS)["spec"]["replicas"] == 1, 15,
                    "gpu-aware's Deployment put back")
         start = time.monotonic()
-        changed = False
-        while time.monotonic() - start < 60:
+
+        def kept():
             data = get_json(cluster, "configmap", N.GPU_AWARE_CONFIGMAP, "-n", NS)["data"]
             assert {k: data.get(k) for k in weights} == weights, "reverted after %.1fs" % (time.monotonic() - start)
-            if not changed and time.monotonic() - start > 20:
-                # a CR change makes the controller apply every component again
-                assert patch_cr(cluster, {"gpuAware": {"log": {"level": "debug"}}}).returncode == 0
-                changed = True
-            time.sleep(2)
-        print("\ngpu-aware-plugin's edited weights kept for 60 s (a CR change included)")
+            return True
+
+        def watch(seconds):
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                kept()
+                time.sleep(1)
+
+        watch(KEEP_SECONDS)
+        assert "--log-level=debug" not in gpu_aware_args(cluster)
+        # a CR change makes the controller apply every component again
+        assert patch_cr(cluster, {"gpuAware": {"log": {"level": "debug"}}}).returncode == 0
+        wait_until(lambda: kept() and "--log-level=debug" in gpu_aware_args(cluster), 60,
+                   "the CR change applied to gpu-aware's Deployment")
+        watch(KEEP_SECONDS)
+        kept()
+        print("\ngpu-aware-plugin's edited weights kept for %.0f s (a CR change's reconcile included)"
+              % (time.monotonic() - start))
     finally:
         assert patch_cr(cluster, {"gpuAware": {"deploy": False, "log": {"level": "info"}}}).returncode == 0
         wait_until(lambda: not get_json(cluster, "deployment", "gpu-aware", "-n", NS), 60, "gpu-aware removed")

@@ -199,14 +199,19 @@ def test_reconciled_into_owned_gated_objects(env):
 
 def test_rbac_is_the_committed_table_least_privilege(env):
     """The live rights of every service account = docs/operator-rbac.md (scripts/gen_operator_rbac.py)."""
-    assert env.patch({"gpuAware": {"deploy": True}}).returncode == 0
+    optional = gen_operator_rbac.OPTIONAL_COMPONENTS
+    assert env.patch({key: {"deploy": True} for key in optional}).returncode == 0
     wait(lambda: env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware deployed")
+    for binding in optional.values():
+        wait(lambda b=binding: env.get("clusterrolebinding", b), 30, "%s applied" % binding)
     live, problems = gen_operator_rbac.check(lambda args: env.ok(*args).stdout, NS)
     if os.environ.get("METAX_WRITE_RBAC_TABLE") == "1":   # a developer regenerating the table from this run
         gen_operator_rbac.write(live)
-    assert env.patch({"gpuAware": {"deploy": False}}).returncode == 0
+    assert env.patch({key: {"deploy": False} for key in optional}).returncode == 0
     wait(lambda: not env.get("deployment", "gpu-aware", "-n", NS), 30, "gpu-aware removed")
-    assert "| nodes |" in live and "### gpu-aware" in live
+    for binding in optional.values():
+        wait(lambda b=binding: not env.get("clusterrolebinding", b), 30, "%s removed" % binding)
+    assert "| nodes |" in live and "### gpu-aware" in live and "### gpu-dra" in live and "### vfio-manager" in live
     assert not problems, "%s\n%s" % (problems, live)
 
 

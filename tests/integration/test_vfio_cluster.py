@@ -46,9 +46,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset
 from ansible_collections.metax.gpu.plugins.module_utils.vfio import backend
 from ansible_collections.metax.gpu.plugins.module_utils.vfio.sysfs import NO_OVERRIDE
 
-pytestmark = [pytest.mark.cluster, pytest.mark.xfail(
-    run=False, reason="known failing on the local cluster (session 11): the controller did not deploy "
-    "metax-vfio-manager (vfioManager.deploy=true), so the fixture timed out; issue 43 stays open until this passes")]
+pytestmark = pytest.mark.cluster
 
 SIM_PARENT = "/var/lib/metax-sim"
 PRESETS = {"vm": "8xC500", "vm-2": "4xN100", "vm-3": "2xC550-sriov"}

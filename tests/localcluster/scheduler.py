@@ -4,6 +4,15 @@
 
 The manifest is written only when absent: metax.gpu.scheduler_extender
 patches this file later, and `up` must not undo that.
+
+One deliberate difference from kubeadm's manifest: the startupProbe checks
+/livez every second from the first second (kubeadm: after 10 s, then every
+10 s), with the same budget of 240 s. The mirror pod turns Ready only when the
+startupProbe has passed, so with kubeadm's timing every restart of the static
+pod (`up`, and each change metax.gpu.scheduler_extender makes) was Ready 10 to
+20 s after the scheduler already answered /readyz; the tests that wait for Ready
+(the scheduler extender's, `up`'s own) waited that out each time. The keys, their
+order and the probe paths stay kubeadm's: what scheduler_extender reads and edits.
 """
 
 from __future__ import annotations
@@ -58,10 +67,10 @@ def render(image: str, port: int = SCHED_PORT) -> str:
             "        requests:\n"
             "          cpu: 100m\n"
             "      startupProbe:\n"
-            "        failureThreshold: 24\n"
+            "        failureThreshold: 240\n"
             "%(livez)s"
-            "        initialDelaySeconds: 10\n"
-            "        periodSeconds: 10\n"
+            "        initialDelaySeconds: 1\n"
+            "        periodSeconds: 1\n"
             "        timeoutSeconds: 15\n"
             "      volumeMounts:\n"
             "        - mountPath: /etc/kubernetes/scheduler.conf\n"

@@ -157,10 +157,12 @@ class Latency:
 def histogram(text: str, name: str, verb: str) -> Latency:
     """p50/p99 interpolated inside the histogram's buckets (as Prometheus' histogram_quantile)."""
     buckets = []
-    for match in re.finditer(r'^%s_bucket\{verb="%s",le="([^"]+)"\}\s+(\S+)$' % (re.escape(name), verb), text,
-                             re.M):
-        bound = float("inf") if match.group(1) == "+Inf" else float(match.group(1))
-        buckets.append((bound, float(match.group(2))))
+    # labels in either order: prometheus_client (recent versions) writes them sorted, le before verb
+    for match in re.finditer(r'^%s_bucket\{(?:verb="%s",le="([^"]+)"|le="([^"]+)",verb="%s")\}\s+(\S+)$'
+                             % (re.escape(name), verb, verb), text, re.M):
+        le = match.group(1) or match.group(2)
+        bound = float("inf") if le == "+Inf" else float(le)
+        buckets.append((bound, float(match.group(3))))
     count = metric_value(text, name + "_count", '{verb="%s"}' % verb) or 0.0
     total = metric_value(text, name + "_sum", '{verb="%s"}' % verb) or 0.0
     if not buckets or not count:

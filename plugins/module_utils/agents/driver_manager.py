@@ -45,8 +45,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from .. import names
 from ..backoff import Backoff
 from ..driver import backend, policy
-from ..driver.node_upgrade import DriverNode, NodeUpgrade, node_upgrade
+from ..driver.node_upgrade import DriverNode, node_upgrade
+from ..driver.reload import reload_driver
 from ..errors import MetaxGpuError
+from ..health.ladder import health_condition, remediating
+from ..health.remediation import Ladder
+from ..health.remediation_kube import RemediationKube
 from ..host import HostRoot, HostRootError
 from ..kube import evict as kube_evict
 from ..kube.client import ApiException, coordination_v1, core_v1
@@ -173,14 +177,17 @@ class ConfigWatched(Watched):
 
 
 class NodeWatched(Watched):
-    """This node's Node: a change is another upgrade state or target than the last event's."""
+    """This node's Node: a change is another upgrade state or target, or remediating findings, than the last event's."""
 
     def __init__(self) -> None:
-        self.seen: Optional[NodeUpgrade] = None
+        self.seen: Optional[Any] = None
 
     def changed(self, event: Mapping[str, Any]) -> bool:
         meta = _meta(event.get("object"))
-        now = node_upgrade(meta.get("labels") or {}, meta.get("annotations") or {})
+        node = event.get("object") if isinstance(event.get("object"), Mapping) else {}
+        # the remediation ladder's input too: a remediating finding coming or going wakes a round
+        now = (node_upgrade(meta.get("labels") or {}, meta.get("annotations") or {}),
+               remediating(health_condition(node or {})))
         if self.seen == now:
             return False
         self.seen = now
@@ -246,7 +253,7 @@ def watch_objects(wake: threading.Event, stop: threading.Event, lister: Callable
               Backoff(initial=WATCH_RETRY_PAUSE, cap=WATCH_RETRY_PAUSE), stop=stop).run()
 
 
-class Kube:
+class Kube(RemediationKube):
     """The API calls driver-manager makes (RBAC: nodes get/list/watch/patch and pods/eviction create
     cluster-wide, admitted for its own node's pods only by eviction_webhook.py; configmaps get/watch,
     pods list/delete, events create, leases in its namespace). ``holders``: its node's GPU pods."""
@@ -293,7 +300,9 @@ class Kube:
         """This node's ``metadata`` (labels, annotations) from the Node as raw JSON: a round needs
         those two maps, not the client's V1Node models built for the whole object (status, images,
         conditions), in every round of every node (kube/node.py)."""
-        return OwnNode(self.core, self.node).metadata()
+        self.last_node = OwnNode(self.core, self.node).read()    # the remediation ladder reads the rest
+        meta = self.last_node.get("metadata")
+        return meta if isinstance(meta, dict) else {}
 
     def patch_node(self, labels: Mapping[str, Optional[str]], annotations: Mapping[str, Optional[str]]) -> None:
         """A merge patch of these keys of this node (none: no request; kube/node.py)."""
@@ -358,6 +367,8 @@ class Manager:
         self.slot_wanted = threading.Event()
         self.driver = DriverNode(host, kube, deploy_policy, payload_dir, payload_version, ready_file, runner)
         self.vfnum = VfnumNode(host, kube, vfnum_policy, self.slots, self.round_clock)
+        self.ladder = Ladder(kube, kube.node, host, lambda: reload_driver(host, self.driver.cmds, kube.gpu_pods()),
+                             lambda size: kube.health_slots(size))
         self.last_failure: Dict[str, str] = {}    # what -> message, so each failure is reported once
         self.round_started = time.monotonic()
         # driver-config as last parsed, and the ConfigMap's resourceVersion it was parsed from
@@ -428,6 +439,11 @@ class Manager:
             ok = False
         if not vfnum_first:
             vfnum_ok = self.vfnum_round(config)
+        try:     # the health remediation ladder (health/remediation.py): its failure is not the driver's
+            if getattr(self.kube, "last_node", None) is not None:
+                self.ladder.round(self.kube.last_node)
+        except (ApiException, MetaxGpuError, OSError) as exc:
+            LOG.warning("remediation ladder: %s", exc)
         return ok and vfnum_ok
 
     def read_config(self) -> Config:

@@ -139,7 +139,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     weights = WeightsHolder(flags, metrics, log, namespace, args.configmap)
     nodes = NodeCache(states, metrics, log) if (args.node_cache and api is not None) else None
     if args.node_cache and api is None:
-        metrics.cache_synced.set(value=0)
+        metrics.cache_synced.set(0)
     service = ExtenderService(weights, metrics, log, nodes=nodes, states=states)
     try:
         server = ExtenderHTTPServer((args.address, args.port), service, metrics, log,

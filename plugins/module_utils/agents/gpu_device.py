@@ -46,7 +46,8 @@ from ..deviceplugin import constants as C
 from ..deviceplugin.annotations import AnnotationPublisher, kube_node_annotations, kube_node_patcher, node_annotations
 from ..deviceplugin.devices import DeviceState, Snapshot, health_transitions
 from ..deviceplugin.containers import discover_for_containers
-from ..deviceplugin.metrics import DevicePluginMetrics, MetricsServer
+from ..deviceplugin.metrics import DevicePluginMetrics
+from ..kubelet.metrics import MetricsServer
 from ..kubelet.podresources import PodResourcesClient, PodResourcesError
 from ..kubelet.registration import RegistrationError, register, socket_identity
 from ..deviceplugin.server import HAS_GRPC, DevicePluginService, PluginServer
@@ -365,16 +366,24 @@ class GpuDeviceAgent:
         LOG.info("registered with the kubelet in %.3fs", time.monotonic() - started)
         return WATCH_SECONDS
 
-    def run(self) -> int:
-        if not os.path.isdir(self.dir):
-            LOG.warning("%s does not exist yet; waiting for the kubelet to create it", self.dir)
+    def first_scan(self) -> None:
+        """The devices as the kubelet first hears of them: scanned, and held where the policy says.
+
+        The policy's first reading comes before the registration: a restarted agent must not
+        offer a GPU its policy holds for a health interval (a pending pod would land on it)."""
         self.state.refresh()
+        self.apply_health_policy()
         snap = self.state.snapshot()
         LOG.info("found %d MetaX device(s), %d healthy", len(snap.devices), len(snap.healthy_ids),
                  extra={"fields": {"devices": [d.id for d in snap.devices]}})
         self._report_warnings()
         self._devices_changed(None)
         self.sync_spec()
+
+    def run(self) -> int:
+        if not os.path.isdir(self.dir):
+            LOG.warning("%s does not exist yet; waiting for the kubelet to create it", self.dir)
+        self.first_scan()
         backoff = Backoff(initial=1.0, cap=10.0)
         why_waiting: list = []
         # the kubelet first: the API side after (the client, the Node read)

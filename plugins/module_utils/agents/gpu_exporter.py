@@ -34,7 +34,7 @@ import threading
 from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 from ..kubelet import constants as C
-from ..deviceplugin.metrics import MetricsServer
+from ..kubelet.metrics import MetricsServer
 from ..kubelet.podresources import HAS_GRPC, PodResourcesClient
 from ..health.eid import DEFAULT_LOG_FILES, DEFAULT_PATTERN, EidTracker, PatternError
 from ..exporter.cache import SharedReading

@@ -21,7 +21,6 @@ the chart's migration Job). See docs/operator.md.
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import logging
 import os
@@ -37,16 +36,17 @@ from ..clusteroperator.cluster import Cluster
 from ..clusteroperator.operator import Operator
 from ..kube.client import ApiException
 from ..kube.leader import LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD, LeaderElector, still_leading
+from ..kubelet.httpserve import BoundedHandler, BoundedHTTPServer
+from ..kubelet.metrics import REGISTRY, MetricsServer, RegistryExposition
 from .common import UsageError, add_common_flags, kube_api_client, run_main, setup_logging, tcp_port
 from .operator_handlers import register
 
 try:
     import kopf
     from kubernetes import client as k8s_client
-    from prometheus_client import start_http_server
     HAS_KOPF = True
 except ImportError:
-    kopf = start_http_server = k8s_client = None  # type: ignore[assignment]
+    kopf = k8s_client = None  # type: ignore[assignment]
     HAS_KOPF = False
 
 COMPONENT = "operator-controller"
@@ -161,25 +161,32 @@ class Health:
                                                                         self.elector.lease_duration))
         return ok, {"leader": self.leading, "identity": self.elector.identity}
 
-    def serve(self, port: int) -> http.server.ThreadingHTTPServer:
+    def probe(self) -> Tuple[bool, str]:
+        """(healthy, why) for the /healthz of the metrics server."""
+        ok, body = self.state()
+        return ok, json.dumps(body)
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> BoundedHTTPServer:
+        """/healthz on ``port``, bounded as the agents' /metrics servers (kubelet/httpserve.py)."""
         health = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(BoundedHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 ok, body = health.state()
-                data = json.dumps(body).encode("utf-8")
-                self.send_response(404 if not self.path.startswith("/healthz") else 200 if ok else 503)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send_body(404 if not self.path.startswith("/healthz") else 200 if ok else 503,
+                               json.dumps(body).encode("utf-8"), "application/json")
 
-            def log_message(self, *_args: Any) -> None:
-                return None
-
-        server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
-        threading.Thread(target=server.serve_forever, name="healthz", daemon=True).start()
+        server = BoundedHTTPServer((address, port), Handler)
+        server.serve_in_thread("healthz")
         return server
+
+
+def serve_metrics(port: int, health: Health, address: str = "0.0.0.0") -> MetricsServer:
+    """/metrics (the process's default registry: the handlers' counters, prometheus_client's process and
+    platform collectors) and /healthz on ``port``, bounded (kubelet/metrics.py)."""
+    server = MetricsServer(RegistryExposition(REGISTRY), address, port, health.probe)
+    server.start()
+    return server
 
 
 def wait_for_cluster_scope(cluster: Cluster, stop: threading.Event, pause: float = 5.0) -> bool:
@@ -211,8 +218,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run_cleanup(operator)
     if args.migrate:
         return migrate.run(cluster, args.crd, args.migrate_timeout, args.migrate_phase)
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
     elector = LeaderElector(k8s_client.CoordinationV1Api(cluster.api), args.namespace, args.lease,
                             leader_identity(os.environ.get("POD_NAME"), socket.gethostname(), os.getpid()),
                             lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
@@ -220,6 +225,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     health = Health(elector)
     if args.health_port:
         health.serve(args.health_port)
+    if args.metrics_port:
+        serve_metrics(args.metrics_port, health)
     if args.eviction_webhook_port:  # every replica, leader or not: the API server calls any (docs/security.md)
         eviction_webhook.serve_from_flags(k8s_client.CoreV1Api(cluster.api), args)
     # One flag stops everything: SIGTERM before kopf runs (kopf handles the signals once it

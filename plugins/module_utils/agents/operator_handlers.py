@@ -28,14 +28,14 @@ from ..clusteroperator.cluster import Cluster
 from ..clusteroperator.notes import NOTE_REASONS, newly_true, status_patch
 from ..clusteroperator.operator import Operator, Retry
 from ..clusteroperator.status import same_status
+from ..kubelet.metrics import REGISTRY, counter
 
 try:
     import kopf
     import yaml
-    from prometheus_client import Counter
     HAS_KOPF = True
 except ImportError:
-    kopf = yaml = Counter = None  # type: ignore[assignment,misc]
+    kopf = yaml = None  # type: ignore[assignment]
     HAS_KOPF = False
 
 STATUS_INTERVAL = 5.0
@@ -116,8 +116,10 @@ def register(operator: Operator, args: argparse.Namespace, stop: Optional[thread
             changed = operator.cleanup(dict(body))
         logger.info("cleaned up; nodes changed: %s", ", ".join(changed) or "none")
 
-    repairs = Counter("metax_operator_drift_repairs_total",
-                      "Owned objects put back after an edit or a deletion", ["kind", "action"])
+    # the process's default registry (with prometheus_client's process and platform collectors),
+    # served on --metrics-port by operator_controller's MetricsServer
+    repairs = counter("metax_operator_drift_repairs_total",
+                      "Owned objects put back after an edit or a deletion", ["kind", "action"], registry=REGISTRY)
 
     @kopf.index(*resource, id="owners")
     def owners(body: Any, **_: Any) -> Dict[str, Any]:

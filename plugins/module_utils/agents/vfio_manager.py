@@ -35,7 +35,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
 from .. import names
 from ..backoff import Backoff
@@ -44,6 +44,7 @@ from ..deviceplugin.server import HAS_GRPC, PluginServer
 from ..deviceplugin.vfio import GroupState, VfioPluginService
 from ..errors import MetaxGpuError
 from ..host import HostRoot
+from ..kube import evict as kube_evict
 from ..kube.node import patch_metadata
 from ..kubelet.podresources import PodResourcesClient, PodResourcesError
 from ..kubelet.registration import RegistrationError, register, socket_identity
@@ -144,36 +145,15 @@ class Kube:
         except ApiException as exc:
             LOG.warning("cannot record event %s: %s", reason, exc.reason)
 
-    def evict(self, pods: Sequence[str], timeout: float) -> List[str]:
-        """Evict these pods (policy/v1, never forced) and wait for them to leave; PassthroughError
-        naming a refusal (a budget) or the pods still there."""
-        from ..kube.client import ApiException
-        for key in pods:
-            namespace, name = key.split("/", 1)
-            try:
-                self.core.create_namespaced_pod_eviction(name, namespace, {
-                    "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}})
-            except ApiException as exc:
-                if exc.status == 404:
-                    continue
-                raise PassthroughError("eviction of %s refused: %s %s" % (key, exc.status, exc.reason))
-        deadline = time.monotonic() + timeout
-        left = list(pods)
-        while left and time.monotonic() < deadline:
-            time.sleep(1.0)
-            still = []
-            for key in left:
-                namespace, name = key.split("/", 1)
-                try:
-                    self.core.read_namespaced_pod(name, namespace)
-                    still.append(key)
-                except ApiException as exc:
-                    if exc.status != 404:
-                        still.append(key)
-            left = still
-        if left:
-            raise PassthroughError("evicted pod(s) %s still on the node after %.0f s" % (", ".join(left), timeout))
-        return list(pods)
+    def evict(self, pods: Sequence[str], timeout: float, holders: Callable[[], List[str]]) -> List[str]:
+        """Evict these pods (policy/v1, never forced) and wait until ``holders`` (the kubelet's
+        pod-resources: vfio-manager lists no pods) no longer names them; PassthroughError naming a
+        refusal (a budget: at once, the next round retries), a denial or the pods still there."""
+        try:
+            return kube_evict.evict(self.core, self.node, timeout=timeout, retry_refused=False,
+                                    holders=lambda: [p for p in holders() if p in pods])["evicted"]
+        except kube_evict.EvictionError as exc:
+            raise PassthroughError(str(exc))
 
 
 class VfioManager:
@@ -217,7 +197,7 @@ class VfioManager:
                 hint = "" if self.evict_in_use else " (spec.driver.vfnumPolicy.evictInUse: true evicts the pods)"
                 raise PassthroughError("refused, the GPUs are in use: %s%s" % ("; ".join(reasons), hint))
             LOG.info("evicting %s", ", ".join(pods))
-            self.kube.evict(pods, EVICT_TIMEOUT)
+            self.kube.evict(pods, EVICT_TIMEOUT, self.holder_pods)
             node = backend.read_node(self.host)
             plan = reconcile(node, wanted, self.node_name)
             reasons = backend.in_use(self.host, node, plan, self.holders() if self.holders is not None else {})
@@ -232,6 +212,11 @@ class VfioManager:
         self.kube.event("VfioApplied", summary, warning=False)
         self.clear_message()
         return "applied"
+
+    def holder_pods(self) -> List[str]:
+        """The pods holding any of the node's GPUs now (``namespace/name``), sorted."""
+        holders = self.holders() if self.holders is not None else {}
+        return sorted({pod for device_pods in holders.values() for pod in device_pods})
 
     def report_iommu(self, enabled: bool) -> None:
         if self.iommu_reported == enabled:

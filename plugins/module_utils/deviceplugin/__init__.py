@@ -11,5 +11,6 @@
 ``server``          the DevicePlugin gRPC service (Allocate & co.)
 (registration and pod-resources are the kubelet's APIs: ``kubelet/``)
 ``annotations``     the node annotations (gpu-aware: all three; HAMi: the two topology tables only)
-``metrics``         Prometheus metrics and the /metrics, /healthz endpoint
+``metrics``         gpu-device's Prometheus metrics (served by ``kubelet/metrics``' server)
+``vfio``            vfio-manager's DevicePlugin service of ``metax-tech.com/vfio-gpu``
 """

@@ -181,15 +181,78 @@ def device_messages(snapshot: Snapshot) -> list:
     return out
 
 
-# -- the gRPC service ---------------------------------------------------------
+# -- the gRPC services ---------------------------------------------------------
 
-class DevicePluginService:
-    """Implements the DevicePlugin service (method names are the RPC names)."""
+class PluginService:
+    """What every DevicePlugin service of ours shares (gpu-device's, vfio-manager's :mod:`.vfio`): the
+    stop and resume of its ListAndWatch streams, the options, the stream itself over a versioned state
+    (:mod:`.versioned`) and PreStartContainer. A subclass gives :meth:`device_messages` and the stream's
+    log lines, and answers GetPreferredAllocation and Allocate (method names are the RPC names)."""
+
+    # GetDevicePluginOptions: whether the kubelet asks GetPreferredAllocation
+    preferred_allocation = False
+    log = LOG
+
+    def __init__(self, state: Any) -> None:
+        require_grpc()
+        self.state = state
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """End every ListAndWatch stream."""
+        self._stopping.set()
+        self.state.wake()
+
+    def resume(self) -> None:
+        """Accept streams again (the server is restarting)."""
+        self._stopping.clear()
+
+    def device_messages(self, snapshot: Any) -> list:
+        raise NotImplementedError
+
+    def sending(self, snapshot: Any, changed: bool) -> str:
+        """The stream's log line for ``snapshot`` (``changed``: after the first)."""
+        raise NotImplementedError
+
+    def stream(self, context: Any) -> Any:
+        """ListAndWatch: the state's snapshot, then another at each change, until :meth:`stop` or the
+        kubelet ends the stream."""
+        snap = self.state.snapshot()
+        self.log.info("ListAndWatch: %s", self.sending(snap, False))
+        yield pb.ListAndWatchResponse(devices=self.device_messages(snap))
+        version = snap.version
+        while not self._stopping.is_set() and context.is_active():
+            if self.state.wait_for_change(version, STREAM_POLL_SECONDS) == version:
+                continue
+            if self._stopping.is_set():
+                break
+            snap = self.state.snapshot()
+            version = snap.version
+            self.log.info("ListAndWatch: %s", self.sending(snap, True))
+            yield pb.ListAndWatchResponse(devices=self.device_messages(snap))
+
+    # pylint: disable=invalid-name,unused-argument
+    def GetDevicePluginOptions(self, request, context):
+        return pb.DevicePluginOptions(pre_start_required=False,
+                                      get_preferred_allocation_available=self.preferred_allocation)
+
+    def ListAndWatch(self, request, context):
+        return self.stream(context)
+
+    def PreStartContainer(self, request, context):
+        return pb.PreStartContainerResponse()
+    # pylint: enable=invalid-name,unused-argument
+
+
+class DevicePluginService(PluginService):
+    """gpu-device's DevicePlugin service."""
+
+    preferred_allocation = True
 
     def __init__(self, state: DeviceState, host: HostRoot, metrics: Optional[DevicePluginMetrics] = None,
                  mode: Optional[str] = MODE_DEVICES, spec_sync: Optional[SpecSync] = None) -> None:
-        require_grpc()
-        self.state = state
+        PluginService.__init__(self, state)
+        self.state: DeviceState = state
         self.host = host
         self.spec_sync = spec_sync
         self.mode: Optional[str] = None
@@ -197,7 +260,6 @@ class DevicePluginService:
         if mode is not None:
             self.set_mode(mode)
         self.metrics = metrics or DevicePluginMetrics()
-        self._stopping = threading.Event()
         self.streams = 0
         self.allocations = 0
         self._lock = threading.Lock()
@@ -210,37 +272,20 @@ class DevicePluginService:
         self.mode = mode
         self._mode_set.set()
 
-    def stop(self) -> None:
-        """End every ListAndWatch stream."""
-        self._stopping.set()
-        self.state.wake()
+    def device_messages(self, snapshot: Snapshot) -> list:
+        return device_messages(snapshot)
 
-    def resume(self) -> None:
-        """Accept streams again (the server is restarting)."""
-        self._stopping.clear()
+    def sending(self, snapshot: Snapshot, changed: bool) -> str:
+        if changed:
+            return "devices changed, sending %d (%d healthy)" % (len(snapshot.devices), len(snapshot.healthy_ids))
+        return "sending %d devices (%d healthy)" % (len(snapshot.devices), len(snapshot.healthy_ids))
 
     # pylint: disable=invalid-name,unused-argument
-    def GetDevicePluginOptions(self, request, context):
-        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
-
     def ListAndWatch(self, request, context):
         with self._lock:
             self.streams += 1
         try:
-            snap = self.state.snapshot()
-            LOG.info("ListAndWatch: sending %d devices (%d healthy)", len(snap.devices), len(snap.healthy_ids))
-            yield pb.ListAndWatchResponse(devices=device_messages(snap))
-            version = snap.version
-            while not self._stopping.is_set() and context.is_active():
-                if self.state.wait_for_change(version, STREAM_POLL_SECONDS) == version:
-                    continue
-                if self._stopping.is_set():
-                    break
-                snap = self.state.snapshot()
-                version = snap.version
-                LOG.info("ListAndWatch: devices changed, sending %d (%d healthy)",
-                         len(snap.devices), len(snap.healthy_ids))
-                yield pb.ListAndWatchResponse(devices=device_messages(snap))
+            yield from self.stream(context)
         finally:
             with self._lock:
                 self.streams -= 1
@@ -300,6 +345,8 @@ class DevicePluginService:
             self.allocations += 1
         return response
 
+    # pylint: enable=invalid-name,unused-argument
+
     def _snapshot_and_spec(self) -> Tuple[Snapshot, FrozenSet[str]]:
         """The snapshot to answer from and, in CDI mode, the names the node's spec defines for it.
 
@@ -318,10 +365,6 @@ class DevicePluginService:
         except OSError as exc:
             raise RequestError("cannot write the node's CDI spec %s: %s" % (self.spec_sync.path, exc))
         raise RequestError("the devices keep changing: try again")
-
-    def PreStartContainer(self, request, context):
-        return pb.PreStartContainerResponse()
-    # pylint: enable=invalid-name,unused-argument
 
     def _refuse(self, context, rpc: str, exc: Exception, response_type):
         LOG.warning("%s refused: %s", rpc, exc)
@@ -369,7 +412,7 @@ class PluginServer:
     collides with the one it replaces.
     """
 
-    def __init__(self, service: DevicePluginService, directory: str, workers: int = 8) -> None:
+    def __init__(self, service: PluginService, directory: str, workers: int = 8) -> None:
         require_grpc()
         self.service = service
         self.directory = directory

@@ -20,7 +20,6 @@ A node without IOMMU has no group: the list is empty and the kubelet shows
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Tuple
 
@@ -31,11 +30,10 @@ from ..names import VFIO_RESOURCE_NAME
 from ..vfio import sysfs
 from ..vfio.backend import VmGroup, vm_groups
 from . import constants as C
-from .server import RequestError, require_grpc
+from .server import PluginService, RequestError
 from .versioned import Versioned
 
 LOG = logging.getLogger("vfio-manager.plugin")
-STREAM_POLL_SECONDS = 1.0
 # KubeVirt's prefix for the PCI addresses of an external PCI resource
 # (pkg/virt-launcher/virtwrap/device/hostdevice/generic: pciResourcePrefix)
 KUBEVIRT_PCI_PREFIX = "PCI_RESOURCE"
@@ -125,43 +123,28 @@ def device_messages(snapshot: GroupSnapshot) -> list:
     return out
 
 
-class VfioPluginService:
-    """The DevicePlugin service of vfio-gpu (method names are the RPC names)."""
+class VfioPluginService(PluginService):
+    """The DevicePlugin service of vfio-gpu: stop, resume, options and the stream are
+    :class:`.server.PluginService`'s; no preferred allocation (method names are the RPC names)."""
+
+    log = LOG
 
     def __init__(self, state: GroupState, host: HostRoot, resource_name: str = VFIO_RESOURCE_NAME) -> None:
-        require_grpc()
-        self.state = state
+        PluginService.__init__(self, state)
+        self.state: GroupState = state
         self.host = host
         self.resource_name = resource_name
-        self._stopping = threading.Event()
         self.allocations = 0
 
-    def stop(self) -> None:
-        self._stopping.set()
-        self.state.wake()
+    def device_messages(self, snapshot: GroupSnapshot) -> list:
+        return device_messages(snapshot)
 
-    def resume(self) -> None:
-        self._stopping.clear()
+    def sending(self, snapshot: GroupSnapshot, changed: bool) -> str:
+        if changed:
+            return "groups changed, sending %d" % len(snapshot.groups)
+        return "sending %d IOMMU group(s)" % len(snapshot.groups)
 
     # pylint: disable=invalid-name,unused-argument
-    def GetDevicePluginOptions(self, request, context):
-        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
-
-    def ListAndWatch(self, request, context):
-        snap = self.state.snapshot()
-        LOG.info("ListAndWatch: sending %d IOMMU group(s)", len(snap.groups))
-        yield pb.ListAndWatchResponse(devices=device_messages(snap))
-        version = snap.version
-        while not self._stopping.is_set() and context.is_active():
-            if self.state.wait_for_change(version, STREAM_POLL_SECONDS) == version:
-                continue
-            if self._stopping.is_set():
-                break
-            snap = self.state.snapshot()
-            version = snap.version
-            LOG.info("ListAndWatch: groups changed, sending %d", len(snap.groups))
-            yield pb.ListAndWatchResponse(devices=device_messages(snap))
-
     def GetPreferredAllocation(self, request, context):
         return pb.PreferredAllocationResponse()
 
@@ -185,7 +168,4 @@ class VfioPluginService:
             return pb.AllocateResponse()
         self.allocations += 1
         return response
-
-    def PreStartContainer(self, request, context):
-        return pb.PreStartContainerResponse()
     # pylint: enable=invalid-name,unused-argument

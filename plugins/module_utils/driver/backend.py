@@ -357,6 +357,10 @@ def _refuse_in_use(request: Request, seen: Observed, result: Plan) -> None:
                                % (result.reason, "; ".join(seen.in_use)))
 
 
+# the one refusal, by its public name (driver/reload.py: the remediation ladder's reload)
+refuse_in_use = _refuse_in_use
+
+
 def diff(seen: Observed, result: Plan) -> Dict[str, str]:
     before = "driver: %s\nloaded: %s\n" % (seen.version or "absent", seen.loaded_version or "no")
     if not result.changed:

@@ -49,12 +49,12 @@ def list_watch(resource: str, source: Source, handler: Handler, metrics: Extende
         if settle_gc:
             gc.collect()
             gc.freeze()
-        metrics.relists.inc(resource)
+        metrics.relists.labels(resource).inc()
 
     policy = WatchPolicy(list_version=None, resync_seconds=max(1.0, float(resync_seconds)),
                          relist_after_error=False, watch_seconds=max(1, int(watch_seconds)))
     return ListWatch(resource, source, handler, logger, policy, backoff or Backoff(initial=0.5, cap=30.0),
-                     listed=listed, restarted=lambda: metrics.watch_restarts.inc(resource))
+                     listed=listed, restarted=lambda: metrics.watch_restarts.labels(resource).inc())
 
 
 def node_source(api_client: Any) -> RawSource:
@@ -135,11 +135,11 @@ class NodeCache:
         self._fits = fits
         self._tables = tables
         self._nodes = fresh
-        self.metrics.cache_nodes.set(value=len(fresh))
+        self.metrics.cache_nodes.set(len(fresh))
         if not self.synced.is_set():
             self.log.info("node cache synced: %d nodes", len(fresh))
         self.synced.set()
-        self.metrics.cache_synced.set(value=1)
+        self.metrics.cache_synced.set(1)
 
     def apply(self, event_type: str, obj: Dict[str, Any]) -> None:
         name = node_name(obj)
@@ -159,7 +159,7 @@ class NodeCache:
                 self._index(name, state, self._fits, self._tables)
                 self._fit[name] = state.fit
                 self._nodes[name] = state
-        self.metrics.cache_nodes.set(value=len(self._nodes))
+        self.metrics.cache_nodes.set(len(self._nodes))
 
     def get(self, name: str) -> Optional[GpuState]:
         return self._nodes.get(name)
@@ -213,8 +213,8 @@ class WeightsHolder:
         self._publish()
 
     def _publish(self) -> None:
-        self.metrics.weight.set("score", value=self.current.score)
-        self.metrics.weight.set("loss", value=self.current.loss)
+        self.metrics.weight.labels("score").set(self.current.score)
+        self.metrics.weight.labels("loss").set(self.current.loss)
 
     def _set(self, weights: Weights) -> None:
         if weights != self.current:
@@ -232,18 +232,18 @@ class WeightsHolder:
         except WeightError as exc:
             self.last_error = str(exc)
             self.metrics.config_errors.inc()
-            self.metrics.config_valid.set(value=0)
+            self.metrics.config_valid.set(0)
             self.log.error("ConfigMap %s/%s rejected, keeping scoreWeight=%s lossWeight=%s: %s",
                            self.namespace, self.name, self.current.score, self.current.loss, exc)
             return False
         self.last_error = None
-        self.metrics.config_valid.set(value=1)
+        self.metrics.config_valid.set(1)
         self._set(weights)
         return True
 
     def absent(self) -> None:
         self.last_error = None
-        self.metrics.config_valid.set(value=1)
+        self.metrics.config_valid.set(1)
         if self.current != self.flags:
             self.log.info("ConfigMap %s/%s absent: back to the flag weights", self.namespace, self.name)
         self._set(self.flags)

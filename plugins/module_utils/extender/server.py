@@ -257,7 +257,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = self._read_body()
             if body is None:
-                self.server.metrics.requests.inc(verb, "rejected")
+                self.server.metrics.requests.labels(verb, "rejected").inc()
                 return
             # A large body's parse and answer take about 3.4 times its size: one at a time.
             with self.server.deciding(len(body) > SMALL_BODY_BYTES):
@@ -273,8 +273,8 @@ class _Handler(BaseHTTPRequestHandler):
         if code == 400:
             self.server.log.warning("%s: bad request: %s", verb, chunks[0][:300].decode("utf-8", "replace"))
         # Recorded before the answer leaves, so a client that has the answer also sees it counted.
-        self.server.metrics.requests.inc(verb, str(code))
-        self.server.metrics.duration.observe(verb, value=time.perf_counter() - started)
+        self.server.metrics.requests.labels(verb, str(code)).inc()
+        self.server.metrics.duration.labels(verb).observe(time.perf_counter() - started)
         self._send(code, chunks)
 
     def do_GET(self) -> None:  # noqa: N802
@@ -286,7 +286,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200 if ready else 503, [b"ok\n" if ready else b"node cache not synced\n"],
                        "text/plain; charset=utf-8")
         elif path == "/metrics":
-            self._send(200, [self.server.metrics.registry.render()], METRICS_CONTENT_TYPE)
+            self._send(200, [self.server.metrics.exposition()], METRICS_CONTENT_TYPE)
         else:
             self._send(404, [b"not found\n"], "text/plain; charset=utf-8")
 

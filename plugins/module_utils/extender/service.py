@@ -97,11 +97,11 @@ class ExtenderService:
             outcome = filter_outcome(demand, names, fits, cache.state_of)
         else:
             outcome = filter_nodes(demand, names, args.extracted)
-        self.metrics.nodes.inc("passed", amount=len(outcome.passed))
+        self.metrics.nodes.labels("passed").inc(len(outcome.passed))
         if outcome.failed:
-            self.metrics.nodes.inc("failed", amount=len(outcome.failed))
+            self.metrics.nodes.labels("failed").inc(len(outcome.failed))
         if outcome.unresolvable:
-            self.metrics.nodes.inc("unresolvable", amount=len(outcome.unresolvable))
+            self.metrics.nodes.labels("unresolvable").inc(len(outcome.unresolvable))
         if self.log.isEnabledFor(logging.DEBUG):
             self.log.debug("filter %s: demand %d, %d nodes, %d pass, %d fail, %d unresolvable", self._pod_ref(args),
                            demand, len(names), len(outcome.passed), len(outcome.failed),

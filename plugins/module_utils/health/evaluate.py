@@ -21,8 +21,10 @@ timing is testable.
 
 The :class:`Decision` says what to do now: the GPUs to hold out of
 Allocatable, whether the node condition fails, the quarantine effect, and
-for rows that remediate the ladder's first step (the seam for the
-node-maintenance protocol that runs the ladder; nothing here acts on it).
+for rows that remediate the ladder's first step. The ladder itself is
+driver-manager's (health/ladder.py): it reads the remediating findings from
+the condition's message, where :meth:`Finding.describe` marks them
+``remediate``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from .policy import ACTIONS, DEVICE_UNHEALTHY, LADDER_STEPS, NODE_CONDITION, NO_
 from .signals import NodeReading
 
 FAILING, ESCALATED, RECOVERED = "failing", "escalated", "recovered"
+# a finding of a remediating row, in the condition's message (health/ladder.py reads it)
+REMEDIATE_MARK = "remediate"
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,10 @@ class Finding:
     detail: str = ""
 
     def describe(self) -> str:
-        text = "GPU %d (%s) %s=%s [%s, %s]" % (self.index, self.bdf, self.signal,
-                                               "?" if self.value is None else self.value,
-                                               self.rule.severity, self.rule.action)
+        text = "GPU %d (%s) %s=%s [%s, %s%s]" % (self.index, self.bdf, self.signal,
+                                                 "?" if self.value is None else self.value,
+                                                 self.rule.severity, self.rule.action,
+                                                 ", " + REMEDIATE_MARK if self.rule.remediate else "")
         return text + (": " + self.detail if self.detail else "")
 
 
@@ -70,7 +75,7 @@ class Transition:
 
 @dataclass(frozen=True)
 class LadderRequest:
-    """A remediating row failed: the ladder's step to start with (the node-maintenance protocol's job)."""
+    """A remediating row failed: the ladder's step to start with (driver-manager climbs it: health/ladder.py)."""
 
     bdf: str
     signal: str

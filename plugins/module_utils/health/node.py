@@ -64,7 +64,9 @@ def condition_state(decision: Decision) -> Tuple[str, str, str]:
         return "True", REASON_HEALTHY, "every MetaX GPU passes the health policy"
     floor = ACTIONS.index(NODE_CONDITION)
     failing = [f for f in decision.findings if ACTIONS.index(f.rule.action) >= floor]
-    shown = sorted(decision.findings, key=lambda f: (-ACTIONS.index(f.rule.action), f.index, f.signal))
+    # remediating findings first: a message cut at MAX_MESSAGE still names them (health/ladder.py reads them)
+    shown = sorted(decision.findings, key=lambda f: (not f.rule.remediate, -ACTIONS.index(f.rule.action), f.index,
+                                                     f.signal))
     text = "; ".join(f.describe() for f in shown)
     if decision.quarantine:
         status, reason = "False", REASON_QUARANTINED
@@ -142,8 +144,8 @@ def events(decision: Decision, before: Optional[Decision]) -> List[EventSpec]:
                 " after %s out of service" % duration(decision.at - since))))
     if decision.ladder:
         for request in decision.ladder:
-            out.append(EventSpec("Warning", "GPURemediationRequested", "GPU %s %s: remediation step %s requested "
-                                 "(the remediation ladder is not in this release)" % (
+            out.append(EventSpec("Warning", "GPURemediationRequested", "GPU %s %s: remediation requested, from "
+                                 "step %s (driver-manager climbs the ladder)" % (
                                      request.bdf, request.signal, request.step)))
     return out
 

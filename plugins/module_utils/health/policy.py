@@ -34,9 +34,17 @@ Informational rows never quarantine: a row of severity ``info`` with action
 quarantine on a correctable-error counter (one corrected error is no reason
 to take a node out; a rate may be).
 
-``remediate`` (the remediation ladder: cordon, evict, driver reload, reboot
-request) is part of the row's vocabulary, but the ladder is not shipped yet:
-:func:`parse_policy` refuses ``remediate: true`` until it is (docs/health.md).
+``remediate: true`` on a row turns the remediation ladder on for it (off by
+default): while such a row fails, driver-manager on that node cordons, evicts
+the GPU pods, reloads the driver and at last requests a reboot, one step at a
+time, at most ``remediation.maxNodes`` nodes at once (health/ladder.py,
+docs/health.md "Remediation")::
+
+    remediation:
+      maxNodes: 1                # nodes in remediation at once, cluster-wide
+      evictTimeoutSeconds: 300   # the GPU pods' time to leave after their eviction
+      settleSeconds: 600         # after the driver reload: the health's time to recover before the reboot request
+      rebootSentinel: ""         # a file under the host root created with the reboot request ("" none)
 """
 
 from __future__ import annotations
@@ -60,8 +68,12 @@ EFFECTS: Tuple[str, ...] = (NO_SCHEDULE, NO_EXECUTE)
 # counters of errors the hardware corrected: informational by nature
 CORRECTABLE_SIGNALS = frozenset({"ecc-sram-correctable", "ecc-dram-correctable", "pci-aer-ce", "ras-corrected",
                                  "mxlk-aer-ce"})
-# the remediation ladder's steps, in order (issue 42; the node-maintenance protocol runs them)
+# the remediation ladder's steps, in order (issue 42; driver-manager runs them through the
+# node-maintenance protocol: health/ladder.py)
 LADDER_STEPS: Tuple[str, ...] = ("cordon", "evict", "driver-reload", "reboot-request")
+DEFAULT_MAX_REMEDIATING = 1
+DEFAULT_EVICT_TIMEOUT = 300
+DEFAULT_SETTLE = 600
 DEFAULT_WINDOW = 3600
 DEFAULT_HOLD_OFF = 300
 DEFAULT_RECOVERY_READINGS = 3
@@ -80,7 +92,7 @@ class Rule:
     rate: Optional[int] = None
     window_seconds: int = DEFAULT_WINDOW
     effect: Optional[str] = None          # quarantine only
-    remediate: bool = False               # the ladder (not shipped: see the module's doc)
+    remediate: bool = False               # the remediation ladder (health/ladder.py) while this row fails
     # this row's own hold-off and clean readings (None: the policy's)
     hold_off_seconds: Optional[int] = None
     recovery_readings: Optional[int] = None
@@ -98,12 +110,23 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Remediation:
+    """The remediation ladder's settings (the policy's ``remediation``)."""
+
+    max_nodes: int = DEFAULT_MAX_REMEDIATING           # nodes in remediation at once, cluster-wide
+    evict_timeout_seconds: int = DEFAULT_EVICT_TIMEOUT
+    settle_seconds: int = DEFAULT_SETTLE                # after the driver reload, before the reboot request
+    reboot_sentinel: str = ""                           # host-root path created with the reboot request
+
+
+@dataclass(frozen=True)
 class Policy:
     rules: Tuple[Rule, ...]
     hold_off_seconds: int = DEFAULT_HOLD_OFF
     recovery_readings: int = DEFAULT_RECOVERY_READINGS
     eid_pattern: str = DEFAULT_PATTERN
     log_files: Tuple[str, ...] = DEFAULT_LOG_FILES
+    remediation: Remediation = Remediation()
 
     def rules_of(self, signal: str) -> Tuple[Rule, ...]:
         return tuple(r for r in self.rules if r.signal == signal)
@@ -182,6 +205,10 @@ def validate_rule(rule: Rule) -> None:
                               "not on a threshold of the counter" % where)
     elif rule.effect is not None:
         raise PolicyError("%s: effect is for action quarantine only" % where)
+    if rule.remediate and (rule.severity == INFO or ACTIONS.index(rule.action) < ACTIONS.index(NODE_CONDITION)):
+        # the ladder reads the findings of a False condition: an observed signal never takes a node out
+        raise PolicyError("%s: remediate needs a row that fails the node condition (action node-condition or "
+                          "stronger, severity warning or critical)" % where)
 
 
 def _int(doc: Mapping[str, Any], key: str, where: str, default: Optional[int]) -> Optional[int]:
@@ -195,10 +222,33 @@ def _int(doc: Mapping[str, Any], key: str, where: str, default: Optional[int]) -
 
 RULE_KEYS = frozenset({"signal", "severity", "action", "threshold", "rate", "windowSeconds", "effect", "remediate",
                        "holdOffSeconds", "recoveryReadings"})
-POLICY_KEYS = frozenset({"holdOffSeconds", "recoveryReadings", "eid", "rules"})
+POLICY_KEYS = frozenset({"holdOffSeconds", "recoveryReadings", "eid", "rules", "remediation"})
+REMEDIATION_KEYS = frozenset({"maxNodes", "evictTimeoutSeconds", "settleSeconds", "rebootSentinel"})
 
 
-def parse_rule(doc: Any, index: int, allow_remediation: bool = False) -> Rule:
+def parse_remediation(doc: Any, base: Remediation = Remediation()) -> Remediation:
+    """The ``remediation`` section over ``base``; PolicyError names what is wrong."""
+    if doc is None:
+        return base
+    if not isinstance(doc, Mapping) or set(doc) - REMEDIATION_KEYS:
+        raise PolicyError("remediation holds %s only" % ", ".join(sorted(REMEDIATION_KEYS)))
+    values = {}
+    for key, least in (("maxNodes", 1), ("evictTimeoutSeconds", 1), ("settleSeconds", 0)):
+        value = _int(doc, key, "remediation", None)
+        if value is not None and value < least:
+            raise PolicyError("remediation.%s must be %d or more" % (key, least))
+        values[key] = value
+    sentinel = doc.get("rebootSentinel", base.reboot_sentinel)
+    if not isinstance(sentinel, str) or ".." in sentinel.split("/"):
+        raise PolicyError("remediation.rebootSentinel must be a path under the host root (or \"\")")
+    return Remediation(max_nodes=values["maxNodes"] or base.max_nodes,
+                       evict_timeout_seconds=values["evictTimeoutSeconds"] or base.evict_timeout_seconds,
+                       settle_seconds=base.settle_seconds if values["settleSeconds"] is None
+                       else values["settleSeconds"],
+                       reboot_sentinel=sentinel.strip().lstrip("/"))
+
+
+def parse_rule(doc: Any, index: int) -> Rule:
     where = "rules[%d]" % index
     if not isinstance(doc, Mapping):
         raise PolicyError("%s: a rule is a mapping, not %r" % (where, doc))
@@ -212,9 +262,6 @@ def parse_rule(doc: Any, index: int, allow_remediation: bool = False) -> Rule:
     remediate = doc.get("remediate", False)
     if not isinstance(remediate, bool):
         raise PolicyError("%s: remediate is true or false" % where)
-    if remediate and not allow_remediation:
-        raise PolicyError("%s: remediate: the remediation ladder is not available in this release "
-                          "(docs/health.md)" % where)
     rule = Rule(signal=doc["signal"], severity=doc["severity"], action=doc["action"],
                 threshold=_int(doc, "threshold", where, None), rate=_int(doc, "rate", where, None),
                 window_seconds=_int(doc, "windowSeconds", where, DEFAULT_WINDOW) or 0,
@@ -228,8 +275,7 @@ def parse_rule(doc: Any, index: int, allow_remediation: bool = False) -> Rule:
     return rule
 
 
-def parse_policy(doc: Optional[Mapping[str, Any]], base: Policy = DEFAULT_POLICY,
-                 allow_remediation: bool = False) -> Policy:
+def parse_policy(doc: Optional[Mapping[str, Any]], base: Policy = DEFAULT_POLICY) -> Policy:
     """``base`` changed by a policy document (None or {}: ``base`` itself); PolicyError names what is wrong.
 
     The rows of a signal the document names replace every default row of that
@@ -264,11 +310,12 @@ def parse_policy(doc: Optional[Mapping[str, Any]], base: Policy = DEFAULT_POLICY
     given = doc.get("rules") or []
     if not isinstance(given, list):
         raise PolicyError("rules must be a list")
-    rules: List[Rule] = [parse_rule(r, i, allow_remediation) for i, r in enumerate(given)]
+    rules: List[Rule] = [parse_rule(r, i) for i, r in enumerate(given)]
+    remediation = parse_remediation(doc.get("remediation"), base.remediation)
     named = {r.signal for r in rules}
     kept = [r for r in base.rules if r.signal not in named]
     return Policy(rules=tuple(kept + rules), hold_off_seconds=hold_off, recovery_readings=readings,
-                  eid_pattern=pattern, log_files=tuple(f.lstrip("/") for f in files))
+                  eid_pattern=pattern, log_files=tuple(f.lstrip("/") for f in files), remediation=remediation)
 
 
 def policy_document(policy: Policy = DEFAULT_POLICY) -> Dict[str, Any]:
@@ -292,8 +339,12 @@ def policy_document(policy: Policy = DEFAULT_POLICY) -> Dict[str, Any]:
         if rule.recovery_readings is not None:
             row["recoveryReadings"] = rule.recovery_readings
         rows.append(row)
+    fix = policy.remediation
     return {"holdOffSeconds": policy.hold_off_seconds, "recoveryReadings": policy.recovery_readings,
-            "eid": {"pattern": policy.eid_pattern, "logFiles": list(policy.log_files)}, "rules": rows}
+            "eid": {"pattern": policy.eid_pattern, "logFiles": list(policy.log_files)},
+            "remediation": {"maxNodes": fix.max_nodes, "evictTimeoutSeconds": fix.evict_timeout_seconds,
+                            "settleSeconds": fix.settle_seconds, "rebootSentinel": fix.reboot_sentinel},
+            "rules": rows}
 
 
 def with_rules(policy: Policy, *rules: Rule) -> Policy:

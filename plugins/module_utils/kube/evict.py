@@ -45,13 +45,16 @@ class EvictionError(MetaxGpuError):
 
     ``remaining`` names them; ``refused`` maps those whose last eviction the API
     refused with 429 to the API's reason (which names the PodDisruptionBudget).
+    ``failed``: an eviction the API answered with another error (an admission
+    webhook's denial, say): the message is the API's, nothing was waited for.
     """
 
     def __init__(self, message: str, remaining: Sequence[str] = (),
-                 refused: Optional[Mapping[str, str]] = None) -> None:
+                 refused: Optional[Mapping[str, str]] = None, failed: bool = False) -> None:
         super().__init__(message)
         self.remaining = list(remaining)
         self.refused = dict(refused or {})
+        self.failed = failed
 
 
 def refusal(exc: Any) -> str:
@@ -135,8 +138,9 @@ def evict(core: Any, node: str, drain: bool = False, timeout: float = 300.0, for
                     pending.remove(key)
                 elif exc.status == 429:      # a PodDisruptionBudget says not now
                     refused[key] = refusal(exc)
-                else:
-                    raise EvictionError("evicting %s: %s %s" % (key, exc.status, exc.reason), [key])
+                else:     # a webhook's denial or failure, an API error: said as the API said it
+                    raise EvictionError("evicting %s: %s %s: %s" % (key, exc.status, exc.reason, refusal(exc)),
+                                        [key], failed=True)
         if refused and not retry_refused:
             raise EvictionError("eviction refused on node %s: %s" % (
                 node, "; ".join("%s (%s)" % item for item in sorted(refused.items()))), sorted(refused), refused)

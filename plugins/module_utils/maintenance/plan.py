@@ -45,7 +45,8 @@ STATE_KEYS: Dict[str, Tuple[Optional[str], Optional[str]]] = {
     N.MAINTENANCE_OWNER_DRIVER_UPGRADE: (N.LABEL_DRIVER_UPGRADE_STATE, N.ANNOTATION_DRIVER_UPGRADE_MESSAGE),
     N.MAINTENANCE_OWNER_SET_VFNUM: (N.LABEL_VFNUM_STATE, N.ANNOTATION_VFNUM_MESSAGE),
     N.MAINTENANCE_OWNER_DRIVER_MANAGER: (None, None),
-    N.MAINTENANCE_OWNER_HEALTH: (None, None),
+    # the remediation ladder's state (health/ladder.py) is its message: written with the hold, removed with it
+    N.MAINTENANCE_OWNER_HEALTH: (None, N.ANNOTATION_HEALTH_REMEDIATION),
     N.MAINTENANCE_OWNER_DEVICE_MODE: (None, None),
 }
 # agents.paused values written before the protocol, and whose pause they were

@@ -296,6 +296,13 @@ def unload_driver(host: HostRoot) -> None:
     for gpu in state["gpus"]:
         for sysfs_dir, card in _functions(gpu):
             _unbind(host, sysfs_dir, card)
+        # the GPU's error counters are the driver's: a reload starts them at zero (the remediation
+        # ladder's driver reload, docs/health.md); retired pages are the GPU's own and stay
+        retired = (gpu.get("ecc") or {}).get("retired_dbe")
+        for key in ("ecc", "pci_events", "ras", "mxlk_aer"):
+            gpu.pop(key, None)
+        if retired:
+            gpu["ecc"] = {"retired_dbe": retired}
     shutil.rmtree(host.join("sys/module/metax"), ignore_errors=True)
     shutil.rmtree(host.join(DRIVER_DIR), ignore_errors=True)
     if os.path.lexists(host.join("dev/mxcd")):

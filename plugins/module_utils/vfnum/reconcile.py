@@ -157,7 +157,7 @@ class VfnumNode:
         except kube_evict.EvictionError as exc:
             if exc.refused:
                 why = "; ".join("eviction of %s refused: %s" % item for item in sorted(exc.refused.items()))
-            elif exc.remaining:
+            elif exc.remaining and not exc.failed:
                 why = "evicted pod(s) %s still on the node after %.0f s" % (", ".join(exc.remaining), EVICT_TIMEOUT)
             else:
                 why = str(exc)

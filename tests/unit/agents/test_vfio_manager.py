@@ -40,7 +40,8 @@ class Recorder:
     def event(self, reason, message, warning=True):
         self.events.append((reason, message))
 
-    def evict(self, pods, timeout):
+    def evict(self, pods, timeout, holders):
+        assert set(pods) <= set(holders())            # the pods it evicts are those holding the GPUs
         self.evicted.extend(pods)
         return list(pods)
 

@@ -4,7 +4,8 @@
 What the guard admits is tested against the real API server in
 tests/integration/test_node_agent_policy_cluster.py; here what the charts render:
 the configuration reaches the server each chart runs, with the CA that signed
-that server's certificate, for driver-manager only; driver-manager lists no pods.
+that server's certificate, for the agents that evict (driver-manager, vfio-manager) and those
+the server was told to guard, no other; driver-manager lists no pods.
 """
 
 from __future__ import annotations
@@ -39,15 +40,15 @@ def rendered(values, chart=CHART):
     return by_key(objects)
 
 
-def check_webhook_reaches(objs, service_name, pod_labels, ports):
+def check_webhook_reaches(objs, service_name, pod_labels, ports, guarded):
     """The configuration's service is in front of pods whose port serves the guard, with its CA."""
     config = objs[("ValidatingWebhookConfiguration", "%s-eviction-guard" % NS)]
     hook, = config["webhooks"]
     assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
     assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["*"], "operations": ["CREATE"],
                               "resources": ["pods/eviction"], "scope": "Namespaced"}]
-    assert hook["matchConditions"][0]["expression"] == \
-        'request.userInfo.username in ["system:serviceaccount:%s:driver-manager"]' % NS
+    assert hook["matchConditions"][0]["expression"] == 'request.userInfo.username in [%s]' % ",".join(
+        '"system:serviceaccount:%s:%s"' % (NS, account) for account in guarded)
     ref = hook["clientConfig"]["service"]
     assert (ref["name"], ref["namespace"], ref["path"]) == (service_name, NS, eviction_webhook.PATH)
     service = objs[("Service", service_name)]
@@ -81,7 +82,7 @@ def test_extensions_chart_runs_its_own_guard_for_driver_manager():
     container, = pod["containers"]
     ports = {p["name"] for p in container["ports"]} | {p["containerPort"] for p in container["ports"]}
     secret = check_webhook_reaches(objs, names.EVICTION_WEBHOOK, deployment["spec"]["template"]["metadata"]["labels"],
-                                   ports)
+                                   ports, [names.SERVICE_ACCOUNT_DRIVER_MANAGER])
     assert container["command"][-1] == guard_agent.__name__
     args = guard_agent.build_parser().parse_args(container["args"])
     assert args.namespace == NS and args.eviction_webhook_guard == [names.SERVICE_ACCOUNT_DRIVER_MANAGER]
@@ -110,6 +111,21 @@ def test_driver_manager_lists_no_pods_and_reads_the_kubelets_pod_resources():
     assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
 
 
+@pytest.mark.parametrize("values, guarded", [
+    ({"vfioAgent": {"enabled": True}, "nodeAgentPolicy": {"enabled": True}}, [names.SERVICE_ACCOUNT_VFIO_MANAGER]),
+    (dict(DRIVER, vfioAgent={"enabled": True}), [names.SERVICE_ACCOUNT_DRIVER_MANAGER, names.SERVICE_ACCOUNT_VFIO_MANAGER]),
+], ids=["vfio-manager-alone", "both"])
+def test_extensions_chart_guards_the_evicting_agents_it_deploys(values, guarded):
+    # vfio-manager evicts the pods holding a GPU it hands to vfio-pci: pods/eviction create, confined the same way
+    objs = rendered(values)
+    deployment = objs[("Deployment", names.EVICTION_WEBHOOK)]
+    container, = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"] for p in container["ports"]} | {p["containerPort"] for p in container["ports"]}
+    check_webhook_reaches(objs, names.EVICTION_WEBHOOK, deployment["spec"]["template"]["metadata"]["labels"],
+                          ports, guarded)
+    assert guard_agent.build_parser().parse_args(container["args"]).eviction_webhook_guard == guarded
+
+
 @pytest.mark.parametrize("values", [
     {"driverManager": {"enabled": False}, "nodeAgentPolicy": {"enabled": True}},
     dict(DRIVER, driverManager=dict(DRIVER["driverManager"], evictionGuard={"enabled": False})),
@@ -125,9 +141,11 @@ def test_operator_chart_the_controller_serves_the_guard():
     pod = deployment["spec"]["template"]["spec"]
     container, = pod["containers"]
     ports = {p["name"] for p in container["ports"]} | {p["containerPort"] for p in container["ports"]}
+    guarded = [names.SERVICE_ACCOUNT_DRIVER_MANAGER, names.SERVICE_ACCOUNT_VFIO_MANAGER]
     secret = check_webhook_reaches(objs, names.EVICTION_WEBHOOK, deployment["spec"]["template"]["metadata"]["labels"],
-                                   ports)
+                                   ports, guarded)
     args = operator_controller.build_parser().parse_args(container["args"])
+    assert args.eviction_webhook_guard == guarded       # the server judges what the configuration sends it
     assert args.eviction_webhook_port in ports
     # a replica is behind the Service once the guard listens
     probe_port = container["readinessProbe"]["tcpSocket"]["port"]

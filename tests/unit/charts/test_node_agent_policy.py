@@ -92,8 +92,10 @@ def test_both_charts_use_the_library_chart():
 
 
 def test_key_data_is_the_table():
-    data = gen.key_data(names.PREFIX, names.NODE_AGENT_KEYS, names.SHARED_NODE_KEYS)
+    data = gen.key_data(names.PREFIX, names.NODE_AGENT_KEYS, names.SHARED_NODE_KEYS,
+                        cordon_record=(names.ANNOTATION_MAINTENANCE_CORDON, names.MAINTENANCE_CORDON_OURS))
     assert data["prefix"] == "metax-tech.com/"
+    assert data["cordonRecord"] == {"key": names.ANNOTATION_MAINTENANCE_CORDON, "ours": "ours"}
     assert set(data["agents"]) == set(names.NODE_AGENT_KEYS)
     for agent, fields in names.NODE_AGENT_KEYS.items():
         for field in ("labels", "annotations"):
@@ -102,12 +104,18 @@ def test_key_data_is_the_table():
     from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin import constants
     from ansible_collections.metax.gpu.plugins.module_utils.gpu.labels import OWNED_LABEL_KEYS
     assert data["agents"]["gpu-label"] == {"labels": sorted(OWNED_LABEL_KEYS), "annotations": [], "conditions": [],
-                                           "taints": []}
+                                           "taints": [], "spec": []}
     # gpu-device also its health condition and quarantine taint (issue 42), nobody else any
     assert data["agents"]["gpu-device"] == {"labels": [], "annotations": sorted(constants.ANNOTATION_KEYS),
                                             "conditions": [names.CONDITION_GPU_HEALTHY],
-                                            "taints": [names.TAINT_GPU_HEALTH]}
-    assert [a for a, f in data["agents"].items() if f["conditions"] or f["taints"]] == ["gpu-device"]
+                                            "taints": [names.TAINT_GPU_HEALTH], "spec": []}
+    assert [a for a, f in data["agents"].items() if f["taints"]] == ["gpu-device"]
+    # driver-manager's remediation ladder (issue 42): its condition, and the cordon, admitted only with the
+    # maintenance protocol's record "ours" beside it (the policy's cordonRecorded)
+    assert [a for a, f in data["agents"].items() if f["conditions"] and a != "gpu-device"] == ["driver-manager"]
+    assert data["agents"]["driver-manager"]["conditions"] == [names.CONDITION_GPU_REMEDIATION]
+    assert [a for a, f in data["agents"].items() if f["spec"]] == ["driver-manager"]
+    assert data["agents"]["driver-manager"]["spec"] == ["unschedulable"]
     # driver-manager: whose driver it is (shared with gpu-label, one writer per deployment), the vfnum
     # state, and its node's part of the rolling upgrade (state and failure message; the target is the controller's)
     assert data["agents"]["driver-manager"]["labels"] == sorted([names.LABEL_DRIVER_MODE, names.LABEL_VFNUM_STATE,

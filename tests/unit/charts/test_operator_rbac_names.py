@@ -22,7 +22,8 @@ needs_helm = helm_required(HELM)
 RBAC_GROUP = "rbac.authorization.k8s.io"
 EVERYTHING = {"deployExtenderGPUAware": True, "driver": {"deploy": True, "payload": {"version": "2.14.3"}},
               "maca": {"deploy": True, "payload": {"images": ["mxc500-maca:2.29.0.7-ubuntu22.04-amd64"]}},
-              "runtime": {"deploy": True}, "draDriver": {"deploy": True}}
+              "runtime": {"deploy": True}, "draDriver": {"deploy": True}, "vfioManager": {"deploy": True},
+              "dataExporter": {"deploy": True}}
 
 
 def _controller_role(objects):
@@ -37,6 +38,16 @@ def _rendered_by_the_controller(objects, namespace):
     rendered = operator_render.helm_template(HELM, str(CHART), operator_render.chart_values(cr["spec"]), namespace)
     desired = operator_render.desired_objects(rendered, cr["spec"], owner)
     return [o for objs in desired.values() for o in objs]
+
+
+def test_everything_turns_every_component_on():
+    # a component added off by default and left out here would hide its ClusterRole from the check below
+    # (vfio-manager's was: the controller could not apply it on the cluster)
+    from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.components import REGISTRY
+
+    switched = {key for key, value in EVERYTHING.items() if isinstance(value, dict) and value.get("deploy")}
+    assert {c.values_key for c in REGISTRY if not c.default_deploy and c.values_key != "gpuAware"} <= switched
+    assert EVERYTHING["deployExtenderGPUAware"]
 
 
 @needs_helm

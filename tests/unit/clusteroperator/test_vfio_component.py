@@ -82,3 +82,20 @@ def test_failures_degrade_and_cleanup_takes_its_annotations():
     assert node_messages(components.VFIO_MANAGER, nodes) == {"vm": "refused, the GPUs are in use: ..."}
     patch = cleanup_patch({}, nodes[0]["metadata"]["annotations"], [components.VFIO_MANAGER])
     assert patch == {"annotations": {names.ANNOTATION_VFIO_IOMMU: None, names.ANNOTATION_VFIO_MESSAGE: None}}
+
+
+
+def test_the_crd_accepts_every_condition_type_the_controller_writes():
+    # the API server refused the controller's whole status while IOMMUDisabled was missing from the enum
+    import yaml
+    from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import status as operator_status
+    from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import vfio as operator_vfio
+    from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.contract import ADMINISTRATOR_OWNED
+    from charts.helm import CHARTS
+
+    crd = yaml.safe_load((CHARTS / "metax-operator" / "crds" / "clusteroperator.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    enum = schema["properties"]["status"]["properties"]["conditions"]["items"]["properties"]["type"]["enum"]
+    written = {"Ready", "Progressing", "Degraded", operator_status.IGNORED_CONDITION, operator_vfio.CONDITION}
+    written |= {owned.reason for owned in ADMINISTRATOR_OWNED}
+    assert written <= set(enum)

@@ -18,9 +18,8 @@ from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.annotations
     AnnotationPublisher, merge_patch, node_annotations,
 )
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.devices import DeviceState
-from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.metrics import (
-    DevicePluginMetrics, MetricsServer,
-)
+from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.metrics import DevicePluginMetrics
+from ansible_collections.metax.gpu.plugins.module_utils.kubelet.metrics import MetricsServer
 from ansible_collections.metax.gpu.plugins.module_utils.kubelet.podresources import (
     PodResourcesClient, PodResourcesError,
 )

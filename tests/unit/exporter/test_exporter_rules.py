@@ -200,3 +200,27 @@ def test_quarantine_condition_and_remediation_alerts_on_kube_state_metrics(tmp_p
                              "exp_annotations": annotations("MetaxGpuRemediationNeeded", labels)}]},
         ]}])
     assert rc == 0, output
+
+
+def test_remediation_ladder_alerts_on_kube_state_metrics(tmp_path):
+    """driver-manager's MetaXGPURemediation condition (the remediation ladder, issue 42) as kube-state-metrics
+    reports it: in progress after a minute, stuck after two hours; another node's False condition fires nothing."""
+    climbing = series_line("kube_node_status_condition", {"node": "gpu-node-1", "condition": "MetaXGPURemediation",
+                                                          "status": "true"})
+    idle = series_line("kube_node_status_condition", {"node": "gpu-node-2", "condition": "MetaXGPURemediation",
+                                                      "status": "false"})
+    labels = {"node": "gpu-node-1", "condition": "MetaXGPURemediation", "status": "true"}
+    rc, output = promtool_test(tmp_path, [{
+        "interval": "1m",
+        "input_series": [{"series": climbing, "values": "1+0x150"}, {"series": idle, "values": "1+0x150"}],
+        "alert_rule_test": [
+            {"eval_time": "0m", "alertname": "MetaxGpuRemediationInProgress", "exp_alerts": []},
+            {"eval_time": "2m", "alertname": "MetaxGpuRemediationInProgress",
+             "exp_alerts": [{"exp_labels": dict(labels, severity="warning"),
+                             "exp_annotations": annotations("MetaxGpuRemediationInProgress", labels)}]},
+            {"eval_time": "100m", "alertname": "MetaxGpuRemediationStuck", "exp_alerts": []},
+            {"eval_time": "125m", "alertname": "MetaxGpuRemediationStuck",
+             "exp_alerts": [{"exp_labels": dict(labels, severity="critical"),
+                             "exp_annotations": annotations("MetaxGpuRemediationStuck", labels)}]},
+        ]}])
+    assert rc == 0, output

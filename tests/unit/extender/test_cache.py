@@ -43,15 +43,15 @@ def test_weights_holder_applies_rejects_and_reverts(caplog):
     assert holder.current == Weights(1, 1, "flags")
     holder.apply("ADDED", _cm({"scoreWeight": "4", "lossWeight": "0"}))
     assert (holder.current.score, holder.current.loss) == (4, 0)
-    assert metrics.weight.value("score") == 4 and metrics.config_valid.value() == 1
+    assert metrics.value("gpu_aware_weight", name="score") == 4 and metrics.value("gpu_aware_config_valid") == 1
     with caplog.at_level(logging.ERROR):
         holder.apply("MODIFIED", _cm({"scoreWeight": "lots", "lossWeight": "2"}))
     assert (holder.current.score, holder.current.loss) == (4, 0)        # last good kept
-    assert metrics.config_valid.value() == 0 and metrics.config_errors.value() == 1
+    assert metrics.value("gpu_aware_config_valid") == 0 and metrics.value("gpu_aware_config_errors_total") == 1
     assert "scoreWeight" in holder.last_error and "rejected" in caplog.text
-    assert b"gpu_aware_config_valid 0" in metrics.registry.render()
+    assert b"gpu_aware_config_valid 0" in metrics.exposition()
     holder.apply("MODIFIED", _cm({"scoreWeight": "2"}))                # lossWeight falls back to the flag
-    assert (holder.current.score, holder.current.loss) == (2, 1) and metrics.config_valid.value() == 1
+    assert (holder.current.score, holder.current.loss) == (2, 1) and metrics.value("gpu_aware_config_valid") == 1
     holder.apply("MODIFIED", _cm({"scoreWeight": "9"}, name="other"))  # not ours
     assert holder.current.score == 2
     holder.apply("DELETED", _cm({}))
@@ -115,7 +115,7 @@ def test_listwatch_lists_watches_resumes_and_relists():
         lw.stop()
     assert source.calls[:7] == ["list", "watch 5", "watch 9", "list", "list", "watch 20", "watch 21"]
     assert len(cache) == 0          # the relist replaced everything (only a), then a was deleted
-    assert metrics.watch_restarts.value("nodes") == 1 and metrics.relists.value("nodes") == 2
+    assert metrics.value("gpu_aware_watch_restarts_total", resource="nodes") == 1 and metrics.value("gpu_aware_relists_total", resource="nodes") == 2
 
 
 def test_listwatch_handler_errors_do_not_stop_it():
@@ -148,7 +148,7 @@ def test_listwatch_expired_list_and_watch_errors():
         wait_for(lambda: source.calls.count("watch 3") >= 2, what="re-watch from the same version")
     finally:
         lw.stop()
-    assert cache.synced.is_set() and metrics.watch_restarts.value("nodes") == 1
+    assert cache.synced.is_set() and metrics.value("gpu_aware_watch_restarts_total", resource="nodes") == 1
 
 
 def test_listwatch_resync_relists():
@@ -195,7 +195,7 @@ def test_kube_source_nodes_through_the_kubernetes_client(fake_api, api_client):
         fake_api.set("nodes", make_node(7, allocated=[]), emit=False)   # only a list can see this one
         wait_for(lambda: cache.get("gpu-node-00007") is not None, what="relist after 410")
         fake_api.fail_next(2)                 # the next requests (the watch's reconnects) fail
-        wait_for(lambda: metrics.watch_restarts.value("nodes") >= 2, what="failed reconnects")
+        wait_for(lambda: metrics.value("gpu_aware_watch_restarts_total", resource="nodes") >= 2, what="failed reconnects")
         fake_api.set("nodes", make_node(8, allocated=[]))
         wait_for(lambda: cache.get("gpu-node-00008") is not None, what="reconnect")
     finally:
@@ -227,12 +227,12 @@ def test_kube_source_configmap_through_the_kubernetes_client(fake_api, api_clien
     lw = ListWatch("configmap", kube.configmap_source(api_client, "ns", "gpu-aware-plugin"), holder, metrics,
                    LOG, watch_seconds=2, backoff=Backoff(0.05, 0.1)).start()
     try:
-        wait_for(lambda: metrics.relists.value("configmap") >= 1, what="list")
+        wait_for(lambda: metrics.value("gpu_aware_relists_total", resource="configmap") >= 1, what="list")
         assert holder.current.source == "flags"
         fake_api.set("configmaps", _cm({"scoreWeight": "7", "lossWeight": "0.5"}))
         wait_for(lambda: holder.current.score == 7, what="ConfigMap added")
         fake_api.set("configmaps", _cm({"scoreWeight": "x"}))
-        wait_for(lambda: metrics.config_errors.value() == 1, what="rejection")
+        wait_for(lambda: metrics.value("gpu_aware_config_errors_total") == 1, what="rejection")
         assert holder.current.score == 7
         fake_api.delete("configmaps", "gpu-aware-plugin")
         wait_for(lambda: holder.current.source == "flags", what="deletion")

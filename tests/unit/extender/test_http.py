@@ -253,6 +253,13 @@ def test_response_head(running):
     assert lines[0] == "HTTP/1.1 200 OK" and "Content-Length: 3" in lines and body == b""
 
 
+def samples(text):
+    """{(sample name, sorted labels): value} of an exposition, read by prometheus_client's parser."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in parser.text_string_to_metric_families(text) for s in family.samples}
+
+
 def test_keep_alive_and_metrics(running):
     srv = running()
     conn = srv.connection()
@@ -264,12 +271,13 @@ def test_keep_alive_and_metrics(running):
     status, text, resp = srv.request("GET", "/metrics")
     text = text.decode()
     assert status == 200 and resp.getheader("Content-Type").startswith("text/plain")
-    assert 'gpu_aware_requests_total{verb="filter",code="200"} 3' in text
-    assert 'gpu_aware_requests_total{verb="prioritize",code="400"} 1' in text
-    assert 'gpu_aware_request_duration_seconds_count{verb="filter"} 3' in text
-    assert 'gpu_aware_weight{name="score"} 1' in text
-    assert "gpu_aware_config_valid 1" in text and "gpu_aware_node_cache_nodes 2" in text
-    assert 'gpu_aware_filter_nodes_total{result="passed"} 6' in text
+    found = samples(text)       # parsed: the order of labels and the form of numbers are the library's
+    assert found[("gpu_aware_requests_total", (("code", "200"), ("verb", "filter")))] == 3
+    assert found[("gpu_aware_requests_total", (("code", "400"), ("verb", "prioritize")))] == 1
+    assert found[("gpu_aware_request_duration_seconds_count", (("verb", "filter"),))] == 3
+    assert found[("gpu_aware_weight", (("name", "score"),))] == 1
+    assert found[("gpu_aware_config_valid", ())] == 1 and found[("gpu_aware_node_cache_nodes", ())] == 2
+    assert found[("gpu_aware_filter_nodes_total", (("result", "passed"),))] == 6
     assert srv.request("GET", "/healthz")[1] == b"ok\n"
     assert srv.request("HEAD", "/healthz")[0] == 200
 

@@ -64,8 +64,8 @@ def test_the_document_round_trips_and_a_cluster_changes_one_signal():
     ({"signal": "pci-aer-ue", "threshold": 1, "severity": "critical", "action": "reboot"}, "action 'reboot'"),
     ({"signal": "pci-aer-ue", "threshold": 1, "severity": "critical", "action": "observe", "colour": 1},
      "unknown key"),
-    ({"signal": "pci-aer-ue", "threshold": 1, "severity": "critical", "action": "cordon", "remediate": True},
-     "remediation ladder is not available"),
+    ({"signal": "pci-aer-ue", "threshold": 1, "severity": "critical", "action": "observe", "remediate": "yes"},
+     "remediate is true or false"),
 ])
 def test_bad_rows_are_refused_with_the_reason(rule, message):
     with pytest.raises(P.PolicyError, match=message):

@@ -251,6 +251,18 @@ def test_an_uncorrectable_ecc_takes_one_gpu_of_eight_out_and_recovery_brings_it_
     assert [e[1] for e in api.events] == ["GPUHealthSignal", "GPUHealthRecovered"]
 
 
+def test_a_restarted_agent_holds_a_failing_gpu_before_the_kubelet_hears_of_it(make_node):
+    # the agent's first offer to the kubelet already leaves out a GPU the policy holds (a pending
+    # 8-GPU pod landed on it in the health interval after a restart, on the local cluster)
+    host = make_node("8xC500")
+    sim_signals.inject_signals(host, 5, ecc={"dram_uncorrectable": 1})
+    agent = GpuDeviceAgent(host, str(host.join("dp")), healthy_interval=5, pod_resources_socket=None)
+    agent.first_scan()
+    snap = agent.state.snapshot()
+    assert len(snap.devices) == 8 and len(snap.healthy_ids) == 7
+    assert generator.load_state(host)["gpus"][5]["bdf"] not in snap.healthy_ids
+
+
 def test_the_four_old_checks_still_decide_and_now_reach_the_condition(make_node):
     host = make_node("8xC500")
     agent = agent_on(host)

@@ -203,6 +203,11 @@ def test_scheduler_manifest(settings):
     assert pod["spec"]["hostNetwork"] is True
     assert {c[p]["httpGet"]["port"] for p in ("livenessProbe", "readinessProbe", "startupProbe")} == {10259}
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # Ready follows /livez within a second of the start (kubeadm's 10 s startupProbe period cost every
+    # restart 10-20 s), with kubeadm's budget of 240 s before the kubelet gives up on the start
+    start = c["startupProbe"]
+    assert (start["initialDelaySeconds"], start["periodSeconds"]) == (1, 1)
+    assert start["periodSeconds"] * start["failureThreshold"] == 240
     assert "--kubeconfig=/etc/kubernetes/scheduler.conf" in c["command"]
 
 

@@ -117,6 +117,63 @@ def test_the_role_and_build_sh_assemble_with_context_py():
         assert "operator/charts" not in body and "agents.txt" not in body, path
 
 
+def test_the_role_hashes_the_context_as_build_sh_tags_it_and_skips_current_images():
+    """The role labels its images with context.py's hash (build.sh's tag) and builds nothing when every
+    image already carries it: a second site run on the bastion does not rebuild ten images from the cache."""
+    argv = _role_task("Hash the build context")["ansible.builtin.command"]["argv"]
+    assert [_render(a) for a in argv[:5]] == [sys.executable, SCRIPT, "--root", ROOT, "tag"]
+    assert argv[5:8] == ["--helm", "{{ agent_images_helm_binary }}", "--base-id"]
+    assert "agent_images_base.stdout" in argv[8]          # the base image's ID, as build.sh passes it
+    build = _role_task("Build the agent images")
+    assert "'CONTENT=' ~ (agent_images_content.stdout | trim)" in build["ansible.builtin.command"]["argv"]
+    content = re.search(r'^ARG CONTENT=.*\n(?:.*\n)*?.*org\.metax-gpu\.content="\$\{CONTENT\}"',
+                        open(os.path.join(AGENT, "Containerfile")).read(), re.M)
+    assert content, "the Containerfile no longer labels the images with CONTENT"
+    # what is skipped when the images are current, and what is not
+    for name in ("Make the build context", "Write the build context", "Build the agent images",
+                 "Read the image IDs and content labels after the build"):
+        assert _role_task(name)["when"] == "not agent_images_current", name
+    for name in ("Hash the build context", "Read the image IDs and content labels before the build",
+                 "Find the existing image archives", "Save the changed images as docker-archives"):
+        assert "agent_images_current" not in str(_role_task(name).get("when", "")), name
+    before = _role_task("Read the image IDs and content labels before the build")["ansible.builtin.command"]["argv"]
+    after = _role_task("Read the image IDs and content labels after the build")["ansible.builtin.command"]["argv"]
+    assert before == after and ".id_content" in before
+    commands = _yaml("vars", "main.yml")["agent_images_commands"]
+    for tool, cmd in commands.items():
+        assert cmd["id_content"][:-1] == cmd["id"][:-1], tool          # the same inspect, one more field
+        assert cmd["id_content"][-1].startswith(cmd["id"][-1] + " "), tool
+        assert '"org.metax-gpu.content"' in cmd["id_content"][-1], tool
+    decide = _role_task("Decide whether the images are current")["ansible.builtin.set_fact"]["agent_images_current"]
+    assert "rejectattr('rc', 'equalto', 0)" in decide and "agent_images_content.stdout | trim" in decide
+
+
+def test_the_role_calls_images_current_only_when_each_carries_the_hash(tmp_path):
+    """The role's own expression, evaluated by ansible-playbook on what the inspect loop registers."""
+    decide = _role_task("Decide whether the images are current")["ansible.builtin.set_fact"]["agent_images_current"]
+    cases = [
+        ([(0, "sha256:1 abc123def456"), (0, "sha256:2 abc123def456")], True),
+        ([(0, "sha256:1 abc123def456"), (0, "sha256:2 ")], False),              # built before: no label
+        ([(0, "sha256:1 abc123def456"), (125, "")], False),                     # an image missing
+        ([(0, "sha256:1 abc123def4567"), (0, "sha256:2 abc123def456")], False),  # another content
+        ([(0, "sha256:1 0.1.0"), (0, "sha256:2 0.1.0")], False),                # the old label: the version
+    ]
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
+        {"ansible.builtin.debug": {"msg": "CASE {{ expected }} " + decide.replace("agent_images_before.results", "results")},
+         "loop": [{"results": [{"rc": rc, "stdout": out} for rc, out in results], "expected": expected}
+                  for results, expected in cases],
+         "vars": {"results": "{{ item.results }}", "expected": "{{ item.expected }}",
+                  "agent_images_content": {"stdout": "abc123def456\n"}}}]}]
+    path = tmp_path / "play.yml"
+    path.write_text(yaml.safe_dump(play))
+    exe = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    out = subprocess.run([exe, "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
+                          str(path)], capture_output=True, text=True, check=True, timeout=120).stdout
+    verdicts = re.findall(r'"msg": "CASE (True|False) (True|False)"', out)
+    assert len(verdicts) == len(cases), out
+    assert all(expected == got for expected, got in verdicts), verdicts
+
+
 def _fake_collection(root, helm_dir):
     files = {
         "galaxy.yml": "namespace: metax\nname: gpu\nversion: 1.0.0\n",

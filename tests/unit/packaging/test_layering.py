@@ -141,18 +141,9 @@ def test_floor_only_the_simulator_imports_the_simulator():
     assert offenders == []
 
 
-# gpu-exporter's metrics server is still deviceplugin.metrics (another change moves it to
-# kubelet/ with one metrics library for every agent): remove the entry then.
-EXPORTER_PENDING = ("deviceplugin.metrics",)
-
-
 def test_floor_exporter_imports_no_device_plugin():
-    """The exporter reads the kubelet through kubelet/, not through gpu-device's package."""
-    importers = ["exporter", "agents.gpu_exporter"]
-    assert _violations(importers, ["deviceplugin"], allowed=EXPORTER_PENDING) == []
-    # each pending exception is still needed (else it is stale: delete it)
-    for pending in EXPORTER_PENDING:
-        assert any(_under(t, pending) for rel, t in _violations(importers, ["deviceplugin"])), pending
+    """The exporter reads the kubelet and serves /metrics through kubelet/, not through gpu-device's package."""
+    assert _violations(["exporter", "agents.gpu_exporter"], ["deviceplugin"]) == []
 
 
 def test_floor_kubelet_is_below_the_agents_that_use_it():
@@ -166,6 +157,54 @@ def test_floor_grpc_is_imported_once():
                        if not rel.endswith(GENERATED) and any(m.split(".")[0] == "grpc" for m, lvl, _g in _imports(path)
                                                               if not lvl))
     assert importers == [os.path.join("kubelet", "grpc_api.py")]
+
+
+def _absolute_importers(top):
+    """Files (below module_utils, generated stubs aside) with an absolute import of package ``top``."""
+    return sorted(rel for rel, path in FILES if not rel.endswith(GENERATED)
+                  and any(m.split(".")[0] == top for m, lvl, _g in _imports(path) if not lvl))
+
+
+def test_floor_prometheus_client_is_imported_once():
+    """One metrics library for every agent: prometheus_client, imported (guarded) by kubelet/metrics alone, so
+    no agent starts a server of its own (``start_http_server``) or writes the exposition its own way."""
+    assert _absolute_importers("prometheus_client") == [os.path.join("kubelet", "metrics.py")]
+
+
+# gpu-aware's scheduler-facing server: keep-alive, TLS, request bodies in pools (its own bounds over
+# httpbounds); its /metrics path serves the one library's exposition (ExtenderMetrics.exposition).
+HTTP_SERVERS_ALLOWED = (os.path.join("kubelet", "httpserve.py"), os.path.join("extender", "server.py"))
+
+
+def _serves_http(path):
+    """Whether ``path`` imports the standard library's HTTP server (http.server, socketserver)."""
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import) and any(a.name == "http.server" or a.name.split(".")[0] == "socketserver"
+                                                for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and (
+                node.module == "http.server" or (node.module or "").split(".")[0] == "socketserver"
+                or (node.module == "http" and any(a.name == "server" for a in node.names))):
+            return True
+    return False
+
+
+def test_floor_one_bounded_http_server_for_metrics_and_probes():
+    """/metrics, /healthz and the eviction guard are kubelet/httpserve's bounded server (issue 39's bounds):
+    nothing else builds on http.server or socketserver, so an unbounded server cannot come back."""
+    assert sorted(rel for rel, path in FILES if _serves_http(path)) == sorted(HTTP_SERVERS_ALLOWED)
+
+
+def test_the_metrics_floors_see_what_they_forbid(tmp_path):
+    """The shapes the two rules above forbid (the operator-controller had the first and the last)."""
+    for text in ("from prometheus_client import start_http_server\n", "import http.server\n",
+                 "from http import server\n", "from socketserver import ThreadingMixIn\n"):
+        path = tmp_path / "sample.py"
+        path.write_text("try:\n    " + text + "except ImportError:\n    pass\n")
+        found = any(m.split(".")[0] == "prometheus_client" for m, lvl, _g in _imports(str(path)) if not lvl)
+        assert found or _serves_http(str(path)), text
+    path.write_text("import http.client\nfrom http import HTTPStatus\n")
+    assert not _serves_http(str(path))
 
 
 def _string_constants(path):

@@ -8,14 +8,22 @@
         "metax-tech.com/driver.payload.driver-version",
         "metax-tech.com/driver.payload.version",
         "metax-tech.com/driver.upgrade.message",
+        "metax-tech.com/gpu-health.reboot-required",
+        "metax-tech.com/gpu-health.remediation",
         "metax-tech.com/gpu.vfnum.message",
+        "metax-tech.com/maintenance.cordon",
         "metax-tech.com/maintenance.owner"
       ],
-      "conditions": [],
+      "conditions": [
+        "MetaXGPURemediation"
+      ],
       "labels": [
         "metax-tech.com/driver.upgrade-state",
         "metax-tech.com/gpu.driver.mode",
         "metax-tech.com/gpu.vfnum.state"
+      ],
+      "spec": [
+        "unschedulable"
       ],
       "taints": []
     },
@@ -29,6 +37,7 @@
         "MetaXGPUHealthy"
       ],
       "labels": [],
+      "spec": [],
       "taints": [
         "metax-tech.com/gpu-health"
       ]
@@ -37,6 +46,7 @@
       "annotations": [],
       "conditions": [],
       "labels": [],
+      "spec": [],
       "taints": []
     },
     "gpu-label": {
@@ -56,6 +66,7 @@
         "metax-tech.com/gpu.sriov",
         "metax-tech.com/gpu.vfnum"
       ],
+      "spec": [],
       "taints": []
     },
     "vfio-manager": {
@@ -65,8 +76,13 @@
       ],
       "conditions": [],
       "labels": [],
+      "spec": [],
       "taints": []
     }
+  },
+  "cordonRecord": {
+    "key": "metax-tech.com/maintenance.cordon",
+    "ours": "ours"
   },
   "prefix": "metax-tech.com/",
   "resourceSlices": {

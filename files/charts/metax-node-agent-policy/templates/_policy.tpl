@@ -14,7 +14,11 @@ Node is admitted only when
     42) may change status.conditions of those types and spec.taints of those
     keys, nothing else of either (the other fields of spec and status are
     compared one by one: those of every Kubernetes release the policy is
-    rendered for);
+    rendered for); an agent owning spec.unschedulable (driver-manager's
+    remediation ladder, issue 42) may cordon its node only when the same
+    update records the cordon as the maintenance protocol's own
+    (maintenance.cordon=ours), and uncordon it only when the cordon was so
+    recorded: an administrator's cordon is never lifted by an agent;
   - every label and annotation it adds, changes or removes is under
     metax-tech.com/ and is one the agent owns (names.py NODE_AGENT_KEYS,
     generated into _keys.tpl).
@@ -94,10 +98,14 @@ server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy and is
 {{- /* agent -> the condition types / taint keys it owns (most own none) */ -}}
 {{- $conditionsOf := dict -}}
 {{- $taintsOf := dict -}}
+{{- $specOf := dict -}}
 {{- range $agent, $keys := $data.agents -}}
 {{- $_ := set $conditionsOf $agent ($keys.conditions | default list) -}}
 {{- $_ := set $taintsOf $agent ($keys.taints | default list) -}}
+{{- $_ := set $specOf $agent ($keys.spec | default list) -}}
 {{- end -}}
+{{- $cordonKey := (($data.cordonRecord | default dict).key | default "") -}}
+{{- $cordonOurs := (($data.cordonRecord | default dict).ours | default "") -}}
 {{- /* Node fields compared one by one for an agent that owns conditions or taints (in every
 release since 1.11; a field the apiserver's schema lacks would not compile) */ -}}
 {{- $specFields := list "podCIDR" "podCIDRs" "providerID" "unschedulable" "configSource" "externalID" -}}
@@ -146,10 +154,13 @@ spec:
     - name: ownedTaints
       expression: |-
         {{ toJson $taintsOf }}[variables.agent]
+    - name: ownedSpec
+      expression: |-
+        {{ toJson $specOf }}[variables.agent]
     # the other fields of spec and status unchanged (for an agent owning conditions or taints)
     - name: otherSpecUnchanged
       expression: |-
-        has(object.spec) == has(oldObject.spec) && (!has(object.spec) || ({{ range $i, $f := $specFields }}{{ if $i }} && {{ end }}has(object.spec.{{ $f }}) == has(oldObject.spec.{{ $f }}) && (!has(object.spec.{{ $f }}) || object.spec.{{ $f }} == oldObject.spec.{{ $f }}){{ end }}))
+        has(object.spec) == has(oldObject.spec) && (!has(object.spec) || ({{ range $i, $f := $specFields }}{{ if $i }} && {{ end }}{{ if eq $f "unschedulable" }}("unschedulable" in variables.ownedSpec || {{ end }}has(object.spec.{{ $f }}) == has(oldObject.spec.{{ $f }}) && (!has(object.spec.{{ $f }}) || object.spec.{{ $f }} == oldObject.spec.{{ $f }}){{ if eq $f "unschedulable" }}){{ end }}{{ end }}))
     - name: otherStatusUnchanged
       expression: |-
         has(object.status) == has(oldObject.status) && (!has(object.status) || ({{ range $i, $f := $statusFields }}{{ if $i }} && {{ end }}has(object.status.{{ $f }}) == has(oldObject.status.{{ $f }}) && (!has(object.status.{{ $f }}) || object.status.{{ $f }} == oldObject.status.{{ $f }}){{ end }}))
@@ -175,6 +186,10 @@ spec:
     - name: changedAnnotations
       expression: |-
         variables.newAnnotations.filter(k, !(k in variables.oldAnnotations) || variables.oldAnnotations[k] != variables.newAnnotations[k]) + variables.oldAnnotations.filter(k, !(k in variables.newAnnotations))
+    # a cordon change only beside the maintenance protocol's record that the cordon is the procedure's own
+    - name: cordonRecorded
+      expression: |-
+        object.spec.?unschedulable.orValue(false) == oldObject.spec.?unschedulable.orValue(false) || ("unschedulable" in variables.ownedSpec && (object.spec.?unschedulable.orValue(false) ? ({{ toJson $cordonKey }} in variables.newAnnotations && variables.newAnnotations[{{ toJson $cordonKey }}] == {{ toJson $cordonOurs }}) : ({{ toJson $cordonKey }} in variables.oldAnnotations && variables.oldAnnotations[{{ toJson $cordonKey }}] == {{ toJson $cordonOurs }})))
   validations:
     - expression: variables.nodeName != ""
       reason: Forbidden
@@ -187,11 +202,11 @@ spec:
       messageExpression: |-
         variables.agent + " may change only its own node " + variables.nodeName + ", not node " + object.metadata.name
     - expression: |-
-        size(variables.ownedTaints) == 0 ? has(object.spec) == has(oldObject.spec) && (!has(object.spec) || object.spec == oldObject.spec) : variables.otherSpecUnchanged && variables.otherTaintsUnchanged
+        size(variables.ownedTaints) == 0 && size(variables.ownedSpec) == 0 ? has(object.spec) == has(oldObject.spec) && (!has(object.spec) || object.spec == oldObject.spec) : variables.otherSpecUnchanged && variables.otherTaintsUnchanged && variables.cordonRecorded
       reason: Forbidden
       message: a node agent may not change the node's spec (taints, unschedulable, ...) beyond the taints it owns
       messageExpression: |-
-        variables.agent + " may not change the spec of node " + object.metadata.name + " (taints, unschedulable, ...): a node agent writes only its own {{ $prefix }} labels and annotations" + (size(variables.ownedTaints) == 0 ? "" : " and its own taints " + variables.ownedTaints.join(", "))
+        variables.agent + " may not change the spec of node " + object.metadata.name + " (taints, unschedulable, ...): a node agent writes only its own {{ $prefix }} labels and annotations" + (size(variables.ownedTaints) == 0 ? "" : " and its own taints " + variables.ownedTaints.join(", ")) + (size(variables.ownedSpec) == 0 ? "" : ", and cordons or uncordons only with the maintenance record {{ $cordonKey }}={{ $cordonOurs }}")
     - expression: |-
         size(variables.ownedConditions) == 0 ? has(object.status) == has(oldObject.status) && (!has(object.status) || object.status == oldObject.status) : variables.otherStatusUnchanged && variables.otherConditionsUnchanged
       reason: Forbidden

@@ -1,23 +1,31 @@
 # -*- coding: utf-8 -*-
 # Copyright: metax.gpu contributors
 # Apache License 2.0 (see LICENSE)
-"""The /metrics server of gpu-device and gpu-exporter against hostile clients (issue 39, finding 6).
+"""The agents' /metrics server (kubelet/metrics.py) against hostile clients (issue 39, finding 6).
 
-Real sockets on 127.0.0.1 against the real :class:`MetricsServer`; deadlines
-are functional, not latency targets.
+Real sockets on 127.0.0.1 against the real servers: :class:`MetricsServer` as
+gpu-device and gpu-exporter start it, and the operator-controller's /metrics
+(``serve_metrics``, which replaced prometheus_client's unbounded
+``start_http_server``) and /healthz (``Health.serve``), both on
+kubelet/httpserve.py. Deadlines are functional, not latency targets.
 """
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import threading
 import time
 
 import pytest
 
-from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.metrics import MAX_CONNECTIONS, MetricsServer
+from ansible_collections.metax.gpu.plugins.module_utils.agents import operator_controller as oc
+from ansible_collections.metax.gpu.plugins.module_utils.kube.leader import LeaderElector
+from ansible_collections.metax.gpu.plugins.module_utils.kubelet.httpserve import MAX_CONNECTIONS
+from ansible_collections.metax.gpu.plugins.module_utils.kubelet.metrics import HAS_PROMETHEUS, MetricsServer
 
 EXPOSITION = b"# HELP metax_test_up a test\n# TYPE metax_test_up gauge\nmetax_test_up 1\n"
+STANDBY = {"leader": False, "identity": "pod-a"}
 
 
 class _Metrics:
@@ -25,13 +33,55 @@ class _Metrics:
         return EXPOSITION
 
 
-@pytest.fixture
-def server():
+class Served:
+    """One of the servers under test: its port, its BoundedHTTPServer, the answer a good client gets."""
+
+    def __init__(self, kind, **bounds):
+        self.kind = kind
+        self.path = "/metrics"
+        if kind == "metrics-server":
+            self.handle = MetricsServer(_Metrics(), "127.0.0.1", 0, lambda: (True, "ok"), **bounds)
+            self.httpd = self.handle.httpd
+            self.handle.start()
+            return
+        health = oc.Health(LeaderElector(None, "metax-operator", "metax-operator-controller", "pod-a"))
+        if kind == "operator-metrics":
+            self.handle = oc.serve_metrics(0, health, address="127.0.0.1")
+            self.httpd = self.handle.httpd
+        else:
+            self.httpd = self.handle = health.serve(0, address="127.0.0.1")
+            self.path = "/healthz"
+        # the operator's servers take the defaults; the bounds are the server's, read at each request
+        for name, value in bounds.items():
+            if name == "request_timeout":
+                self.httpd.idle_timeout = self.httpd.request_timeout = self.httpd.read_timeout = value
+            else:
+                setattr(self.httpd, name, value)
+
+    @property
+    def port(self):
+        return self.httpd.port
+
+    def good(self, answer):
+        """Whether ``answer`` (status, body) of a GET of :attr:`path` is what this server serves."""
+        status, body = answer
+        if self.kind == "metrics-server":
+            return (status, body) == (200, EXPOSITION)
+        if self.kind == "operator-metrics":    # the process's default registry (process and platform collectors)
+            return status == 200 and (b"process_resident_memory_bytes" in body and b"python_info" in body
+                                      if HAS_PROMETHEUS else b"not installed" in body)
+        return (status, json.loads(body)) == (200, STANDBY)
+
+    def stop(self):
+        self.handle.stop()
+
+
+@pytest.fixture(params=["metrics-server", "operator-metrics", "operator-health"])
+def server(request):
     servers = []
 
-    def start(**kwargs):
-        srv = MetricsServer(_Metrics(), "127.0.0.1", 0, lambda: (True, "ok"), **kwargs)
-        srv.start()
+    def start(**bounds):
+        srv = Served(request.param, **bounds)
         servers.append(srv)
         return srv
 
@@ -74,8 +124,11 @@ def closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> 
 
 def test_scrape_and_health(server):
     srv = server()
-    assert scrape(srv.port) == (200, EXPOSITION)
-    assert scrape(srv.port, "/healthz") == (200, b"ok\n")
+    assert srv.good(scrape(srv.port, srv.path))
+    if srv.kind == "operator-metrics":
+        assert scrape(srv.port, "/healthz") == (200, json.dumps(STANDBY).encode() + b"\n")
+    elif srv.kind == "metrics-server":
+        assert scrape(srv.port, "/healthz") == (200, b"ok\n")
     assert scrape(srv.port, "/nothing")[0] == 404
 
 
@@ -95,7 +148,7 @@ def test_300_idle_connections_hold_a_bounded_number_of_threads(server):
         time.sleep(0.5)
         assert threading.active_count() - threads_before <= MAX_CONNECTIONS + 2
         assert srv.httpd.connections <= MAX_CONNECTIONS
-        assert scrape(srv.port) == (200, EXPOSITION)            # a scrape still gets through
+        assert srv.good(scrape(srv.port, srv.path))            # a scrape still gets through
         assert srv.httpd.evicted >= 300 - MAX_CONNECTIONS
     finally:
         for sock in idle:
@@ -111,7 +164,7 @@ def test_a_client_that_never_finishes_its_request_is_cut_off(server):
         assert closed_within(quiet, 15)
         # a header a byte at a time: each read is quick, the request is never done
         assert closed_within(slow, 15, trickle=b"X-Slow: " + b"a" * 100)
-        assert scrape(srv.port) == (200, EXPOSITION)
+        assert srv.good(scrape(srv.port, srv.path))
     finally:
         quiet.close()
         slow.close()
@@ -124,7 +177,7 @@ def test_at_the_cap_the_oldest_connection_goes(server):
     second = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
     time.sleep(0.1)
     try:
-        assert scrape(srv.port)[0] == 200
+        assert srv.good(scrape(srv.port, srv.path))
         assert closed_within(first, 10)
         second.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
         assert second.recv(100).startswith(b"HTTP/1.0 200")
