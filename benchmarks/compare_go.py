@@ -71,6 +71,7 @@ class Node:
 
     def __init__(self, name: str, spec: NodeSpec, vfs: int = 0) -> None:
         self.name = name
+        self.spec, self.vfs = spec, vfs     # the simulated node behind it (dra_scheduler_bench builds it)
         self.topology: Topology = topology_from_spec(spec, vfs)
         pcie = pcie_links(spec)
         self.types: Dict[Tuple[int, int], List[int]] = {}
