@@ -19,6 +19,7 @@ help:
 	@echo "make deps            install what requirements/system.txt lists (Debian packages, Go builds, images)"
 	@echo "make clean-room      make test + make demo from a fresh Debian 12 root (CI=true): the cluster part on the machine"
 	@echo "make demo            the demo on a local cluster with three simulated MetaX nodes"
+	@echo "make demo DRA_NODES=\"vm\"   ... with those nodes served through DRA (docs/dra.md)"
 	@echo "make unit            unit tests only (fast)"
 	@echo "make sanity | lint   ansible-test sanity | ansible-lint + yamllint"
 	@echo "make cluster-up | cluster-status | cluster-down   local Kubernetes cluster"
@@ -90,8 +91,9 @@ scale-up: deps venv
 scale-down: venv
 	$(SCALE_ENV) $(BIN)/python -m scale.profile down
 
+# DRA_NODES="vm": those nodes in DRA mode (gpu-dra, ResourceSlices), the rest on the device plugin
 demo: deps venv
-	scripts/demo.sh
+	$(if $(DRA_NODES),DRA_NODES="$(DRA_NODES)") scripts/demo.sh
 
 clean:
 	rm -rf $(VENV) .build tests/output .pytest_cache .hypothesis

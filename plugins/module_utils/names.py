@@ -124,8 +124,10 @@ MAINTENANCE_OWNER_DRIVER_UPGRADE = "driver-upgrade"
 MAINTENANCE_OWNER_SET_VFNUM = "set-vfnum"
 MAINTENANCE_OWNER_DRIVER_MANAGER = "driver-manager"
 MAINTENANCE_OWNER_HEALTH = "health"
+# metax.gpu.gpu_device_mode switching a node between the device plugin and DRA (issue 41)
+MAINTENANCE_OWNER_DEVICE_MODE = "device-mode"
 MAINTENANCE_OWNERS = (MAINTENANCE_OWNER_DRIVER_UPGRADE, MAINTENANCE_OWNER_SET_VFNUM,
-                      MAINTENANCE_OWNER_DRIVER_MANAGER, MAINTENANCE_OWNER_HEALTH)
+                      MAINTENANCE_OWNER_DRIVER_MANAGER, MAINTENANCE_OWNER_HEALTH, MAINTENANCE_OWNER_DEVICE_MODE)
 MAINTENANCE_CORDON_OURS = "ours"
 MAINTENANCE_CORDON_ADMIN = "admin"
 # Every key the protocol writes: the roles and playbooks spell none of them (they call
@@ -282,6 +284,10 @@ LABEL_DEVICE_MODE = PREFIX + "gpu.device-mode"
 DEVICE_MODE_PLUGIN = "device-plugin"
 DEVICE_MODE_DRA = "dra"
 DAEMONSET_GPU_DRA = "metax-gpu-dra"
+# The pods that serve metax-tech.com/gpu, in either mode: a mode switch holds the node
+# until both are gone (metax.gpu.gpu_device_mode, dra/switch.py).
+DEVICE_MODE_AGENT_POD_SELECTOR = "app.kubernetes.io/name in (%s, %s, gpu-device)" % (
+    DAEMONSET_GPU_DEVICE, DAEMONSET_GPU_DRA)
 # the CDI spec gpu-dra writes per prepared claim: <prefix><claim uid>.json
 CDI_CLAIM_SPEC_PREFIX = "metax-tech.com-gpu-claim-"
 # The node agents that write ResourceSlices, each with the one DRA driver its

@@ -32,7 +32,8 @@ def as_int(value: Any) -> int:
 
 
 def gpu_node_problems(node: Mapping[str, Any]) -> List[str]:
-    """Problems of one Node object: missing labels, capacity != devices x vfnum, allocatable != healthy."""
+    """Problems of one Node object: missing labels, capacity != devices x vfnum, allocatable != healthy;
+    on a node in DRA mode, any device-plugin allocatable."""
     meta = node.get("metadata") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
@@ -49,6 +50,13 @@ def gpu_node_problems(node: Mapping[str, Any]) -> List[str]:
     vfnum = as_int(labels.get(N.LABEL_GPU_VFNUM, "0"))
     capacity = as_int((status.get("capacity") or {}).get(N.RESOURCE_NAME))
     allocatable = as_int((status.get("allocatable") or {}).get(N.RESOURCE_NAME))
+    if labels.get(N.LABEL_DEVICE_MODE) == N.DEVICE_MODE_DRA:
+        # gpu-dra serves the node (ResourceSlices, docs/dra.md): no device-plugin capacity is expected, and
+        # any allocatable would be the node served by both
+        if allocatable > 0:
+            problems.append("%s=%s but the device plugin serves allocatable %s=%d too"
+                            % (N.LABEL_DEVICE_MODE, N.DEVICE_MODE_DRA, N.RESOURCE_NAME, allocatable))
+        return problems
     if capacity < 0:
         problems.append("no %s in capacity (is gpu-device running on the node?)" % N.RESOURCE_NAME)
     elif count >= 0:

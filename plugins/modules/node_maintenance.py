@@ -51,7 +51,7 @@ options:
     description: The procedure that holds the node.
     type: str
     required: true
-    choices: [driver-upgrade, set-vfnum, driver-manager, health]
+    choices: [driver-upgrade, set-vfnum, driver-manager, health, device-mode]
   state:
     description: C(paused) holds the node, C(resumed) releases it.
     type: str

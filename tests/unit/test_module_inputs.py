@@ -238,7 +238,7 @@ def _kube_args(name: str, env) -> Tuple[Any, Dict[str, Any]]:
     args = base_args(name, kwargs["argument_spec"], env)
     if name == "driver":            # the driver module asks the API only about a node's pods
         args.update(node_name="node-1", state="absent")
-    elif name == "node_maintenance":    # reads (and would patch) one node by name
+    elif name in ("node_maintenance", "gpu_device_mode"):    # reads (and would patch) one node by name
         args.update(node_name="node-1")
     return module, args
 

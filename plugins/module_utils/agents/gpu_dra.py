@@ -22,7 +22,15 @@ every ``--healthy-interval`` seconds: an unhealthy device carries the taint
 One mode per node: gpu-dra serves a node only while its label
 ``metax-tech.com/gpu.device-mode`` is ``dra`` (the chart's nodeAffinity says
 the same; this check keeps a gpu-dra started any other way from serving a node
-the device plugin serves). Until then it waits, registering nothing.
+the device plugin serves). Until then it waits, registering nothing. Once in
+DRA mode it publishes its pool only after the device plugin stopped serving
+the node (the Node's allocatable ``metax-tech.com/gpu`` 0 or absent), and when
+it stops on a node that left DRA mode it deletes its pool: at no moment are
+the two serving one node (docs/dra.md "Switching a node").
+
+The device health that taints the devices also goes to the kubelet's health
+stream (KEP-4680, dra/health.py), which writes it into the status of the pods
+holding the devices.
 """
 
 from __future__ import annotations
@@ -32,12 +40,14 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..cdi.spec import CdiDevice
 from ..cdi.writer import MACA_ROOT, host_maca
 from ..deviceplugin.devices import DeviceState, Snapshot
 from ..dra import slices as S
+from ..dra.health import HealthFeed
 from ..dra.prepare import CheckpointError, Preparer, cdi_devices
 from ..dra.publish import SliceApi, publish
 from ..dra.server import DraPlugin
@@ -47,7 +57,7 @@ from ..host import HostRoot, HostRootError
 from ..kube.client import ApiException
 from ..kubelet import constants as KC
 from ..kubelet.grpc_api import HAS_GRPC, REQUIRED
-from ..names import CDI_SPEC_DIR, DEVICE_MODE_DRA, DRA_DRIVER, LABEL_DEVICE_MODE
+from ..names import CDI_SPEC_DIR, DEVICE_MODE_DRA, DRA_DRIVER, LABEL_DEVICE_MODE, RESOURCE_NAME
 from ..backoff import Backoff
 from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, non_negative_int,
                      positive_float, process_age, run_main, setup_logging, stop_event)
@@ -93,7 +103,7 @@ def slice_devices(snapshot: Snapshot, previous: Sequence[Dict[str, Any]]) -> Lis
 class GpuDraAgent:
     """Every moving part of gpu-dra; :meth:`run` until ``stop`` is set.
 
-    ``api`` has SliceApi's methods (list, create, replace, delete, get_claim, node_mode).
+    ``api`` has SliceApi's methods (list, create, replace, delete, get_claim, node_mode, plugin_allocatable).
     """
 
     def __init__(self, host: HostRoot, node_name: str, api: Any, plugins_dir: str = KC.PLUGINS_DIR,
@@ -111,7 +121,8 @@ class GpuDraAgent:
         self.maca_root = maca_root
         self.preparer = Preparer(node_name, os.path.join(plugins_dir, DRA_DRIVER), spec_dir, api.get_claim,
                                  self.node_devices, self.maca, host.host_path)
-        self.plugin = DraPlugin(self.preparer, plugins_dir, registry_dir)
+        self.health = HealthFeed(node_name, check_interval=healthy_interval)
+        self.plugin = DraPlugin(self.preparer, plugins_dir, registry_dir, health=self.health)
         self.published: List[Dict[str, Any]] = []
         self.publishes = 0
         self.last_error: Optional[str] = None
@@ -155,10 +166,40 @@ class GpuDraAgent:
             self.stop.wait(backoff.next_delay())
         return False
 
+    def wait_for_plugin_gone(self, stopped: threading.Event) -> bool:
+        """True once the device plugin serves nothing on the node (or the check is off); False when stopped.
+
+        A node switched to DRA by its label alone: the DaemonSet controller removes gpu-device, the
+        kubelet zeroes its devices and reports that at its next node-status update; until then the
+        scheduler could still place device-plugin pods, so the pool is not published."""
+        if not self.check_mode:
+            return True
+        backoff = Backoff(initial=1.0, cap=5.0)
+        said = None
+        while not self.stop.is_set() and not stopped.is_set():
+            try:
+                count = self.api.plugin_allocatable()
+            except Exception as exc:  # pylint: disable=broad-except  # the client raises many kinds
+                reason = "cannot read node %s's allocatable (retrying): %s" % (self.node_name, exc)
+            else:
+                if count == 0:
+                    if said is not None:
+                        LOG.info("the device plugin serves nothing on %s any more: publishing", self.node_name)
+                    return True
+                reason = ("the device plugin still serves %d %s on %s: publishing once it has stopped"
+                          % (count, RESOURCE_NAME, self.node_name))
+            if reason != said:
+                LOG.warning("%s", reason)
+                said = reason
+            stopped.wait(backoff.next_delay())
+        return False
+
     # -- ResourceSlices -------------------------------------------------
     def publish_once(self) -> bool:
         """Bring the slices in line with the node; False when the API server refused or was away."""
         devices = slice_devices(self.state.snapshot(), self.published)
+        # the kubelet's health stream gets it whether or not the API server takes the slices
+        self.health.update(devices)
         try:
             result = publish(self.api, self.node_name, devices)
         except (ApiException, MetaxGpuError, OSError) as exc:
@@ -185,6 +226,8 @@ class GpuDraAgent:
         backoff = Backoff(initial=1.0, cap=30.0)
         version = -1
         stopped = stopped or threading.Event()
+        if not self.wait_for_plugin_gone(stopped):
+            return
         while not self.stop.is_set() and not stopped.is_set():
             ok = self.publish_once()
             version = self.state.version if ok else version
@@ -198,6 +241,7 @@ class GpuDraAgent:
     def health_loop(self) -> None:
         while not self.stop.wait(self.healthy_interval):
             self.state.refresh()
+            self.health.checked(time.time())
 
     def _start_thread(self, target, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -217,13 +261,17 @@ class GpuDraAgent:
         """The node left DRA mode: unregister and delete the pool, so the scheduler stops placing
         claims on it while the device plugin takes over."""
         self.plugin.stop()
+        deleted = 0
         try:
             for item in self.api.list():
                 self.api.delete(item["metadata"]["name"])
+                deleted += 1
         except Exception as exc:  # pylint: disable=broad-except
             LOG.warning("cannot delete the ResourceSlices of %s: %s", self.node_name, exc)
         self.published = []
-        LOG.warning("node %s left DRA mode: unregistered, ResourceSlices deleted", self.node_name)
+        # a warning when it took a pool away from the scheduler; a gpu-dra that never served says so quietly
+        LOG.log(logging.WARNING if deleted else logging.INFO,
+                "node %s is not in DRA mode: unregistered, %d ResourceSlice(s) deleted", self.node_name, deleted)
 
     def serve(self) -> None:
         """Register and publish until stopped or the node leaves DRA mode."""
@@ -250,6 +298,8 @@ class GpuDraAgent:
 
     def run(self) -> int:
         self.state.refresh()
+        if self.healthy_interval > 0:
+            self.health.checked(time.time())
         snap = self.state.snapshot()
         LOG.info("found %d MetaX device(s), %d healthy; %d claim(s) prepared before", len(snap.devices),
                  len(snap.healthy_ids), len(self.preparer.prepared))
@@ -258,6 +308,11 @@ class GpuDraAgent:
         while self.wait_for_mode():
             self.serve()
         LOG.info("stopping")
+        if not self.mode_is_dra():
+            # stopped because the node left DRA mode (the DaemonSet controller removes us before our
+            # next look at the label): the pool goes with us, else the device plugin coming back
+            # would serve the node beside it until the kubelet wipes it (30 s)
+            self.withdraw()
         self.plugin.stop()
         self.state.wake()
         for thread in self._threads:

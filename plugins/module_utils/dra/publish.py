@@ -7,6 +7,8 @@ Objects travel as dicts (CustomObjectsApi of kube/client): the typed models of
 a Python client older than the cluster would drop fields such as a device's
 ``taints``. :class:`SliceApi` is the whole API surface gpu-dra uses; tests
 give :func:`publish` a stand-in with the same four methods.
+``plugin_allocatable`` is gpu-dra's half of one mode per node: it publishes
+nothing while the device plugin still serves the node.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..kube.node import OwnNode
 from ..names import DRA_DRIVER, LABEL_DEVICE_MODE
 from .prepare import ClaimError
 from .slices import Plan, plan
+from .switch import plugin_allocatable
 
 LOG = logging.getLogger("gpu-dra.publish")
 GROUP = "resource.k8s.io"
@@ -71,6 +74,10 @@ class SliceApi:
     def node_mode(self) -> Optional[str]:
         """The node's ``gpu.device-mode`` label (None: unset)."""
         return OwnNode(self.core, self.node_name, timeout=self.timeout).labels().get(LABEL_DEVICE_MODE)
+
+    def plugin_allocatable(self) -> int:
+        """The device plugin's ``metax-tech.com/gpu`` in the node's allocatable (0: it serves nothing)."""
+        return plugin_allocatable(OwnNode(self.core, self.node_name, timeout=self.timeout).read())
 
 
 def publish(api: Any, node_name: str, devices: Sequence[Dict[str, Any]], attempts: int = 3) -> Plan:

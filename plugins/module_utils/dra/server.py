@@ -7,7 +7,9 @@ Two unix sockets, both in the kubelet's directories (mounted into the pod at
 the same paths, since the kubelet dials the endpoint it is told):
 
 - ``<plugins dir>/gpu.metax-tech.com/dra.sock``: NodePrepareResources /
-  NodeUnprepareResources, answered by :class:`prepare.Preparer`;
+  NodeUnprepareResources, answered by :class:`prepare.Preparer`, and the
+  kubelet's device-health stream (``v1alpha1.DRAResourceHealth``, KEP-4680,
+  :mod:`.health`) when a health feed is given;
 - ``<plugins registry>/gpu.metax-tech.com-reg.sock``: the plugin watcher's
   GetInfo (type DRAPlugin, the driver's name, the DRA socket, ``v1.DRAPlugin``).
 
@@ -23,9 +25,10 @@ import time
 from typing import Optional
 
 from ..kubelet import constants as KC
-from ..kubelet.grpc_api import HAS_GRPC, REQUIRED, dra_grpc, dra_pb
+from ..kubelet.grpc_api import HAS_GRPC, REQUIRED, dra_grpc, dra_pb, drahealth_grpc
 from ..kubelet.pluginwatcher import RegistrationService, UnixServer
 from ..names import DRA_DRIVER
+from .health import HealthFeed, HealthService
 from .prepare import ClaimRef, Preparer
 
 LOG = logging.getLogger("gpu-dra.server")
@@ -85,21 +88,29 @@ class DraPlugin:
     """Both sockets: the DRA service first, then the registration the kubelet finds."""
 
     def __init__(self, preparer: Preparer, plugins_dir: str = KC.PLUGINS_DIR,
-                 registry_dir: str = KC.PLUGINS_REGISTRY_DIR, endpoint: Optional[str] = None) -> None:
+                 registry_dir: str = KC.PLUGINS_REGISTRY_DIR, endpoint: Optional[str] = None,
+                 health: Optional[HealthFeed] = None) -> None:
         if not HAS_GRPC:
             raise RuntimeError(REQUIRED)
         self.service = DraService(preparer)
+        # the kubelet's health stream holds one worker for as long as it is open
+        self.health = HealthService(health) if health is not None else None
         self.socket_path = plugin_socket(plugins_dir)
         # the path the kubelet dials: the same as ours when the pod mounts the kubelet's dirs at their paths
         self.registration = RegistrationService(KC.PLUGIN_TYPE_DRA, DRA_DRIVER, endpoint or self.socket_path,
                                                 [KC.DRA_SERVICE_V1])
-        self.dra_server = UnixServer(self.socket_path,
-                                     lambda server: dra_grpc.add_DRAPluginServicer_to_server(self.service, server),
-                                     name="dra")
+        self.dra_server = UnixServer(self.socket_path, self._add_services, workers=6, name="dra")
         self.reg_server = UnixServer(registration_socket(registry_dir), self.registration.add_to, workers=2,
                                      name="reg")
 
+    def _add_services(self, server) -> None:
+        dra_grpc.add_DRAPluginServicer_to_server(self.service, server)
+        if self.health is not None:
+            drahealth_grpc.add_DRAResourceHealthServicer_to_server(self.health, server)
+
     def start(self) -> None:
+        if self.health is not None:
+            self.health.restart()
         self.dra_server.start()
         LOG.info("serving the DRA node service on %s", self.dra_server.socket_path)
         self.reg_server.start()
@@ -111,4 +122,6 @@ class DraPlugin:
     def stop(self) -> None:
         # registration first: the kubelet deregisters the plugin when that socket goes
         self.reg_server.stop()
+        if self.health is not None:
+            self.health.stop()
         self.dra_server.stop()

@@ -5,7 +5,8 @@
 
 One protocol for every procedure that takes a GPU node out of service (the
 ``set_vfnum`` and ``driver_upgrade`` roles, driver-manager, the health
-ladder); docs/maintenance.md says it for administrators. The rules:
+ladder, the device-mode switch of dra/switch_run.py); docs/maintenance.md says
+it for administrators. The rules:
 
 * a node is *held* by one procedure, its *owner* (``names.MAINTENANCE_OWNERS``),
   recorded in ``maintenance.owner``; a pause by another owner is refused
@@ -46,6 +47,7 @@ STATE_KEYS: Dict[str, Tuple[Optional[str], Optional[str]]] = {
     N.MAINTENANCE_OWNER_DRIVER_MANAGER: (None, None),
     # the remediation ladder's state (health/ladder.py) is its message: written with the hold, removed with it
     N.MAINTENANCE_OWNER_HEALTH: (None, N.ANNOTATION_HEALTH_REMEDIATION),
+    N.MAINTENANCE_OWNER_DEVICE_MODE: (None, None),
 }
 # agents.paused values written before the protocol, and whose pause they were
 LEGACY_PAUSE = {"true": N.MAINTENANCE_OWNER_DRIVER_UPGRADE}

@@ -102,3 +102,16 @@ def test_daemonset_problems():
     assert daemonset_problems([ready, slow]) == ["gpu-device: 1 of 3 pods ready"]
     assert set(FilterModule().filters()) == {
         "gpu_node_problems", "gpu_node_report", "gpu_nodes_report", "daemonset_problems"}
+
+
+def test_a_node_in_dra_mode_expects_no_device_plugin_capacity_and_flags_both_serving(labels_8xc500):
+    labels = dict(labels_8xc500, **{N.LABEL_DEVICE_MODE: N.DEVICE_MODE_DRA})
+    node = {"metadata": {"name": "n1", "labels": labels}, "status": {"capacity": {}, "allocatable": {}}}
+    assert gpu_node_problems(node) == []
+    # a gone device plugin's resource the kubelet keeps at 0 for its grace period is fine
+    assert gpu_node_problems(node_from(labels, 8, 0)) == []
+    problems = gpu_node_problems(node_from(labels, 8, 8))
+    assert problems == ["%s=dra but the device plugin serves allocatable %s=8 too" % (N.LABEL_DEVICE_MODE,
+                                                                                     N.RESOURCE_NAME)]
+    # the labels are still checked
+    assert "missing labels" in gpu_node_problems({"metadata": {"labels": {N.LABEL_DEVICE_MODE: "dra"}}})[0]

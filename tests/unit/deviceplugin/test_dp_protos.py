@@ -19,7 +19,8 @@ from google.protobuf import descriptor_pb2  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin import constants as C  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.api import (  # noqa: E402
-    deviceplugin_v1beta1_pb2 as dp, dra_v1_pb2 as dra, pluginregistration_v1_pb2 as reg, podresources_v1_pb2 as pr,
+    deviceplugin_v1beta1_pb2 as dp, dra_health_v1alpha1_pb2 as drahealth, dra_v1_pb2 as dra, pluginregistration_v1_pb2 as reg,
+    podresources_v1_pb2 as pr,
 )
 from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NAME  # noqa: E402
 
@@ -111,6 +112,17 @@ DRA_FIELDS = {
     ("Claim", "uid"): (2, OPTIONAL, T_STRING),
     ("Claim", "name"): (3, OPTIONAL, T_STRING),
 }
+T_ENUM = 14
+DRA_HEALTH_FIELDS = {
+    ("DeviceIdentifier", "pool_name"): (1, OPTIONAL, T_STRING),
+    ("DeviceIdentifier", "device_name"): (2, OPTIONAL, T_STRING),
+    ("DeviceHealth", "device"): (1, OPTIONAL, T_MSG),
+    ("DeviceHealth", "health"): (2, OPTIONAL, T_ENUM),
+    ("DeviceHealth", "last_updated_time"): (3, OPTIONAL, T_INT64),
+    ("DeviceHealth", "health_check_timeout_seconds"): (4, OPTIONAL, T_INT64),
+    ("DeviceHealth", "message"): (5, OPTIONAL, T_STRING),
+    ("NodeWatchResourcesResponse", "devices"): (1, REPEATED, T_MSG),
+}
 REGISTRATION_FIELDS = {
     ("PluginInfo", "type"): (1, OPTIONAL, T_STRING),
     ("PluginInfo", "name"): (2, OPTIONAL, T_STRING),
@@ -123,7 +135,8 @@ REGISTRATION_FIELDS = {
 
 @pytest.mark.parametrize("module, package, expected", [
     (dp, "v1beta1", DEVICEPLUGIN_FIELDS), (pr, "v1", PODRESOURCES_FIELDS),
-    (dra, "k8s.io.kubelet.pkg.apis.dra.v1", DRA_FIELDS), (reg, "pluginregistration", REGISTRATION_FIELDS)])
+    (dra, "k8s.io.kubelet.pkg.apis.dra.v1", DRA_FIELDS), (reg, "pluginregistration", REGISTRATION_FIELDS),
+    (drahealth, "v1alpha1", DRA_HEALTH_FIELDS)])
 def test_wire_contract(module, package, expected):
     proto, fields = _fields(module)
     assert proto.package == package
@@ -148,6 +161,14 @@ def test_method_paths():
         "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"]}
     assert {s.full_name: [m.name for m in s.methods] for s in reg.DESCRIPTOR.services_by_name.values()} == {
         "pluginregistration.Registration": ["GetInfo", "NotifyRegistrationStatus"]}
+    # KEP-4680's health stream the kubelet opens on the DRA socket (dra-health/v1alpha1 of v1.36.3)
+    health = drahealth.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert [m.name for m in health.methods] == ["NodeWatchResources"]
+    watch = health.methods_by_name["NodeWatchResources"]
+    assert watch.full_name == "v1alpha1.DRAResourceHealth.NodeWatchResources"
+    assert watch.server_streaming and not watch.client_streaming
+    assert {v.name: v.number for v in drahealth.DESCRIPTOR.enum_types_by_name["HealthStatus"].values} == {
+        "UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
 
 
 def test_known_bytes():
@@ -179,15 +200,15 @@ def test_committed_stubs_match_the_protos():
 
     with tempfile.TemporaryDirectory() as out:
         names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(API_DIR, "*.proto")))
-        assert names == ["deviceplugin_v1beta1.proto", "dra_v1.proto", "pluginregistration_v1.proto",
-                         "podresources_v1.proto"]
+        assert names == ["deviceplugin_v1beta1.proto", "dra_health_v1alpha1.proto", "dra_v1.proto",
+                         "pluginregistration_v1.proto", "podresources_v1.proto"]
         args = ["protoc", "--proto_path=" + API_DIR, "--descriptor_set_out=" + os.path.join(out, "set.pb")]
         assert protoc.main(args + [os.path.join(API_DIR, n) for n in names]) == 0, grpc_tools
         fds = descriptor_pb2.FileDescriptorSet()
         with open(os.path.join(out, "set.pb"), "rb") as handle:
             fds.ParseFromString(handle.read())
     fresh = {f.name: _normalized(f) for f in fds.file}
-    for module in (dp, pr, dra, reg):
+    for module in (dp, pr, dra, reg, drahealth):
         committed = descriptor_pb2.FileDescriptorProto()
         module.DESCRIPTOR.CopyToProto(committed)
         assert _normalized(committed) == fresh[committed.name], (
@@ -218,7 +239,7 @@ def test_gen_protos_reports_stale_files(tmp_path):
     assert gen_protos.main(["--dir", str(tmp_path), "--check"]) == 0
     assert sorted(n for n in os.listdir(str(tmp_path)) if n.endswith(".py")) == [
         "deviceplugin_v1beta1_pb2.py", "deviceplugin_v1beta1_pb2_grpc.py",
-        "dra_v1_pb2.py", "dra_v1_pb2_grpc.py", "pluginregistration_v1_pb2.py", "pluginregistration_v1_pb2_grpc.py",
+        "dra_health_v1alpha1_pb2.py", "dra_health_v1alpha1_pb2_grpc.py", "dra_v1_pb2.py", "dra_v1_pb2_grpc.py", "pluginregistration_v1_pb2.py", "pluginregistration_v1_pb2_grpc.py",
         "podresources_v1_pb2.py", "podresources_v1_pb2_grpc.py"]
     for name in os.listdir(str(tmp_path)):
         if name.endswith(".py"):
@@ -240,7 +261,8 @@ def _upstream(path):
 
 @pytest.mark.parametrize("module, rel", [
     (dp, "pkg/apis/deviceplugin/v1beta1/api.proto"), (pr, "pkg/apis/podresources/v1/api.proto"),
-    (dra, "pkg/apis/dra/v1/api.proto"), (reg, "pkg/apis/pluginregistration/v1/api.proto")])
+    (dra, "pkg/apis/dra/v1/api.proto"), (reg, "pkg/apis/pluginregistration/v1/api.proto"),
+    (drahealth, "pkg/apis/dra-health/v1alpha1/api.proto")])
 def test_same_as_the_kubelets_own_proto(module, rel):
     """When the Kubernetes sources are around (the local cluster builds them), compare field by field."""
     upstream = _upstream(rel)

@@ -40,6 +40,7 @@ class ApiServer:
         self.slices = {}
         self.claims = {}
         self.mode = mode
+        self.allocatable = 0          # the device plugin's metax-tech.com/gpu in the Node's allocatable
         self.version = 0
         self.lock = threading.Lock()
         self.writes = 0
@@ -85,6 +86,9 @@ class ApiServer:
 
     def node_mode(self):
         return self.mode
+
+    def plugin_allocatable(self):
+        return self.allocatable
 
     def devices(self):
         return [d for s in sorted(self.slices) for d in self.slices[s]["spec"].get("devices") or []]
@@ -218,3 +222,66 @@ def test_sockets_removed_by_a_restarting_kubelet_are_served_again(make_node, soc
             info = reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=5)
         assert info.name == DRA_DRIVER and os.path.exists(info.endpoint)
         assert agent.plugin.sockets_present()
+
+
+def test_publishes_only_once_the_device_plugin_serves_nothing(make_node, sockdir, tmp_path):
+    host = make_node("1xC500")
+    api = ApiServer()
+    api.allocatable = 1                 # switched by its label: gpu-device's devices not zeroed yet
+    with Running(make_agent(host, api, sockdir, tmp_path)):
+        assert until(lambda: os.path.exists(reg_socket(sockdir)))
+        time.sleep(1.5)
+        assert api.slices == {}         # registered, but not a device offered beside the device plugin's
+        api.allocatable = 0             # the kubelet's next node-status update
+        assert until(lambda: len(api.devices()) == 1)
+
+
+def test_stopping_on_a_node_that_left_dra_mode_takes_the_pool_along(make_node, sockdir, tmp_path):
+    host = make_node("1xC500")
+    api = ApiServer()
+    with Running(make_agent(host, api, sockdir, tmp_path, resync_interval=3600.0)):
+        assert until(lambda: len(api.devices()) == 1)
+    # a restart in DRA mode keeps the pool (the claims stay schedulable)
+    assert len(api.devices()) == 1
+    with Running(make_agent(host, api, sockdir, tmp_path, resync_interval=3600.0)):
+        assert until(lambda: os.path.exists(reg_socket(sockdir)))
+        # the label goes: the DaemonSet controller stops us long before the next look at the label
+        api.mode = "device-plugin"
+    assert api.slices == {} and not os.path.exists(reg_socket(sockdir))
+
+
+def test_the_kubelets_health_stream_follows_the_taints(make_node, sockdir, tmp_path):
+    from ansible_collections.metax.gpu.plugins.module_utils.deviceplugin.api import (
+        dra_health_v1alpha1_pb2 as hpb, dra_health_v1alpha1_pb2_grpc as hgrpc)
+    from ansible_collections.metax.gpu.plugins.module_utils.dra.health import health_map
+
+    host = make_node("8xC500")
+    api = ApiServer()
+    with Running(make_agent(host, api, sockdir, tmp_path)) as agent:
+        assert until(lambda: len(api.devices()) == 8 and os.path.exists(reg_socket(sockdir)))
+        names = sorted(d["name"] for d in api.devices())
+        socket = os.path.join(sockdir, "plugins", DRA_DRIVER, "dra.sock")
+        with grpc.insecure_channel("unix://" + socket) as channel:
+            # the call the kubelet makes (pkg/kubelet/cm/dra/plugin: NodeWatchResources on the DRA socket)
+            watcher = hgrpc.DRAResourceHealthStub(channel)
+            stream = watcher.NodeWatchResources(hpb.NodeWatchResourcesRequest(), timeout=30)
+            first = next(stream)
+            assert health_map(first) == {n: (hpb.HEALTHY, "") for n in names}
+            assert {d.device.pool_name for d in first.devices} == {"node-a"}
+            assert all(d.health_check_timeout_seconds == 30 and d.last_updated_time > 0 for d in first.devices)
+            generator.fail_gpu(host, 3, "smi")
+            victim = S.device_name(agent.state.snapshot().devices[3].id)
+            for message in stream:
+                got = health_map(message)
+                if got[victim][0] == hpb.UNHEALTHY:
+                    break
+            assert got[victim][1].startswith("failed gpu-dra's health checks") and "Unhealthy" in got[victim][1]
+            assert all(got[n] == (hpb.HEALTHY, "") for n in names if n != victim)
+            # the same health that taints the device in the slice
+            assert until(lambda: S.tainted(api.devices()) == [(victim, S.REASON_UNHEALTHY)])
+            generator.recover_gpu(host, 3)
+            for message in stream:
+                if health_map(message)[victim][0] == hpb.HEALTHY:
+                    break
+            stream.cancel()
+        assert until(lambda: agent.plugin.health.streams == 0)
