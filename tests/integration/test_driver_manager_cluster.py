@@ -426,9 +426,6 @@ def driver_degraded(cluster, *words):
     return cond.get("status") == "True" and all(w in cond.get("message", "") for w in words) and cond
 
 
-@pytest.mark.xfail(run=False, reason="known failing (session 11): with evictInUse the PodDisruptionBudget's "
-                   "refusal did not reach the Degraded condition within 45 s since evictions go through the "
-                   "eviction guard and holders come from pod-resources; open in issues 39 and 40")
 def test_a_vfnum_change_under_a_pod_is_refused_or_with_evict_in_use_waits_for_its_budget_then_evicts(
         cluster, installed):
     pod, pdb = holder_objects(cluster)

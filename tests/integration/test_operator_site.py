@@ -193,17 +193,11 @@ def test_check_mode_before_the_first_install_changes_nothing(cluster, site):
     assert site["dry_after"] == site["dry_before"]
 
 
-@pytest.mark.xfail(run=False, reason="known failing (session 11): the operator chart's install task reports "
-                   "changed on every run since the eviction guard's TLS Secret was added (helm-diff sees the "
-                   "certificate); idempotence of the operator scheme is open in issue 39")
 def test_second_site_run_changes_nothing_and_verify_passes(cluster, site):
     molecule(cluster, "operator", "idempotence")   # molecule fails it on any changed task
     molecule(cluster, "operator", "verify")        # metax.gpu.verify + the CR Ready, gpu-device the controller's
 
 
-@pytest.mark.xfail(run=False, reason="known failing (session 11): the operator chart's install task reports "
-                   "changed on every run since the eviction guard's TLS Secret was added (helm-diff sees the "
-                   "certificate); idempotence of the operator scheme is open in issue 39")
 def test_check_and_diff_change_nothing(cluster, site):
     before = (helm_releases(cluster), workloads(cluster), cr(cluster)["metadata"]["generation"])
     proc, _secs = playbook(cluster, "install", "--check", "--diff")
