@@ -178,20 +178,18 @@ def report(result: Mapping[str, Any]) -> List[str]:
                  result.get("preset", "?"), result.get("pods", 0), result.get("plugin_halves", [0, 0])[0],
                  result.get("plugin_halves", [0, 0])[1], result.get("poll_seconds", POLL_SECONDS)),
              "",
-             "%-14s %4s | %-29s | %-22s | %-23s | %s" % (
-                 "path", "GPUs", "created -> Running, client (s)", "-> bound, client (s)",
-                 "-> started, server (s)", "-> scheduled, server"),
-             "%-14s %4s | %3s %6s %6s %6s %5s | %6s %6s %6s %1s | %6s %6s %6s %2s | %6s %6s" % (
-                 "", "", "n", "p50", "p99", "mean", "", "p50", "p99", "mean", "", "p50", "p99", "mean", "", "p50", "p99")]
+             "%-14s %4s | %-24s | %-20s | %-20s | %-21s" % (
+                 "path", "GPUs", "to Running, client (s)", "to bound, client (s)", "started, server (s)",
+                 "scheduled, server (s)"),
+             "%-14s %4s | %3s %6s %6s %6s | %6s %6s %6s | %6s %6s %6s | %10s %10s" % (
+                 "", "", "n", "p50", "p99", "mean", "p50", "p99", "mean", "p50", "p99", "mean", "p50", "p99")]
     for size in SIZES:
         for path in PATHS:
             r = rows["%s/%d" % (path, size)]
             run, bound, started, sched = r["running_s"], r["bound_s"], r["started_s"], r["scheduled_s"]
-            lines.append("%-14s %4d | %3d %6.2f %6.2f %6.2f %5s | %6.2f %6.2f %6.2f %1s | %6.0f %6.0f %6.2f %2s | "
-                         "%6.0f %6.0f" % (path, size, run["n"], run["p50"], run["p99"], run["mean"], "",
-                                          bound["p50"], bound["p99"], bound["mean"], "",
-                                          started["p50"], started["p99"], started["mean"], "",
-                                          sched["p50"], sched["p99"]))
+            lines.append("%-14s %4d | %3d %6.2f %6.2f %6.2f | %6.2f %6.2f %6.2f | %6.0f %6.0f %6.2f | %10.0f %10.0f" % (
+                path, size, run["n"], run["p50"], run["p99"], run["mean"], bound["p50"], bound["p99"], bound["mean"],
+                started["p50"], started["p99"], started["mean"], sched["p50"], sched["p99"]))
     lines += ["", "DRA / device plugin:"]
     for size in SIZES:
         q = ratios[str(size)]
