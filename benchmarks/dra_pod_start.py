@@ -224,6 +224,12 @@ def environment(pods: int) -> Dict[str, str]:
 
 
 def run_test(pods: int) -> Dict[str, Any]:
+    # the cluster tests' conftest would bring a stopped cluster up (a cold start builds Kubernetes): refuse instead
+    status = subprocess.run(["bash", os.path.join(ROOT, "scripts", "cluster", "cluster.sh"), "status"], cwd=ROOT,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False)
+    if status.returncode != 0:
+        raise SystemExit("the local cluster is not up (scripts/cluster/cluster.sh status): bring it up first "
+                         "(make cluster-up), or run after the cluster tests with METAX_KEEP_CLUSTER=1")
     if os.path.exists(OUTPUT):
         os.unlink(OUTPUT)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-x", "-s", "-q", "-m", "cluster", TEST]
