@@ -49,7 +49,7 @@ Two clocks, both reported:
   ``PodScheduled`` condition's ``lastTransitionTime``: whole seconds (the
   API's granularity), so a median of 1 s means 0.5-1.5 s.
 
-Printed: p50/p99 (nearest rank) and the mean per path and size, and the
+Printed: p50/p99 (nearest rank: of 10 pods, p99 is the slowest) and the mean per path and size, and the
 ratios DRA / device plugin; written to benchmarks/results/dra_pod_start.txt.
 """
 

@@ -169,8 +169,8 @@ class Bench:
         self.agents.api.create_namespaced_pod(NS, body)
         created = time.monotonic()
         bound = running = None
-        tick = created
         while running is None:
+            polled = time.monotonic()
             pod = self.pod(name)
             now = time.monotonic()
             status = pod.get("status") or {}
@@ -184,8 +184,8 @@ class Bench:
             assert status.get("phase") not in ("Failed", "Succeeded") and not stuck, (status, self.diagnose(name))
             assert now - created < START_TIMEOUT, "pod %s not Running after %ss\n%s" % (name, START_TIMEOUT,
                                                                                     self.diagnose(name))
-            tick += B.POLL_SECONDS
-            time.sleep(max(0.0, tick - time.monotonic()))
+            # one GET every POLL_SECONDS from the start of the last (a slow GET is not followed by a burst)
+            time.sleep(max(0.0, polled + B.POLL_SECONDS - time.monotonic()))
         pod = self.ready(name)
         sample = {"path": path, "gpus": gpus, "name": name, "warmup": warmup,
                   "create_call_s": round(created - asked, 4), "bound_s": round(bound - created, 3),
