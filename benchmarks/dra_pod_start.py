@@ -170,7 +170,8 @@ def summarise(samples: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
 
 
 def report(result: Mapping[str, Any]) -> List[str]:
-    summary = result["summary"]
+    # a run cut short wrote its legs so far but no summary: the table of what it has
+    summary = result.get("summary") or summarise(result.get("samples") or [])
     rows, ratios = summary["rows"], summary["ratios"]
     lines = ["machine: %s; Kubernetes %s; node %s (%s); %d pods per path and size (the device plugin's %d before "
              "and %d after DRA's), one at a time, polled every %.1f s" % (
