@@ -105,7 +105,7 @@ def test_a_path_without_samples_gives_nan_not_an_error():
     # a run cut short after its first leg: its JSON has the samples, no summary yet
     partial = B.report({"samples": [s for s in run_of() if s["path"] == B.PLUGIN]})
     table = [line for line in lines if line.startswith((B.DRA, B.PLUGIN, "  "))]
-    assert len(table) == 6 and [line for line in partial if line.startswith((B.DRA, B.PLUGIN, "  "))] == table
+    assert len(table) == 7 and [line for line in partial if line.startswith((B.DRA, B.PLUGIN, "  "))] == table
 
 
 def test_the_report_has_both_paths_per_size_the_ratios_and_the_legs():
