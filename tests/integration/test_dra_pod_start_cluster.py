@@ -94,6 +94,7 @@ class Bench:
 
     # -- the node's mode -------------------------------------------------------------------------------
     def switch(self, mode):
+        self.clear()
         started = time.monotonic()
         self.agents.switch(mode)
         self.agents.served_by(mode, self.agents.gpus())
