@@ -49,8 +49,9 @@ Two clocks, both reported:
   ``PodScheduled`` condition's ``lastTransitionTime``: whole seconds (the
   API's granularity), so a median of 1 s means 0.5-1.5 s.
 
-Printed: p50/p99 (nearest rank: of 10 pods, p99 is the slowest) and the mean per path and size, and the
-ratios DRA / device plugin; written to benchmarks/results/dra_pod_start.txt.
+Printed: p50/p99 (nearest rank: of 10 pods, p99 is the slowest) and the mean per path and size, the
+ratios DRA / device plugin, and gpu-aware's own filter time inside the device plugin's figures (its
+``gpu_aware_request_duration_seconds``); written to benchmarks/results/dra_pod_start.txt.
 """
 
 from __future__ import annotations
@@ -140,6 +141,16 @@ def server_times(pod: Mapping[str, Any]) -> Dict[str, Optional[float]]:
             "ready_s": turned_true("Ready")}
 
 
+def sample_value(text: str, series: str) -> float:
+    """A sample's value in a Prometheus text exposition, by its exposed name and labels as written
+    (``gpu_aware_filter_nodes_total{result="passed"}``); 0 when absent (a counter not incremented yet)."""
+    for line in text.splitlines():
+        name, _sep, value = line.rpartition(" ")
+        if name == series:
+            return float(value)
+    return 0.0
+
+
 def stats(values: Iterable[Optional[float]]) -> Dict[str, float]:
     got = [v for v in values if v is not None]
     if not got:
@@ -207,6 +218,11 @@ def report(result: Mapping[str, Any]) -> List[str]:
         lines.append("warm-up pods (not counted), created -> Running (client): %s" % ", ".join(
             "%s %.2f s" % (s["path"], s["running_s"]) for s in warm if s.get("running_s") is not None))
     legs = result.get("legs") or []
+    filters = [leg for leg in legs if leg.get("filter_requests")]
+    if filters:
+        count = sum(leg["filter_requests"] for leg in filters)
+        lines.append("gpu-aware's filter (inside the device plugin's figures): %d requests, mean %.1f ms" % (
+            count, 1000.0 * sum(leg["filter_seconds"] for leg in filters) / count))
     if legs:
         lines.append("legs: %s" % "; ".join("%s %.0f s (load %.2f -> %.2f)" % (
             leg["path"], leg["seconds"], leg["load_start"], leg["load_end"]) for leg in legs))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 import uuid
@@ -60,7 +59,9 @@ START_TIMEOUT = 180
 # a container that will not start by itself: fail at once instead of waiting for the timeout
 STUCK = ("CreateContainerError", "CreateContainerConfigError", "RunContainerError", "ErrImagePull",
          "ImagePullBackOff", "InvalidImageName")
-PASSED = re.compile(r'^gpu_aware_filter_nodes_total\{result="passed"\} (\S+)$', re.M)
+PASSED = 'gpu_aware_filter_nodes_total{result="passed"}'
+FILTER_SECONDS = ('gpu_aware_request_duration_seconds_count{verb="filter"}',
+                  'gpu_aware_request_duration_seconds_sum{verb="filter"}')
 
 
 class Bench:
@@ -112,7 +113,8 @@ class Bench:
             allocatable = ((node.get("status") or {}).get("allocatable") or {}).get(GPU)
             return (allocatable == str(gpus) and state.source == "devices" and state.free == gpus
                     and ANNOTATION_SCORES in (node["metadata"].get("annotations") or {})
-                    and "gpu_aware_node_cache_synced 1" in self.run.metrics())
+                    # the sample, not a substring: the metric's HELP line reads "gpu_aware_node_cache_synced 1 once ..."
+                    and B.sample_value(self.run.metrics(), "gpu_aware_node_cache_synced") == 1)
         wait_for(idle, 120, "node %s: %d free GPUs in gpu-device's annotation, gpu-aware synced"
                  % (self.agents.node, gpus), interval=0.5)
 
@@ -233,12 +235,17 @@ class Bench:
             self.dra_idle()
         else:
             self.plugin_idle()
-        started, load = time.monotonic(), os.getloadavg()[0]
+        started, load, before = time.monotonic(), os.getloadavg()[0], filter_time(self.run)
         self.samples.append(self.start(path, 1, warmup=True))
         for gpus in B.sequence(pods):
             self.samples.append(self.start(path, gpus))
-        self.legs.append({"path": path, "pods": pods, "seconds": round(time.monotonic() - started, 1),
-                          "load_start": load, "load_end": os.getloadavg()[0]})
+        leg = {"path": path, "pods": pods, "seconds": round(time.monotonic() - started, 1), "load_start": load,
+               "load_end": os.getloadavg()[0]}
+        if path == B.PLUGIN:
+            # the extender's own share of the device plugin's figures (the warm-up's request included)
+            after = filter_time(self.run)
+            leg.update(filter_requests=int(after[0] - before[0]), filter_seconds=after[1] - before[1])
+        self.legs.append(leg)
         self.write()
 
 
@@ -249,8 +256,13 @@ def raw(response):
 
 def filter_passes(run):
     """gpu-aware's ``gpu_aware_filter_nodes_total{result="passed"}``: the nodes its filter let through."""
-    found = PASSED.search(run.metrics())
-    return float(found.group(1)) if found else 0.0
+    return B.sample_value(run.metrics(), PASSED)
+
+
+def filter_time(run):
+    """gpu-aware's filter requests and the seconds it spent answering them, so far."""
+    text = run.metrics()
+    return tuple(B.sample_value(text, series) for series in FILTER_SECONDS)
 
 
 @pytest.fixture(scope="module")

@@ -123,6 +123,39 @@ def test_the_report_has_both_paths_per_size_the_ratios_and_the_legs():
     assert any(line.startswith("switches: to dra 35 s") for line in lines)
 
 
+EXPOSITION = """# HELP gpu_aware_filter_nodes_total Nodes judged by filter, by result (passed, failed, unresolvable).
+# TYPE gpu_aware_filter_nodes_total counter
+gpu_aware_filter_nodes_total{result="passed"} 11.0
+gpu_aware_filter_nodes_created{result="passed"} 1.7953e+09
+gpu_aware_request_duration_seconds_count{verb="filter"} 12.0
+gpu_aware_request_duration_seconds_sum{verb="filter"} 0.0246
+"""
+
+
+def test_a_help_line_is_no_sample():
+    text = ("# HELP gpu_aware_node_cache_synced 1 once the node cache has listed the nodes.\n"
+            "# TYPE gpu_aware_node_cache_synced gauge\ngpu_aware_node_cache_synced 0.0\n")
+    assert B.sample_value(text, "gpu_aware_node_cache_synced") == 0
+    assert B.sample_value(text.replace("synced 0.0", "synced 1.0"), "gpu_aware_node_cache_synced") == 1
+
+
+def test_a_sample_of_gpu_awares_metrics_by_name_and_labels():
+    assert B.sample_value(EXPOSITION, 'gpu_aware_filter_nodes_total{result="passed"}') == 11
+    assert B.sample_value(EXPOSITION, 'gpu_aware_request_duration_seconds_sum{verb="filter"}') == 0.0246
+    assert B.sample_value(EXPOSITION, 'gpu_aware_filter_nodes_total{result="failed"}') == 0
+    assert B.sample_value(EXPOSITION, "gpu_aware_filter_nodes_total") == 0
+
+
+def test_the_extenders_share_is_reported_from_the_device_plugins_legs():
+    legs = [{"path": B.PLUGIN, "seconds": 40.0, "load_start": 3.0, "load_end": 3.0, "filter_requests": 9,
+             "filter_seconds": 0.018},
+            {"path": B.DRA, "seconds": 80.0, "load_start": 3.0, "load_end": 3.0},
+            {"path": B.PLUGIN, "seconds": 40.0, "load_start": 3.0, "load_end": 3.0, "filter_requests": 11,
+             "filter_seconds": 0.022}]
+    lines = B.report({"samples": run_of(), "legs": legs})
+    assert "gpu-aware's filter (inside the device plugin's figures): 20 requests, mean 2.0 ms" in lines
+
+
 def test_the_opt_in_and_the_pod_count():
     assert not B.enabled({}) and not B.enabled({B.OPT_IN: "0"}) and not B.enabled({B.OPT_IN: "false"})
     assert B.enabled({B.OPT_IN: "1"}) and B.enabled({B.OPT_IN: "yes"})
