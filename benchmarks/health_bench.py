@@ -148,11 +148,11 @@ def default_rows(rules: Sequence[P.Rule] = P.DEFAULT_RULES) -> Tuple[Row, ...]:
         per_signal[rule.signal] = per_signal.get(rule.signal, 0) + 1
     rows = []
     for rule in rules:
-        amount = rule.threshold if rule.threshold is not None else rule.rate
+        amount = int(rule.threshold if rule.threshold is not None else (rule.rate or 1))
         label = rule.signal
         if per_signal[rule.signal] > 1:
             label += " >=%d" % amount if rule.threshold is not None else " +%d" % amount
-        rows.append(Row(label, rule.signal, rule.action, int(amount or 1), rule.signal in NODE_WIDE))
+        rows.append(Row(label, rule.signal, rule.action, amount, rule.signal in NODE_WIDE))
     return tuple(rows)
 
 
@@ -238,17 +238,17 @@ class CountingHost(HostRoot):
         self.runs: Dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def run(self, argv, timeout=30.0):  # type: ignore[override]
+    def run(self, argv, timeout=30.0):
         key = " ".join(argv[1:]) or "(table)"
         with self._lock:
             self.runs[key] = self.runs.get(key, 0) + 1
         return super().run(argv, timeout)
 
 
-def cpu_seconds() -> float:
-    """This process's CPU and that of its children waited for (mx-smi)."""
+def cpu_seconds() -> Tuple[float, float]:
+    """(this process's CPU, that of its children waited for: mx-smi)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
+    return time.process_time(), children.ru_utime + children.ru_stime
 
 
 def ordinary_kernel_lines(count: int, seq: int) -> str:
@@ -259,7 +259,8 @@ def ordinary_kernel_lines(count: int, seq: int) -> str:
 @dataclass
 class Cost:
     wall: List[float] = field(default_factory=list)
-    cpu: List[float] = field(default_factory=list)
+    cpu: List[float] = field(default_factory=list)          # the agent's and mx-smi's
+    agent_cpu: List[float] = field(default_factory=list)    # the agent's alone (parsing, evaluating)
     runs: Dict[str, int] = field(default_factory=dict)
 
 
@@ -273,17 +274,23 @@ def measure_cost(work: str, readings: int) -> Tuple[Cost, Cost]:
     state = DeviceState(host, check_health=True, discover_fn=discover_for_containers)
     state.refresh()                                          # the first, full scan (topology) is not a reading
     monitor = HealthMonitor(host)
-    monitor.step(state.latest, state.lost_gpus())            # the reader's first reading: counters' baselines
+
+    def step_once() -> None:
+        assert state.latest is not None
+        monitor.step(state.latest, state.lost_gpus())
+    step_once()                                              # the reader's first reading: counters' baselines
     base, step = Cost(), Cost()
     for n in range(readings):
         with open(log, "a") as handle:
             handle.write(ordinary_kernel_lines(LOG_LINES_PER_READING, 10000 + n * LOG_LINES_PER_READING))
-        for cost, action in ((base, state.refresh), (step, lambda: monitor.step(state.latest, state.lost_gpus()))):
+        for cost, action in ((base, state.refresh), (step, step_once)):
             before_runs = dict(host.runs)
             c0, t0 = cpu_seconds(), time.perf_counter()
             action()
             cost.wall.append(time.perf_counter() - t0)
-            cost.cpu.append(cpu_seconds() - c0)
+            c1 = cpu_seconds()
+            cost.cpu.append(c1[0] + c1[1] - c0[0] - c0[1])
+            cost.agent_cpu.append(c1[0] - c0[0])
             for key, count in host.runs.items():
                 cost.runs[key] = cost.runs.get(key, 0) + count - before_runs.get(key, 0)
     shutil.rmtree(host.path, ignore_errors=True)
@@ -422,6 +429,8 @@ def cost_table(base: Cost, step: Cost, interval: int) -> List[str]:
                                                   (b_cpu + s_cpu) * 1e3,
                                                   (sum(base.runs.values()) + sum(step.runs.values())) / readings,
                                                   per_minute(b_cpu + s_cpu, interval, b_wall + s_wall)),
+             "of which the agent's own CPU (parsing, evaluating; not mx-smi): baseline %.1f ms, step %.1f ms"
+             % (statistics.median(base.agent_cpu) * 1e3, statistics.median(step.agent_cpu) * 1e3),
              "ratios: step / baseline wall %.2fx, CPU %.2fx; a reading now / before: CPU %.2fx"
              % (s_wall / b_wall, s_cpu / b_cpu, (b_cpu + s_cpu) / b_cpu),
              "mx-smi runs per minute at a %d s interval: %.0f before, %.0f now (%s)"
@@ -473,8 +482,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--json", default="", help="write every sample here")
     parser.add_argument("--merge", nargs="*", help="print the tables of earlier --json files and stop")
     args = parser.parse_args(argv)
+    samples: List[dict] = []
     if args.merge:
-        samples, intervals = [], set()
+        intervals = set()
         for path in args.merge:
             with open(path) as handle:
                 doc = json.load(handle)
@@ -497,7 +507,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(cost))
     wanted = {w.strip() for w in args.rows.split(",") if w.strip()}
     rows = [r for r in default_rows() if not wanted or r.label in wanted or r.signal in wanted]
-    samples: List[dict] = []
     if rows and args.reps:
         policy_path = os.path.join(work, "policy.json")
         with open(policy_path, "w") as handle:
