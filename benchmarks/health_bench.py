@@ -330,7 +330,7 @@ class Trial:
 
 
 def run_round(work: str, rows: Sequence[Row], interval: int, policy_path: str, rng: random.Random,
-              timeout: float) -> List[Trial]:
+              timeout: float, recovery: bool = True) -> List[Trial]:
     root = tempfile.mkdtemp(prefix="round-", dir=work)
     host = HostRoot(generator.create(os.path.join(root, "node"), preset(PRESET)).path)
     gpus = generator.load_state(host)["gpus"]
@@ -373,10 +373,10 @@ def run_round(work: str, rows: Sequence[Row], interval: int, policy_path: str, r
         while time.monotonic() < deadline:
             with cond:
                 for k, t in enumerate(trials):        # each detected fault is undone within the next interval
-                    if t.detected_at is not None and t.row.recovers and t.restore_at is None \
+                    if recovery and t.detected_at is not None and t.row.recovers and t.restore_at is None \
                             and not any(e[1] == k and e[2] == "restore" for e in events):
                         heapq.heappush(events, (t.detected_at + rng.uniform(0, interval), k, "restore"))
-                if all((t.recovered_at is not None) if t.row.recovers else (t.detected_at is not None)
+                if all((t.recovered_at is not None) if recovery and t.row.recovers else (t.detected_at is not None)
                        for t in trials):
                     break
                 if not events or events[0][0] > time.monotonic():
@@ -478,6 +478,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--parallel", type=int, default=1, help="rounds (nodes and agents) at once")
     parser.add_argument("--rows", default="", help="only these rows (labels or signals, comma-separated)")
     parser.add_argument("--readings", type=int, default=20, help="readings for the cost (0: skip it)")
+    parser.add_argument("--no-recovery", action="store_true", help="detection only: a round ends at its detections")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", default="", help="write every sample here")
     parser.add_argument("--merge", nargs="*", help="print the tables of earlier --json files and stop")
@@ -524,7 +525,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     if not todo:
                         return
                     round_rows, seed = todo.pop()
-                trials = run_round(work, round_rows, args.interval, policy_path, random.Random(seed), timeout)
+                trials = run_round(work, round_rows, args.interval, policy_path, random.Random(seed), timeout,
+                                   not args.no_recovery)
                 with lock:
                     samples.extend(samples_of(trials))
 
