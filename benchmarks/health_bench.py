@@ -484,6 +484,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--merge", nargs="*", help="print the tables of earlier --json files and stop")
     args = parser.parse_args(argv)
     samples: List[dict] = []
+    errors: List[str] = []
     if args.merge:
         intervals = set()
         for path in args.merge:
@@ -525,8 +526,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     if not todo:
                         return
                     round_rows, seed = todo.pop()
-                trials = run_round(work, round_rows, args.interval, policy_path, random.Random(seed), timeout,
-                                   not args.no_recovery)
+                try:
+                    trials = run_round(work, round_rows, args.interval, policy_path, random.Random(seed), timeout,
+                                       not args.no_recovery)
+                except Exception as exc:  # pylint: disable=broad-except  # reported below: no silent gaps
+                    with lock:
+                        errors.append("round %s: %r" % ([r.label for r in round_rows], exc))
+                    continue
                 with lock:
                     samples.extend(samples_of(trials))
 
@@ -538,12 +544,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("%d rounds (%d at once) in %.0f s; load average now %s" % (
             len(rounds), args.parallel, time.monotonic() - t0, " ".join("%.2f" % v for v in os.getloadavg())))
         print("\n".join(latency_table(samples, args.interval)))
+        for error in errors:
+            print("FAILED %s" % error)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"interval": args.interval, "cost": cost, "samples": samples,
                        "loadavg": os.getloadavg()}, handle, indent=1)
     shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
