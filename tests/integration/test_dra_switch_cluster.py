@@ -216,35 +216,43 @@ def test_device_plugin_to_dra_and_back_with_never_both(switching):
 
 def test_a_switch_is_refused_while_a_pod_holds_a_gpu_and_evict_goes_through(switching):
     agents, gpus = switching, switching.gpus()
+    mode_before = agents.meta()[0].get(names.LABEL_DEVICE_MODE)     # unset, or device-plugin after a switch back
     held = claim_pod(agents, extended=1)              # the device plugin's: metax-tech.com/gpu: 1
-    running(agents, held)
-    with pytest.raises(S.SwitchRefused) as refused:
-        agents.switch(names.DEVICE_MODE_DRA)
-    assert refused.value.holders == ["%s/%s" % (NS, held)] and "evict=true" in str(refused.value)
-    labels, annotations, cordoned = agents.meta()
-    assert names.LABEL_DEVICE_MODE not in labels and not cordoned          # nothing changed
-    assert names.ANNOTATION_MAINTENANCE_OWNER not in annotations
-    assert agents.api.read_namespaced_pod(held, NS).status.phase == "Running"
+    claimer = None
+    try:
+        running(agents, held)
+        with pytest.raises(S.SwitchRefused) as refused:
+            agents.switch(names.DEVICE_MODE_DRA)
+        assert refused.value.holders == ["%s/%s" % (NS, held)] and "evict=true" in str(refused.value)
+        labels, annotations, cordoned = agents.meta()
+        assert labels.get(names.LABEL_DEVICE_MODE) == mode_before and not cordoned          # nothing changed
+        assert names.ANNOTATION_MAINTENANCE_OWNER not in annotations
+        assert agents.api.read_namespaced_pod(held, NS).status.phase == "Running"
 
-    out = agents.switch(names.DEVICE_MODE_DRA, evict=maintenance.Eviction(timeout=120))
-    assert out.evicted["evicted"] == ["%s/%s" % (NS, held)], out.as_dict()
-    wait_for(lambda: not [p for p in agents.api.list_namespaced_pod(NS).items if p.metadata.name == held],
-             120, "the evicted pod gone")
-    agents.served_by(names.DEVICE_MODE_DRA, gpus)
+        out = agents.switch(names.DEVICE_MODE_DRA, evict=maintenance.Eviction(timeout=120))
+        assert out.evicted["evicted"] == ["%s/%s" % (NS, held)], out.as_dict()
+        wait_for(lambda: not [p for p in agents.api.list_namespaced_pod(NS).items if p.metadata.name == held],
+                 120, "the evicted pod gone")
+        agents.served_by(names.DEVICE_MODE_DRA, gpus)
 
-    # and a pod holding a DRA claim keeps the node in DRA mode the same way
-    claimer = claim_pod(agents, "two")
-    running(agents, claimer)
-    assert len(allocated(agents.claim_of(claimer))) == 2
-    with pytest.raises(S.SwitchRefused) as refused:
-        agents.switch(names.DEVICE_MODE_PLUGIN)
-    assert refused.value.holders == ["%s/%s" % (NS, claimer)]
-    assert agents.meta()[0].get(names.LABEL_DEVICE_MODE) == names.DEVICE_MODE_DRA
-    out = agents.switch(names.DEVICE_MODE_PLUGIN, evict=maintenance.Eviction(timeout=120))
-    # evicted while gpu-dra still served: the kubelet could unprepare the claim and let the pod go
-    assert out.evicted["evicted"] == ["%s/%s" % (NS, claimer)], out.as_dict()
-    agents.served_by(names.DEVICE_MODE_PLUGIN, gpus)
-    assert agents.sampler.both() == [], agents.sampler.both()[:5]
+        # and a pod holding a DRA claim keeps the node in DRA mode the same way
+        claimer = claim_pod(agents, "two")
+        running(agents, claimer)
+        assert len(allocated(agents.claim_of(claimer))) == 2
+        with pytest.raises(S.SwitchRefused) as refused:
+            agents.switch(names.DEVICE_MODE_PLUGIN)
+        assert refused.value.holders == ["%s/%s" % (NS, claimer)]
+        assert agents.meta()[0].get(names.LABEL_DEVICE_MODE) == names.DEVICE_MODE_DRA
+        out = agents.switch(names.DEVICE_MODE_PLUGIN, evict=maintenance.Eviction(timeout=120))
+        # evicted while gpu-dra still served: the kubelet could unprepare the claim and let the pod go
+        assert out.evicted["evicted"] == ["%s/%s" % (NS, claimer)], out.as_dict()
+        agents.served_by(names.DEVICE_MODE_PLUGIN, gpus)
+        assert agents.sampler.both() == [], agents.sampler.both()[:5]
+    finally:
+        # a pod left behind would refuse the next test's switch
+        for pod in (held, claimer):
+            if pod is not None:
+                delete_pod(agents, pod)
 
 
 def _resource_health(agents, pod_name):
