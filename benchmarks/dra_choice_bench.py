@@ -335,7 +335,7 @@ def summary(steps: Sequence[Step]) -> List[str]:
     count = {v: sum(1 for s in steps if s.verdict == v) for v in ("same", "equivalent", "worse", "better")}
     lines = ["requests (steps): %d; scheduler's set = allocator's: %d (%.0f %%); equivalent on the allocator's "
              "objective: %d; worse: %d; better: %d" % (total, count["same"], 100.0 * count["same"] / total,
-                                                      count["equivalent"], count["worse"], count["better"]),
+                                                       count["equivalent"], count["worse"], count["better"]),
              "as good as the optimum (same or equivalent): %d of %d (%.0f %%)" % (
                  count["same"] + count["equivalent"], total, 100.0 * (count["same"] + count["equivalent"]) / total),
              "the scheduler's set is the first fit in slice (PCI) order under its constraint: %d of %d" % (

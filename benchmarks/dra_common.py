@@ -520,4 +520,3 @@ def histogram(after: str, before: str, name: str, match: Mapping[str, str]) -> H
         return lower * 1000
 
     return Histogram(int(count), seconds / count * 1000, quantile(0.5), quantile(0.99))
-

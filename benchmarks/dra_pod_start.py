@@ -273,7 +273,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lines = report(result)
     if not args.report_only:
         lines.append("total %.0f s; 1-minute load average at the end %.2f" % (time.monotonic() - started,
-                                                                            os.getloadavg()[0]))
+                                                                              os.getloadavg()[0]))
     print("\n".join(lines))
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "dra_pod_start.txt"), "w", encoding="utf-8") as handle:

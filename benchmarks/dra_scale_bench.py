@@ -130,7 +130,7 @@ def run(nodes: int, pods: int, workers: int) -> Dict[str, Any]:
         out["create_slices_s"] = round(time.monotonic() - started, 1)
         out["slices_json_mib"] = round(api.list_bytes("/apis/resource.k8s.io/v1/resourceslices") / 2 ** 20, 2)
         out["slice_json_kib"] = round(len(json.dumps(per_node_devices(template, names[0])[0],
-                                                      separators=(",", ":"))) / 1024, 2)
+                                                     separators=(",", ":"))) / 1024, 2)
         print("%d nodes created in %.1f s, their ResourceSlices in %.1f s (%.2f MiB of JSON, %.2f KiB each)" % (
             nodes, out["create_nodes_s"], out["create_slices_s"], out["slices_json_mib"], out["slice_json_kib"]),
             flush=True)
@@ -181,8 +181,8 @@ def report(result: Dict[str, Any]) -> List[str]:
         if path == "dra" and base:
             ba = base["attempt"]
             ratio = "x%.2f, x%.2f; x%.2f, x%.2f" % (a["p50_ms"] / ba["p50_ms"], a["p99_ms"] / ba["p99_ms"],
-                                                   r["bind_p50_ms"] / base["bind_p50_ms"],
-                                                   r["bind_p99_ms"] / base["bind_p99_ms"])
+                                                    r["bind_p50_ms"] / base["bind_p50_ms"],
+                                                    r["bind_p99_ms"] / base["bind_p99_ms"])
         lines.append("%-14s %4d | %5d %6.1f %6.1f %6.1f | %6.2f %6.2f %6.2f | %7.1f %7.1f %6.1f | %s" % (
             path, size, a["count"], a["mean_ms"], a["p50_ms"], a["p99_ms"], b["mean_ms"], b["p50_ms"], b["p99_ms"],
             r["bind_p50_ms"], r["bind_p99_ms"], r["bind_mean_ms"], ratio))

@@ -186,7 +186,7 @@ class Bench:
             stuck = [w for w in waiting if w.get("reason") in STUCK]
             assert status.get("phase") not in ("Failed", "Succeeded") and not stuck, (status, self.diagnose(name))
             assert now - created < START_TIMEOUT, "pod %s not Running after %ss\n%s" % (name, START_TIMEOUT,
-                                                                                    self.diagnose(name))
+                                                                                        self.diagnose(name))
             # one GET every POLL_SECONDS from the start of the last (a slow GET is not followed by a burst)
             time.sleep(max(0.0, polled + B.POLL_SECONDS - time.monotonic()))
         pod = self.ready(name)

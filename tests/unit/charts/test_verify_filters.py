@@ -112,6 +112,6 @@ def test_a_node_in_dra_mode_expects_no_device_plugin_capacity_and_flags_both_ser
     assert gpu_node_problems(node_from(labels, 8, 0)) == []
     problems = gpu_node_problems(node_from(labels, 8, 8))
     assert problems == ["%s=dra but the device plugin serves allocatable %s=8 too" % (N.LABEL_DEVICE_MODE,
-                                                                                     N.RESOURCE_NAME)]
+                                                                                      N.RESOURCE_NAME)]
     # the labels are still checked
     assert "missing labels" in gpu_node_problems({"metadata": {"labels": {N.LABEL_DEVICE_MODE: "dra"}}})[0]

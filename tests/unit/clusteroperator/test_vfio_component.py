@@ -84,7 +84,6 @@ def test_failures_degrade_and_cleanup_takes_its_annotations():
     assert patch == {"annotations": {names.ANNOTATION_VFIO_IOMMU: None, names.ANNOTATION_VFIO_MESSAGE: None}}
 
 
-
 def test_the_crd_accepts_every_condition_type_the_controller_writes():
     # the API server refused the controller's whole status while IOMMUDisabled was missing from the enum
     import yaml

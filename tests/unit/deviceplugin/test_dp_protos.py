@@ -239,7 +239,8 @@ def test_gen_protos_reports_stale_files(tmp_path):
     assert gen_protos.main(["--dir", str(tmp_path), "--check"]) == 0
     assert sorted(n for n in os.listdir(str(tmp_path)) if n.endswith(".py")) == [
         "deviceplugin_v1beta1_pb2.py", "deviceplugin_v1beta1_pb2_grpc.py",
-        "dra_health_v1alpha1_pb2.py", "dra_health_v1alpha1_pb2_grpc.py", "dra_v1_pb2.py", "dra_v1_pb2_grpc.py", "pluginregistration_v1_pb2.py", "pluginregistration_v1_pb2_grpc.py",
+        "dra_health_v1alpha1_pb2.py", "dra_health_v1alpha1_pb2_grpc.py", "dra_v1_pb2.py", "dra_v1_pb2_grpc.py",
+        "pluginregistration_v1_pb2.py", "pluginregistration_v1_pb2_grpc.py",
         "podresources_v1_pb2.py", "podresources_v1_pb2_grpc.py"]
     for name in os.listdir(str(tmp_path)):
         if name.endswith(".py"):

@@ -232,13 +232,13 @@ def test_remediating_reads_only_the_marked_findings_of_a_false_condition():
     assert L.remediating(dict(cond, status="True")) == ()
     assert L.remediating(None) == ()
     quarantined = Decision(0.0, (Finding(BDF, 5, "pci-mmio", P.Rule("pci-mmio", "critical", "quarantine", threshold=1,
-                                                                     effect="NoExecute", remediate=True), 1, 0.0),))
+                                                                    effect="NoExecute", remediate=True), 1, 0.0),))
     assert L.remediating(health_condition(quarantined, None, 0.0)) == ("GPU 5 (%s) pci-mmio=1" % BDF,)
 
 
 def test_a_long_message_still_names_the_remediating_findings():
     many = tuple(Finding("0000:%02x:00.0" % i, i, "pci-mmio", P.Rule("pci-mmio", "critical", "quarantine", threshold=1,
-                                                                    effect="NoSchedule"), 1, 0.0) for i in range(40))
+                                                                     effect="NoSchedule"), 1, 0.0) for i in range(40))
     decision = Decision(0.0, many + (Finding(BDF, 63, "ecc-dram-uncorrectable", ECC_ROW, 1, 0.0),))
     cond = health_condition(decision, None, 0.0)
     assert cond["message"].endswith("(41 in all)")
