@@ -208,8 +208,9 @@ def test_device_plugin_to_dra_and_back_with_never_both(switching):
 
     seen = agents.sampler.since(start)
     times = [t for t, _s in agents.sampler.samples if t >= start]
-    # sampled all along (a gap would hide a moment), and every mode was seen, never both
-    assert len(seen) >= 50 and max(b - a for a, b in zip(times, times[1:])) < 3.0, len(seen)
+    # sampled all along (a gap would hide a moment: the gaps bound it, not a count, as a quick switch
+    # takes fewer samples), and every mode was seen, never both
+    assert len(seen) >= 10 and max(b - a for a, b in zip(times, times[1:])) < 3.0, len(seen)
     assert {s.by for s in seen} >= {names.DEVICE_MODE_PLUGIN, names.DEVICE_MODE_DRA}
     assert agents.sampler.both() == [], agents.sampler.both()[:5]
 
