@@ -186,7 +186,9 @@ def verdict(node: Node, free: Sequence[int], ours: Sequence[int], theirs: Sequen
     k_mine, k_sched = mine.key(), sched.key()
     if k_mine == k_sched:
         return "equivalent", ""
-    legend = (lambda cls: "-" if cls is None else cls.legend)  # noqa: E731
+
+    def legend(cls):
+        return "-" if cls is None else cls.legend
     if k_mine[0] != k_sched[0]:
         why = "worst link %s, optimum %s" % (legend(sched.bottleneck), legend(mine.bottleneck))
     elif k_mine[1] != k_sched[1]:

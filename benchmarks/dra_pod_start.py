@@ -109,7 +109,7 @@ def halves(pods: int) -> Tuple[int, int]:
 
 def sequence(pods: int) -> List[int]:
     """The sizes of a leg's pods, 1 and 4 GPUs alternating (both see the same drift)."""
-    return [size for _ in range(pods) for size in SIZES]
+    return [size for _pod in range(pods) for size in SIZES]
 
 
 def parse_time(text: str) -> float:

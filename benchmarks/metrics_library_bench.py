@@ -243,7 +243,7 @@ def prom_prioritize(m: ExtenderMetrics) -> None:
 
 def populate(hand: HandMetrics, prom: ExtenderMetrics) -> None:
     rng = random.Random(3)
-    for _ in range(2000):
+    for _request in range(2000):
         verb = rng.choice(("filter", "prioritize"))
         code = rng.choice(("200", "200", "200", "400", "500", "rejected"))
         took = rng.expovariate(500.0)
@@ -268,7 +268,7 @@ def populate(hand: HandMetrics, prom: ExtenderMetrics) -> None:
 
 def per_call_us(fn: Callable[[], object], calls: int) -> float:
     started = time.perf_counter()
-    for _ in range(calls):
+    for _call in range(calls):
         fn()
     return (time.perf_counter() - started) / calls * 1e6
 
@@ -392,7 +392,7 @@ def main() -> int:
           "families" % exporter_series)
     print("scrape size: hand-written %d bytes, prometheus_client %d bytes (its _created series included)"
           % (len(scraped["hand-written"]), len(scraped["prometheus_client"])))
-    rss = {side: statistics.median(rss_mib(side) for _ in range(3)) for side in ("blocked", "prom")}
+    rss = {side: statistics.median(rss_mib(side) for _run in range(3)) for side in ("blocked", "prom")}
     print("gpu-aware's RSS after import (median of 3): %.2f MiB with prometheus_client, %.2f MiB with it blocked "
           "(+%.2f MiB)" % (rss["prom"], rss["blocked"], rss["prom"] - rss["blocked"]))
     print("a scrape every 15 s costs prometheus_client %.4f%% of one core (hand-written %.4f%%)"

@@ -149,7 +149,7 @@ class Ladder:
             self.budget(settings.max_nodes).take()     # ours again after a restart (the Lease is renewed)
         done: Set[str] = set()
         plan = L.Plan(L.NONE)
-        for _ in range(MAX_ACTIONS):
+        for _action in range(MAX_ACTIONS):
             facts = self.facts(node, state)
             plan = L.decide(state, facts, settings)
             if plan.action in done:            # a step acted on this round already waits for its result

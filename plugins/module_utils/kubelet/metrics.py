@@ -25,7 +25,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence, Tuple
 from .httpserve import MAX_CONNECTIONS, REQUEST_TIMEOUT, TEXT, BoundedHandler, BoundedHTTPServer
 
 try:
-    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+    # REGISTRY: re-exported, the process's default (operator-controller serves it)
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest  # pylint: disable=unused-import
     from prometheus_client.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE
     HAS_PROMETHEUS = True
 except ImportError:

@@ -400,7 +400,7 @@ def test_an_administrators_uncordon_stops_the_ladder_for_the_incident(world):
     assert w.round("gpu-1") == L.STOP
     assert not api.cordoned() and N.ANNOTATION_MAINTENANCE_OWNER not in api.annotations()
     assert api.state().stopped and api.condition()["reason"] == "RemediationStopped" and w.holders() == []
-    for _ in range(3):                                     # still failing: never cordoned again
+    for _round in range(3):                                # still failing: never cordoned again
         w.clock.now += 1000
         assert w.round("gpu-1") == L.NONE
     assert not api.cordoned() and api.reasons().count("GPURemediationCordon") == 1
