@@ -368,7 +368,7 @@ class Manager:
         self.driver = DriverNode(host, kube, deploy_policy, payload_dir, payload_version, ready_file, runner)
         self.vfnum = VfnumNode(host, kube, vfnum_policy, self.slots, self.round_clock)
         self.ladder = Ladder(kube, kube.node, host, lambda: reload_driver(host, self.driver.cmds, kube.gpu_pods()),
-                             kube.health_slots)
+                             lambda size: kube.health_slots(size))  # pylint: disable=unnecessary-lambda  # looked up when used
         self.last_failure: Dict[str, str] = {}    # what -> message, so each failure is reported once
         self.round_started = time.monotonic()
         # driver-config as last parsed, and the ConfigMap's resourceVersion it was parsed from
