@@ -41,7 +41,6 @@ the optimum: DRA's allocator takes devices in order, it does not score them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -57,7 +56,6 @@ from ansible_collections.metax.gpu.plugins.module_utils.gpu.model import Invento
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.scoring import evaluate  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim.layout import canonical_gpus  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 GPU_LADDER = (D.ATTR_GROUP, D.ATTR_ROOT, D.ATTR_NUMA, None)
 VF_LADDER = (D.ATTR_PF, D.ATTR_GROUP, D.ATTR_ROOT, D.ATTR_NUMA, None)
 # --switch-attribute (a what-if, not published by gpu-dra): the PCIe switch above each GPU
@@ -386,18 +384,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lines = ["", "kube-scheduler %s (default profile, no extender); claims: %s%s; allocator: "
              "plugins/module_utils/gpu/allocator.py" % (
                  version, args.claims, ", what-if pcieSwitch attribute" if args.switch_attribute else "")]
-    lines += summary(steps) + ["total %.0f s; 1-minute load average at the end %.2f" % (
-        time.monotonic() - started, os.getloadavg()[0])]
+    lines += summary(steps) + [D.closing_line(started)]
     print("\n".join(lines))
-    os.makedirs(RESULTS, exist_ok=True)
     suffix = ("" if args.claims == "first-available" else "_" + args.claims) + (
         "_switch" if args.switch_attribute else "")
-    with open(os.path.join(RESULTS, "dra_choice%s.txt" % suffix), "w", encoding="utf-8") as handle:
-        handle.write("\n".join(["machine: " + D.machine(), HEADER, "-" * len(HEADER)] + [row(s) for s in steps]
-                               + lines) + "\n")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump([asdict(s) for s in steps], handle, indent=1)
+    D.write_results("dra_choice%s.txt" % suffix,
+                    ["machine: " + D.machine(), HEADER, "-" * len(HEADER)] + [row(s) for s in steps] + lines,
+                    [asdict(s) for s in steps], args.json)
     return 0
 
 

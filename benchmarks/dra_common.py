@@ -65,6 +65,24 @@ def machine() -> str:
     return "%d x %s, %.0f GiB RAM, load %.2f" % (os.cpu_count() or 0, model, mem_kib / 2 ** 20, os.getloadavg()[0])
 
 
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def closing_line(started: float) -> str:
+    """The run's length and the machine's load at its end, the last line of every DRA benchmark's table."""
+    return "total %.0f s; 1-minute load average at the end %.2f" % (time.monotonic() - started, os.getloadavg()[0])
+
+
+def write_results(name: str, lines: Sequence[str], figures: Any = None, json_path: Optional[str] = None) -> None:
+    """The table to ``results/<name>``, and the figures as JSON to ``json_path`` when asked."""
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, name), "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump(figures, handle, indent=1)
+
+
 def percentile(values: Sequence[float], pct: float) -> float:
     """Nearest rank on the sorted samples (as allocator_bench)."""
     ordered = sorted(values)

@@ -76,7 +76,6 @@ OPT_IN = "METAX_BENCH_POD_START"          # =1: the cluster test runs (it is ski
 PODS_ENV = "METAX_BENCH_POD_START_PODS"   # pods per path and size (default DEFAULT_PODS)
 DEFAULT_PODS = 10
 OUTPUT = os.path.join(ROOT, "tests", "output", "dra-pod-start.json")
-RESULTS = os.path.join(HERE, "results")
 TEST = "tests/integration/test_dra_pod_start_cluster.py"
 POLL_SECONDS = 0.2
 DRA = "dra"
@@ -272,15 +271,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result = load(OUTPUT) if args.report_only else run_test(args.pods)
     lines = report(result)
     if not args.report_only:
-        lines.append("total %.0f s; 1-minute load average at the end %.2f" % (time.monotonic() - started,
-                                                                              os.getloadavg()[0]))
+        lines.append(D.closing_line(started))
     print("\n".join(lines))
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "dra_pod_start.txt"), "w", encoding="utf-8") as handle:
-        handle.write("\n".join(lines) + "\n")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=1)
+    D.write_results("dra_pod_start.txt", lines, result, args.json)
     return 0
 
 

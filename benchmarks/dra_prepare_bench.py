@@ -32,7 +32,6 @@ client, the agent's module), the floor of any Python agent of ours.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -53,7 +52,6 @@ try:
 except ImportError:  # pragma: no cover
     raise SystemExit("error: grpcio is needed (requirements: the agents' images have it)")
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 AGENT = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_dra"
 NODE = "dra-bench-node"
 WINDOW = 4          # claims prepared at once (2 GPUs each: the whole 8-GPU node)
@@ -208,15 +206,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     result = run(args.claims)
-    lines = report(result) + ["total %.0f s; 1-minute load average at the end %.2f" % (
-        time.monotonic() - started, os.getloadavg()[0])]
+    lines = report(result) + [D.closing_line(started)]
     print("\n".join(lines))
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "dra_prepare.txt"), "w", encoding="utf-8") as handle:
-        handle.write("\n".join(lines) + "\n")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=1)
+    D.write_results("dra_prepare.txt", lines, result, args.json)
     return 1 if result["error_count"] or result["cdi_specs_left"] else 0
 
 

@@ -46,7 +46,6 @@ import dra_common as D
 
 from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
 EXTENSION = "scheduler_framework_extension_point_duration_seconds"
 SIZES = (1, 4, 8)
@@ -217,12 +216,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["load_end"] = os.getloadavg()[0]
     lines = report(result) + ["total %d s; 1-minute load average at the end %.2f" % (result["seconds"], result["load_end"])]
     print("\n".join(lines))
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "dra_scale.txt"), "w", encoding="utf-8") as handle:
-        handle.write("\n".join(lines) + "\n")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=1)
+    D.write_results("dra_scale.txt", lines, result, args.json)
     return 0
 
 
