@@ -22,6 +22,7 @@ ResourceSlice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -180,37 +181,51 @@ def delete_pod(agents, name):
     agents.cluster.kubectl("-n", NS, "delete", "pod", name, "--ignore-not-found", "--wait=true", timeout=120)
 
 
-@pytest.fixture(scope="module")
-def dra(cluster, agent_images):  # noqa: F811
+def node_8xc500(cluster):
+    """The cluster's 8xC500 node (the module is skipped without one)."""
     node = next((n for n in cluster.nodes if n.get("preset") == "8xC500"), None)
     if node is None:
         pytest.skip("no 8xC500 node in this cluster")
-    agents = DraAgents(cluster, agent_images, node)
+    return node
+
+
+@contextlib.contextmanager
+def simulated_root_with_maca(agents):
+    """The node's simulated root ready for a module (recreated from its preset when a GPU is failed or the
+    driver unloaded) with MXMACA installed; on the way out MXMACA goes if it was not there, and a GPU
+    left failed recreates the root."""
     state = generator.load_state(agents.sim())
     if any(g["failed"] for g in state["gpus"]) or not state["driver_loaded"]:
         agents.recreate_sim(agents.preset)
-    had_maca = agents.sim().exists(MACA_LINK)
-    had_opt = agents.sim().exists("opt")
+    had_maca, had_opt = agents.sim().exists(MACA_LINK), agents.sim().exists("opt")
     if not had_maca:
         install_maca(agents.sim(), MACA_VERSION)
     try:
-        agents.start_dra()
-        wait_for(lambda: len(agents.devices()) == 8 or None, 60, "the node's 8 devices published")
-        for template, count in (("two", 2), ("four", 4), ("five", 5)):
-            agents.apply(claim_template(template, count))
-        yield agents
+        yield
     finally:
-        agents.cluster.kubectl("-n", NS, "delete", "pods,resourceclaimtemplates,resourceclaims", "--all",
-                               "--ignore-not-found", "--wait=true", timeout=180)
-        agents.stop_dra()
         if not had_maca:
             os.unlink(agents.sim().join(MACA_LINK))
             shutil.rmtree(agents.sim().join(maca_dir(MACA_VERSION)))
             if not had_opt:
                 os.rmdir(agents.sim().join("opt"))
-        state = generator.load_state(agents.sim())
-        if any(g["failed"] for g in state["gpus"]):
+        if any(g["failed"] for g in generator.load_state(agents.sim())["gpus"]):
             agents.recreate_sim(agents.preset)
+
+
+@pytest.fixture(scope="module")
+def dra(cluster, agent_images):  # noqa: F811
+    agents = DraAgents(cluster, agent_images, node_8xc500(cluster))
+    with simulated_root_with_maca(agents):
+        try:
+            agents.start_dra()
+            wait_for(lambda: len(agents.devices()) == 8 or None, 60, "the node's 8 devices published")
+            for template, count in (("two", 2), ("four", 4), ("five", 5)):
+                agents.apply(claim_template(template, count))
+            yield agents
+        finally:
+            agents.cluster.kubectl("-n", NS, "delete", "pods,resourceclaimtemplates,resourceclaims", "--all",
+                                   "--ignore-not-found", "--wait=true", timeout=180)
+            agents.stop_dra()
 
 
 def test_the_pool_has_every_gpu_in_its_metaxlink_group(dra):

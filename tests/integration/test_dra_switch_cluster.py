@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import threading
 import time
@@ -31,8 +30,9 @@ pytestmark = pytest.mark.cluster
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import node_policy  # noqa: E402
-from test_dra_cluster import (AGENT, HEALTHY_INTERVAL, MACA_VERSION, PLUGIN_DIR, DraAgents, allocated,  # noqa: E402
-                              attr, claim_pod, claim_template, delete_pod, dra_rbac, running)
+from test_dra_cluster import (AGENT, HEALTHY_INTERVAL, PLUGIN_DIR, DraAgents, allocated, attr,  # noqa: E402
+                              claim_pod, claim_template, delete_pod, dra_rbac, node_8xc500, running,
+                              simulated_root_with_maca)
 from test_gpu_device_cluster import ANNOTATIONS, DEVICE_ARGS, NS, SIM_MOUNT, wait_for  # noqa: E402
 from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
@@ -41,7 +41,6 @@ from ansible_collections.metax.gpu.plugins.module_utils.cdi.spec import claim_de
 from ansible_collections.metax.gpu.plugins.module_utils.dra import switch as S  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.dra import switch_run as R  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
-from ansible_collections.metax.gpu.plugins.module_utils.sim.maca import MACA_LINK, install_maca, maca_dir  # noqa: E402
 
 DEVICE = "gpu-device"
 SAMPLE_SECONDS = 0.2
@@ -142,17 +141,14 @@ class SwitchAgents(DraAgents):
 
 @pytest.fixture(scope="module")
 def switching(cluster, agent_images):  # noqa: F811
-    node = next((n for n in cluster.nodes if n.get("preset") == "8xC500"), None)
-    if node is None:
-        pytest.skip("no 8xC500 node in this cluster")
-    agents = SwitchAgents(cluster, agent_images, node)
-    state = generator.load_state(agents.sim())
-    if any(g["failed"] for g in state["gpus"]) or not state["driver_loaded"]:
-        agents.recreate_sim(agents.preset)
-    generator.reinstall_mx_smi(agents.sim())
-    had_maca, had_opt = agents.sim().exists(MACA_LINK), agents.sim().exists("opt")
-    if not had_maca:
-        install_maca(agents.sim(), MACA_VERSION)
+    agents = SwitchAgents(cluster, agent_images, node_8xc500(cluster))
+    with simulated_root_with_maca(agents):
+        generator.reinstall_mx_smi(agents.sim())
+        yield from _both_agents_sampled(agents)
+
+
+def _both_agents_sampled(agents):
+    """Both DaemonSets on the node (the device plugin serving), the sampler running; taken down after."""
     sampler = Sampler(agents)
     try:
         # the device plugin's mode, then both DaemonSets: only gpu-device runs
@@ -177,13 +173,6 @@ def switching(cluster, agent_images):  # noqa: F811
         agents.delete(DEVICE)
         agents.remove_annotations(ANNOTATIONS)
         agents.stop_dra()
-        if not had_maca:
-            os.unlink(agents.sim().join(MACA_LINK))
-            shutil.rmtree(agents.sim().join(maca_dir(MACA_VERSION)))
-            if not had_opt:
-                os.rmdir(agents.sim().join("opt"))
-        if any(g["failed"] for g in generator.load_state(agents.sim())["gpus"]):
-            agents.recreate_sim(agents.preset)
 
 
 def test_device_plugin_to_dra_and_back_with_never_both(switching):
