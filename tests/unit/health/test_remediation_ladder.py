@@ -509,6 +509,10 @@ def test_driver_managers_node_watch_wakes_on_a_remediating_finding():
 def test_the_sentinel_path_stays_under_the_host_root():
     assert os.path.normpath(P.parse_policy({"remediation": {"rebootSentinel": "/var/run/x"}}).remediation
                             .reboot_sentinel) == "var/run/x"
+    # a ConfigMap or CR value naming a path out of the host root is refused, the policy unparsed
+    for hostile in ("../etc/shadow", "var/../../etc/passwd", "/var/run/..", 7):
+        with pytest.raises(P.PolicyError, match="rebootSentinel"):
+            P.parse_policy({"remediation": {"rebootSentinel": hostile}})
 
 
 class DriverManagerKube(FakeNodeApi):
