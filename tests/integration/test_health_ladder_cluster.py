@@ -89,7 +89,10 @@ def ladder_events(cluster, name):
     """(reason, message) of driver-manager's ladder Events on Node ``name``, oldest first."""
     out = json.loads(cluster.kubectl("get", "events", "-n", NS, "-o", "json", "--field-selector",
                                      "involvedObject.kind=Node,involvedObject.name=" + name).stdout or '{"items": []}')
-    items = sorted(out["items"], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    # the timestamps have whole seconds and two steps often share one (the cordon and the first
+    # eviction); the API server's resourceVersion, from one etcd, orders creations within it
+    items = sorted(out["items"], key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "",
+                                                int((e.get("metadata") or {}).get("resourceVersion") or 0)))
     return [(e["reason"], e.get("message", "")) for e in items if e.get("reason", "").startswith("GPURemediation")
             and (e.get("source") or {}).get("component") == "driver-manager"]
 
