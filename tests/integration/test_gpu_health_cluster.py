@@ -238,7 +238,8 @@ def test_uncorrectable_ecc_on_one_of_eight_then_quarantine(health_agent, cluster
         devices = json.loads(agents.annotations()["metax-tech.com/gpu.devices"])
         assert [d["health"] for d in devices].count("Unhealthy") == 1
         pods.append(agents.gpu_pod(8))
-        time.sleep(10)
+        # the scheduler's verdict, not a fixed wait: it refused the pod (PodScheduled False, Unschedulable)
+        wait_for(lambda: agents.pod_phase(pods[-1])[2] == ["Unschedulable"], 60, "the 8-GPU pod found unschedulable")
         phase, node, reasons = agents.pod_phase(pods[-1])
         assert (phase, node) == ("Pending", "") and reasons == ["Unschedulable"], (phase, node, reasons)
         # the same fault with a quarantine row: tainted, and a new GPU pod does not land
@@ -247,7 +248,7 @@ def test_uncorrectable_ecc_on_one_of_eight_then_quarantine(health_agent, cluster
         wait_for(lambda: [t.effect for t in agents.our_taints()] == ["NoSchedule"], DETECTION_BUDGET, "the taint")
         assert agents.condition().reason == "GPUQuarantined"
         pods.append(agents.gpu_pod(1))
-        time.sleep(10)
+        wait_for(lambda: agents.pod_phase(pods[-1])[2] == ["Unschedulable"], 60, "the 1-GPU pod refused by the taint")
         assert agents.pod_phase(pods[-1])[:2] == ("Pending", "")
         # a pod tolerating the quarantine still lands (the taint is the only thing in its way)
         pods.append(agents.gpu_pod(1, tolerate_quarantine=True))
