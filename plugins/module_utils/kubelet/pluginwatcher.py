@@ -59,7 +59,13 @@ class UnixServer:
             raise OSError("cannot listen on %s" % self.socket_path)
         server.start()
         self._server = server
-        self.inode = os.stat(self.socket_path).st_ino
+        try:
+            self.inode = os.stat(self.socket_path).st_ino
+        except FileNotFoundError:
+            # removed between the listen and this look (a kubelet cleaning its directory, on a loaded
+            # node): no inode, so socket_present() is False and the owner serves it again, instead of
+            # its serving thread dying here
+            self.inode = None
 
     @property
     def running(self) -> bool:
