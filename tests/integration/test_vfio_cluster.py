@@ -186,6 +186,8 @@ def test_a_node_without_iommu_says_so(cluster, installed):
     """The first half: vm-2 without IOMMU, its Event and the CR's condition. Its vfio-manager is then
     left to run under its standing entry while the next tests use vm and vm-3; the second half checks,
     two minutes on, that it never restarted (the two minutes are the other tests', not a sleep)."""
+    # gpu-device serving vm-2's four GPUs first: the module's first test may come before its registration
+    wait(cluster, lambda: counts(cluster, "vm-2") == (4, 0), 120, "vm-2 at its 4 GPUs, 0 vfio-gpu")
     before = counts(cluster, "vm-2")
     generator.create(host("vm-2").path, dataclasses.replace(preset("4xN100"), iommu=False), force=True)
     STANDING["text"] = IOMMU_LESS
