@@ -245,8 +245,9 @@ def test_uncorrectable_ecc_on_one_of_eight_then_quarantine(health_agent, cluster
         # the same fault with a quarantine row: tainted, and a new GPU pod does not land
         agents.set_policy(dict(FAST, rules=[{"signal": "ecc-dram-uncorrectable", "threshold": 1, "severity": "critical",
                                              "action": "quarantine", "effect": "NoSchedule"}]))
-        wait_for(lambda: [t.effect for t in agents.our_taints()] == ["NoSchedule"], DETECTION_BUDGET, "the taint")
-        assert agents.condition().reason == "GPUQuarantined"
+        # gpu-device writes the taint, then the condition: two writes, so wait for both
+        wait_for(lambda: [t.effect for t in agents.our_taints()] == ["NoSchedule"]
+                 and agents.condition().reason == "GPUQuarantined", DETECTION_BUDGET, "the taint and GPUQuarantined")
         pods.append(agents.gpu_pod(1))
         wait_for(lambda: agents.pod_phase(pods[-1])[2] == ["Unschedulable"], 60, "the 1-GPU pod refused by the taint")
         assert agents.pod_phase(pods[-1])[:2] == ("Pending", "")
