@@ -28,13 +28,17 @@ what=${1:-all}
 declare -a PHASES=() RESULTS=() SECONDS_TAKEN=()
 failed=0
 
+record_phase() {   # name, seconds, exit code: a row of the timing table; a failure fails the run
+  PHASES+=("$1"); SECONDS_TAKEN+=("$2")
+  if [ "$3" -eq 0 ]; then RESULTS+=("ok"); else RESULTS+=("FAILED (exit $3)"); failed=1; fi
+}
+
 run_phase() {   # name, command...
   local name=$1; shift
   local start=$SECONDS rc
   echo "=== phase: $name"
   "$@"; rc=$?
-  PHASES+=("$name"); SECONDS_TAKEN+=($((SECONDS - start)))
-  if [ "$rc" -eq 0 ]; then RESULTS+=("ok"); else RESULTS+=("FAILED (exit $rc)"); failed=1; fi
+  record_phase "$name" $((SECONDS - start)) "$rc"
 }
 
 pytest_phase() {   # junit name, pytest args...
@@ -87,17 +91,17 @@ beside_the_cluster() {   # test paths...
   local quiet_pid=$!
   run_phase integration pytest_phase integration -m cluster "$@"
   wait "$host_pid" "$quiet_pid"
-  local name seconds rc
-  for name in integration-host unit sanity lint; do
+  local name seconds rc beside=(integration-host unit sanity lint)
+  for name in "${beside[@]}"; do
     echo "=== phase: $name (ran beside the cluster tests; log: $OUT/$name.log)"
     cat "$OUT/$name.log" 2>/dev/null
   done
   while read -r name seconds rc; do
-    PHASES+=("$name (beside)"); SECONDS_TAKEN+=("$seconds")
-    if [ "$rc" -eq 0 ]; then RESULTS+=("ok"); else RESULTS+=("FAILED (exit $rc)"); failed=1; fi
+    record_phase "$name (beside)" "$seconds" "$rc"
   done <"$OUT/beside-phases.txt"
   # a chain that died before recording its phases fails the run
-  [ "$(wc -l <"$OUT/beside-phases.txt")" -eq 4 ] || { echo "a phase beside the cluster did not finish" >&2; failed=1; }
+  [ "$(wc -l <"$OUT/beside-phases.txt")" -eq "${#beside[@]}" ] || {
+    echo "a phase beside the cluster did not finish" >&2; failed=1; }
 }
 
 sanity_phase() {
