@@ -125,6 +125,11 @@ class Env:
             out.append("--- controller %s:\n%s" % (name, "\n".join(tail[-lines:])))
         return "\n".join(out)
 
+    def cr_metadata(self):
+        """What holds a ClusterOperator that does not go (diagnostics)."""
+        meta = (self.get("clusteroperator", N.OPERATOR_CR_NAME) or {}).get("metadata") or {}
+        return "--- ClusterOperator: %s" % {k: meta.get(k) for k in ("deletionTimestamp", "finalizers", "resourceVersion")}
+
     def identity(self, name):
         """The Lease holderIdentity of controller ``name`` (a process outside a pod: host_pid)."""
         return "%s_%d" % (socket.gethostname(), self.controllers[name].pid)
@@ -156,7 +161,7 @@ class Env:
 def env():
     cp = ControlPlane().start()
     e = Env(cp)
-    LOGS[:] = [e.logs]
+    LOGS[:] = [e.logs, e.cr_metadata]
     try:
         e.ok("apply", "--server-side", "-f", os.path.join(CHART, "crds"))
         e.ok("create", "namespace", NS)
@@ -452,7 +457,8 @@ def test_data_exporter_deploys_gpu_exporter_and_removes_it(env):
 
 def test_delete_leaves_nothing(env):
     env.ok("label", "node", "gpu-a", "gpu-b", N.LABEL_GPU_INSTALLED + "=true", "--overwrite")
-    env.ok("-n", NS, "delete", "clusteroperator", N.OPERATOR_CR_NAME, "--wait=true", "--timeout=60s")
+    env.ok("-n", NS, "delete", "clusteroperator", N.OPERATOR_CR_NAME, "--wait=false")
+    wait(lambda: not env.get("clusteroperator", N.OPERATOR_CR_NAME), 60, "the ClusterOperator gone")
     wait(lambda: not env.daemonsets(), 30, "DaemonSets gone")
     wait(lambda: not env.get("clusterroles", "-l", N.LABEL_OPERATOR_OWNER)["items"], 30, "ClusterRoles gone")
     assert env.node_metax() == {"gpu-a": {}, "gpu-b": {}, "cpu": {}}

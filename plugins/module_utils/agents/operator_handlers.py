@@ -20,7 +20,7 @@ import datetime
 import logging
 import threading
 import time
-from typing import Any, Dict, Iterator, Mapping, Optional, Set
+from typing import Any, Callable, Dict, Iterator, List, Mapping, MutableMapping, Optional, Set, Tuple
 
 from .. import names
 from ..clusteroperator.apis import OPTIONAL_CRDS, helm_api_versions
@@ -161,19 +161,41 @@ def register(operator: Operator, args: argparse.Namespace, stop: Optional[thread
 
     @kopf.timer(*resource, id="status", interval=STATUS_INTERVAL, initial_delay=1.0, backoff=RETRY_BACKOFF)
     def refresh_status(body: Any, patch: Any, **_: Any) -> None:
-        # the rolling driver upgrade moves on at the status round: its patches first, so the
-        # status written below already shows them
-        rollout = operator.roll_driver(dict(body), time.time())
-        for kind, name, action in operator.audit_unwatched(dict(body), watched, handled(body)):
+        for kind, name, action in status_round(operator, body, patch.status, watched, handled):
             repairs.labels(kind, action).inc()
-            LOG.warning("drift: %s %s %s (found by reading it: no watch of its kind yet)", kind, name, action)
-        now = now_rfc3339()
-        new = operator.status(dict(body), now, rollout)
-        for cond in newly_true(body.get("status") or {}, new, NOTE_REASONS):
-            operator.cluster.post_event(dict(body), "Warning", cond["reason"], cond["message"], now)
-        if not same_status(body.get("status"), new):
-            for key, value in status_patch(body.get("status") or {}, new).items():
-                patch.status[key] = value
+
+
+def being_deleted(body: Mapping[str, Any]) -> bool:
+    return bool((body.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def status_round(operator: Operator, body: Mapping[str, Any], status: MutableMapping[str, Any], watched: Set[str],
+                 handled: Callable[[Mapping[str, Any]], bool]) -> List[Tuple[str, str, str]]:
+    """One round of the status timer: the driver rollout's next step, the owned objects no watch
+    covers yet (their repairs are returned), and the status keys that changed, set in ``status``.
+
+    A CR being deleted is the cleanup handler's alone: a rollout step would fight its hand-back of
+    the nodes, and a status write changes the resourceVersion that kopf's finalizer removal tests
+    (a 422 there left the CR with its finalizer until the next unrelated change). ``body`` is kopf's
+    live view for timers, so it is read again after the round's API reads.
+    """
+    if being_deleted(body):
+        return []
+    # the rolling driver upgrade moves on at the status round: its patches first, so the
+    # status written below already shows them
+    rollout = operator.roll_driver(dict(body), time.time())
+    repaired = operator.audit_unwatched(dict(body), watched, handled(body))
+    for kind, name, action in repaired:
+        LOG.warning("drift: %s %s %s (found by reading it: no watch of its kind yet)", kind, name, action)
+    now = now_rfc3339()
+    new = operator.status(dict(body), now, rollout)
+    if being_deleted(body):
+        return repaired
+    for cond in newly_true(body.get("status") or {}, new, NOTE_REASONS):
+        operator.cluster.post_event(dict(body), "Warning", cond["reason"], cond["message"], now)
+    if not same_status(body.get("status"), new):
+        status.update(status_patch(body.get("status") or {}, new))
+    return repaired
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from typing import Any, List
 import pytest
 
 from ansible_collections.metax.gpu.plugins.module_utils.agents import operator_controller as oc
+from ansible_collections.metax.gpu.plugins.module_utils.agents import operator_handlers as oh
 from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_handlers import failure_event, kopf_retry
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator.operator import Retry
 from ansible_collections.metax.gpu.plugins.module_utils.kube.leader import LeaderElector
@@ -159,3 +160,52 @@ def test_a_cleanup_with_pods_left_is_retried_by_kopf_after_two_seconds():
     with pytest.raises(RuntimeError):            # anything else goes through unchanged
         with kopf_retry():
             raise RuntimeError("helm template failed")
+
+
+class StatusRound:
+    """The Operator's side of a status round, recorded; ``delete_at`` marks the live body deleted
+    when that call comes (kopf updates a timer's body in place as watch events arrive)."""
+
+    def __init__(self, body: dict, delete_at: str = "") -> None:
+        self.body, self.delete_at, self.calls = body, delete_at, []   # type: ignore[var-annotated]
+        self.cluster = self
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if name == self.delete_at:
+            self.body["metadata"]["deletionTimestamp"] = "2026-11-29T02:06:15Z"
+
+    def roll_driver(self, body: Any, now: float) -> None:
+        self._call("roll_driver")
+
+    def audit_unwatched(self, body: Any, watched: Any, handled: bool) -> List[Any]:
+        self._call("audit_unwatched")
+        return [("ServiceMonitor", "gpu-exporter", "recreated")]
+
+    def status(self, body: Any, now: str, rollout: Any) -> dict:
+        self._call("status")
+        return {"nodes": {"gpu": 2, "ready": 2, "total": 3}}
+
+    def post_event(self, *args: Any) -> None:
+        self._call("post_event")
+
+
+def test_the_status_timer_leaves_a_cr_being_deleted_alone():
+    """A status write during the deletion changes the resourceVersion kopf's finalizer removal tests:
+    no rollout step, no status, once the (live) body shows the deletion, even mid-round."""
+    def handled(body: Any) -> bool:
+        return True
+
+    for delete_at, calls, written in (("", ["roll_driver", "audit_unwatched", "status"], True),
+                                      ("before", [], False),
+                                      ("status", ["roll_driver", "audit_unwatched", "status"], False)):
+        body = {"metadata": {"name": "cluster-operator", "uid": "u"}, "status": {}}
+        operator = StatusRound(body, delete_at)
+        if delete_at == "before":
+            operator._call("before")
+            operator.calls.clear()
+        status: dict = {}
+        repaired = oh.status_round(operator, body, status, set(), handled)   # type: ignore[arg-type]
+        assert operator.calls == calls, delete_at
+        assert bool(status) is written and (not written or status["nodes"]["gpu"] == 2), (delete_at, status)
+        assert repaired == ([("ServiceMonitor", "gpu-exporter", "recreated")] if calls else []), delete_at
