@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, MutableMapping,
 from .. import names
 from ..clusteroperator.apis import OPTIONAL_CRDS, helm_api_versions
 from ..clusteroperator.cluster import Cluster
+from ..clusteroperator.contract import being_deleted
 from ..clusteroperator.notes import NOTE_REASONS, newly_true, status_patch
 from ..clusteroperator.operator import Operator, Retry
 from ..clusteroperator.status import same_status
@@ -163,10 +164,6 @@ def register(operator: Operator, args: argparse.Namespace, stop: Optional[thread
     def refresh_status(body: Any, patch: Any, **_: Any) -> None:
         for kind, name, action in status_round(operator, body, patch.status, watched, handled):
             repairs.labels(kind, action).inc()
-
-
-def being_deleted(body: Mapping[str, Any]) -> bool:
-    return bool((body.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def status_round(operator: Operator, body: Mapping[str, Any], status: MutableMapping[str, Any], watched: Set[str],

@@ -24,7 +24,7 @@ changes to the controller. A component says
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from .. import names
 from ..kube.node import strip_change
@@ -135,6 +135,11 @@ def administrator_owned(obj: Mapping[str, object]) -> Optional[AdministratorOwne
     meta = obj.get("metadata")
     name = meta.get("name") if isinstance(meta, Mapping) else None
     return next((a for a in ADMINISTRATOR_OWNED if a.kind == obj.get("kind") and a.name == name), None)
+
+
+def being_deleted(obj: Mapping[str, Any]) -> bool:
+    """Whether ``obj`` is going: the API server has set its deletionTimestamp (its finalizers still run)."""
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def owner_id(owner: Mapping[str, object]) -> str:

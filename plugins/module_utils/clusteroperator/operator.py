@@ -23,7 +23,7 @@ from . import render
 from .apis import OPTIONAL_KINDS, Kind, helm_api_versions
 from .cluster import Cluster
 from .components import DRIVER, REGISTRY
-from .contract import Component, administrator_owned, deployed, owner_id
+from .contract import Component, administrator_owned, being_deleted, deployed, owner_id
 from .driver_rollout import RolloutPlan
 from .notes import not_applied_condition, seed_digest
 from .vfio import vfio_conditions
@@ -115,13 +115,12 @@ class Operator:
     def _still_current(self, body: Mapping[str, Any]) -> bool:
         """Whether the ClusterOperator ``body`` still exists as that object (same uid) and is not being deleted."""
         fresh = self.cluster.get(body)
-        meta = (fresh or {}).get("metadata") or {}
-        return fresh is not None and not meta.get("deletionTimestamp") and meta.get("uid") == body["metadata"]["uid"]
+        return fresh is not None and not being_deleted(fresh) and fresh["metadata"].get("uid") == body["metadata"]["uid"]
 
     def apis_changed(self, owner: Optional[Mapping[str, Any]], handled: bool = True) -> Optional[Dict[str, int]]:
         """An optional kind's CRD changed: reconcile when what the cluster serves is not what the
         last reconcile rendered with (None: nothing to do). A CR change not yet handled reconciles anyway."""
-        if not owner or (owner.get("metadata") or {}).get("deletionTimestamp") or not handled:
+        if not owner or being_deleted(owner) or not handled:
             return None
         served = self.cluster.served.get(refresh=True)
         with self._lock:
@@ -186,7 +185,7 @@ class Operator:
         """
         key = render.object_key(live)
         meta = live.get("metadata") or {}
-        if not owner or (owner.get("metadata") or {}).get("deletionTimestamp"):
+        if not owner or being_deleted(owner):
             return None  # no CR, or it is going: the finalizer removes everything
         if (meta.get("labels") or {}).get(names.LABEL_OPERATOR_OWNER) != owner_id(owner):
             return None
@@ -199,7 +198,7 @@ class Operator:
             desired = self._desired.get(key)
             if desired is None:
                 return None  # not (or no longer) ours to keep: pruned, component off, CR going
-            if event_type != "DELETED" and (meta.get("deletionTimestamp") or not render.drifted(live, desired)
+            if event_type != "DELETED" and (being_deleted(live) or not render.drifted(live, desired)
                                             or render.create_only(desired)):
                 return None
             # An event may be older than our last apply (a status update queued
@@ -207,7 +206,7 @@ class Operator:
             # and only a CR that still is this version may have it back (the
             # watch of the CR can lag behind the uninstall hook's delete).
             fresh = self.cluster.get(owner)
-            if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp") or \
+            if fresh is None or being_deleted(fresh) or \
                     (fresh["metadata"]["uid"], fresh["metadata"].get("generation", 0)) != version:
                 return None
             current = self.cluster.get(desired)

@@ -200,10 +200,9 @@ def test_the_status_timer_leaves_a_cr_being_deleted_alone():
                                       ("before", [], False),
                                       ("status", ["roll_driver", "audit_unwatched", "status"], False)):
         body = {"metadata": {"name": "cluster-operator", "uid": "u"}, "status": {}}
-        operator = StatusRound(body, delete_at)
         if delete_at == "before":
-            operator._call("before")
-            operator.calls.clear()
+            body["metadata"]["deletionTimestamp"] = "2026-11-29T02:06:15Z"
+        operator = StatusRound(body, delete_at)
         status: dict = {}
         repaired = oh.status_round(operator, body, status, set(), handled)   # type: ignore[arg-type]
         assert operator.calls == calls, delete_at
