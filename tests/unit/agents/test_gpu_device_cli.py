@@ -110,8 +110,10 @@ def test_serves_logs_json_and_stops_on_sigterm(make_node):
         assert body == b"ok\n"
         metrics = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2).read().decode()
         assert "metax_gpu_devices 8.0" in metrics
-        # the apiserver is away: the plugin serves the kubelet anyway, annotations are retried
-        deadline = time.monotonic() + 10
+        # the apiserver is away: the plugin serves the kubelet anyway, annotations are retried.
+        # The publisher starts after the API client is built (the kubernetes import): 60 s leaves
+        # room for a CI machine whose two cores also run the cluster stream (CI took 10 s + once)
+        deadline = time.monotonic() + 60
         while 'metax_gpu_annotation_patches_total{result="error"}' not in metrics:
             assert time.monotonic() < deadline, "no failed annotation patch counted"
             time.sleep(0.3)
