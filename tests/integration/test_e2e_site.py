@@ -130,7 +130,7 @@ def test_check_diff_on_the_installed_cluster(cluster, site):
                                                        if host != "localhost"), counts
     diff = [(line.lstrip()[0], re.search(r"--healthy-interval=\S+", line).group()) for line in out.splitlines()
             if line.lstrip().startswith(("+", "-")) and "--healthy-interval=" in line]
-    assert diff == [("-", "--healthy-interval=2"), ("+", "--healthy-interval=7")], diff
+    assert diff == [("-", "--healthy-interval=5"), ("+", "--healthy-interval=7")], diff   # the chart's default
     assert _release_state(cluster) == before
 
 
