@@ -128,13 +128,13 @@ class KubeletPeer:
                 self.errors.append(exc)
 
     # -- waiting ----------------------------------------------------------
-    def wait_for_registration(self, count: int = 1, timeout: float = 10.0):
+    def wait_for_registration(self, count: int = 1, timeout: float = 60.0):
         with self._lock:
             if not self._lock.wait_for(lambda: len(self.registrations) >= count, timeout):
                 raise AssertionError("no registration #%d within %ss" % (count, timeout))
             return self.registrations[count - 1]
 
-    def wait_for_devices(self, predicate, timeout: float = 10.0):
+    def wait_for_devices(self, predicate, timeout: float = 60.0):
         """The first recorded device list (newest first) satisfying ``predicate``."""
         def found():
             return next((u for u in reversed(self.updates) if predicate(u[1])), None)

@@ -92,7 +92,7 @@ def test_publisher_retries_and_writes_only_changes():
     pub._sleep = lambda delay: stop.wait(0.01)      # no real backoff in the test
     pub.start()
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while not writes and time.monotonic() < deadline:
             time.sleep(0.01)
         assert writes == [{"k": "1"}] and results == [False, False, True]
@@ -101,7 +101,7 @@ def test_publisher_retries_and_writes_only_changes():
         assert len(writes) == 1
         desired["k"] = "2"
         pub.trigger()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while len(writes) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert writes[-1] == {"k": "2"}
@@ -187,7 +187,7 @@ def test_metrics_endpoint(make_node, kubelet, run_agent):
             while "metax_gpu_devices_healthy 7.0" not in text and time.monotonic() < deadline:
                 time.sleep(0.1)
                 text = scrape()
-            deadline = time.monotonic() + 3
+            deadline = time.monotonic() + 30
             while agent.health()[0] is False and time.monotonic() < deadline:
                 time.sleep(0.05)
             health = urllib.request.urlopen(base + "/healthz", timeout=5)
@@ -252,7 +252,7 @@ def test_publisher_resync_reads_and_writes_only_when_the_node_changed():
     pub.start()
     try:
         assert _published(pub, 1) == 1
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while pub.resync_reads < 5 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert pub.resync_reads >= 5 and pub.writes == 1      # five resyncs, no write

@@ -57,7 +57,7 @@ def test_stop_ends_the_stream_and_resume_accepts_a_new_one(make_node, which):
         seen = []
         thread = threading.Thread(target=drain, args=(service.ListAndWatch(None, Context()), seen), daemon=True)
         thread.start()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while not seen and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(seen) == 1 and len(seen[0]) == (8 if service is device else 0)   # no GPU with VMs
@@ -76,7 +76,7 @@ def test_a_change_is_sent_and_a_gone_kubelet_ends_the_stream(make_node):
     thread.start()
     generator.fail_gpu(host, 3, "bus")
     device.state.refresh()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while len(seen) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(seen) == 2 and len(seen[1]) == 8      # the gone GPU stays listed (Unhealthy)
