@@ -40,7 +40,7 @@ class Agent:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)
 
     def get(self, path):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         try:
             conn.request("GET", path)
             resp = conn.getresponse()
@@ -49,7 +49,7 @@ class Agent:
             conn.close()
 
     def post(self, verb, body):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         try:
             conn.request("POST", "/" + verb, body=body)
             resp = conn.getresponse()
@@ -57,7 +57,9 @@ class Agent:
         finally:
             conn.close()
 
-    def wait(self, path="/healthz", status=200, timeout=20):
+    # Generous: the agent's start imports the kubernetes client, and on a loaded CI machine that
+    # alone can take tens of seconds; only a failing run waits this long.
+    def wait(self, path="/healthz", status=200, timeout=120):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -74,7 +76,7 @@ class Agent:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(15)
+                self.proc.wait(60)         # a graceful stop is asserted (code 0): do not kill it early
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -94,7 +96,7 @@ def agents():
         agent.stop()
 
 
-def wait_until(predicate, timeout=20):
+def wait_until(predicate, timeout=60):
     return polling.wait_until(predicate, timeout, interval=0.1)
 
 

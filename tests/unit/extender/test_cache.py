@@ -26,7 +26,7 @@ from extender_support import FakeApiServer, make_node
 LOG = logging.getLogger("test")
 
 
-def wait_for(predicate, timeout=10.0, what="condition"):
+def wait_for(predicate, timeout=60.0, what="condition"):
     polling.wait_until(predicate, timeout, what, interval=0.02)
 
 
@@ -157,7 +157,7 @@ def test_listwatch_resync_relists():
     lw = ListWatch("nodes", source, NodeCache(StateCache(), metrics, LOG), metrics, LOG, resync_seconds=1,
                    backoff=Backoff(0.01, 0.02)).start()
     try:
-        wait_for(lambda: source.calls.count("list") >= 2, timeout=8, what="resync")
+        wait_for(lambda: source.calls.count("list") >= 2, what="resync")
     finally:
         lw.stop()
 

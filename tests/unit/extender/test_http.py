@@ -14,7 +14,6 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 
 import pytest
 
@@ -25,6 +24,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import W
 from ansible_collections.metax.gpu.plugins.module_utils.extender.server import (
     DEFAULT_MAX_BODY_BYTES, ExtenderHTTPServer, tls_context)
 from ansible_collections.metax.gpu.plugins.module_utils.extender.service import ExtenderService
+import polling
 from extender_support import annotations, extender_args, gpu_pod, load_fixture, make_node
 
 LOG = logging.getLogger("test-http")
@@ -51,7 +51,7 @@ class Running:
     def port(self):
         return self.server.port
 
-    def connection(self, timeout=30):
+    def connection(self, timeout=60):
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
 
     def request(self, method, path, body=None, headers=None, conn=None):
@@ -190,10 +190,10 @@ def test_http_level_errors(running):
     status, data, _resp = srv.request("POST", "/filter", b"x" * 5000)
     assert status == 413 and b"--max-body-bytes" in data
     # no Content-Length
-    with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=60) as sock:
         sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 411")
-    with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=60) as sock:
         sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: -4\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 400")
     # chunked bodies are accepted (and limited)
@@ -226,7 +226,7 @@ def _read_to_close(sock):
 
 def _raw_exchange(port, request):
     """The raw head lines and body of one answer to ``request`` (the server closes the connection after it)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(request)
         data = _read_to_close(sock)
     head, _sep, body = data.partition(b"\r\n\r\n")
@@ -317,17 +317,20 @@ def test_graceful_stop_finishes_requests_in_progress(running):
     srv = running()
     idle = srv.connection()
     assert srv.request("GET", "/healthz", conn=idle)[0] == 200            # an idle keep-alive connection
-    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    # (polled, not slept: on a loaded machine the server's threads may lag the client's)
+    polling.wait_until(lambda: srv.server.busy_connections == 0, 60, "the keep-alive connection idle", interval=0.02)
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
     sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(NODES_BODY)
                  + NODES_BODY[:100])
-    time.sleep(0.2)                                                      # the request is in progress
-    stopper = threading.Thread(target=lambda: setattr(srv, "clean", srv.server.graceful_stop(10)))
+    polling.wait_until(lambda: srv.server.busy_connections == 1, 60, "the request in progress", interval=0.02)
+    # the stop's bound is generous: the request in progress is expected to finish (clean is asserted)
+    stopper = threading.Thread(target=lambda: setattr(srv, "clean", srv.server.graceful_stop(60)))
     stopper.start()
-    time.sleep(0.3)
+    polling.wait_until(lambda: srv.server.stopping, 60, "the graceful stop to begin", interval=0.02)
     sock.sendall(NODES_BODY[100:])
     data = _read_to_close(sock)
     sock.close()
-    stopper.join(10)
+    stopper.join(60)
     head, _sep, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head
     assert json.loads(body)["Error"] == ""
@@ -365,16 +368,16 @@ def test_https(running, tmp_path):
                     str(cert)], check=True, capture_output=True)
     srv = running(context=tls_context(str(cert), str(key)))
     client = ssl.create_default_context(cafile=str(cert))
-    conn = http.client.HTTPSConnection("127.0.0.1", srv.port, context=client, timeout=10)
+    conn = http.client.HTTPSConnection("127.0.0.1", srv.port, context=client, timeout=60)
     conn.request("POST", "/filter", body=NODES_BODY)
     resp = conn.getresponse()
     assert resp.status == 200 and json.loads(resp.read())["Error"] == ""
     conn.close()
     # a plain-HTTP client does not wedge the server
-    with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=60) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
         sock.recv(100)
-    conn = http.client.HTTPSConnection("127.0.0.1", srv.port, context=client, timeout=10)
+    conn = http.client.HTTPSConnection("127.0.0.1", srv.port, context=client, timeout=60)
     conn.request("GET", "/healthz")
     assert conn.getresponse().status == 200
     conn.close()
