@@ -26,5 +26,5 @@ class RunningAgent:
 
     def __exit__(self, *exc):
         self.agent.stop.set()
-        self.thread.join(10)
+        self.thread.join(60)          # generous: a loaded machine may be slow to finish a round
         assert not self.thread.is_alive(), "the agent did not stop"

@@ -62,7 +62,7 @@ def test_stop_ends_the_stream_and_resume_accepts_a_new_one(make_node, which):
             time.sleep(0.01)
         assert len(seen) == 1 and len(seen[0]) == (8 if service is device else 0)   # no GPU with VMs
         service.stop()
-        thread.join(5)
+        thread.join(60)
         assert not thread.is_alive()
         service.resume()
     assert device.streams == 0
@@ -82,5 +82,5 @@ def test_a_change_is_sent_and_a_gone_kubelet_ends_the_stream(make_node):
     assert len(seen) == 2 and len(seen[1]) == 8      # the gone GPU stays listed (Unhealthy)
     assert device.streams == 1
     context.active = False                          # the kubelet went away: the stream ends at its next poll
-    thread.join(5)
+    thread.join(60)
     assert not thread.is_alive() and device.streams == 0

@@ -69,7 +69,7 @@ def test_register_options_and_initial_list(shared):
     assert [d[0] for d in devices] == BDFS_8XC500
     assert [d[2] for d in devices] == [[0]] * 4 + [[1]] * 4     # NUMA nodes
     assert kubelet.stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=BDFS_8XC500[:1]),
-                                          timeout=5) == pb.PreStartContainerResponse()
+                                          timeout=60) == pb.PreStartContainerResponse()
 
 
 def test_preferred_allocation_is_the_allocators_choice(shared):
@@ -82,7 +82,7 @@ def test_preferred_allocation_is_the_allocators_choice(shared):
         pb.ContainerPreferredAllocationRequest(available_deviceIDs=BDFS_8XC500, allocation_size=4,
                                                must_include_deviceIDs=[BDFS_8XC500[5]]),
     ])
-    response = kubelet.stub.GetPreferredAllocation(request, timeout=5)
+    response = kubelet.stub.GetPreferredAllocation(request, timeout=60)
     got = [list(r.deviceIDs) for r in response.container_responses]
     expect_pair = allocate(inv.topology, range(2, 8), 2).devices
     expect_four = allocate(inv.topology, range(8), 4, [5]).devices
@@ -100,7 +100,7 @@ def test_allocate_device_nodes_and_environment(tmp_path, kubelet, run_agent):
             pb.ContainerAllocateRequest(devices_ids=[BDFS_8XC500[5], BDFS_8XC500[4]]),
             pb.ContainerAllocateRequest(devices_ids=[BDFS_8XC500[0]]),
         ])
-        response = kubelet.stub.Allocate(request, timeout=5)
+        response = kubelet.stub.Allocate(request, timeout=60)
     first, second = response.container_responses
     assert [(d.container_path, d.host_path, d.permissions) for d in first.devices] == [
         ("/dev/mxcd", "/var/lib/metax-sim/root/dev/mxcd", "rw"),
@@ -128,7 +128,7 @@ def test_allocate_malformed(shared, build, message):
     kubelet, agent = shared[1], shared[2]
     before = agent.service.allocations
     with pytest.raises(grpc.RpcError) as err:
-        kubelet.stub.Allocate(build(), timeout=5)
+        kubelet.stub.Allocate(build(), timeout=60)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in err.value.details()
     assert agent.service.allocations == before
@@ -146,7 +146,7 @@ def test_preferred_allocation_malformed(shared, creq, message):
     kubelet = shared[1]
     request = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(**creq)])
     with pytest.raises(grpc.RpcError) as err:
-        kubelet.stub.GetPreferredAllocation(request, timeout=5)
+        kubelet.stub.GetPreferredAllocation(request, timeout=60)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in err.value.details()
 
@@ -163,11 +163,11 @@ def test_health_changes_stream_and_recover(make_node, kubelet, run_agent):
         # an unhealthy device cannot be allocated
         with pytest.raises(grpc.RpcError) as err:
             kubelet.stub.Allocate(pb.AllocateRequest(container_requests=[
-                pb.ContainerAllocateRequest(devices_ids=[BDFS_8XC500[2]])]), timeout=5)
+                pb.ContainerAllocateRequest(devices_ids=[BDFS_8XC500[2]])]), timeout=60)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unhealthy" in err.value.details()
         # still allocatable around it, with the right device nodes (indices shifted on the bus)
         response = kubelet.stub.Allocate(pb.AllocateRequest(container_requests=[
-            pb.ContainerAllocateRequest(devices_ids=[BDFS_8XC500[3]])]), timeout=5)
+            pb.ContainerAllocateRequest(devices_ids=[BDFS_8XC500[3]])]), timeout=60)
         assert [d.container_path for d in response.container_responses[0].devices][1] == "/dev/dri/card3"
         generator.recover_gpu(host, 2)
         kubelet.wait_for_devices(all_healthy(8), timeout=30)
@@ -204,7 +204,11 @@ def test_kubelet_restart_reregisters(make_node, kubelet, run_agent):
         # that succeeded with the kubelet that came back.
         polling.wait_until(lambda: agent.health() == (True, "ok") and (agent.last_registration or 0.0) >= started, 60,
                            "the agent to be registered with the new kubelet and healthy", interval=0.05)
-        time.sleep(1)      # old servers are shut down: exactly one socket of ours, still there
+        # old servers are shut down (polled: a loaded machine may take a while): exactly one socket of ours,
+        # still there a second later
+        polling.wait_until(lambda: [n for n in os.listdir(kubelet.dir) if n.startswith("metax-gpu-")]
+                           == [agent.server.endpoint], 60, "the old servers' sockets removed", interval=0.1)
+        time.sleep(1)
         assert [n for n in os.listdir(kubelet.dir) if n.startswith("metax-gpu-")] == [agent.server.endpoint]
 
 
@@ -235,6 +239,9 @@ def test_waits_for_a_missing_kubelet(make_node, sockdir, run_agent, caplog):
     peer = KubeletPeer(os.path.join(sockdir, "device-plugins"))
     with run_agent(make_node("1xC500")) as agent:
         time.sleep(1.2)
+        # the first attempt follows discovery (the simulated mx-smi), slow on a loaded machine: polled
+        polling.wait_until(lambda: any("waiting for the kubelet" in r.getMessage() for r in list(caplog.records)), 60,
+                           "the agent to log that it waits for the kubelet", interval=0.1)
         assert agent.registrations == 0
         assert any("waiting for the kubelet" in r.getMessage() for r in caplog.records)
         peer.start()
@@ -278,13 +285,13 @@ def test_concurrent_calls(shared):
     def call(i):
         try:
             kubelet.stub.Allocate(pb.AllocateRequest(container_requests=[
-                pb.ContainerAllocateRequest(devices_ids=[BDFS_8XC500[i % 8]])]), timeout=5)
+                pb.ContainerAllocateRequest(devices_ids=[BDFS_8XC500[i % 8]])]), timeout=60)
         except grpc.RpcError as exc:     # pragma: no cover - reported below
             errors.append(exc)
     threads = [threading.Thread(target=call, args=(i,)) for i in range(16)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(10)
+        thread.join(60)
     assert not errors
     assert agent.service.allocations == before + 16
