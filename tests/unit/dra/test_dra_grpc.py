@@ -54,27 +54,27 @@ def test_the_kubelet_registers_the_plugin_and_prepares_claims(make_node, sockdir
         assert registry == [DRA_DRIVER + "-reg.sock"]
         with grpc.insecure_channel("unix://" + os.path.join(sockdir, "plugins_registry", registry[0])) as channel:
             watcher = reg_grpc.RegistrationStub(channel)
-            info = watcher.GetInfo(reg.InfoRequest(), timeout=5)
+            info = watcher.GetInfo(reg.InfoRequest(), timeout=60)
             assert (info.type, info.name, list(info.supported_versions)) == ("DRAPlugin", DRA_DRIVER, ["v1.DRAPlugin"])
             assert info.endpoint == os.path.join(sockdir, "plugins", DRA_DRIVER, "dra.sock")
-            watcher.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=5)
-        assert plugin.registration.wait_registered(1) and plugin.registration.state.calls == 1
+            watcher.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=60)
+        assert plugin.registration.wait_registered(60) and plugin.registration.state.calls == 1
         with grpc.insecure_channel("unix://" + info.endpoint) as channel:
             kubelet = dra_grpc.DRAPluginStub(channel)
             request = dra.NodePrepareResourcesRequest(claims=[
                 dra.Claim(namespace="ns", uid="u-1", name="train"), dra.Claim(namespace="ns", uid="u-2", name="gone")])
-            response = kubelet.NodePrepareResources(request, timeout=5)
+            response = kubelet.NodePrepareResources(request, timeout=60)
             assert set(response.claims) == {"u-1", "u-2"}       # every claim has an entry
             ok, failed = response.claims["u-1"], response.claims["u-2"]
             assert ok.error == "" and failed.error == "not found" and not failed.devices
             assert [(d.pool_name, d.device_name, list(d.request_names), list(d.cdi_device_ids)) for d in ok.devices] == [
                 ("node-a", names[i], ["gpus"], ["metax-tech.com/gpu=u-1-%s" % names[i]]) for i in (0, 1)]
             # the kubelet's retry is answered the same
-            assert kubelet.NodePrepareResources(request, timeout=5).claims["u-1"] == ok
+            assert kubelet.NodePrepareResources(request, timeout=60).claims["u-1"] == ok
             assert os.listdir(str(tmp_path / "cdi")) == ["metax-tech.com-gpu-claim-u-1.json"]
             gone = kubelet.NodeUnprepareResources(dra.NodeUnprepareResourcesRequest(claims=[
                 dra.Claim(namespace="ns", uid="u-1", name="train"), dra.Claim(namespace="ns", uid="u-2", name="gone")]),
-                timeout=5)
+                timeout=60)
             assert set(gone.claims) == {"u-1", "u-2"} and all(c.error == "" for c in gone.claims.values())
             assert os.listdir(str(tmp_path / "cdi")) == []
         assert plugin.service.calls == {"prepare": 2, "unprepare": 1}

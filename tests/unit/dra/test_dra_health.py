@@ -80,7 +80,7 @@ def served():
 def test_a_stream_waits_for_the_first_publication_then_sends_changes_and_resends(served):
     feed, service, socket = served
     with grpc.insecure_channel("unix://" + socket) as channel:
-        stream = hgrpc.DRAResourceHealthStub(channel).NodeWatchResources(hpb.NodeWatchResourcesRequest(), timeout=20)
+        stream = hgrpc.DRAResourceHealthStub(channel).NodeWatchResources(hpb.NodeWatchResourcesRequest(), timeout=120)
         threading.Timer(0.3, feed.update, args=(devices(),)).start()
         started = time.monotonic()
         first = next(stream)
@@ -105,7 +105,7 @@ def test_stopping_ends_open_streams(served):
     feed, service, socket = served
     feed.update(devices())
     with grpc.insecure_channel("unix://" + socket) as channel:
-        stream = hgrpc.DRAResourceHealthStub(channel).NodeWatchResources(hpb.NodeWatchResourcesRequest(), timeout=20)
+        stream = hgrpc.DRAResourceHealthStub(channel).NodeWatchResources(hpb.NodeWatchResourcesRequest(), timeout=120)
         next(stream)
         service.stop()
         with pytest.raises(StopIteration):
