@@ -14,6 +14,7 @@ def agent_env(**extra):
     return env
 
 
-def run_agent(module, *args, timeout=30):
+def run_agent(module, *args, timeout=120):
+    # generous: the agents import grpc and the kubernetes client, slow to start on a loaded CI machine
     return subprocess.run([sys.executable, "-m", module] + list(args), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, timeout=timeout, check=False, env=agent_env())

@@ -464,10 +464,10 @@ def test_the_slot_waiter_wakes_the_round_when_the_watched_pool_frees_a_slot(tmp_
     assert not wake.wait(0.3)                       # the pool is full: no round woken, no API call
     assert leases.calls[before:] == []              # chosen from the view: not even a list
     other.release()
-    assert wake.wait(10.0) and not mgr.slot_wanted.is_set()
+    assert wake.wait(60.0) and not mgr.slot_wanted.is_set()
     assert mgr.round() and numvfs(host) == [4, 4]
     stop.set()
-    waiter.join(10.0)
+    waiter.join(60.0)
     assert not waiter.is_alive()
 
 
@@ -673,7 +673,7 @@ def test_run_loop_opens_the_watches_it_is_given_and_their_wake_runs_a_round(tmp_
     opened[0][1].set()                          # what a watch's change does: the next round now, not in an hour
     _until(lambda: len(rounds) >= 2)
     stop_loop.set()
-    loop.join(10.0)
+    loop.join(60.0)
     assert not loop.is_alive() and numvfs(host) == [4, 4]
 
 

@@ -77,7 +77,7 @@ def test_gpu_pods_and_eviction_without_a_pod_list(kubelet):
     core = EvictingCore(kubelet)
     k = kube(core, kubelet)
     assert k.gpu_pods() == ["ml/a", "ml/b"] and core.evicted == []
-    assert k.evict_gpu_pods(timeout=5) == ["ml/a", "ml/b"]
+    assert k.evict_gpu_pods(timeout=60) == ["ml/a", "ml/b"]
     assert core.evicted == ["ml/a", "ml/b"] and k.gpu_pods() == []
 
 

@@ -28,7 +28,7 @@ from ports import free_port  # noqa: E402
 MODULE = "ansible_collections.metax.gpu.plugins.module_utils.agents.gpu_device"
 
 
-def run(*args, timeout=30):
+def run(*args, timeout=120):
     return run_agent(MODULE, *args, timeout=timeout)
 
 
@@ -96,19 +96,20 @@ def test_serves_logs_json_and_stops_on_sigterm(make_node):
          "--node-name", "n1", "--kubeconfig", kubeconfig],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=agent_env())
     try:
-        peer.wait_for_registration(1, timeout=20)
+        # generous: the process imports grpc and the kubernetes client first, slow on a loaded CI machine
+        peer.wait_for_registration(1, timeout=120)
         peer.wait_for_devices(lambda ds: len(ds) == 8)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while True:
             try:
-                body = urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=2).read()
+                body = urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=30).read()
                 break
             except OSError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
         assert body == b"ok\n"
-        metrics = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2).read().decode()
+        metrics = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=60).read().decode()
         assert "metax_gpu_devices 8.0" in metrics
         # the apiserver is away: the plugin serves the kubelet anyway, annotations are retried.
         # The publisher starts after the API client is built (the kubernetes import): 60 s leaves
@@ -117,13 +118,13 @@ def test_serves_logs_json_and_stops_on_sigterm(make_node):
         while 'metax_gpu_annotation_patches_total{result="error"}' not in metrics:
             assert time.monotonic() < deadline, "no failed annotation patch counted"
             time.sleep(0.3)
-            metrics = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2).read().decode()
+            metrics = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=60).read().decode()
         # registered before the Node read (auto mode): an Allocate waits for the mode, which the
-        # read's five failed tries (2 s apart) leave at devices
+        # read's five failed tries (2 s apart) leave at devices (about 10 s idle: generous for a loaded machine)
         peer.stub.Allocate(pb.AllocateRequest(container_requests=[
-            pb.ContainerAllocateRequest(devices_ids=["0000:03:00.0"])]), timeout=40)
+            pb.ContainerAllocateRequest(devices_ids=["0000:03:00.0"])]), timeout=120)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
+        assert proc.wait(60) == 0
         stderr = proc.stderr.read().decode()
         records = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
         assert any(r["msg"].startswith("registered metax-tech.com/gpu") for r in records)

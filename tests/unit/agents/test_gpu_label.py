@@ -115,10 +115,7 @@ def test_apiserver_away_backs_off_and_keeps_running(make_node):
         stop.wait(1.0)
         assert thread.is_alive() and not node.patches
         node.down = False
-        for attempt in range(100):  # pylint: disable=unused-variable
-            if node.patches:
-                break
-            stop.wait(0.1)
+        wait_until(lambda: node.patches, 60, "a patch once the apiserver is back", interval=0.1)
         assert node.labels[P + "gpu.installed"] == "true"
     finally:
         stop.set()
@@ -162,8 +159,8 @@ def test_process_keeps_running_without_apiserver(make_node, tmp_path):
         wait_until(lambda: len(retries()) >= 2 or proc.poll() is not None, 60, "gpu-label to retry twice")
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
-        reader.join(10)
+        assert proc.wait(60) == 0
+        reader.join(60)
         assert len(retries()) >= 2 and "get node n1" in retries()[0]["msg"]
     finally:
         if proc.poll() is None:
@@ -244,7 +241,7 @@ def test_ready_file_after_the_first_labelling_and_removed_on_exit(make_node, tmp
         assert ready.exists()
     finally:
         stop.set()
-        thread.join(5)
+        thread.join(60)
     assert not thread.is_alive() and not ready.exists()
 
 

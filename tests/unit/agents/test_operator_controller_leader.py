@@ -53,14 +53,14 @@ def test_healthz_is_served_for_both_roles():
     server = health.serve(0)
     port = server.server_address[1]
     try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=5) as resp:
+        with urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=60) as resp:
             assert resp.status == 200 and json.loads(resp.read()) == {"leader": False, "identity": "pod-a"}
         health.leading = True          # never renewed: 503
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=5)
+            urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=60)
         assert err.value.code == 503
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen("http://127.0.0.1:%d/other" % port, timeout=5)
+            urllib.request.urlopen("http://127.0.0.1:%d/other" % port, timeout=60)
         assert err.value.code == 404
     finally:
         server.shutdown()

@@ -163,7 +163,7 @@ def test_run_survives_failures_and_stops(make_node):
     thread.start()
     stop.wait(0.3)
     stop.set()
-    thread.join(5)
+    thread.join(60)
     assert not thread.is_alive()
 
 
