@@ -60,7 +60,7 @@ class Prometheus:
              "--web.listen-address=127.0.0.1:%d" % self.port, "--log.level=warn"],
             stdout=self.log, stderr=subprocess.STDOUT)
         try:
-            wait(self.ready, 60, "prometheus ready")
+            wait(self.ready, 120, "prometheus ready")      # generous: a loaded CI machine starts it slowly
         except AssertionError:
             self.stop()
             raise
@@ -70,7 +70,7 @@ class Prometheus:
             with open(self.log_path) as handle:
                 raise AssertionError("prometheus exited %s: %s" % (self.proc.returncode, handle.read()[-2000:]))
         try:
-            return urllib.request.urlopen("http://127.0.0.1:%d/-/ready" % self.port, timeout=2).status == 200
+            return urllib.request.urlopen("http://127.0.0.1:%d/-/ready" % self.port, timeout=30).status == 200
         except OSError:
             return False
 
@@ -79,7 +79,7 @@ class Prometheus:
 
     def query(self, promql):
         url = "http://127.0.0.1:%d/api/v1/query?%s" % (self.port, urllib.parse.urlencode({"query": promql}))
-        body = json.loads(urllib.request.urlopen(url, timeout=10).read().decode())
+        body = json.loads(urllib.request.urlopen(url, timeout=60).read().decode())
         assert body["status"] == "success", body
         return body["data"]["result"]
 

@@ -44,7 +44,7 @@ def test_every_reading_of_a_loaded_gpu_in_base_units(make_node):
     state = generator.load_state(host)
     busy, idle = state["gpus"][2]["bdf"], state["gpus"][5]["bdf"]
     generator.set_load(host, busy, 0.9, processes=2)
-    text = scrape(NodeReader(host, timeout=20.0))
+    text = scrape(NodeReader(host, timeout=60.0))
     util = series(text, "metax_gpu_utilization_ratio")
     assert len(util) == 8
     assert 0.7 <= util[busy] <= 0.9 and util[idle] < 0.05
@@ -73,7 +73,7 @@ def test_promtool_accepts_the_exposition(make_node):
     vf = generator.device_bdfs(host)[1]
     generator.set_load(host, vf, 0.5)
     generator.fail_gpu(host, 1, "smi")
-    reader = NodeReader(host, timeout=20.0, allocations=lambda: {vf: ("team-a", "train-0", "main")},
+    reader = NodeReader(host, timeout=60.0, allocations=lambda: {vf: ("team-a", "train-0", "main")},
                         eids=EidTracker(host.path))
     text = scrape(reader)
     ok, output = promtool_check_mx(text)
@@ -93,7 +93,7 @@ def test_vfs_pod_labels_and_health(make_node):
     vfs = [b for b in generator.device_bdfs(host) if b not in (pf0, pf1)]
     generator.set_load(host, vfs[1], 0.6)
     generator.fail_gpu(host, 1, "smi")
-    reader = NodeReader(host, timeout=20.0, allocations=lambda: {vfs[1]: ("team-a", "train-0", "main")})
+    reader = NodeReader(host, timeout=60.0, allocations=lambda: {vfs[1]: ("team-a", "train-0", "main")})
     text = scrape(reader)
     healthy = series(text, "metax_gpu_healthy")
     assert healthy == {pf0: 1.0, **{v: 1.0 for v in vfs}, pf1: 0.0}
@@ -123,7 +123,7 @@ def test_pod_labels_from_the_kubelets_pod_resources_api(make_node, tmp_path):
                         ("ml", "other", "c", "example.com/fpga", ["x"])]
     peer.start()
     try:
-        reader = NodeReader(host, timeout=20.0, allocations=pod_resources_reader(socket_path, "metax-tech.com/gpu"))
+        reader = NodeReader(host, timeout=60.0, allocations=pod_resources_reader(socket_path, "metax-tech.com/gpu"))
         text = scrape(reader)
     finally:
         peer.stop()
@@ -139,8 +139,8 @@ def test_pod_labels_from_the_kubelets_pod_resources_api(make_node, tmp_path):
 def test_simulated_readings_are_reproducible_and_change_over_time(make_node, monkeypatch):
     host = make_node("4xN100")
     generator.set_load(host, generator.device_bdfs(host)[0], 0.5)
-    first = scrape(NodeReader(host, timeout=20.0))
-    again = scrape(NodeReader(host, timeout=20.0))
+    first = scrape(NodeReader(host, timeout=60.0))
+    again = scrape(NodeReader(host, timeout=60.0))
     keep = ("metax_gpu_utilization_ratio", "metax_gpu_temperature_celsius", "metax_gpu_power_watts",
             "metax_gpu_memory_used_bytes")
 
@@ -149,7 +149,7 @@ def test_simulated_readings_are_reproducible_and_change_over_time(make_node, mon
 
     assert pick(first) == pick(again)
     monkeypatch.setenv("METAX_SIM_TIME", str(int(FIXED_TIME) + 75))
-    later = scrape(NodeReader(host, timeout=20.0))
+    later = scrape(NodeReader(host, timeout=60.0))
     assert pick(later) != pick(first)
     assert [(n, l) for n, l, _v in pick(later)] == [(n, l) for n, l, _v in pick(first)]
 
@@ -158,7 +158,7 @@ def test_old_mx_smi_without_json_reads_the_table(make_node):
     host = make_node("8xC500")
     generator.set_mx_smi_version(host, "2.2.9")
     generator.set_load(host, generator.device_bdfs(host)[0], 0.8)
-    reader = NodeReader(host, timeout=20.0)
+    reader = NodeReader(host, timeout=60.0)
     text = scrape(reader)
     assert series(text, "metax_gpu_exporter_mx_smi_up") == {"": 1.0}
     assert series(text, "metax_gpu_exporter_mx_smi_runs_total", command="json", result="error") == {"": 1.0}
@@ -178,9 +178,9 @@ def test_legacy_layout_reads_the_same_values(make_node):
     bdf = generator.device_bdfs(host)[0]
     generator.set_load(host, bdf, 0.8)
     generator.set_mx_smi_version(host, "2.1.6")
-    real = scrape(NodeReader(host, timeout=20.0))
+    real = scrape(NodeReader(host, timeout=60.0))
     generator.set_mx_smi_layout(host, "legacy")
-    legacy = scrape(NodeReader(host, timeout=20.0))
+    legacy = scrape(NodeReader(host, timeout=60.0))
     for name in ("metax_gpu_utilization_ratio", "metax_gpu_memory_used_bytes", "metax_gpu_power_watts"):
         assert series(real, name) == series(legacy, name)
 
@@ -194,7 +194,7 @@ def _replace_mx_smi(host, body):
 
 def test_failing_mx_smi_is_a_metric_and_a_problem(make_node, caplog):
     host = make_node("8xC500")
-    reader = NodeReader(host, timeout=20.0)
+    reader = NodeReader(host, timeout=60.0)
     reader.read()                       # discovery while mx-smi still works
     _replace_mx_smi(host, "echo 'mx-smi: failed to initialize MetaX management library' >&2; exit 9")
     with caplog.at_level("WARNING", logger="gpu-exporter.collect"):
@@ -212,7 +212,7 @@ def test_failing_mx_smi_is_a_metric_and_a_problem(make_node, caplog):
 
 def test_hung_mx_smi_ends_at_the_timeout(make_node):
     host = make_node("1xC500")
-    reader = NodeReader(host, timeout=20.0)
+    reader = NodeReader(host, timeout=60.0)
     reader.read()
     _replace_mx_smi(host, "exec sleep 30")
     reader.timeout = 0.5
@@ -226,7 +226,7 @@ def test_hung_mx_smi_ends_at_the_timeout(make_node):
 
 def test_unhealthy_when_mx_smi_no_longer_lists_a_gpu(make_node):
     host = make_node("4xN100")
-    reader = NodeReader(host, timeout=20.0)
+    reader = NodeReader(host, timeout=60.0)
     reader.read()
     bdf = generator.device_bdfs(host)[3]
     generator.fail_gpu(host, 3, "smi")
@@ -251,7 +251,7 @@ def test_discovery_without_mx_smi_is_repeated_until_it_answers(make_node):
     host = make_node("1xC500")
     path = host.join(generator.MX_SMI_PATH)
     os.rename(path, path + ".away")
-    reader = NodeReader(host, timeout=20.0)
+    reader = NodeReader(host, timeout=60.0)
     first = reader.read()
     assert first.devices[0].uuid == "" and not first.mx_smi_ok
     assert any("mx-smi not found" in p for p in first.problems)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import urllib.request
 
 from ansible_collections.metax.gpu.plugins.module_utils.exporter.cache import SharedReading
@@ -15,7 +16,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.exporter.cache import Sh
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agents"))
 from agent_process import agent_env  # noqa: E402
 
-GUARD = 30.0     # a join that needs this long means a hung scrape: the test fails, it does not time anything
+GUARD = 60.0     # a join that needs this long means a hung scrape: the test fails, it does not time anything
 
 
 class Clock:
@@ -105,9 +106,8 @@ def test_a_slow_reading_serves_the_previous_one_and_starts_no_other():
     assert reader.calls == 2
     assert cache.age() == 40.0
     gate.set()
-    for _poll in range(1000):
-        if not cache.running:
-            break
+    deadline = time.monotonic() + GUARD
+    while cache.running and time.monotonic() < deadline:
         threading.Event().wait(0.01)
     assert cache.get() == "reading-2"
 
@@ -146,11 +146,14 @@ def test_agent_process_ten_scrapers_one_mx_smi_reading(make_node):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=agent_env())
     try:
         url = "http://127.0.0.1:%d/metrics" % port
-        for _attempt in range(300):
+        deadline = time.monotonic() + 120       # the process's start: generous for a loaded CI machine
+        while True:
             try:
-                urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=5).read()
+                urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=GUARD).read()
                 break
             except OSError:
+                if time.monotonic() > deadline:
+                    break
                 threading.Event().wait(0.1)
         scrapers = 10
         bodies = [None] * scrapers

@@ -58,7 +58,7 @@ def scraped(tmp_path_factory):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=agent_env())
     prometheus = None
     try:
-        wait(lambda: _healthz(port), 60, "gpu-exporter /healthz")
+        wait(lambda: _healthz(port), 120, "gpu-exporter /healthz")      # the process imports grpc: generous
         prometheus = Prometheus("127.0.0.1:%d" % port)
         wait(lambda: len(prometheus.query("metax_gpu_healthy")) == 6, 60, "6 devices in Prometheus")
         yield host, prometheus, {"pfs": pfs, "vfs": vfs}
@@ -72,7 +72,7 @@ def scraped(tmp_path_factory):
 
 def _healthz(port):
     try:
-        return urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=2).status == 200
+        return urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=30).status == 200
     except OSError:
         return False
 

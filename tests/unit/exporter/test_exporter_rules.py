@@ -61,7 +61,7 @@ def test_failed_gpu_fires_the_unhealthy_alert(make_node, tmp_path, monkeypatch):
     monkeypatch.setenv("METAX_SIM_TIME", "1790000000")
     host = make_node("4xN100")
     generator.fail_gpu(host, 2, "smi")
-    text = Exporter(NodeReader(host, timeout=20.0), "gpu-node-1", 60.0, 30.0).exposition().decode()
+    text = Exporter(NodeReader(host, timeout=60.0), "gpu-node-1", 60.0, 30.0).exposition().decode()
     health = [(labels, value) for name, labels, value in samples(text) if name == "metax_gpu_healthy"]
     assert sorted(v for _l, v in health) == [0.0, 1.0, 1.0, 1.0]
     failed = [labels for labels, value in health if value == 0.0][0]
@@ -92,7 +92,7 @@ def test_failed_gpu_fires_the_unhealthy_alert(make_node, tmp_path, monkeypatch):
 
 def test_healthy_node_fires_nothing_and_a_failing_mx_smi_does(make_node, tmp_path):
     host = make_node("1xC500")
-    reader = NodeReader(host, timeout=20.0)
+    reader = NodeReader(host, timeout=60.0)
     ok = Exporter(reader, "gpu-node-1", 60.0, 30.0).exposition().decode()
     path = host.join(generator.MX_SMI_PATH)
     with open(path, "w") as handle:
@@ -123,7 +123,7 @@ def test_health_alerts_fire_on_the_signals_gpu_exporter_reads(make_node, tmp_pat
     from ansible_collections.metax.gpu.plugins.module_utils.health.eid import EidTracker
     monkeypatch.setenv("METAX_SIM_TIME", "1790000000")
     host = make_node("8xC500")
-    reader = NodeReader(host, timeout=20.0, eids=EidTracker(host.path))
+    reader = NodeReader(host, timeout=60.0, eids=EidTracker(host.path))
     before = Exporter(reader, "gpu-node-1", 60.0, 30.0).exposition().decode()
     sim_signals.inject_signals(host, 1, ecc={"dram_uncorrectable": 1}, pci_events={"aer_ue": 2}, ras={"uncorrected": 3},
                                mxlk_aer={"0": {"ue": 1}})

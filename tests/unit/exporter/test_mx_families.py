@@ -54,7 +54,7 @@ def test_the_real_products_dashboard_families_parse_and_agree_with_ours(make_nod
     state = generator.load_state(host)
     busy = state["gpus"][2]["bdf"]
     generator.set_load(host, busy, 0.9, processes=2)
-    text = scrape(NodeReader(host, timeout=20.0, eids=EidTracker(host.path)), node="gpu-node-7")
+    text = scrape(NodeReader(host, timeout=60.0, eids=EidTracker(host.path)), node="gpu-node-7")
     found = families(text)
     assert {f.name for f in MX_FAMILIES} <= set(found)
     usage = by_device(found, "mx_gpu_usage")
@@ -84,7 +84,7 @@ def test_a_gpu_assigned_to_a_container_carries_exported_pod_labels_and_vfs_have_
     host = make_node("2xC550-sriov")
     pf0, pf1 = [g["bdf"] for g in generator.load_state(host)["gpus"]]
     with_vfs(host, pf0, 4)
-    reader = NodeReader(host, timeout=20.0, allocations=lambda: {pf1: ("team-a", "train-0", "main")})
+    reader = NodeReader(host, timeout=60.0, allocations=lambda: {pf1: ("team-a", "train-0", "main")})
     found = families(scrape(reader))
     usage = found["mx_memory_used"]
     assert len(usage) == 2      # the two GPUs; the VFs of GPU 0 are not mx-exporter devices
@@ -104,7 +104,7 @@ def test_the_real_2_2_12_json_and_2_2_9_table_give_the_real_values(make_node):
         js = handle.read().replace("0000:37:00.0", bdf)
     with open(os.path.join(SAMPLES, "table-2.2.9-8xC500.txt")) as handle:
         table = handle.read().replace("0000:0e:00.0", bdf)
-    reader = NodeReader(host, timeout=20.0)
+    reader = NodeReader(host, timeout=60.0)
     reader.read()       # discovery with the simulated mx-smi (UUIDs)
     for name, text in (("json", js), ("table", table)):
         with open(host.join("usr/bin/mx-smi.%s" % name), "w") as handle:
@@ -124,7 +124,7 @@ def test_the_real_2_2_12_json_and_2_2_9_table_give_the_real_values(make_node):
 
 def test_an_mx_smi_that_fails_leaves_only_the_state_it_can_tell(make_node):
     host = make_node("1xC500")
-    reader = NodeReader(host, timeout=20.0)
+    reader = NodeReader(host, timeout=60.0)
     reader.read()
     _replace_mx_smi(host, "echo 'mx-smi: failed to initialize MetaX management library' >&2; exit 9")
     found = families(scrape(reader))
@@ -137,7 +137,7 @@ def test_an_mx_smi_that_fails_leaves_only_the_state_it_can_tell(make_node):
 def test_ecc_errors_from_count_ecc_every_fourth_reading(make_node):
     from ansible_collections.metax.gpu.plugins.module_utils.exporter.collect import ECC_EVERY_READINGS
     host = make_node("1xC500")
-    reader = NodeReader(host, timeout=20.0)
+    reader = NodeReader(host, timeout=60.0)
     found = families(scrape(reader))
     assert by_device(found, "mx_ecc_error_count") == {"0": 0.0}
     state = generator.load_state(host)
@@ -165,7 +165,7 @@ def test_ecc_errors_from_count_ecc_every_fourth_reading(make_node):
 def test_an_mx_smi_without_count_ecc_serves_the_rest(make_node):
     host = make_node("1xC500")
     generator.set_mx_smi_version(host, "2.2.9")
-    reader = NodeReader(host, timeout=20.0)
+    reader = NodeReader(host, timeout=60.0)
     found = families(scrape(reader))
     assert "mx_ecc_error_count" not in found and by_device(found, "mx_gpu_usage") == {"0": 0.0}
     for _reading in range(5):
@@ -178,7 +178,7 @@ def test_health_signals_per_gpu_with_the_pod_holding_it(make_node):
     host = make_node("8xC500")
     bdfs = [g["bdf"] for g in generator.load_state(host)["gpus"]]
     owners = {bdfs[3]: ("team-a", "train-0", "main")}
-    reader = NodeReader(host, timeout=20.0, allocations=lambda: owners, eids=EidTracker(host.path))
+    reader = NodeReader(host, timeout=60.0, allocations=lambda: owners, eids=EidTracker(host.path))
     found = families(scrape(reader))
     assert by_device(found, "mx_driver_eid_errors") == {str(i): 0.0 for i in range(8)}
     assert by_device(found, "mx_ecc_error_detail", memory="dram", type="ue") == {str(i): 0.0 for i in range(8)}
