@@ -211,14 +211,14 @@ def test_stop_ends_the_loop_and_closes_the_source():
         def watch(self, version, timeout):
             self.calls.append("watch %s" % version)
             opened.set()
-            stop.wait(10)
+            stop.wait(60)          # until the test stops the loop (generous: it must come first)
             yield event("ADDED", "late", "9")     # read after stop: not applied
 
     source = Blocking(lists=[([], "1")], watches=[], stop=stop)
     handler = Recorder()
     loop = ListWatch("things", source, handler, LOG, stop=stop).start()
-    assert opened.wait(10)
-    loop.stop(timeout=10)
+    assert opened.wait(60)
+    loop.stop(timeout=60)
     assert loop.thread is not None and not loop.thread.is_alive()
     assert "close" in source.calls and handler.seen == [("replace", [])]
 
