@@ -231,7 +231,7 @@ def serving_fixture(tls):
 
 def post(tls, port, body, path=ew.PATH):
     client = ssl.create_default_context(cafile=str(tls / "tls.crt"))
-    conn = http.client.HTTPSConnection("127.0.0.1", port, context=client, timeout=10)
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=client, timeout=60)
     try:
         conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
@@ -262,7 +262,7 @@ def test_https_refuses_bad_requests(serving, tls):
     assert post(tls, srv.port, review_body(request()), path="/other")[0] == 404
     # a body over the limit is refused from its Content-Length, before it is read
     client = ssl.create_default_context(cafile=str(tls / "tls.crt"))
-    conn = http.client.HTTPSConnection("127.0.0.1", srv.port, context=client, timeout=10)
+    conn = http.client.HTTPSConnection("127.0.0.1", srv.port, context=client, timeout=60)
     conn.putrequest("POST", ew.PATH)
     conn.putheader("Content-Length", str(ew.MAX_BODY_BYTES + 1))
     conn.endheaders()
@@ -280,7 +280,7 @@ def test_plain_and_idle_clients_do_not_wedge_it(serving, tls):
             sock.recv(100)
         except OSError:
             pass
-    idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _conn in range(ew.MAX_CONNECTIONS + 8)]
+    idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=60) for _conn in range(ew.MAX_CONNECTIONS + 8)]
     try:
         started = time.monotonic()
         status, doc = post(tls, srv.port, review_body(request()))

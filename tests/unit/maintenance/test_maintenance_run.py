@@ -134,7 +134,7 @@ def no_sleep(_seconds):
 
 def test_pause_cordons_pauses_waits_for_the_agents_and_evicts_then_resume_undoes_it():
     core = FakeCore(gpu_pods=["train-0"])
-    out = maintenance.pause(api(core), "gpu-1", HEALTH, evict=maintenance.Eviction(timeout=5), sleep=no_sleep)
+    out = maintenance.pause(api(core), "gpu-1", HEALTH, evict=maintenance.Eviction(timeout=60), sleep=no_sleep)
     assert core.cordoned() and core.labels()[N.LABEL_AGENTS_PAUSED] == HEALTH
     assert core.annotations() == {N.ANNOTATION_MAINTENANCE_OWNER: HEALTH,
                                   N.ANNOTATION_MAINTENANCE_CORDON: N.MAINTENANCE_CORDON_OURS}
