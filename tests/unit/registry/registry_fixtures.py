@@ -80,7 +80,7 @@ def _serve(root: str, config: List[str], port: int, user: str = "", password: st
     proc = subprocess.Popen([registry_bin(), "serve", os.path.join(root, "config.yml")],
                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(root, "log"), "wb"))
     reg = LocalRegistry("127.0.0.1:%d" % port, proc, root, user, password, ca)
-    deadline = time.time() + 20
+    deadline = time.time() + 60          # generous: a loaded CI machine starts it slowly
     while time.time() < deadline:
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:

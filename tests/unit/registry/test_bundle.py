@@ -181,7 +181,7 @@ def containerd():
     proc = subprocess.Popen([shutil.which("containerd"), "--config", config],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = dict(os.environ, CONTAINERD_ADDRESS=os.path.join(root, "c.sock"))
-    deadline = time.time() + 20
+    deadline = time.time() + 60          # generous: a loaded CI machine starts it slowly
     while time.time() < deadline:
         if subprocess.run(["ctr", "version"], env=env, capture_output=True, check=False).returncode == 0:
             break

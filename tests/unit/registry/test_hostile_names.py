@@ -93,7 +93,7 @@ def test_hostile_versions(value):
 # real sources against a real registry
 
 def _catalog(registry) -> list:
-    return requests.get("http://%s/v2/_catalog" % registry.host, timeout=10).json().get("repositories") or []
+    return requests.get("http://%s/v2/_catalog" % registry.host, timeout=60).json().get("repositories") or []
 
 
 def _chart(path, name: str) -> str:
