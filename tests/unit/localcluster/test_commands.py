@@ -85,7 +85,7 @@ def host(tmp_path):
 def test_wait_returns_once_the_check_passes(host, tmp_path):
     flag = tmp_path / "ready"
     host.start(ProcessSpec("maker", ("/bin/sh", "-c", "sleep 0.3; touch %s; exec sleep 60" % flag)))
-    wait_for(host, "the flag", 20, "maker", flag.exists, interval=0.05)
+    wait_for(host, "the flag", 60, "maker", flag.exists, interval=0.05)
     assert flag.exists()
 
 
@@ -110,7 +110,7 @@ def test_a_failing_check_counts_as_not_yet(host):
             raise RuntimeError("connection refused")
         return True
 
-    wait_for(host, "a flaky check", 20, "", check, interval=0.01)
+    wait_for(host, "a flaky check", 60, "", check, interval=0.01)
     assert len(calls) == 3
 
 

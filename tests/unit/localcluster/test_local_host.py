@@ -84,9 +84,8 @@ def test_term_ignored_then_killed(host, tmp_path):
     lines: list[str] = []
     host.log = lines.append
     pid = host.start(spec)
-    for _attempt in range(100):
-        if ready.exists():
-            break
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ready.exists()
     host.stop("stubborn")
@@ -134,9 +133,8 @@ def test_bash_started_is_kept_and_stopped_by_python(host, tmp_path):
     os.makedirs(host.logs)
     _bash(host, tmp_path, "start sleeper /usr/bin/sleep 300")
     # bash's `setsid ... &` returns before the child has exec'd sleep (cluster.sh waits for each process too)
-    for _attempt in range(100):
-        if host.running("sleeper"):
-            break
+    deadline = time.monotonic() + 60
+    while not host.running("sleeper") and time.monotonic() < deadline:
         time.sleep(0.05)
     pid = host.pid("sleeper")
     assert pid and host.start(SLEEP) == pid  # same hash: adopted, not restarted

@@ -40,12 +40,12 @@ out["route_get"] = subprocess.run(["ip", "netns", "exec", "metax-gpu-vm", "ip", 
 server = subprocess.Popen(["ip", "netns", "exec", "metax-gpu-vm-2", sys.executable, "-c",
     "import socket; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
     "s.bind(('10.250.0.12', 18080)); s.listen(1); c, a = s.accept(); c.sendall(a[0].encode()); c.close()"])
-client = ("import socket, time\nfor i in range(50):\n    try:\n"
+client = ("import socket, time\nfor i in range(600):\n    try:\n"
           "        s = socket.create_connection(('10.250.0.12', 18080), 2); break\n"
           "    except OSError:\n        time.sleep(0.1)\nprint(s.recv(64).decode())")
 out["peer_seen_by_server"] = subprocess.run(["ip", "netns", "exec", "metax-gpu-vm", sys.executable, "-c", client],
-                                            capture_output=True, text=True, timeout=30).stdout.strip()
-server.wait(timeout=30)
+                                            capture_output=True, text=True, timeout=120).stdout.strip()
+server.wait(timeout=120)
 for c in comps:
     c.down(host)
 out["ready_after_down"] = [c.ready(host) for c in comps]
@@ -60,7 +60,7 @@ def test_node_networks_in_private_namespaces(tmp_path):
     script = 'mkdir -p /run/netns && mount -t tmpfs tmpfs /run/netns && exec "$@"'
     proc = subprocess.run(["unshare", "--net", "--mount", "sh", "-c", script, "sh", sys.executable, "-c", DRIVER,
                            str(tmp_path / "state")], env=dict(os.environ, PYTHONPATH=TESTS), capture_output=True,
-                          text=True, timeout=180, check=False)
+                          text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["ready_before"] == [False, False]

@@ -33,7 +33,8 @@ def component(tmp_path):
 
 
 def _wait_ready(comp, host) -> bool:
-    for _attempt in range(100):
+    deadline = time.monotonic() + 60          # generous: a loaded CI machine starts the registries slowly
+    while time.monotonic() < deadline:
         if comp.ready(host):
             return True
         time.sleep(0.1)
