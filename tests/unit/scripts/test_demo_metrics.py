@@ -53,7 +53,7 @@ def test_promtool_accepts_the_configuration(tmp_path):
 @pytest.fixture
 def sleeper(tmp_path, monkeypatch):
     monkeypatch.setenv("METAX_CLUSTER_DIR", str(tmp_path))
-    proc = subprocess.Popen(["sleep", "60"])
+    proc = subprocess.Popen(["sleep", "600"])     # far longer than any wait below: only a kill ends it
     yield proc
     proc.kill()
     proc.wait()
@@ -79,4 +79,4 @@ def test_a_stale_pid_file_kills_nothing(sleeper):
 def test_its_own_previous_prometheus_is_stopped(sleeper):
     _record(sleeper, os.path.realpath(shutil.which("sleep")))
     demo_metrics.stop_previous()
-    assert sleeper.wait(10) is not None
+    assert sleeper.wait(60) is not None
