@@ -273,7 +273,7 @@ def test_with_evict_the_holders_go_first_while_their_agent_still_serves():
     with pytest.raises(S.SwitchRefused, match="ml/claimer"):
         run(cluster, DP)
     assert cluster.patches == []
-    out = run(cluster, DP, evict=maintenance.Eviction(timeout=5))
+    out = run(cluster, DP, evict=maintenance.Eviction(timeout=60))
     assert out.evicted["evicted"] == ["ml/claimer"] and out.plan.holders == ["ml/claimer"]
     # gpu-dra was still there to unprepare the claim when its pod was evicted
     assert "evicted ml/claimer while gpu-dra serves" in cluster.log
