@@ -22,11 +22,10 @@ node change in ``driver/backend.py`` and ``vfnum/backend.py`` (the code of
 4. applies its node's vfnum entry (``VfnumNode``): state label
    ``gpu.vfnum.state``, at most ``--vfnum-max-parallel`` nodes at once.
 
-A failure (driver in use, invalid entry) is an Event on the ClusterOperator
-and the node annotation ``driver.message`` / ``gpu.vfnum.message``, from which
-the controller's status makes the ``Degraded`` condition; the same failure is
-retried with backoff, never in a tight loop. Between rounds it watches the
-ConfigMap, so an edit is applied within a second or two.
+A failure (driver in use, invalid entry) is an Event on the ClusterOperator and the node
+annotation ``driver.message`` / ``gpu.vfnum.message``, from which the controller's status makes
+``Degraded``; it is retried with backoff, never in a tight loop. Between rounds it watches the
+ConfigMap (an edit applies within a second or two); work left waiting is looked at again soon.
 """
 
 from __future__ import annotations
@@ -45,10 +44,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from .. import names
 from ..backoff import Backoff
 from ..driver import backend, policy
-from ..driver.node_upgrade import DriverNode, node_upgrade
+from ..driver.node_upgrade import UPGRADE_PENDING, DriverNode, node_upgrade
 from ..driver.reload import reload_driver
 from ..errors import MetaxGpuError
-from ..health.ladder import health_condition, remediating
+from ..health.ladder import NONE as LADDER_IDLE, health_condition, remediating
 from ..health.remediation import Ladder
 from ..health.remediation_kube import RemediationKube
 from ..host import HostRoot, HostRootError
@@ -93,6 +92,9 @@ VFNUM_SLOT_PREFIX = "metax-vfnum-slot"
 # retries after SLOT_RETRY to twice that, at random (the waiters do not retry in step); with the
 # view, its round is woken when the view shows a slot free for it (kube/slots.py wait_turn).
 SLOT_RETRY = 5.0
+# Work left waiting (an in-place upgrade for idle GPUs, a remediation step) is looked at again after
+# this, doubling up to the interval: no watch sees a GPU pod end or a slot free, and days cost no more.
+WAITING_RETRY = 5.0
 
 
 @dataclass
@@ -365,6 +367,7 @@ class Manager:
         self.slots = kube.vfnum_slots(vfnum_policy.max_parallel)
         # set by a round whose vfnum change waits for a slot (run_loop's slot waiter wakes the next)
         self.slot_wanted = threading.Event()
+        self.waiting = False        # the last round left work waiting on the node (run_loop looks again soon)
         self.driver = DriverNode(host, kube, deploy_policy, payload_dir, payload_version, ready_file, runner)
         self.vfnum = VfnumNode(host, kube, vfnum_policy, self.slots, self.round_clock)
         self.ladder = Ladder(kube, kube.node, host, lambda: reload_driver(host, self.driver.cmds, kube.gpu_pods()),
@@ -422,13 +425,13 @@ class Manager:
         target = upgrade.target if driver.acts_on(upgrade) else None    # the version to upgrade to now
         vfnum_first = self.driver_verified and target is None
         vfnum_ok = self.vfnum_round(config) if vfnum_first else True
-        ok = True
+        ok, upgrade_state = True, None
         try:
             # the controller's target for this node is the kernel driver this payload declares
             driver.publish_payload(driver.node_annotations)
             if target is not None:
                 # a failed upgrade is reported on the node (state failed), rolled back, and not retried
-                driver.upgrade_driver(target, params, upgrade.in_place)
+                upgrade_state = driver.upgrade_driver(target, params, upgrade.in_place)
             else:
                 driver.reconcile_driver(params)
             LOG.debug("driver reconciled %.2f s into the round", self.round_clock())
@@ -439,11 +442,13 @@ class Manager:
             ok = False
         if not vfnum_first:
             vfnum_ok = self.vfnum_round(config)
+        ladder_action = LADDER_IDLE
         try:     # the health remediation ladder (health/remediation.py): its failure is not the driver's
             if getattr(self.kube, "last_node", None) is not None:
-                self.ladder.round(self.kube.last_node)
+                ladder_action = self.ladder.round(self.kube.last_node)
         except (ApiException, MetaxGpuError, OSError) as exc:
             LOG.warning("remediation ladder: %s", exc)
+        self.waiting = upgrade_state == UPGRADE_PENDING or ladder_action != LADDER_IDLE
         return ok and vfnum_ok
 
     def read_config(self) -> Config:
@@ -513,6 +518,7 @@ def run_loop(manager: Manager, interval: float, stop: threading.Event, watch: bo
     """Rounds until ``stop``, woken early by the watches that ``watches`` opens (the pod's own,
     :func:`open_watches`; the scale fleet's feed many stand-ins from one per kind)."""
     backoff = Backoff(initial=5.0, cap=300.0)
+    patience = Backoff(initial=min(WAITING_RETRY, interval), cap=interval)     # rounds that left work waiting
     wake = threading.Event()
 
     def stopped() -> None:
@@ -534,6 +540,10 @@ def run_loop(manager: Manager, interval: float, stop: threading.Event, watch: bo
         wait = interval if ok else backoff.next_delay()
         if ok:
             backoff.reset()
+        if ok and manager.waiting:
+            wait = min(wait, patience.next_delay())
+        else:
+            patience.reset()
         if manager.slot_wanted.is_set() and not watch:
             wait = min(wait, slot_retry())      # no slot waiter: the blind, jittered retry
         wake.wait(wait)

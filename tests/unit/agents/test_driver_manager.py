@@ -677,6 +677,29 @@ def test_run_loop_opens_the_watches_it_is_given_and_their_wake_runs_a_round(tmp_
     assert not loop.is_alive() and numvfs(host) == [4, 4]
 
 
+def test_run_loop_looks_again_soon_while_a_round_leaves_work_waiting(tmp_path, monkeypatch):
+    """An in-place upgrade waiting for idle GPUs (or a remediation step) is looked at again after
+    WAITING_RETRY, doubling, not after the interval: nothing wakes the loop when a GPU pod ends."""
+    host = node(tmp_path)
+    mgr, _kube = manager(tmp_path, host, "IfNotPresent")
+    monkeypatch.setattr(dm, "WAITING_RETRY", 0.01)
+    rounds = []
+
+    def waiting_three_times():
+        rounds.append(len(rounds))
+        mgr.waiting = len(rounds) <= 3
+        return True
+    mgr.round = waiting_three_times
+    stop_loop = threading.Event()
+    loop = threading.Thread(target=dm.run_loop, args=(mgr, 3600.0, stop_loop), kwargs={"watch": False}, daemon=True)
+    loop.start()
+    _until(lambda: len(rounds) >= 4)
+    assert len(rounds) >= 4 and not mgr.waiting     # three waiting rounds, each followed by another, no wake
+    stop_loop.set()
+    loop.join(60.0)
+    assert not loop.is_alive()
+
+
 def test_quiet_rounds_write_the_driver_mode_once_and_again_only_when_the_node_lost_it(tmp_path):
     host = node(tmp_path)
     mgr, kube = manager(tmp_path, host, "IfNotPresent")
@@ -843,6 +866,7 @@ def test_an_in_place_upgrade_waits_while_a_pod_uses_the_gpus_says_so_and_goes_on
     kube.start_upgrade(VENDOR)
     kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_IN_PLACE] = "true"
     assert mgr.round() and mgr.round()                      # a wait, not a failure: no DriverFailed
+    assert mgr.waiting                                      # run_loop looks again soon, not after the interval
     assert loaded(host) == OLD and kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_REQUIRED
     message = kube.node_annotations[N.ANNOTATION_DRIVER_UPGRADE_MESSAGE]
     assert message.startswith("pending: in use (pod ml/train-0 requests metax-tech.com/gpu)")
@@ -851,7 +875,7 @@ def test_an_in_place_upgrade_waits_while_a_pod_uses_the_gpus_says_so_and_goes_on
     assert not any(e[0] == "DriverFailed" for e in kube.events) and kube.evictions == []
     assert os.path.exists(str(tmp_path / "ready"))          # the old driver stays ready meanwhile
     kube.pods = []
-    assert mgr.round()
+    assert mgr.round() and not mgr.waiting
     assert loaded(host) == VENDOR_KMD and kube.node_labels[N.LABEL_DRIVER_UPGRADE_STATE] == N.DRIVER_UPGRADE_DONE
     assert N.ANNOTATION_DRIVER_UPGRADE_MESSAGE not in kube.node_annotations
 
