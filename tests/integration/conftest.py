@@ -346,3 +346,26 @@ def cluster(request):
             pytest.fail("local cluster harness: %s" % _STATE["error"], pytrace=False)
         pytest.skip("local cluster unavailable (not root, not CI, so skipped): %s" % _STATE["error"])
     return Cluster(_STATE["info"])
+
+
+# One build per session. A fixture imported into a test module is registered again for that
+# module, whatever its scope, so the build ran once per module (23 times in a CI run): defined
+# here, every module shares one. The checkout does not change during a session, so every call
+# returned the same refs anyway.
+AGENT_BUILD = os.path.join(REPO, "files", "images", "agent", "build.sh")
+
+
+@pytest.fixture(scope="session")
+def agent_images(cluster):
+    """Build (if its content changed) and push the agent images; NAME -> reference."""
+    result = subprocess.run([AGENT_BUILD], env=cluster.env, capture_output=True, text=True, timeout=1800,
+                            stdin=subprocess.DEVNULL, check=False)
+    assert result.returncode == 0, "agent image build failed:\n%s%s" % (result.stdout, result.stderr[-3000:])
+    return dict(line.split("=", 1) for line in result.stdout.split() if "=" in line)
+
+
+@pytest.fixture(scope="session")
+def images(agent_images):
+    """The charts' ``registry`` and ``imageTag`` values for the images ``agent_images`` pushed."""
+    prefix, tag = agent_images["operator-controller"].rsplit(":", 1)
+    return {"registry": prefix.rsplit("/", 1)[0], "tag": tag}

@@ -36,7 +36,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_gpu_device_cluster import (ANNOTATIONS, DEVICE_ARGS, GPU, NS, SIM_MOUNT, Agents,  # noqa: E402
                                      devices_annotation, wait_for, wait_registered)
-from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.allocator import allocate  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot  # noqa: E402

@@ -37,7 +37,6 @@ from localcluster.runtime import from_environ  # noqa: E402
 from test_cdi_cluster import (MACA_VERSION, NodeAgents, a_pair_pod_sees_exactly_its_devices_and_maca,  # noqa: E402
                               mode_logged, node_spec, start_gpu_device_auto)
 from test_gpu_device_cluster import NS, wait_registered  # noqa: E402
-from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils.sim.maca import install_maca  # noqa: E402
 

@@ -39,7 +39,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import node_policy  # noqa: E402
 from test_cdi_cluster import NodeAgents  # noqa: E402
 from test_gpu_device_cluster import NS, SIM_MOUNT, wait_for  # noqa: E402
-from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils import names  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.dra.prepare import CHECKPOINT_FILE, spec_file  # noqa: E402

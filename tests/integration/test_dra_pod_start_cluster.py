@@ -43,7 +43,6 @@ from test_dra_cluster import AGENT, allocated, attr, claim_template, delete_pod 
 from test_dra_switch_cluster import switching  # noqa: E402,F401  pylint: disable=unused-import
 from test_gpu_aware_scheduler import Env, Running  # noqa: E402
 from test_gpu_device_cluster import GPU, NS, devices_annotation, wait_for  # noqa: E402
-from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils import names  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.extender.nodeinfo import (  # noqa: E402

@@ -34,7 +34,6 @@ from test_dra_cluster import (AGENT, HEALTHY_INTERVAL, PLUGIN_DIR, DraAgents, al
                               claim_pod, claim_template, delete_pod, dra_rbac, node_8xc500, running,
                               simulated_root_with_maca)
 from test_gpu_device_cluster import ANNOTATIONS, DEVICE_ARGS, NS, SIM_MOUNT, wait_for  # noqa: E402
-from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils import maintenance, names  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.cdi.spec import claim_device_name, qualified_name  # noqa: E402

@@ -50,7 +50,7 @@ import time
 import pytest
 from polling import wait_until
 from test_operator_cluster import (  # noqa: F401  # pylint: disable=unused-import  # fixtures shared with the operator's module
-    CHART, NS, UNINSTALL_SCRIPT, cr, get_json, helm, images, no_extensions, nodes, patch_cr, strip_ours)
+    CHART, NS, UNINSTALL_SCRIPT, cr, get_json, helm, no_extensions, nodes, patch_cr, strip_ours)
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.agents import driver_manager

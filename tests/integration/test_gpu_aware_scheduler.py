@@ -55,7 +55,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.extender.nodeinfo import
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import (  # noqa: E402
     Weights, prioritize, reason_free, reason_total)
 # gpu-device on the kubelet node: the shared fixtures of the gpu-device cluster tests.
-from test_gpu_device_cluster import agent_images, device_agent  # noqa: E402,F401  pylint: disable=unused-import
+from test_gpu_device_cluster import device_agent  # noqa: E402,F401  pylint: disable=unused-import
 from ports import free_port  # noqa: E402
 
 GPU = "metax-tech.com/gpu"

@@ -53,7 +53,6 @@ from ansible_collections.metax.gpu.plugins.module_utils.sim.spec import preset  
 
 GPU = "metax-tech.com/gpu"
 NS = "metax-gpu-agents-it"
-BUILD = os.path.join(REPO, "files", "images", "agent", "build.sh")
 HEALTHY_INTERVAL = 2
 SIM_MOUNT = "/host-sim"          # the simulated root's parent directory, in the agent pods
 ANNOTATIONS = ("metax-tech.com/gpu.topology.scores", "metax-tech.com/gpu.topology.losses",
@@ -65,15 +64,6 @@ DIAGNOSE = []      # callables adding context to a timeout (the agents under tes
 
 def wait_for(predicate, timeout, what, interval=0.25):
     return wait_until(predicate, timeout, what, interval=interval, diagnose=DIAGNOSE)
-
-
-@pytest.fixture(scope="session")
-def agent_images(cluster):
-    """Build (if its content changed) and push the agent image; NAME -> reference."""
-    result = subprocess.run([BUILD], env=cluster.env, capture_output=True, text=True, timeout=1800,
-                            stdin=subprocess.DEVNULL, check=False)
-    assert result.returncode == 0, "agent image build failed:\n%s%s" % (result.stdout, result.stderr[-3000:])
-    return dict(line.split("=", 1) for line in result.stdout.split() if "=" in line)
 
 
 class Agents:

@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import dashboard_png  # noqa: E402
 from prometheus_server import DASHBOARD, OUTPUT, Prometheus, values  # noqa: E402
 from test_gpu_device_cluster import DIAGNOSE, GPU, NS, SIM_MOUNT, wait_for  # noqa: E402
-from test_gpu_device_cluster import agent_images, device_agent  # noqa: E402,F401  pylint: disable=unused-import
+from test_gpu_device_cluster import device_agent  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils.gpu import mxsmi_json  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402

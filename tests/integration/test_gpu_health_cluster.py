@@ -35,8 +35,8 @@ pytestmark = pytest.mark.cluster
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_gpu_device_cluster import (  # noqa: E402  # pylint: disable=unused-import  # agent_images: a fixture
-    ANNOTATIONS, DEVICE_ARGS, GPU, NS, SIM_MOUNT, Agents, agent_images, node_status_update_seconds,  # noqa: F401
+from test_gpu_device_cluster import (  # noqa: E402
+    ANNOTATIONS, DEVICE_ARGS, GPU, NS, SIM_MOUNT, Agents, node_status_update_seconds,  # noqa: F401
     wait_for, wait_registered)
 
 from ansible_collections.metax.gpu.plugins.module_utils import names  # noqa: E402

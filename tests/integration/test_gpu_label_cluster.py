@@ -28,7 +28,6 @@ pytestmark = pytest.mark.cluster
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_gpu_device_cluster import NS, SIM_MOUNT, Agents, wait_for  # noqa: E402
-from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils.gpu.labels import OWNED_LABEL_KEYS  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402

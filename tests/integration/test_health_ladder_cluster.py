@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_driver_manager_cluster import (  # noqa: E402,F401  # pylint: disable=unused-import  # fixtures
     FLEET, fleet, host, installed, payload, wait)
 from test_operator_cluster import (  # noqa: E402,F401  # pylint: disable=unused-import  # fixtures
-    NS, cr, get_json, images, no_extensions, patch_cr)
+    NS, cr, get_json, no_extensions, patch_cr)
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.health import ladder as L  # noqa: E402

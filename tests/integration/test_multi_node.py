@@ -42,7 +42,6 @@ pytestmark = pytest.mark.cluster
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_gpu_device_cluster import DEVICE_ARGS, NS, SIM_MOUNT, Agents, wait_for  # noqa: E402
-from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils.extender.nodeinfo import gpu_state, node_fields  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.extender.policy import Weights, prioritize  # noqa: E402

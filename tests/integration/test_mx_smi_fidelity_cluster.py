@@ -24,7 +24,6 @@ pytestmark = pytest.mark.cluster
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_gpu_device_cluster import HEALTHY_INTERVAL, device_agent, metrics, wait_for, wait_registered  # noqa: E402,F401  pylint: disable=unused-import
-from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
 

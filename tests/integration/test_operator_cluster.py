@@ -62,7 +62,6 @@ from ansible_collections.metax.gpu.plugins.module_utils.agents.operator_handlers
 from ansible_collections.metax.gpu.plugins.module_utils.clusteroperator import render
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BUILD = os.path.join(ROOT, "files", "images", "agent", "build.sh")
 CHART = os.path.join(ROOT, "files", "charts", "metax-operator")
 EXTENSIONS_CHART = os.path.join(ROOT, "files", "charts", "metax-gpu-extensions")
 OUTPUT = os.path.join(ROOT, "tests", "output")
@@ -102,16 +101,6 @@ def ours(node):
 def get_json(cluster, *args):
     res = cluster.kubectl("get", "-o", "json", *args)
     return json.loads(res.stdout) if res.returncode == 0 else None
-
-
-@pytest.fixture(scope="module")
-def images(cluster):
-    res = subprocess.run([BUILD], env=cluster.env, capture_output=True, text=True, timeout=1800,
-                         stdin=subprocess.DEVNULL, check=False)
-    assert res.returncode == 0, "image build failed:\n%s%s" % (res.stdout, res.stderr[-3000:])
-    refs = dict(line.split("=", 1) for line in res.stdout.split() if "=" in line)
-    prefix, tag = refs["operator-controller"].rsplit(":", 1)
-    return {"registry": prefix.rsplit("/", 1)[0], "tag": tag}
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from polling import wait_until
 from test_operator_cluster import (  # noqa: F401  # pylint: disable=unused-import  # fixtures shared with the operator's module
-    CHART, NS, UNINSTALL_SCRIPT, cr, get_json, helm, images, no_extensions, patch_cr, strip_ours)
+    CHART, NS, UNINSTALL_SCRIPT, cr, get_json, helm, no_extensions, patch_cr, strip_ours)
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 

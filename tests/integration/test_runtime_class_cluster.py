@@ -58,7 +58,6 @@ from localcluster.runtime import from_environ  # noqa: E402
 
 from test_cdi_cluster import SCRIPT, cdi_agent, pod_report  # noqa: E402,F401  # pylint: disable=unused-import
 from test_gpu_device_cluster import GPU, NS, wait_for, wait_registered  # noqa: E402
-from test_gpu_device_cluster import agent_images  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.cdi import runtime_config as rc  # noqa: E402

@@ -30,7 +30,6 @@ pytestmark = pytest.mark.cluster
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 INVENTORY = os.path.join(ROOT, "docs", "examples", "local-cluster-inventory.yml")
-BUILD = os.path.join(ROOT, "files", "images", "agent", "build.sh")
 SRIOV_PRESET = "2xC550-sriov"
 POD = "vfnum-gpu-pod"
 
@@ -71,7 +70,7 @@ def _capacity(node):
 
 
 @pytest.fixture(scope="module")
-def sriov_node(cluster):
+def sriov_node(cluster, agent_images):
     """(node name, HostRoot) of the 2xC550-sriov node, with the agents running; restored afterwards."""
     matches = [n for n in cluster.nodes if n.get("preset") == SRIOV_PRESET]
     if not matches:
@@ -80,13 +79,8 @@ def sriov_node(cluster):
     assert [p.numvfs for p in backend.read_pfs(host)] == [0, 0], "the test starts from vfnum 0"
     installed = cluster.kubectl("get", "daemonset", N.DAEMONSET_GPU_DEVICE, "-n", N.NAMESPACE).returncode == 0
     if not installed:
-        # the agent images as test_gpu_device_cluster.py builds them (pushed once per content), then the
-        # chart of this checkout with metax.gpu.install
-        build = subprocess.run([BUILD], env=cluster.env, capture_output=True, text=True, timeout=1800,
-                               stdin=subprocess.DEVNULL, check=False)
-        assert build.returncode == 0, "agent image build failed:\n%s%s" % (build.stdout, build.stderr[-3000:])
-        ref = dict(line.split("=", 1) for line in build.stdout.split() if "=" in line)["gpu-device"]
-        repo, tag = ref.rsplit(":", 1)
+        # the session's agent images (conftest.py), then the chart of this checkout with metax.gpu.install
+        repo, tag = agent_images["gpu-device"].rsplit(":", 1)
         _ansible_playbook(cluster, "install", "-e", json.dumps({
             "gpu_extensions_registry": repo.rsplit("/", 1)[0], "gpu_extensions_image_tag": tag}))
     wait_until(lambda: _capacity(_node(cluster, name)) == 2, 300, "capacity 2 on %s" % name)
