@@ -19,11 +19,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 from molecule_scenario import molecule
 from playbook_output import recap
+from playbook_runs import run_concurrently
 from polling import wait_until
 
 from ansible_collections.metax.gpu.plugins.filter.gpu_extensions import gpu_node_problems
@@ -39,13 +39,19 @@ PRESET_GPUS = {"8xC500": 8, "4xN100": 4}
 pytestmark = pytest.mark.cluster
 
 
-def _playbook(cluster, name, *extra):
-    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", INVENTORY,
-           "-e", "metax_gpu_kubeconfig=" + cluster.kubeconfig, "metax.gpu." + name] + list(extra)
-    start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=cluster.env, timeout=1800, check=False)
-    assert proc.returncode == 0, "%s failed:\n%s\n%s" % (name, proc.stdout[-6000:], proc.stderr[-3000:])
-    return proc.stdout, time.monotonic() - start
+def _playbook_cmd(cluster, name, *extra):
+    return [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", INVENTORY,
+            "-e", "metax_gpu_kubeconfig=" + cluster.kubeconfig, "metax.gpu." + name] + list(extra)
+
+
+def _read_only_playbooks(cluster, *runs):
+    """(stdout, seconds) of metax.gpu.NAME for each (NAME, *extra) in ``runs``, each asserted to succeed, all
+    run at the same time: only for runs that change nothing (check mode), which cannot get in each other's way
+    (playbook_runs)."""
+    results = run_concurrently([_playbook_cmd(cluster, *run) for run in runs], cluster.env, 1800)
+    for run, (proc, _secs) in zip(runs, results):
+        assert proc.returncode == 0, "%s failed:\n%s\n%s" % (run[0], proc.stdout[-6000:], proc.stderr[-3000:])
+    return [(proc.stdout, secs) for proc, secs in results]
 
 
 def _nodes(cluster):
@@ -120,15 +126,18 @@ def _release_state(cluster):
 def test_check_diff_on_the_installed_cluster(cluster, site):
     """The administrator's dry run before a change: nothing to do, then exactly the change asked for, shown."""
     before = _release_state(cluster)
-    out, _secs = _playbook(cluster, "site", "--check", "--diff")
-    counts = recap(out)
+    # both dry runs at once (check mode writes nothing: agent_images builds, bundles and push_artifacts pushes
+    # nothing, the rest is reads and server-side dry runs); they cost about the longer one instead of both
+    (unchanged, _secs), (changed, _secs) = _read_only_playbooks(
+        cluster, ("site", "--check", "--diff"),
+        ("site", "--check", "--diff", "-e", "gpu_extensions_gpu_device_healthy_interval=7"))
+    counts = recap(unchanged)
     assert counts and all(c["changed"] == 0 for c in counts.values()), counts
 
-    out, _secs = _playbook(cluster, "site", "--check", "--diff", "-e", "gpu_extensions_gpu_device_healthy_interval=7")
-    counts = recap(out)
+    counts = recap(changed)
     assert counts["localhost"]["changed"] == 1 and all(c["changed"] == 0 for host, c in counts.items()
                                                        if host != "localhost"), counts
-    diff = [(line.lstrip()[0], re.search(r"--healthy-interval=\S+", line).group()) for line in out.splitlines()
+    diff = [(line.lstrip()[0], re.search(r"--healthy-interval=\S+", line).group()) for line in changed.splitlines()
             if line.lstrip().startswith(("+", "-")) and "--healthy-interval=" in line]
     assert diff == [("-", "--healthy-interval=5"), ("+", "--healthy-interval=7")], diff   # the chart's default
     assert _release_state(cluster) == before
@@ -189,11 +198,13 @@ def test_the_operator_scheme_is_refused_here(cluster, site):
     changed: checked on this module's install (a second Extensions install only for it cost a minute of CI)."""
     crd = N.OPERATOR_PLURAL + "." + N.OPERATOR_GROUP
     before = (_release_state(cluster), cluster.kubectl("get", "namespace", N.OPERATOR_NAMESPACE).returncode)
-    for name in ("install", "site"):
-        cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", INVENTORY,
-               "-e", "metax_gpu_kubeconfig=" + cluster.kubeconfig, "-e", "metax_gpu_scheme=operator",
-               "metax.gpu." + name]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=cluster.env, timeout=900, check=False)
+    # both at once: each is refused by metax.gpu.scheme_check (helm list and reads only) before any change, in
+    # install's first role and in site's first play, whose failure ends the playbook
+    names = ("install", "site")
+    cmds = [[os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", INVENTORY,
+             "-e", "metax_gpu_kubeconfig=" + cluster.kubeconfig, "-e", "metax_gpu_scheme=operator",
+             "metax.gpu." + name] for name in names]
+    for proc, _secs in run_concurrently(cmds, cluster.env, 900):
         assert proc.returncode != 0, proc.stdout[-3000:]
         assert "Refusing to install the GPU Operator scheme: the GPU Extensions scheme is installed" in proc.stdout
         assert "metax.gpu.uninstall" in proc.stdout
