@@ -31,6 +31,7 @@ import urllib.request
 import pytest
 from molecule_scenario import molecule
 from playbook_output import recap
+from playbook_runs import run_concurrently
 from polling import wait_until
 from test_operator_cluster import UNINSTALL_SCRIPT
 
@@ -47,13 +48,25 @@ CHARTS = ("metax-gpu-extensions", "metax-operator")
 pytestmark = pytest.mark.cluster
 
 
+def playbook_cmd(cluster, name, *extra, scheme="operator"):
+    return [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", INVENTORY,
+            "-e", "metax_gpu_kubeconfig=" + cluster.kubeconfig, "-e", "metax_gpu_scheme=" + scheme,
+            "metax.gpu." + name] + list(extra)
+
+
 def playbook(cluster, name, *extra, scheme="operator"):
-    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", INVENTORY,
-           "-e", "metax_gpu_kubeconfig=" + cluster.kubeconfig, "-e", "metax_gpu_scheme=" + scheme,
-           "metax.gpu." + name] + list(extra)
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=cluster.env, timeout=1800, check=False)
+    proc = subprocess.run(playbook_cmd(cluster, name, *extra, scheme=scheme), capture_output=True, text=True,
+                          env=cluster.env, timeout=1800, check=False)
     return proc, round(time.monotonic() - start, 1)
+
+
+def read_only_playbooks(cluster, *runs, scheme="operator"):
+    """playbook's (proc, seconds) of each (name, *extra) in ``runs``, all run at the same time: only for runs that
+    change nothing (check mode, or refused before any change), which cannot get in each other's way
+    (playbook_runs)."""
+    results = run_concurrently([playbook_cmd(cluster, *run, scheme=scheme) for run in runs], cluster.env, 1800)
+    return [(proc, round(secs, 1)) for proc, secs in results]
 
 
 def ok(proc):
@@ -200,12 +213,14 @@ def test_second_site_run_changes_nothing_and_verify_passes(cluster, site):
 
 def test_check_and_diff_change_nothing(cluster, site):
     before = (helm_releases(cluster), workloads(cluster), cr(cluster)["metadata"]["generation"])
-    proc, _secs = playbook(cluster, "install", "--check", "--diff")
-    counts = recap(ok(proc))
+    # both check-mode runs at once (reads, helm's and the apiserver's dry runs: nothing written)
+    (unchanged, _secs), (changed, _secs) = read_only_playbooks(
+        cluster, ("install", "--check", "--diff"),
+        ("install", "--check", "--diff", "-e", "gpu_extensions_gpu_device_healthy_interval=7"))
+    counts = recap(ok(unchanged))
     assert counts and all(c["changed"] == 0 for c in counts.values()), counts
     # a changed option shows as a diff in check mode and changes nothing
-    proc, _secs = playbook(cluster, "install", "--check", "--diff", "-e", "gpu_extensions_gpu_device_healthy_interval=7")
-    out = ok(proc)
+    out = ok(changed)
     assert recap(out)["localhost"]["changed"] >= 1, out[-3000:]
     assert "healthyInterval" in out
     assert (helm_releases(cluster), workloads(cluster), cr(cluster)["metadata"]["generation"]) == before
@@ -214,8 +229,9 @@ def test_check_and_diff_change_nothing(cluster, site):
 def test_extensions_refused_where_the_operator_is(cluster, site):
     before = (helm_releases(cluster), workloads(cluster), {n: ours(v) for n, v in nodes(cluster).items()},
               cluster.kubectl("get", "namespace", EXT_NS).returncode)
-    for name in ("install", "site"):
-        proc, _secs = playbook(cluster, name, scheme="extensions")
+    # both at once: each is refused by metax.gpu.scheme_check (helm list and reads only) before any change, in
+    # install's first role and in site's first play, whose failure ends the playbook
+    for proc, _secs in read_only_playbooks(cluster, ("install",), ("site",), scheme="extensions"):
         assert proc.returncode != 0, proc.stdout[-3000:]
         assert "Refusing to install the GPU Extensions scheme: the GPU Operator scheme is installed" in proc.stdout
         assert "metax.gpu.uninstall" in proc.stdout and "helm list -q -f metax -n metax-operator" in proc.stdout
