@@ -282,3 +282,43 @@ def test_pause_then_resume_of_a_free_node_gives_it_back_as_it_was(cordoned, owne
     paused = applied(before, plan_pause(before, owner))
     assert paused.cordoned and owner_of(paused) == owner
     assert applied(paused, plan_resume(paused, owner)) == before
+
+
+@st.composite
+def upgrade_nodes(draw):
+    """:func:`nodes`, and a hold or a cordon record left by a run that stopped half-way (any owner's)."""
+    view = draw(nodes())
+    annotations = dict(view.annotations)
+    if draw(st.booleans()):
+        annotations[N.ANNOTATION_MAINTENANCE_OWNER] = draw(OWNERS)
+    if draw(st.booleans()):
+        annotations[N.ANNOTATION_MAINTENANCE_CORDON] = draw(st.sampled_from((N.MAINTENANCE_CORDON_OURS,
+                                                                            N.MAINTENANCE_CORDON_ADMIN)))
+    return P.NodeView(view.name, view.labels, annotations, view.cordoned)
+
+
+@settings(max_examples=500, deadline=None)
+@given(upgrade_nodes())
+def test_the_driver_upgrades_one_cordon_and_pause_ends_where_its_former_cordon_then_pause_did(start):
+    """roles/driver_upgrade/tasks/batch.yml holds, cordons and pauses a node in one node_maintenance run
+    (procedure_state paused, wait_agents false); it was a cordon run (pause_agents false) and then a pause
+    run. Same refusals, same node after, and the one patch is the two patches' keys (less a pause label
+    a re-run took off and put back)."""
+    try:
+        first = plan_pause(start, UPGRADE, pause_agents=False)
+    except MaintenanceConflict as exc:
+        with pytest.raises(MaintenanceConflict) as merged_exc:
+            plan_pause(start, UPGRADE, procedure_state="paused")
+        assert merged_exc.value.holder == exc.holder
+        return
+    middle = applied(start, first)
+    second = plan_pause(middle, UPGRADE, procedure_state="paused")
+    merged = plan_pause(start, UPGRADE, procedure_state="paused")
+    assert applied(start, merged) == applied(middle, second)
+    assert merged.cordon_kept == first.cordon_kept
+    two = dict(first.labels, **second.labels)
+    if two.get(N.LABEL_AGENTS_PAUSED) == start.labels.get(N.LABEL_AGENTS_PAUSED):
+        two.pop(N.LABEL_AGENTS_PAUSED)            # taken off by the cordon run, put back by the pause run
+    assert merged.labels == two
+    assert merged.annotations == dict(first.annotations, **second.annotations)
+    assert merged.unschedulable == (first.unschedulable if second.unschedulable is None else second.unschedulable)

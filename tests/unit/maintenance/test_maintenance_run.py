@@ -282,3 +282,49 @@ def test_the_protocol_sits_below_the_procedures_that_use_it():
                 assert node.module.split(".")[0] in sys.stdlib_module_names | {"__future__"}, (name, node.module)
             elif isinstance(node, ast.Import):
                 assert all(a.name.split(".")[0] in sys.stdlib_module_names for a in node.names), name
+
+
+def _batch_calls():
+    """batch.yml's node_maintenance runs up to the label removal, their arguments rendered for gpu-1."""
+    import yaml
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "roles", "driver_upgrade",
+                        "tasks", "batch.yml")
+    with open(path) as handle:
+        block = yaml.safe_load(handle)[0]["block"]
+    values = {"{{ item }}": "gpu-1", "{{ driver_upgrade_kubeconfig }}": None, "{{ driver_upgrade_namespace }}": "metax-gpu",
+              "{{ driver_upgrade_agents_timeout }}": 120, "{{ driver_upgrade_poll_delay }}": 1}
+    calls = []
+    for task in block:
+        if "metax.gpu.node_maintenance" not in task:
+            continue
+        args = {key: values.get(value, value) if isinstance(value, str) else value
+                for key, value in task["metax.gpu.node_maintenance"].items()}
+        calls.append((task["name"], {key: value for key, value in args.items() if value is not None}))
+        if args.get("remove_agent_labels"):
+            return calls
+    raise AssertionError("batch.yml removes no agent labels")
+
+
+def test_the_driver_upgrade_batch_holds_cordons_and_pauses_in_one_patch_then_waits_then_removes_the_labels(fake_kube):
+    """An administrator's cordon and gpu-label's labels on the node: the first run writes one patch (hold,
+    the cordon recorded as the administrator's, the pause, state paused) and does not wait; the second waits
+    for the agents and writes nothing; the third removes gpu-label's labels and keeps the day-two ones."""
+    core = fake_kube(FakeCore(cordoned=True, labels={N.PREFIX + "gpu.product": "C500", N.LABEL_DRIVER_UPGRADE_SKIP: "x"}))
+    (hold_name, hold), (_wait_name, wait), (_remove_name, remove) = _batch_calls()
+    failed, result = run_module(node_maintenance, hold, diff=True)
+    assert not failed and result["changed"] and result["cordon_kept"] and result["agents_wait"] == 0, result
+    assert core.agents_for == 2                                         # not one look at the agents' pods
+    assert len(core.patches) == 1 and core.patches[0]["metadata"]["labels"] == {
+        N.LABEL_AGENTS_PAUSED: UPGRADE, N.LABEL_DRIVER_UPGRADE_STATE: "paused"}
+    assert core.patches[0]["metadata"]["annotations"] == {
+        N.ANNOTATION_MAINTENANCE_OWNER: UPGRADE, N.ANNOTATION_MAINTENANCE_CORDON: N.MAINTENANCE_CORDON_ADMIN}
+    assert "spec" not in core.patches[0]                                # cordoned already: the administrator's
+    failed, result = run_module(node_maintenance, wait)
+    assert not failed and not result["changed"] and core.agents_for == 0 and len(core.patches) == 1
+    assert core.labels()[N.PREFIX + "gpu.product"] == "C500"           # still there while the agents were
+    failed, result = run_module(node_maintenance, remove)
+    assert not failed and result["changed"] and len(core.patches) == 2
+    assert core.labels() == {N.LABEL_AGENTS_PAUSED: UPGRADE, N.LABEL_DRIVER_UPGRADE_STATE: "paused",
+                             N.LABEL_DRIVER_UPGRADE_SKIP: "x"}
+    assert core.cordoned() and core.annotations()[N.ANNOTATION_MAINTENANCE_CORDON] == N.MAINTENANCE_CORDON_ADMIN
+    assert hold_name == "Cordon"

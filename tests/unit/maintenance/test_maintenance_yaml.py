@@ -87,3 +87,21 @@ def test_the_roles_patch_no_node_and_cordon_only_through_the_module(role):
 
 def test_the_module_waits_for_the_agents_names_py_selects():
     assert KubeMaintenanceApi(object()).agent_selector == N.NODE_AGENT_POD_SELECTOR
+
+
+def test_the_driver_upgrade_batch_pauses_every_node_then_waits_then_removes_the_agents_labels():
+    """batch.yml: one run per node holds, cordons and pauses (no wait, so that every node of the batch is
+    paused before the agents are waited for), then a run waits for them, then a run removes gpu-label's
+    labels. The removal is not folded into the waiting run: node_maintenance patches before it waits, and
+    gpu-label, not gone yet, would put the labels back."""
+    with open(os.path.join(ROOT, "roles", "driver_upgrade", "tasks", "batch.yml")) as handle:
+        calls = [(task["name"], task["metax.gpu.node_maintenance"]) for task in _tasks(yaml.safe_load(handle))
+                 if "metax.gpu.node_maintenance" in task]
+    hold, wait, remove = calls[:3]
+    assert hold[0] == "Cordon"                 # the name tests/integration/test_driver_upgrade_cluster.py counts
+    assert hold[1].get("cordon", True) and hold[1].get("pause_agents", True) and hold[1]["wait_agents"] is False
+    assert hold[1]["procedure_state"] == "paused" and not hold[1].get("remove_agent_labels", False)
+    for args in (wait[1], remove[1]):
+        assert args.get("pause_agents", True) and args.get("wait_agents", True) and args["procedure_state"] == "paused"
+    assert not wait[1].get("remove_agent_labels", False) and remove[1]["remove_agent_labels"] is True
+    assert all(args["owner"] == N.MAINTENANCE_OWNER_DRIVER_UPGRADE for _name, args in calls)

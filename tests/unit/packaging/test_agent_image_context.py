@@ -139,42 +139,110 @@ def test_the_role_hashes_the_context_as_build_sh_tags_it_and_skips_current_image
     # the archives are looked up in one module run that reads no file whole (their checksums cost 8-9 s)
     archives = _role_task("Find the existing image archives")
     assert archives["ansible.builtin.find"]["get_checksum"] is False and "loop" not in archives
-    before = _role_task("Read the image IDs and content labels before the build")["ansible.builtin.command"]["argv"]
-    after = _role_task("Read the image IDs and content labels after the build")["ansible.builtin.command"]["argv"]
-    assert before == after and ".id_content" in before
+    # before the build, one module run reads every image (a run each cost a site run about 4.4 s);
+    # after it, one run per image: the archives below are saved per image that changed
+    before = _role_task("Read the image IDs and content labels before the build")
+    after = _role_task("Read the image IDs and content labels after the build")
+    assert "loop" not in before and "agent_images_names" in before["ansible.builtin.shell"]["cmd"]
+    assert "agent_images_commands[agent_images_tool].id_content | map('quote')" in before["ansible.builtin.shell"]["cmd"]
+    assert ".id_content" in after["ansible.builtin.command"]["argv"] and after["loop"] == "{{ agent_images_names }}"
+    assert "agent_images_before_read[item]" in after["changed_when"]
     commands = _yaml("vars", "main.yml")["agent_images_commands"]
     for tool, cmd in commands.items():
         assert cmd["id_content"][:-1] == cmd["id"][:-1], tool          # the same inspect, one more field
         assert cmd["id_content"][-1].startswith(cmd["id"][-1] + " "), tool
         assert '"org.metax-gpu.content"' in cmd["id_content"][-1], tool
-    decide = _role_task("Decide whether the images are current")["ansible.builtin.set_fact"]["agent_images_current"]
-    assert "rejectattr('rc', 'equalto', 0)" in decide and "agent_images_content.stdout | trim" in decide
+    decide = _role_task("Decide whether the images are current")["ansible.builtin.set_fact"]
+    assert "'missing'" in decide["agent_images_current"] and "agent_images_content.stdout | trim" in decide["agent_images_current"]
 
 
-def test_the_role_calls_images_current_only_when_each_carries_the_hash(tmp_path):
-    """The role's own expression, evaluated by ansible-playbook on what the inspect loop registers."""
-    decide = _role_task("Decide whether the images are current")["ansible.builtin.set_fact"]["agent_images_current"]
-    cases = [
-        ([(0, "sha256:1 abc123def456"), (0, "sha256:2 abc123def456")], True),
-        ([(0, "sha256:1 abc123def456"), (0, "sha256:2 ")], False),              # built before: no label
-        ([(0, "sha256:1 abc123def456"), (125, "")], False),                     # an image missing
-        ([(0, "sha256:1 abc123def4567"), (0, "sha256:2 abc123def456")], False),  # another content
-        ([(0, "sha256:1 0.1.0"), (0, "sha256:2 0.1.0")], False),                # the old label: the version
-    ]
-    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"ansible.builtin.debug": {"msg": "CASE {{ expected }} " + decide.replace("agent_images_before.results", "results")},
-         "loop": [{"results": [{"rc": rc, "stdout": out} for rc, out in results], "expected": expected}
-                  for results, expected in cases],
-         "vars": {"results": "{{ item.results }}", "expected": "{{ item.expected }}",
-                  "agent_images_content": {"stdout": "abc123def456\n"}}}]}]
+# A stand-in for the builder (the one stand-in here): each image reference it knows prints its "ID CONTENT",
+# the others are missing (podman's and docker's exit 125 and message on stderr); every call is logged.
+FAKE_BUILDER = """#!%s
+import json, os, sys
+with open(os.environ["FAKE_IMAGES"]) as handle:
+    images = json.load(handle)
+with open(os.environ["FAKE_IMAGES"] + ".calls", "a") as handle:
+    handle.write(json.dumps(sys.argv[1:]) + "\\n")
+if sys.argv[-1] not in images:
+    sys.stderr.write("Error: %%s: image not known\\n" %% sys.argv[-1])
+    sys.exit(125)
+print(images[sys.argv[-1]])
+"""
+
+HASH = "abc123def456"
+COUNT = 3
+ALL_CURRENT = {i: "sha256:%d %s" % (i, HASH) for i in range(COUNT)}
+# (case, {image index: "ID CONTENT" before the build, absent: missing}, {image index: after the build}, current)
+CURRENT_CASES = [
+    ("all-current", ALL_CURRENT, {}, True),
+    ("one-missing", {i: "sha256:%d %s" % (i, HASH) for i in range(1, COUNT)}, {0: "sha256:10 " + HASH}, False),
+    ("built-before-the-label", {**ALL_CURRENT, 1: "sha256:1 "},
+     {1: "sha256:11 " + HASH}, False),
+    ("another-content", {**ALL_CURRENT, COUNT - 1: "sha256:99 %s7" % HASH},
+     {COUNT - 1: "sha256:19 " + HASH}, False),
+    ("the-old-label-the-version", {i: "sha256:%d 0.1.0" % i for i in range(COUNT)},
+     {i: "sha256:%d %s" % (i + 10, HASH) for i in range(COUNT)}, False),
+    ("all-missing", {}, {i: "sha256:%d %s" % (i, HASH) for i in range(COUNT)}, False),
+    ("rebuilt-the-same", {i: "sha256:%d" % i for i in range(COUNT)}, {}, False),     # no label: built, nothing new
+]
+
+
+def test_the_role_reads_every_image_in_one_run_and_calls_them_current_only_when_each_carries_the_hash(tmp_path):
+    """The role's own three tasks (read before, decide, read after), run by ansible-playbook against a stand-in
+    builder: current only when every image exists with the context's hash as its content label, and after a
+    build exactly the images whose inspect changed are changed (their archives are saved again). Every case
+    with podman, the commands of buildah and docker in two; the first three images (the tasks take any list:
+    ansible-playbook runs each module once per image after a build)."""
+    tasks = [_role_task(name) for name in ("Read the image IDs and content labels before the build",
+                                           "Decide whether the images are current")]
+    after = _role_task("Read the image IDs and content labels after the build")
+    commands = _yaml("vars", "main.yml")["agent_images_commands"]
+    registry, tag = "reg.example:5000/my project", "1.0.0;x"     # quoted into the shell, not split by it
+    names = list(context.IMAGES)[:COUNT]
+    ref = "%s/%%s:%s" % (registry, tag)
+    runs = [(tool, case) for tool in ("podman", "buildah", "docker") for case in CURRENT_CASES
+            if tool == "podman" or case[0] in ("all-current", "one-missing")]
+    plays = []
+    for tool, (case, before_images, built, _current) in runs:
+        fake = tmp_path / tool
+        if not fake.exists():
+            fake.mkdir()
+            (fake / tool).write_text(FAKE_BUILDER % sys.executable)
+            os.chmod(str(fake / tool), 0o755)
+        state = tmp_path / ("%s-%s.json" % (tool, case))
+        state.write_text(json.dumps({ref % names[i]: out for i, out in before_images.items()}))
+        after_images = {**before_images, **built}
+        plays.append({
+            "name": case, "hosts": "localhost", "gather_facts": False,
+            "environment": {"PATH": "%s:%s" % (fake, os.environ["PATH"]), "FAKE_IMAGES": str(state)},
+            "vars": {"agent_images_names": names, "agent_images_tool": tool, "agent_images_registry": registry,
+                     "agent_images_effective_tag": tag, "agent_images_content": {"stdout": HASH + "\n"},
+                     "agent_images_commands": commands},
+            "tasks": tasks + [
+                {"name": "the build", "ansible.builtin.copy": {
+                    "dest": str(state), "content": json.dumps({ref % names[i]: out for i, out in after_images.items()}),
+                    "mode": "0644"}},
+                after,
+                {"ansible.builtin.debug": {"msg": "CASE %s-%s {{ agent_images_current }} {{ agent_images_after.results"
+                                                  " | select('changed') | map(attribute='item') | join(',') }}"
+                                                  % (tool, case)}}]})
     path = tmp_path / "play.yml"
-    path.write_text(yaml.safe_dump(play))
+    path.write_text(yaml.safe_dump(plays))
     exe = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
     out = subprocess.run([exe, "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
-                          str(path)], capture_output=True, text=True, check=True, timeout=120).stdout
-    verdicts = re.findall(r'"msg": "CASE (True|False) (True|False)"', out)
-    assert len(verdicts) == len(cases), out
-    assert all(expected == got for expected, got in verdicts), verdicts
+                          str(path)], capture_output=True, text=True, check=True, timeout=600).stdout
+    verdicts = {case: (current, changed) for case, current, changed in
+                re.findall(r'"msg": "CASE (\S+) (True|False) ?([^"]*)"', out)}
+    assert len(verdicts) == len(runs), out
+    for tool, (case, before_images, built, current) in runs:
+        changed = [names[i] for i in range(COUNT) if not current and before_images.get(i) != {**before_images, **built}.get(i)]
+        assert verdicts["%s-%s" % (tool, case)] == (str(current), ",".join(changed)), (tool, case, out)
+        # the format's Jinja escape as ansible renders it: {{ '{{' }} is {{
+        command = [word.replace("{{ '{{' }}", "{{").replace("{{ '}}' }}", "}}") for word in commands[tool]["id_content"]]
+        calls = [json.loads(line) for line in (tmp_path / ("%s-%s.json.calls" % (tool, case))).read_text().splitlines()]
+        # one inspect per image before the build (in one module run), and again after it when one is not current
+        assert calls == [command[1:] + [ref % name] for name in names] * (1 if current else 2), (tool, case)
 
 
 def _fake_collection(root, helm_dir):
