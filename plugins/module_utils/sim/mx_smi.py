@@ -32,11 +32,19 @@ of the state's ``seed`` and the time, which ``METAX_SIM_TIME`` (seconds)
 fixes for tests.
 """
 
-import json
 import math
 import os
 import sys
 import time
+
+try:
+    # json's C scanner on its own. The tool runs thousands of times in a test
+    # run (every agent's health and metrics cycle), and ``import json`` pulls in
+    # ``re`` and ``enum``: half of each run's CPU time. ``json`` itself is
+    # imported only by ``-j``, which prints JSON.
+    from _json import make_scanner as _make_scanner
+except ImportError:     # another Python: the json module does the same job
+    _make_scanner = None
 
 # the legend of 2.2.9 (samples/mx-smi/topo-m-2.2.9-8xC500.txt), in its order
 LEGEND = [
@@ -57,9 +65,35 @@ def _root():
     return os.path.dirname(os.path.dirname(here))  # <root>/usr/bin/mx-smi
 
 
+class _Decoding:
+    """What json's C scanner reads from its decoder: plain JSON, as json.loads decodes it."""
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float      # NaN, Infinity, -Infinity
+
+
+def read_json(path):
+    """The JSON document in ``path`` (the simulator's own files), ValueError when it is not one."""
+    with open(path) as handle:
+        text = handle.read()
+    if _make_scanner is None:
+        import json  # pylint: disable=import-outside-toplevel
+        return json.loads(text)
+    body = text.strip(" \t\r\n")
+    try:
+        value, end = _make_scanner(_Decoding())(body, 0)
+    except StopIteration:
+        raise ValueError("%s: not a JSON document" % path) from None
+    if end != len(body):
+        raise ValueError("%s: extra data after the JSON document (at %d)" % (path, end))
+    return value
+
+
 def _state():
-    with open(os.path.join(_root(), ".metax-sim", "state.json")) as handle:
-        return json.load(handle)
+    return read_json(os.path.join(_root(), ".metax-sim", "state.json"))
 
 
 def _visible(state):
@@ -84,8 +118,7 @@ def _now():
 
 def _loads():
     try:
-        with open(os.path.join(_root(), ".metax-sim", "load.json")) as handle:
-            data = json.load(handle)
+        data = read_json(os.path.join(_root(), ".metax-sim", "load.json"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -223,6 +256,7 @@ def _json(state):
             parent = doc[gpu["bdf"]]
             doc[vf] = {"device_id": len(gpus) + pos * 64 + k, "unavailable_reason": parent["unavailable_reason"],
                        "hotspot": parent["hotspot"], "utilization": int(round(util * 100))}
+    import json  # pylint: disable=import-outside-toplevel  # only -j prints JSON (see the imports)
     return "mx-smi  version: %s\n%s" % (state["mx_smi_version"], json.dumps(doc, indent=4))
 
 
