@@ -269,9 +269,9 @@ def test_enable_drift_disable(cluster, extender, gpu_node, pristine):
 @pytest.mark.parametrize("fault", ["rejected-config", "unreachable-extender"])
 def test_fault_restores_the_backup(cluster, extender, pristine, fault):
     original = _snapshot()
-    # The module waits all of wait_timeout for a scheduler that never comes right, then restores and waits up
-    # to wait_timeout again: 40 s covers the restore (the kubelet starts the restored static pod 10-15 s after
-    # the failed one stops, then 3 healthy checks: 18 s measured) with room for a loaded machine.
+    # The module waits all of wait_timeout for a scheduler that never comes right (a rejected configuration:
+    # until it has exited twice), then restores and waits up to wait_timeout again: 40 s covers the restore
+    # (the old pod stopped, the manifest written, then 3 healthy checks) with room for a loaded machine.
     args = {"url": extender.url, "wait_timeout": 40}
     if fault == "rejected-config":
         args["kubernetes_version"] = "1.24"     # v1beta3: kube-scheduler 1.29+ refuses to start with it

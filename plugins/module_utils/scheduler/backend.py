@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import http.client
 import os
+import re
 import select
 import signal
 import socket
@@ -27,7 +28,7 @@ import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ansible_collections.metax.gpu.plugins.module_utils.errors import MetaxGpuError
 from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
@@ -44,10 +45,29 @@ Probe = Callable[[str, Optional[int]], bool]    # (URL, pid whose network to use
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 Signal = Callable[[int], None]
+PodOf = Callable[[int], Optional[str]]          # pid -> its pod's cgroup directory (None: not found)
 # Consecutive good observations, one second apart, before the scheduler counts as
 # up: a configuration it rejects makes it exit within a second, so one good look
 # at a freshly started process proves nothing.
 STABLE_CHECKS = 3
+# A changed manifest restarts the scheduler faster with the old pod stopped first.
+# Written over the old one, the kubelet refuses to start the new static pod while
+# the old one with the same name terminates, and looks again only after 10-15 s
+# (allowStaticPodStart, pkg/kubelet/pod_workers.go). So the manifest is taken out,
+# the old pod is waited for (its processes and its cgroup gone: the kubelet
+# removes the cgroup last, just before it lets a pod of that name start again),
+# and the new manifest is written. Measured on the local cluster: 4 s from
+# change to /healthz instead of 14 (benchmarks/results/ci-history.md, session 17).
+# A kube-scheduler that rejects its configuration exits at once, and the kubelet starts
+# it again after 10 s, 20 s, ... When processes started from the new manifest have
+# ended this many times without a healthy scheduler, the wait ends there (and rolls
+# back) instead of running out the whole wait_timeout (180 s by default).
+CRASH_EXITS = 2
+STOP_TIMEOUT = 60.0
+POLL_STOPPED = 0.2
+# Without a cgroup to watch: the seconds after the old process ended in which the
+# kubelet finished that pod on the local cluster (1 s was once too short).
+SETTLE_WITHOUT_CGROUP = 3.0
 
 
 class ExtenderApplyError(MetaxGpuError):
@@ -215,6 +235,36 @@ def terminate(pid: int) -> None:
         pass
 
 
+# a pod's own cgroup: "pod<uid>" (cgroupfs) or "kubepods-<qos>-pod<uid>.slice" (systemd);
+# a static pod's UID is 32 hex digits, an API pod's a UUID (with "_" under systemd)
+_POD_CGROUP = re.compile(r"(^|-)pod[0-9a-f][0-9a-f_-]{31,35}(\.slice)?$")
+
+
+def pod_cgroup(pid: int, proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> Optional[str]:
+    """The cgroup directory of the pod that process ``pid`` runs in, None when there is none to see."""
+    try:
+        with open(os.path.join(proc, str(pid), "cgroup")) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        if fields[0] == "0" and not fields[1]:
+            base = cgroup_root                                  # cgroup v2
+        elif "pids" in fields[1].split(","):
+            base = os.path.join(cgroup_root, "pids")            # cgroup v1: one hierarchy is enough
+        else:
+            continue
+        parts = [part for part in fields[2].split("/") if part]
+        for end, part in enumerate(parts):
+            if _POD_CGROUP.search(part):
+                path = os.path.join(base, *parts[:end + 1])
+                return path if os.path.isdir(path) else None
+    return None
+
+
 def probe_url(info: mf.ManifestInfo, version: Optional[tuple]) -> str:
     """The readiness URL: the manifest's probe, /readyz from 1.32 (kubeadm), else /healthz."""
     probe = info.probe or mf.Probe("https", "127.0.0.1", 10259, "/healthz")
@@ -230,13 +280,14 @@ def probe_url(info: mf.ManifestInfo, version: Optional[tuple]) -> str:
 
 class SchedulerExtender:
     def __init__(self, host: HostRoot, processes: Processes = scheduler_processes, health: Probe = http_healthy,
-                 reachable: Probe = extender_reachable, kill: Signal = terminate,
+                 reachable: Probe = extender_reachable, kill: Signal = terminate, pod_of: PodOf = pod_cgroup,
                  clock: Clock = time.monotonic, sleep: Sleep = time.sleep, stamp: Optional[str] = None) -> None:
         self.host = host
         self.processes = processes
         self.health = health
         self.reachable = reachable
         self.kill = kill
+        self.pod_of = pod_of
         self.clock = clock
         self.sleep = sleep
         self.stamp = stamp or time.strftime("%Y%m%dT%H%M%S")
@@ -358,9 +409,17 @@ class SchedulerExtender:
                     "pods asking for %s would not schedule" % (extender_url, RESOURCE_NAME))
         return None
 
+    def _exits(self, outcome: Outcome, expected: str, old_pids: Sequence[int], started: Set[int]) -> int:
+        """How many processes started from ``expected`` (recorded in ``started``) have ended."""
+        running = {p[0] for p in self._ours(outcome) if p[0] not in old_pids and self._started_from(p[1], expected)}
+        started |= running
+        return len(started - running)
+
     def _wait(self, req: Request, outcome: Outcome, expected: str, old_pids: Sequence[int],
-              check_process: bool, check_health: bool, extender_url: Optional[str]) -> Optional[str]:
+              check_process: bool, check_health: bool, extender_url: Optional[str],
+              fail_fast: bool = True) -> Optional[str]:
         deadline = self.clock() + req.wait_timeout
+        started: Set[int] = set()
         if not check_process:
             # Health alone cannot tell the old scheduler from the new one: watch for the
             # restart (the kubelet reacts through inotify, or its 20 s re-list) first.
@@ -380,6 +439,11 @@ class SchedulerExtender:
             else:
                 good = 0
                 seen = problem
+                exits = self._exits(outcome, expected, old_pids, started) if check_process and fail_fast else 0
+                if exits >= CRASH_EXITS:
+                    return ("the new kube-scheduler exited %d times, restarted with the same manifest each time "
+                            "(%s): it most likely rejects its configuration; see its container log"
+                            % (exits, problem))
             if self.clock() >= deadline:
                 return seen
             self.sleep(1.0)
@@ -408,7 +472,10 @@ class SchedulerExtender:
         # manifest names it, and may go only once the manifest no longer does.
         if enabled:
             self._write(req.config_path, outcome.config_after)
-        self._write(req.manifest_path, outcome.manifest_after)
+        if manifest_changed and req.wait and check_process:
+            self._replace_stopped(req, outcome, outcome.manifest_after, old_pids)
+        else:
+            self._write(req.manifest_path, outcome.manifest_after)
         if not manifest_changed and enabled and old_pids:
             # Same manifest, new configuration: the kubelet sees nothing to do, and
             # kube-scheduler reads --config only at start. Stop it; the kubelet restarts it.
@@ -428,16 +495,44 @@ class SchedulerExtender:
             self._write(req.config_path, outcome.config_after)
         return outcome
 
+    def _replace_stopped(self, req: Request, outcome: Outcome, text: str, running: Sequence[int]) -> None:
+        """Write manifest ``text`` once the static pod of the one it replaces has stopped (see STOP_TIMEOUT).
+
+        The node is without a scheduler manifest only in between: whatever goes
+        wrong there, the new manifest is written (and the backup holds the old).
+        """
+        pods = [path for path in (self.pod_of(pid) for pid in running) if path]
+        self._write(req.manifest_path, None)
+        try:
+            limit = min(STOP_TIMEOUT, req.wait_timeout / 2)
+            deadline = self.clock() + limit
+            ended_at: Optional[float] = None
+            while self.clock() < deadline:
+                if ended_at is None and not any(p[0] in running for p in self._ours(outcome)):
+                    ended_at = self.clock()
+                if ended_at is not None and not any(os.path.isdir(path) for path in pods) and \
+                        (pods or self.clock() - ended_at >= SETTLE_WITHOUT_CGROUP):
+                    return
+                self.sleep(POLL_STOPPED)
+            outcome.warnings.append("the previous kube-scheduler's pod had not stopped %ds after its manifest "
+                                    "was taken out; the new manifest was written anyway" % int(limit))
+        finally:
+            self._write(req.manifest_path, text)
+
     def _rollback(self, req: Request, outcome: Outcome, enabled: bool, check_process: bool, check_health: bool,
                   problem: str) -> None:
         failed = [p[0] for p in self._ours(outcome)] if check_process else []
         self._write(req.config_path, outcome.config_before)
-        self._write(req.manifest_path, outcome.manifest_before)
+        if outcome.manifest_before != outcome.manifest_after and failed:
+            self._replace_stopped(req, outcome, outcome.manifest_before, failed)
+        else:
+            self._write(req.manifest_path, outcome.manifest_before)
         if outcome.manifest_before == outcome.manifest_after:
             # same manifest: the kubelet would keep the failed process; stop it
             for pid in failed:
                 self.kill(pid)
-        restored = self._wait(req, outcome, outcome.manifest_before, failed, check_process, check_health, None)
+        restored = self._wait(req, outcome, outcome.manifest_before, failed, check_process, check_health, None,
+                              fail_fast=False)
         state = "healthy again" if restored is None else "NOT healthy either (%s)" % restored
         raise ExtenderApplyError(
             "kube-scheduler did not come back within %ss after %s the extender: %s. The previous manifest "

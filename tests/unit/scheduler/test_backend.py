@@ -2,8 +2,9 @@
 
 The fake reads the manifest from the temporary root the way the kubelet does:
 a new manifest (or a killed process) means a new kube-scheduler process whose
-command line is the manifest's. Whether it turns healthy, and whether the
-extender answers, are the test's choice. The real ones run in
+command line is the manifest's; a manifest taken out stops the process, and
+``stop_after`` seconds later the pod's cgroup directory goes. Whether it turns
+healthy, and whether the extender answers, are the test's choice. The real ones run in
 tests/integration/test_scheduler_extender_cluster.py.
 """
 from __future__ import annotations
@@ -23,32 +24,75 @@ MANIFEST = "/etc/kubernetes/manifests/kube-scheduler.yaml"
 
 
 class FakeKubelet:
-    def __init__(self, root, healthy_with_config=True, extender_up=True):
+    def __init__(self, root, healthy_with_config=True, extender_up=True, stop_after=1.0, crash_with_config=False):
         self.root = root
+        self.crash_with_config = crash_with_config  # that process exits after 1 s, and starts again 10 s later
+        self.started_at = 0.0
         self.healthy_with_config = healthy_with_config
         self.extender_up = extender_up
+        self.stop_after = stop_after        # None: the pod never stops (no kubelet)
         self.pid = 100
-        self.seen = None
+        self.pod = 0                        # pods started from a manifest (a killed process keeps its pod)
+        self.seen = None                    # the manifest as last read
+        self.running = None                 # the manifest the process runs
+        self.stopping_since = None
         self.now = 0.0
         self.killed = []
+        self.events = []                    # (time, what) as the kubelet saw it
+
+    def cgroup(self):
+        return os.path.join(self.root, "sys/fs/cgroup/kubepods/pod%032x" % self.pod)
 
     def _sync(self):
-        with open(os.path.join(self.root, MANIFEST.lstrip("/"))) as handle:
-            text = handle.read()
-        if text != self.seen:
-            self.seen = text
+        path = os.path.join(self.root, MANIFEST.lstrip("/"))
+        text = None
+        if os.path.exists(path):
+            with open(path) as handle:
+                text = handle.read()
+        if text is None and self.seen is not None:
+            self.events.append((self.now, "manifest out"))
+            self.stopping_since = self.now
+        if text is not None and text != self.seen:
+            if self.seen is not None:
+                self.events.append((self.now, "manifest rewritten while its pod runs"))
             self.pid += 1
+            self.pod += 1
+            self.started_at = self.now
+            self.running = text
+            self.stopping_since = None
+            os.makedirs(self.cgroup())
+            self.events.append((self.now, "started %d" % self.pid))
+        self.seen = text
+        if self.stopping_since is not None and self.stop_after is not None and \
+                self.now - self.stopping_since >= self.stop_after and os.path.isdir(self.cgroup()):
+            os.rmdir(self.cgroup())
+            self.events.append((self.now, "pod of %d gone" % self.pid))
 
     def processes(self):
         self._sync()
         # the runtime starts the manifest's command; a second scheduler of someone else runs too
-        argv = ["/usr/local/bin/" + mf.inspect(self.seen).command[0]] + list(mf.inspect(self.seen).command[1:])
-        return [(5, ["kube-scheduler", "--config=/etc/hami/scheduler.yaml"]), (self.pid, argv)]
+        others = [(5, ["kube-scheduler", "--config=/etc/hami/scheduler.yaml"])]
+        if self.seen is None and self.stop_after is not None:
+            return others               # the process ends at once, its pod's cgroup later
+        if self.crash_with_config and mf.inspect(self.running).config_path is not None:
+            if self.now - self.started_at >= 11.0:
+                self.pid += 1
+                self.started_at = self.now
+                self.events.append((self.now, "restarted %d" % self.pid))
+            if self.now - self.started_at >= 1.0:
+                return others
+        command = mf.inspect(self.running).command
+        return others + [(self.pid, ["/usr/local/bin/" + command[0]] + list(command[1:]))]
 
     def health(self, url, pid):
         self._sync()
         assert url == "https://127.0.0.1:10259/healthz"
+        if self.seen is None:
+            return False
         return self.healthy_with_config or mf.inspect(self.seen).config_path is None
+
+    def pod_of(self, pid):
+        return self.cgroup() if pid == self.pid and os.path.isdir(self.cgroup()) else None
 
     def reachable(self, url, pid):
         return self.extender_up
@@ -62,6 +106,7 @@ class FakeKubelet:
 
     def sleep(self, seconds):
         self.now += seconds
+        self._sync()            # the kubelet goes on while the module sleeps
 
 
 @pytest.fixture
@@ -73,8 +118,8 @@ def root(tmp_path):
 
 def _backend(root, kubelet):
     return be.SchedulerExtender(HostRoot(root), processes=kubelet.processes, health=kubelet.health,
-                                reachable=kubelet.reachable, kill=kubelet.kill, clock=kubelet.clock,
-                                sleep=kubelet.sleep, stamp="20261123T090000")
+                                reachable=kubelet.reachable, kill=kubelet.kill, pod_of=kubelet.pod_of,
+                                clock=kubelet.clock, sleep=kubelet.sleep, stamp="20261123T090000")
 
 
 def _request(state="present", **extra):
@@ -99,6 +144,81 @@ def test_enable_waits_for_a_new_healthy_process(root):
     assert os.listdir(os.path.join(root, "etc/kubernetes/manifests")) == ["kube-scheduler.yaml"]
 
 
+def test_a_changed_manifest_is_written_once_the_old_pod_has_stopped(root):
+    kubelet = FakeKubelet(root, stop_after=1.4)
+    backend = _backend(root, kubelet)
+    req = _request()
+    outcome = backend.apply(req, backend.plan(req))
+    assert outcome.waited and not outcome.warnings
+    started = [e for e in kubelet.events if e[1].startswith("started")]
+    assert [e[1] for e in kubelet.events] == ["started 101", "manifest out", "pod of 101 gone", "started 102"]
+    out, gone = kubelet.events[1][0], kubelet.events[2][0]
+    assert gone - out >= 1.4 and started[-1][0] - gone < 0.5      # written right after, not a settle later
+    assert os.listdir(os.path.join(root, "etc/kubernetes/manifests")) == ["kube-scheduler.yaml"]
+
+
+def test_without_a_cgroup_to_watch_the_manifest_follows_the_process_after_a_settle(root):
+    kubelet = FakeKubelet(root, stop_after=0.0)
+    kubelet.pod_of = lambda pid: None
+    backend = _backend(root, kubelet)
+    req = _request()
+    backend.apply(req, backend.plan(req))
+    out = [t for t, what in kubelet.events if what == "manifest out"][0]
+    started = [t for t, what in kubelet.events if what == "started 102"][0]
+    assert be.SETTLE_WITHOUT_CGROUP <= started - out < be.SETTLE_WITHOUT_CGROUP + 1
+
+
+def test_a_pod_that_does_not_stop_still_gets_its_new_manifest(root):
+    kubelet = FakeKubelet(root, stop_after=None)
+    backend = _backend(root, kubelet)
+    req = _request()
+    outcome = backend.apply(req, backend.plan(req))
+    assert any("had not stopped 15s after its manifest was taken out" in w for w in outcome.warnings)
+    assert "--config=" + CONFIG_PATH in _read(root, MANIFEST)
+
+
+def test_the_new_manifest_is_written_whatever_happens_while_it_is_out(root):
+    kubelet = FakeKubelet(root)
+    backend = _backend(root, kubelet)
+    req = _request()
+    outcome = backend.plan(req)
+    calls = []
+
+    def fails_while_out():
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return kubelet.processes()
+    backend.processes = fails_while_out
+    with pytest.raises(KeyboardInterrupt):
+        backend.apply(req, outcome)
+    assert _read(root, MANIFEST) == outcome.manifest_after
+
+
+def test_pod_cgroup_finds_the_pod_of_a_process(tmp_path):
+    uid = "6c3f9a1e2b7d4e8f9a0b1c2d3e4f5a6b"
+    v2 = tmp_path / ("cg2/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice" % uid)
+    v1 = tmp_path / "cg1/pids/kubepods/besteffort/pod12345678-1234-1234-1234-123456789abc"
+    for path in (v2, v1):
+        os.makedirs(str(path / "cri-containerd-abc.scope"))
+    (tmp_path / "proc/10").mkdir(parents=True)
+    (tmp_path / "proc/10/cgroup").write_text(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-abc.scope\n" % uid)
+    (tmp_path / "proc/11").mkdir()
+    (tmp_path / "proc/11/cgroup").write_text(
+        "12:memory:/x\n5:pids:/kubepods/besteffort/pod12345678-1234-1234-1234-123456789abc/cri-containerd-abc.scope\n")
+    (tmp_path / "proc/12").mkdir()
+    (tmp_path / "proc/12/cgroup").write_text("0::/system.slice/kubelet.service\n")
+    proc = str(tmp_path / "proc")
+    assert be.pod_cgroup(10, proc, str(tmp_path / "cg2")) == str(v2)
+    assert be.pod_cgroup(11, proc, str(tmp_path / "cg1")) == str(v1)
+    assert be.pod_cgroup(12, proc, str(tmp_path / "cg2")) is None       # not in a pod
+    assert be.pod_cgroup(13, proc, str(tmp_path / "cg2")) is None       # gone
+    os.rmdir(str(v2 / "cri-containerd-abc.scope"))
+    os.rmdir(str(v2))
+    assert be.pod_cgroup(10, proc, str(tmp_path / "cg2")) is None       # its cgroup already removed
+
+
 def test_rejected_configuration_is_rolled_back(root):
     kubelet = FakeKubelet(root, healthy_with_config=False)
     backend = _backend(root, kubelet)
@@ -111,6 +231,18 @@ def test_rejected_configuration_is_rolled_back(root):
     assert _read(root, MANIFEST) == manifest("1.28")
     assert not os.path.exists(os.path.join(root, CONFIG_PATH.lstrip("/")))
     assert "--config=" + CONFIG_PATH not in kubelet.processes()[1][1]
+
+
+def test_a_scheduler_that_keeps_exiting_is_rolled_back_before_the_timeout(root):
+    kubelet = FakeKubelet(root, healthy_with_config=False, crash_with_config=True)
+    backend = _backend(root, kubelet)
+    req = be.Request(**dict(_request().__dict__, wait_timeout=180.0))
+    with pytest.raises(be.ExtenderApplyError) as err:
+        backend.apply(req, backend.plan(req))
+    assert "exited 2 times, restarted with the same manifest" in str(err.value)
+    assert "healthy again" in str(err.value)
+    assert kubelet.now < 60          # not the 180 s of wait_timeout
+    assert _read(root, MANIFEST) == manifest("1.28")
 
 
 def test_unreachable_extender_is_rolled_back_unless_ignorable(root):
