@@ -335,6 +335,40 @@ class Cluster(object):
 
         return config.new_client_from_config(config_file=self.kubeconfig, client_configuration=client.Configuration())
 
+    # Node reads go through one API client kept for the session, not a kubectl process each: the
+    # tests poll nodes every second or so, and a kubectl start costs about 90 ms of CPU.
+    def _core(self):
+        if _STATE.get("core") is None:
+            from kubernetes import client
+
+            _STATE["core"] = client.CoreV1Api(self.api_client())
+        return _STATE["core"]
+
+    def read_nodes(self):
+        """Every Node as JSON (what ``kubectl get nodes -o json`` lists)."""
+        from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import raw_list
+
+        return list(raw_list(self._core().list_node).items)
+
+    def read_pods(self, namespace):
+        """The pods of NAMESPACE as JSON."""
+        from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import raw_list
+
+        return list(raw_list(self._core().list_namespaced_pod, namespace).items)
+
+    def read_node(self, name):
+        """Node NAME as JSON, None when there is none."""
+        from kubernetes.client.exceptions import ApiException
+
+        from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import raw_get
+
+        try:
+            return raw_get(self._core().read_node, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
 
 @pytest.fixture(scope="session")
 def cluster(request):

@@ -96,12 +96,9 @@ def prepare(cluster, versions: Iterable[str], broken: Iterable[tuple] = ()) -> F
 
 def settled(cluster) -> bool:
     """Every GPU node validates (labels back, allocatable = healthy devices)."""
-    import json
-
     from ansible_collections.metax.gpu.plugins.filter.driver_upgrade import driver_upgrade_validation
 
-    out = cluster.kubectl("get", "nodes", "-o", "json", check=True).stdout
-    nodes = [n for n in json.loads(out)["items"] if n["metadata"]["name"] in KINDS]
+    nodes = [n for n in cluster.read_nodes() if n["metadata"]["name"] in KINDS]
     return all(not driver_upgrade_validation(n) for n in nodes)
 
 

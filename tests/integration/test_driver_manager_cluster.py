@@ -207,7 +207,7 @@ def allocatable(cluster):
 def node_allocatable(cluster, name):
     """One node's allocatable GPUs, read alone: the timed wait polls every 0.2 s, and a list of every
     node takes seconds on a shared cluster that also carries another session's fake nodes."""
-    node = get_json(cluster, "node", name) or {}
+    node = cluster.read_node(name) or {}
     return int((node.get("status") or {}).get("allocatable", {}).get(N.RESOURCE_NAME, "0"))
 
 

@@ -49,8 +49,7 @@ def _upgrade(cluster, version, *extra, check=True):
 
 
 def _nodes(cluster):
-    out = cluster.kubectl("get", "nodes", "-o", "json", check=True).stdout
-    return {n["metadata"]["name"]: n for n in json.loads(out)["items"] if n["metadata"]["name"] in KINDS}
+    return {n["metadata"]["name"]: n for n in cluster.read_nodes() if n["metadata"]["name"] in KINDS}
 
 
 def _marks(node):

@@ -55,8 +55,7 @@ def _read_only_playbooks(cluster, *runs):
 
 
 def _nodes(cluster):
-    out = cluster.kubectl("get", "nodes", "-o", "json", check=True).stdout
-    return {n["metadata"]["name"]: n for n in json.loads(out)["items"]}
+    return {n["metadata"]["name"]: n for n in cluster.read_nodes()}
 
 
 def _ours(node):

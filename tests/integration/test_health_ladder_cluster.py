@@ -57,7 +57,7 @@ POD_PREFIX = "ladder-gpu-"
 
 
 def node_json(cluster, name):
-    return get_json(cluster, "node", name) or {}
+    return cluster.read_node(name) or {}
 
 
 def annotations(cluster, name):

@@ -88,8 +88,7 @@ def helm(cluster, *args, **kwargs):
 
 
 def nodes(cluster):
-    items = json.loads(cluster.kubectl("get", "nodes", "-o", "json", check=True).stdout)["items"]
-    return {n["metadata"]["name"]: n for n in items}
+    return {n["metadata"]["name"]: n for n in cluster.read_nodes()}
 
 
 def ours(node):
@@ -137,12 +136,13 @@ class ChainWatch(threading.Thread):
         self.stop = threading.Event()
 
     def _poll(self):
-        pods = self.cluster.kubectl("get", "pods", "-n", NS, "-o", "json")
-        res = self.cluster.kubectl("get", "nodes", "-o", "json")
-        if pods.returncode != 0 or res.returncode != 0:
+        try:
+            pods = self.cluster.read_pods(NS)
+            nodes_now = self.cluster.read_nodes()
+        except Exception:  # pylint: disable=broad-except  # a poll that fails is retried 0.5 s later
             return
         now = round(time.monotonic() - self.start_time, 1)
-        for pod in json.loads(pods.stdout)["items"]:
+        for pod in pods:
             component = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/name")
             node = pod["spec"].get("nodeName")
             if component in ("metax-gpu-label", "metax-gpu-device") and node:
@@ -150,7 +150,7 @@ class ChainWatch(threading.Thread):
                 if any(c["type"] == "Ready" and c["status"] == "True"
                        for c in (pod.get("status") or {}).get("conditions") or []):
                     self.seen.setdefault((node, component + " Ready"), now)
-        for node in json.loads(res.stdout)["items"]:
+        for node in nodes_now:
             name = node["metadata"]["name"]
             labels = node["metadata"].get("labels") or {}
             for label in READINESS:

@@ -86,7 +86,7 @@ def get_json(cluster, *args):
 
 
 def nodes(cluster):
-    return {n["metadata"]["name"]: n for n in get_json(cluster, "nodes")["items"]}
+    return {n["metadata"]["name"]: n for n in cluster.read_nodes()}
 
 
 def ours(node):

@@ -62,7 +62,9 @@ def _set_vfnum(cluster, node, vfnum, *extra, expect_ok=True):
 
 
 def _node(cluster, name):
-    return json.loads(cluster.kubectl("get", "node", name, "-o", "json", check=True).stdout)
+    node = cluster.read_node(name)
+    assert node is not None, "no node %s" % name
+    return node
 
 
 def _capacity(node):

@@ -60,7 +60,7 @@ def host(name):
 
 
 def allocatable(cluster, name, resource):
-    node = get_json(cluster, "node", name) or {}
+    node = cluster.read_node(name) or {}
     return int((node.get("status") or {}).get("allocatable", {}).get(resource, "0"))
 
 
@@ -69,7 +69,7 @@ def counts(cluster, name):
 
 
 def annotations(cluster, name):
-    node = get_json(cluster, "node", name) or {}
+    node = cluster.read_node(name) or {}
     return node.get("metadata", {}).get("annotations") or {}
 
 
