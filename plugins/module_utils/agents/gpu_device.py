@@ -45,7 +45,7 @@ from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 from ..deviceplugin import constants as C
 from ..deviceplugin.annotations import AnnotationPublisher, kube_node_annotations, kube_node_patcher, node_annotations
 from ..deviceplugin.devices import DeviceState, Snapshot, health_transitions
-from ..deviceplugin.containers import discover_for_containers
+from ..deviceplugin.containers import reading_discovery
 from ..deviceplugin.metrics import DevicePluginMetrics
 from ..kubelet.metrics import MetricsServer
 from ..kubelet.podresources import PodResourcesClient, PodResourcesError
@@ -174,7 +174,7 @@ class GpuDeviceAgent:
         self.stop = stop or threading.Event()
         self.metrics = metrics or DevicePluginMetrics()
         # GPUs handed to VMs (vfio-pci) are vfio-manager's, not ours (deviceplugin/containers.py)
-        self.state = DeviceState(host, check_health=healthy_interval > 0, discover_fn=discover_for_containers)
+        self.state = DeviceState(host, check_health=healthy_interval > 0, discover_fn=reading_discovery())
         # the health policy on top of the four checks (health/monitor.py); off with the checks
         self.health_monitor = HealthMonitor(host, health_policy) if healthy_interval > 0 else None
         # devices mode still needs the host's MACA (its mount); only CDI mode writes the spec

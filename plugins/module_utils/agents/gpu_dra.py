@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..cdi.spec import CdiDevice
 from ..cdi.writer import MACA_ROOT, host_maca
 from ..deviceplugin.devices import DeviceState, Snapshot
+from ..deviceplugin.containers import reading_discovery
 from ..dra import slices as S
 from ..dra.health import HealthFeed
 from ..dra.prepare import CheckpointError, Preparer, cdi_devices
@@ -117,7 +118,8 @@ class GpuDraAgent:
         self.resync_interval = resync_interval
         self.check_mode = check_mode
         self.stop = stop or threading.Event()
-        self.state = DeviceState(host, check_health=healthy_interval > 0)
+        self.state = DeviceState(host, check_health=healthy_interval > 0,
+                                 discover_fn=reading_discovery(for_containers=False))
         self.maca_root = maca_root
         self.preparer = Preparer(node_name, os.path.join(plugins_dir, DRA_DRIVER), spec_dir, api.get_claim,
                                  self.node_devices, self.maca, host.host_path)

@@ -16,9 +16,10 @@ of the other devices do not move.
 from __future__ import annotations
 
 import dataclasses
-from typing import FrozenSet
+import functools
+from typing import Callable, FrozenSet, Optional
 
-from ..gpu.discovery import discover
+from ..gpu.discovery import KnownIds, discover
 from ..gpu.model import Inventory, LinkGroup, Topology
 from ..host import HostRoot
 from ..vfio.backend import held_for_vm
@@ -45,6 +46,11 @@ def without_vm_gpus(inventory: Inventory, held: FrozenSet[str]) -> Inventory:
     return dataclasses.replace(inventory, devices=devices, topology=topology)
 
 
-def discover_for_containers(host: HostRoot, topology: bool = True) -> Inventory:
+def discover_for_containers(host: HostRoot, topology: bool = True, known_ids: Optional[KnownIds] = None) -> Inventory:
     """gpu-device's discovery: :func:`..gpu.discovery.discover` without the GPUs handed to VMs."""
-    return without_vm_gpus(discover(host, topology=topology), held_for_vm(host))
+    return without_vm_gpus(discover(host, topology=topology, known_ids=known_ids), held_for_vm(host))
+
+
+def reading_discovery(for_containers: bool = True) -> Callable[..., Inventory]:
+    """The discovery of an agent that reads its node every few seconds: ``-L`` reused (KnownIds)."""
+    return functools.partial(discover_for_containers if for_containers else discover, known_ids=KnownIds())

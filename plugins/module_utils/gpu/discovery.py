@@ -11,7 +11,8 @@ MetaXLink as unknown.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+import time
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..errors import MetaxGpuError
 from ..host import HostRoot, HostRootError
@@ -50,6 +51,37 @@ class _MxSmiView:
         self.unparsed: List[str] = []   # warnings about output not understood
 
 
+class KnownIds:
+    """What ``mx-smi -L`` said (names, UUIDs, serials), kept for the next scans of an agent that reads
+    the node every few seconds (gpu-device, the exporter, gpu-dra).
+
+    ``-L`` is run again when the device table lists other GPUs or another driver, and at least every
+    ``max_age`` seconds: a UUID belongs to the board at a PCI address, which changes only with the
+    GPUs the table lists. One ``mx-smi`` fewer per reading (of two to four), on every node.
+    """
+
+    def __init__(self, max_age: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age = max_age
+        self.clock = clock
+        self._key: Optional[tuple] = None
+        self._until = 0.0
+        self.ids: Dict[str, Dict[str, str]] = {}
+        self.problems: List[str] = []
+        self.runs = 0            # how often -L was run (the tests read it)
+
+    @staticmethod
+    def key(table: mxsmi.MxSmiTable) -> tuple:
+        return (table.driver_version, tuple((g.index, g.bdf, g.name) for g in table.gpus))
+
+    def get(self, key: tuple) -> Optional[Tuple[Dict[str, Dict[str, str]], List[str]]]:
+        if key != self._key or self.clock() >= self._until:
+            return None
+        return self.ids, self.problems
+
+    def keep(self, key: tuple, ids: Dict[str, Dict[str, str]], problems: List[str]) -> None:
+        self._key, self._until, self.ids, self.problems = key, self.clock() + self.max_age, ids, problems
+
+
 def _run(host: HostRoot, binary: str, args: List[str], warnings: List[str]) -> Optional[str]:
     try:
         rc, out, err = host.run([binary] + args)
@@ -77,8 +109,34 @@ def _not_understood(view: _MxSmiView, warnings: List[str], binary: str, message:
 _PARSE_FAILURES = (mxsmi.MxSmiParseError, ValueError, IndexError, KeyError, TypeError, AttributeError)
 
 
-def query_mx_smi(host: HostRoot, warnings: List[str], topology: bool = True) -> _MxSmiView:
-    """Run mx-smi; whatever it prints that is not understood becomes a warning, never an error."""
+def _list(host: HostRoot, binary: str, table: mxsmi.MxSmiTable, warnings: List[str],
+          known: Optional[KnownIds]) -> Optional[Tuple[Dict[str, Dict[str, str]], List[str]]]:
+    """``mx-smi -L`` by PCI address, and what of it was not understood; None when it did not run."""
+    key = KnownIds.key(table)
+    kept = known.get(key) if known is not None else None
+    if kept is not None:
+        return kept
+    list_out = _run(host, binary, ["-L"], warnings)
+    if list_out is None:
+        return None
+    problems: List[str] = []
+    try:
+        listed = mxsmi.parse_list(list_out, problems)
+    except _PARSE_FAILURES as exc:
+        problems, listed = [str(exc)], {}
+    # -L names each GPU's PCI address: keyed by it, not by its index
+    ids = {f["bdf"]: f for f in listed.values()}
+    if known is not None:
+        known.runs += 1
+        known.keep(key, ids, problems)
+    return ids, problems
+
+
+def query_mx_smi(host: HostRoot, warnings: List[str], topology: bool = True,
+                 known: Optional[KnownIds] = None) -> _MxSmiView:
+    """Run mx-smi; whatever it prints that is not understood becomes a warning, never an error.
+
+    ``known``: the ``-L`` answer of an earlier scan, reused while the table lists the same GPUs."""
     view = _MxSmiView()
     binary = host.which(MX_SMI)
     if binary is None:
@@ -108,17 +166,11 @@ def query_mx_smi(host: HostRoot, warnings: List[str], topology: bool = True) -> 
     view.driver_version = table.driver_version
     view.by_bdf = {g.bdf: g for g in table.gpus}
     bdf_of = {g.index: g.bdf for g in table.gpus}
-    list_out = _run(host, binary, ["-L"], warnings)
-    if list_out is not None:
-        problems: List[str] = []
-        try:
-            listed = mxsmi.parse_list(list_out, problems)
-        except _PARSE_FAILURES as exc:
-            problems, listed = [str(exc)], {}
+    listed = _list(host, binary, table, warnings, known)
+    if listed is not None:
+        view.ids, problems = listed
         for problem in problems:
             _not_understood(view, warnings, binary, problem, "that GPU has no UUID")
-        # -L names each GPU's PCI address: keyed by it, not by its index
-        view.ids = {f["bdf"]: f for f in listed.values()}
     if topology:
         topo_out = _run(host, binary, ["topo", "-m"], warnings)
         if topo_out is not None:
@@ -207,8 +259,8 @@ def _identity(pf: pci.PciFunction, smi: Optional[mxsmi.MxSmiGpu], listed: Option
     return product, family, memory
 
 
-def discover(host: HostRoot, topology: bool = True) -> Inventory:
-    """Read the node behind ``host``.
+def discover(host: HostRoot, topology: bool = True, known_ids: Optional[KnownIds] = None) -> Inventory:
+    """Read the node behind ``host`` (``known_ids``: see :class:`KnownIds`).
 
     Raises DiscoveryError (with a clear message) only when sysfs cannot be
     read; whatever mx-smi prints that is not understood becomes a warning
@@ -229,7 +281,7 @@ def discover(host: HostRoot, topology: bool = True) -> Inventory:
     view = _MxSmiView()
     if functions:
         if driver.loaded:
-            view = query_mx_smi(host, warnings, topology=topology)
+            view = query_mx_smi(host, warnings, topology=topology, known=known_ids)
         else:
             warnings.append("MetaX driver not loaded (%s missing): GPUs are unhealthy"
                             % host.join(DRIVER_MODULE))
