@@ -30,8 +30,9 @@ description:
     backup is.
   - With O(wait=true) and the running scheduler visible, a changed manifest is taken out of the static
     pod directory until the kubelet has stopped the old pod, then written: the kubelet starts a static
-    pod whose predecessor is still terminating only 10-15 s later. The new manifest is written whatever
-    happens in between.
+    pod whose predecessor is still terminating only 10-15 s later. An error or a SIGTERM/SIGHUP in between
+    still ends with a manifest written (the new one, else the previous one); the backup holds it in case
+    of a SIGKILL or power loss.
   - After a C(kubeadm upgrade), which rewrites the manifest without the patch, check mode reports
     C(drift=true) and a run puts the patch back.
 author:
@@ -155,7 +156,10 @@ options:
     type: bool
     default: true
   wait_timeout:
-    description: Seconds to wait for the scheduler after a change, and again after a rollback.
+    description:
+      - Seconds to wait for the scheduler after a change, and again after a rollback.
+      - Before each of the two waits, the old scheduler pod gets up to half of this (at most 60 s) to stop
+        while its manifest is out, so a failing change takes at most about three times this long.
     type: int
     default: 180
   health_url:

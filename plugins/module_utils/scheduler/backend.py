@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import http.client
 import os
-import re
 import select
 import signal
 import socket
@@ -36,6 +35,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.names import RESOURCE_NA
 from ansible_collections.metax.gpu.plugins.module_utils.scheduler import config as cfg
 from ansible_collections.metax.gpu.plugins.module_utils.scheduler import manifest as mf
 from ansible_collections.metax.gpu.plugins.module_utils.scheduler import plan
+from ansible_collections.metax.gpu.plugins.module_utils.scheduler import restart
 
 SCHEDULER_BINARY = "kube-scheduler"
 
@@ -45,29 +45,15 @@ Probe = Callable[[str, Optional[int]], bool]    # (URL, pid whose network to use
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 Signal = Callable[[int], None]
-PodOf = Callable[[int], Optional[str]]          # pid -> its pod's cgroup directory (None: not found)
 # Consecutive good observations, one second apart, before the scheduler counts as
 # up: a configuration it rejects makes it exit within a second, so one good look
 # at a freshly started process proves nothing.
 STABLE_CHECKS = 3
-# A changed manifest restarts the scheduler faster with the old pod stopped first.
-# Written over the old one, the kubelet refuses to start the new static pod while
-# the old one with the same name terminates, and looks again only after 10-15 s
-# (allowStaticPodStart, pkg/kubelet/pod_workers.go). So the manifest is taken out,
-# the old pod is waited for (its processes and its cgroup gone: the kubelet
-# removes the cgroup last, just before it lets a pod of that name start again),
-# and the new manifest is written. Measured on the local cluster: 4 s from
-# change to /healthz instead of 14 (benchmarks/results/ci-history.md, session 17).
 # A kube-scheduler that rejects its configuration exits at once, and the kubelet starts
 # it again after 10 s, 20 s, ... When processes started from the new manifest have
-# ended this many times without a healthy scheduler, the wait ends there (and rolls
-# back) instead of running out the whole wait_timeout (180 s by default).
+# been seen to end this many times without a healthy scheduler, the wait ends there
+# (and rolls back) instead of running out the whole wait_timeout (180 s by default).
 CRASH_EXITS = 2
-STOP_TIMEOUT = 60.0
-POLL_STOPPED = 0.2
-# Without a cgroup to watch: the seconds after the old process ended in which the
-# kubelet finished that pod on the local cluster (1 s was once too short).
-SETTLE_WITHOUT_CGROUP = 3.0
 
 
 class ExtenderApplyError(MetaxGpuError):
@@ -235,36 +221,6 @@ def terminate(pid: int) -> None:
         pass
 
 
-# a pod's own cgroup: "pod<uid>" (cgroupfs) or "kubepods-<qos>-pod<uid>.slice" (systemd);
-# a static pod's UID is 32 hex digits, an API pod's a UUID (with "_" under systemd)
-_POD_CGROUP = re.compile(r"(^|-)pod[0-9a-f][0-9a-f_-]{31,35}(\.slice)?$")
-
-
-def pod_cgroup(pid: int, proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> Optional[str]:
-    """The cgroup directory of the pod that process ``pid`` runs in, None when there is none to see."""
-    try:
-        with open(os.path.join(proc, str(pid), "cgroup")) as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split(":", 2)
-        if len(fields) != 3:
-            continue
-        if fields[0] == "0" and not fields[1]:
-            base = cgroup_root                                  # cgroup v2
-        elif "pids" in fields[1].split(","):
-            base = os.path.join(cgroup_root, "pids")            # cgroup v1: one hierarchy is enough
-        else:
-            continue
-        parts = [part for part in fields[2].split("/") if part]
-        for end, part in enumerate(parts):
-            if _POD_CGROUP.search(part):
-                path = os.path.join(base, *parts[:end + 1])
-                return path if os.path.isdir(path) else None
-    return None
-
-
 def probe_url(info: mf.ManifestInfo, version: Optional[tuple]) -> str:
     """The readiness URL: the manifest's probe, /readyz from 1.32 (kubeadm), else /healthz."""
     probe = info.probe or mf.Probe("https", "127.0.0.1", 10259, "/healthz")
@@ -280,7 +236,8 @@ def probe_url(info: mf.ManifestInfo, version: Optional[tuple]) -> str:
 
 class SchedulerExtender:
     def __init__(self, host: HostRoot, processes: Processes = scheduler_processes, health: Probe = http_healthy,
-                 reachable: Probe = extender_reachable, kill: Signal = terminate, pod_of: PodOf = pod_cgroup,
+                 reachable: Probe = extender_reachable, kill: Signal = terminate,
+                 pod_of: restart.PodOf = restart.pod_cgroup,
                  clock: Clock = time.monotonic, sleep: Sleep = time.sleep, stamp: Optional[str] = None) -> None:
         self.host = host
         self.processes = processes
@@ -288,6 +245,7 @@ class SchedulerExtender:
         self.reachable = reachable
         self.kill = kill
         self.pod_of = pod_of
+        self._new_pods: Set[str] = set()     # pod cgroups of schedulers started from a new manifest
         self.clock = clock
         self.sleep = sleep
         self.stamp = stamp or time.strftime("%Y%m%dT%H%M%S")
@@ -340,15 +298,18 @@ class SchedulerExtender:
         return outcome
 
     # -- writes
-    def _write(self, path: str, text: Optional[str]) -> None:
+    def _mode(self, path: str) -> int:
+        return os.stat(self.host.join(path)).st_mode & 0o7777 if self.host.exists(path) else 0o644
+
+    def _write(self, path: str, text: Optional[str], mode: Optional[int] = None) -> None:
+        """``text`` to ``path`` (None: remove it), with its mode kept (``mode``: the mode it had)."""
         if text is None:
             if self.host.exists(path):
                 os.unlink(self.host.join(path))
             return
         local = self.host.join(path)
-        mode = 0o644
-        if self.host.exists(path):
-            mode = os.stat(local).st_mode & 0o7777
+        if mode is None:
+            mode = self._mode(path)
         if cfg.holds_secret(text):
             mode &= 0o700     # a private key inside: readable by its owner only (kube-scheduler runs as root)
         os.makedirs(os.path.dirname(local), exist_ok=True)
@@ -410,8 +371,13 @@ class SchedulerExtender:
         return None
 
     def _exits(self, outcome: Outcome, expected: str, old_pids: Sequence[int], started: Set[int]) -> int:
-        """How many processes started from ``expected`` (recorded in ``started``) have ended."""
+        """How many processes started from ``expected`` (recorded in ``started``) have ended; the pod
+        cgroups of those running are kept for a roll back (``_new_pods``)."""
         running = {p[0] for p in self._ours(outcome) if p[0] not in old_pids and self._started_from(p[1], expected)}
+        for pid in running - started:
+            pod = self.pod_of(pid)
+            if pod:
+                self._new_pods.add(pod)
         started |= running
         return len(started - running)
 
@@ -473,7 +439,7 @@ class SchedulerExtender:
         if enabled:
             self._write(req.config_path, outcome.config_after)
         if manifest_changed and req.wait and check_process:
-            self._replace_stopped(req, outcome, outcome.manifest_after, old_pids)
+            self._replace_stopped(req, outcome, outcome.manifest_after, outcome.manifest_before, old_pids)
         else:
             self._write(req.manifest_path, outcome.manifest_after)
         if not manifest_changed and enabled and old_pids:
@@ -495,36 +461,26 @@ class SchedulerExtender:
             self._write(req.config_path, outcome.config_after)
         return outcome
 
-    def _replace_stopped(self, req: Request, outcome: Outcome, text: str, running: Sequence[int]) -> None:
-        """Write manifest ``text`` once the static pod of the one it replaces has stopped (see STOP_TIMEOUT).
-
-        The node is without a scheduler manifest only in between: whatever goes
-        wrong there, the new manifest is written (and the backup holds the old).
-        """
-        pods = [path for path in (self.pod_of(pid) for pid in running) if path]
-        self._write(req.manifest_path, None)
-        try:
-            limit = min(STOP_TIMEOUT, req.wait_timeout / 2)
-            deadline = self.clock() + limit
-            ended_at: Optional[float] = None
-            while self.clock() < deadline:
-                if ended_at is None and not any(p[0] in running for p in self._ours(outcome)):
-                    ended_at = self.clock()
-                if ended_at is not None and not any(os.path.isdir(path) for path in pods) and \
-                        (pods or self.clock() - ended_at >= SETTLE_WITHOUT_CGROUP):
-                    return
-                self.sleep(POLL_STOPPED)
-            outcome.warnings.append("the previous kube-scheduler's pod had not stopped %ds after its manifest "
-                                    "was taken out; the new manifest was written anyway" % int(limit))
-        finally:
-            self._write(req.manifest_path, text)
+    def _replace_stopped(self, req: Request, outcome: Outcome, text: str, previous: str,
+                         running: Sequence[int], pods: Sequence[str] = ()) -> None:
+        """Manifest ``text`` in place of ``previous`` once the static pod of ``running`` (and of the pod
+        cgroups ``pods``) has stopped: restart.py. The manifest's mode is kept."""
+        mode = self._mode(req.manifest_path)
+        pods = list(pods) + [path for path in (self.pod_of(pid) for pid in running) if path]
+        restart.StaticPodRestart(
+            write=lambda manifest: self._write(req.manifest_path, manifest, mode),
+            running=lambda: [p[0] for p in self._ours(outcome)], clock=self.clock, sleep=self.sleep,
+        ).replace(text, previous, running, pods, min(restart.STOP_TIMEOUT, req.wait_timeout / 2),
+                  outcome.warnings, self.host.join(outcome.backup or req.backup_dir))
 
     def _rollback(self, req: Request, outcome: Outcome, enabled: bool, check_process: bool, check_health: bool,
                   problem: str) -> None:
         failed = [p[0] for p in self._ours(outcome)] if check_process else []
         self._write(req.config_path, outcome.config_before)
-        if outcome.manifest_before != outcome.manifest_after and failed:
-            self._replace_stopped(req, outcome, outcome.manifest_before, failed)
+        if outcome.manifest_before != outcome.manifest_after and check_process:
+            # the failed pod may have no process left (a crash loop): its cgroup, seen while waiting, is watched
+            self._replace_stopped(req, outcome, outcome.manifest_before, outcome.manifest_after, failed,
+                                  sorted(self._new_pods))
         else:
             self._write(req.manifest_path, outcome.manifest_before)
         if outcome.manifest_before == outcome.manifest_after:

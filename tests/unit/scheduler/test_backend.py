@@ -10,6 +10,7 @@ tests/integration/test_scheduler_extender_cluster.py.
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -17,6 +18,7 @@ from ansible_collections.metax.gpu.plugins.module_utils.host import HostRoot
 from ansible_collections.metax.gpu.plugins.module_utils.scheduler import backend as be
 from ansible_collections.metax.gpu.plugins.module_utils.scheduler import config as cfg
 from ansible_collections.metax.gpu.plugins.module_utils.scheduler import manifest as mf
+from ansible_collections.metax.gpu.plugins.module_utils.scheduler import restart
 
 from scheduler_support import CONFIG_PATH, URL, manifest
 
@@ -165,7 +167,7 @@ def test_without_a_cgroup_to_watch_the_manifest_follows_the_process_after_a_sett
     backend.apply(req, backend.plan(req))
     out = [t for t, what in kubelet.events if what == "manifest out"][0]
     started = [t for t, what in kubelet.events if what == "started 102"][0]
-    assert be.SETTLE_WITHOUT_CGROUP <= started - out < be.SETTLE_WITHOUT_CGROUP + 1
+    assert restart.SETTLE_WITHOUT_CGROUP <= started - out < restart.SETTLE_WITHOUT_CGROUP + 1
 
 
 def test_a_pod_that_does_not_stop_still_gets_its_new_manifest(root):
@@ -175,6 +177,51 @@ def test_a_pod_that_does_not_stop_still_gets_its_new_manifest(root):
     outcome = backend.apply(req, backend.plan(req))
     assert any("had not stopped 15s after its manifest was taken out" in w for w in outcome.warnings)
     assert "--config=" + CONFIG_PATH in _read(root, MANIFEST)
+
+
+def test_the_manifest_keeps_its_mode(root):
+    os.chmod(os.path.join(root, MANIFEST.lstrip("/")), 0o600)       # as kubeadm writes it
+    kubelet = FakeKubelet(root)
+    backend = _backend(root, kubelet)
+    req = _request()
+    backend.apply(req, backend.plan(req))
+    assert os.stat(os.path.join(root, MANIFEST.lstrip("/"))).st_mode & 0o7777 == 0o600
+
+
+def test_a_sigterm_while_the_manifest_is_out_still_writes_it(root):
+    kubelet = FakeKubelet(root, stop_after=5.0)
+    backend = _backend(root, kubelet)
+    req = _request()
+    outcome = backend.plan(req)
+
+    def sleep(seconds):
+        kubelet.sleep(seconds)
+        if not os.path.exists(os.path.join(root, MANIFEST.lstrip("/"))):
+            os.kill(os.getpid(), signal.SIGTERM)      # an Ansible timeout, say
+    backend.sleep = sleep
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(restart.RestartInterrupted) as err:
+        backend.apply(req, outcome)
+    assert "signal %d" % signal.SIGTERM in str(err.value) and "the new manifest was written" in str(err.value)
+    assert _read(root, MANIFEST) == outcome.manifest_after
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_manifest_that_cannot_be_written_back_names_the_backup(root):
+    kubelet = FakeKubelet(root)
+    backend = _backend(root, kubelet)
+    req = _request()
+    outcome = backend.plan(req)
+    real_write = backend._write
+
+    def write(path, text, mode=None):
+        if path == MANIFEST and text is not None:
+            raise OSError(28, "No space left on device")
+        return real_write(path, text, mode)
+    backend._write = write
+    with pytest.raises(restart.ManifestLostError) as err:
+        backend.apply(req, outcome)
+    assert "could not be written back" in str(err.value) and "metax-backup/20261123T090000-" in str(err.value)
 
 
 def test_the_new_manifest_is_written_whatever_happens_while_it_is_out(root):
@@ -210,13 +257,19 @@ def test_pod_cgroup_finds_the_pod_of_a_process(tmp_path):
     (tmp_path / "proc/12").mkdir()
     (tmp_path / "proc/12/cgroup").write_text("0::/system.slice/kubelet.service\n")
     proc = str(tmp_path / "proc")
-    assert be.pod_cgroup(10, proc, str(tmp_path / "cg2")) == str(v2)
-    assert be.pod_cgroup(11, proc, str(tmp_path / "cg1")) == str(v1)
-    assert be.pod_cgroup(12, proc, str(tmp_path / "cg2")) is None       # not in a pod
-    assert be.pod_cgroup(13, proc, str(tmp_path / "cg2")) is None       # gone
+    assert restart.pod_cgroup(10, proc, str(tmp_path / "cg2")) == str(v2)
+    assert restart.pod_cgroup(11, proc, str(tmp_path / "cg1")) == str(v1)
+    assert restart.pod_cgroup(12, proc, str(tmp_path / "cg2")) is None       # not in a pod
+    assert restart.pod_cgroup(13, proc, str(tmp_path / "cg2")) is None       # gone
     os.rmdir(str(v2 / "cri-containerd-abc.scope"))
     os.rmdir(str(v2))
-    assert be.pod_cgroup(10, proc, str(tmp_path / "cg2")) is None       # its cgroup already removed
+    assert restart.pod_cgroup(10, proc, str(tmp_path / "cg2")) is None       # its cgroup already removed
+    # a hybrid host: the unified line first, the pod's cgroup only in a v1 hierarchy
+    (tmp_path / "proc/14").mkdir()
+    (tmp_path / "proc/14/cgroup").write_text(
+        "0::/kubepods/besteffort/pod12345678-1234-1234-1234-123456789abc/cri-containerd-abc.scope\n"
+        "5:pids:/kubepods/besteffort/pod12345678-1234-1234-1234-123456789abc/cri-containerd-abc.scope\n")
+    assert restart.pod_cgroup(14, proc, str(tmp_path / "cg1")) == str(v1)
 
 
 def test_rejected_configuration_is_rolled_back(root):
@@ -243,6 +296,9 @@ def test_a_scheduler_that_keeps_exiting_is_rolled_back_before_the_timeout(root):
     assert "healthy again" in str(err.value)
     assert kubelet.now < 60          # not the 180 s of wait_timeout
     assert _read(root, MANIFEST) == manifest("1.28")
+    # the roll back also took the manifest out until the crash-looping pod had gone
+    assert not [what for _t, what in kubelet.events if what.startswith("manifest rewritten")]
+    assert [what for _t, what in kubelet.events].count("manifest out") == 2
 
 
 def test_unreachable_extender_is_rolled_back_unless_ignorable(root):
