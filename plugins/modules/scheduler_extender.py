@@ -24,10 +24,8 @@ description:
     dot-prefixed temporary file and a rename.
   - With O(wait=true), the module waits until a new kube-scheduler process runs with the new
     configuration and its health endpoint answers (and, unless O(ignorable=true), the extender is
-    reachable from the scheduler's network). If not within O(wait_timeout), or when a scheduler started
-    from the new manifest has exited twice without answering (it rejects its configuration), it restores
-    the backup, waits for the scheduler to be healthy again and fails, saying what it saw and where the
-    backup is.
+    reachable from the scheduler's network). If not within O(wait_timeout), it restores the backup,
+    waits for the scheduler to be healthy again and fails, saying what it saw and where the backup is.
   - With O(wait=true) and the running scheduler visible, a changed manifest is taken out of the static
     pod directory until the kubelet has stopped the old pod, then written: the kubelet starts a static
     pod whose predecessor is still terminating only 10-15 s later. An error or a SIGTERM/SIGHUP in between

@@ -49,11 +49,6 @@ Signal = Callable[[int], None]
 # up: a configuration it rejects makes it exit within a second, so one good look
 # at a freshly started process proves nothing.
 STABLE_CHECKS = 3
-# A kube-scheduler that rejects its configuration exits at once, and the kubelet starts
-# it again after 10 s, 20 s, ... When processes started from the new manifest have
-# been seen to end this many times without a healthy scheduler, the wait ends there
-# (and rolls back) instead of running out the whole wait_timeout (180 s by default).
-CRASH_EXITS = 2
 
 
 class ExtenderApplyError(MetaxGpuError):
@@ -370,22 +365,18 @@ class SchedulerExtender:
                     "pods asking for %s would not schedule" % (extender_url, RESOURCE_NAME))
         return None
 
-    def _exits(self, outcome: Outcome, expected: str, old_pids: Sequence[int], started: Set[int]) -> int:
-        """How many processes started from ``expected`` (recorded in ``started``) have ended; the pod
-        cgroups of those running are kept for a roll back (``_new_pods``)."""
-        running = {p[0] for p in self._ours(outcome) if p[0] not in old_pids and self._started_from(p[1], expected)}
-        for pid in running - started:
-            pod = self.pod_of(pid)
-            if pod:
-                self._new_pods.add(pod)
-        started |= running
-        return len(started - running)
+    def _note_new_pods(self, outcome: Outcome, expected: str, old_pids: Sequence[int]) -> None:
+        """Keep the pod cgroups of schedulers started from ``expected``: a roll back waits for that pod to
+        stop, even when a crash loop leaves no process of it to see."""
+        for pid, argv in self._ours(outcome):
+            if pid not in old_pids and self._started_from(argv, expected):
+                pod = self.pod_of(pid)
+                if pod:
+                    self._new_pods.add(pod)
 
     def _wait(self, req: Request, outcome: Outcome, expected: str, old_pids: Sequence[int],
-              check_process: bool, check_health: bool, extender_url: Optional[str],
-              fail_fast: bool = True) -> Optional[str]:
+              check_process: bool, check_health: bool, extender_url: Optional[str]) -> Optional[str]:
         deadline = self.clock() + req.wait_timeout
-        started: Set[int] = set()
         if not check_process:
             # Health alone cannot tell the old scheduler from the new one: watch for the
             # restart (the kubelet reacts through inotify, or its 20 s re-list) first.
@@ -405,11 +396,8 @@ class SchedulerExtender:
             else:
                 good = 0
                 seen = problem
-                exits = self._exits(outcome, expected, old_pids, started) if check_process and fail_fast else 0
-                if exits >= CRASH_EXITS:
-                    return ("the new kube-scheduler exited %d times, restarted with the same manifest each time "
-                            "(%s): it most likely rejects its configuration; see its container log"
-                            % (exits, problem))
+                if check_process:
+                    self._note_new_pods(outcome, expected, old_pids)
             if self.clock() >= deadline:
                 return seen
             self.sleep(1.0)
@@ -487,8 +475,7 @@ class SchedulerExtender:
             # same manifest: the kubelet would keep the failed process; stop it
             for pid in failed:
                 self.kill(pid)
-        restored = self._wait(req, outcome, outcome.manifest_before, failed, check_process, check_health, None,
-                              fail_fast=False)
+        restored = self._wait(req, outcome, outcome.manifest_before, failed, check_process, check_health, None)
         state = "healthy again" if restored is None else "NOT healthy either (%s)" % restored
         raise ExtenderApplyError(
             "kube-scheduler did not come back within %ss after %s the extender: %s. The previous manifest "
