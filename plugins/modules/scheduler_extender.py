@@ -27,8 +27,8 @@ description:
     reachable from the scheduler's network). If not within O(wait_timeout), it restores the backup,
     waits for the scheduler to be healthy again and fails, saying what it saw and where the backup is.
   - With O(wait=true) and the running scheduler visible, a changed manifest is taken out of the static
-    pod directory until the kubelet has stopped the old pod, then written: the kubelet starts a static
-    pod whose predecessor is still terminating only 10-15 s later. An error or a SIGTERM/SIGHUP in between
+    pod directory until the kubelet has stopped the old pod, and written after that, because the kubelet
+    starts a static pod whose predecessor is still terminating only 10-15 s later. An error or a SIGTERM/SIGHUP in between
     still ends with a manifest written (the new one, else the previous one); the backup holds it in case
     of a SIGKILL or power loss.
   - After a C(kubeadm upgrade), which rewrites the manifest without the patch, check mode reports
