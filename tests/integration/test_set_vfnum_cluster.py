@@ -62,7 +62,7 @@ def _set_vfnum(cluster, node, vfnum, *extra, expect_ok=True):
 
 
 def _node(cluster, name):
-    node = cluster.read_node(name)
+    node = cluster.read_node(name, strict=True)
     assert node is not None, "no node %s" % name
     return node
 

@@ -53,11 +53,12 @@ class _MxSmiView:
 
 class KnownIds:
     """What ``mx-smi -L`` said (names, UUIDs, serials), kept for the next scans of an agent that reads
-    the node every few seconds (gpu-device, the exporter, gpu-dra).
+    the node every few seconds (gpu-device, gpu-dra). One thread uses it (the agent's reading loop).
 
-    ``-L`` is run again when the device table lists other GPUs or another driver, and at least every
-    ``max_age`` seconds: a UUID belongs to the board at a PCI address, which changes only with the
-    GPUs the table lists. One ``mx-smi`` fewer per reading (of two to four), on every node.
+    Kept only when ``-L`` named every GPU of the table with a UUID and nothing in it was not understood;
+    run again when the table lists other GPUs, another state of one or another driver, and at least
+    every ``max_age`` seconds: a UUID belongs to the board at a PCI address. One ``mx-smi`` run fewer
+    per reading (of two to four), on every node.
     """
 
     def __init__(self, max_age: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
@@ -71,7 +72,7 @@ class KnownIds:
 
     @staticmethod
     def key(table: mxsmi.MxSmiTable) -> tuple:
-        return (table.driver_version, tuple((g.index, g.bdf, g.name) for g in table.gpus))
+        return (table.driver_version, tuple((g.index, g.bdf, g.name, g.state) for g in table.gpus))
 
     def get(self, key: tuple) -> Optional[Tuple[Dict[str, Dict[str, str]], List[str]]]:
         if key != self._key or self.clock() >= self._until:
@@ -128,7 +129,9 @@ def _list(host: HostRoot, binary: str, table: mxsmi.MxSmiTable, warnings: List[s
     ids = {f["bdf"]: f for f in listed.values()}
     if known is not None:
         known.runs += 1
-        known.keep(key, ids, problems)
+        # a GPU without a UUID (not ready yet, not available) or a line not understood: ask again next time
+        if not problems and all((ids.get(g.bdf) or {}).get("uuid") for g in table.gpus):
+            known.keep(key, ids, problems)
     return ids, problems
 
 

@@ -85,8 +85,8 @@ def read_json(path):
     body = text.strip(" \t\r\n")
     try:
         value, end = _make_scanner(_Decoding())(body, 0)
-    except StopIteration:
-        raise ValueError("%s: not a JSON document" % path) from None
+    except StopIteration as exc:
+        raise ValueError("%s: not JSON at character %s" % (path, exc.value)) from None
     if end != len(body):
         raise ValueError("%s: extra data after the JSON document (at %d)" % (path, end))
     return value

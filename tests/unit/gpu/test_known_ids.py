@@ -59,15 +59,28 @@ def test_a_gpu_gone_from_the_table_or_back_reads_the_list_again(make_node):
     assert seven.gpu_count == 7 and eight.gpu_count == 8 and all(g.uuid for g in eight.gpus)
 
 
-def test_what_the_list_did_not_say_is_reported_on_every_scan(make_node):
+def test_a_list_without_every_uuid_is_not_kept_and_a_recovered_gpu_gets_its_uuid_back(make_node):
     host = make_node("8xC500")
-    generator.fail_gpu(host, 6, mode="smi")               # -L: "Not Available(...)" without a UUID
+    generator.fail_gpu(host, 6, mode="smi")               # in the table, Unavailable; -L: no UUID
     known = KnownIds()
     first = discover(host, topology=False, known_ids=known)
     again = discover(host, topology=False, known_ids=known)
-    assert known.runs == 1
+    assert known.runs == 2                                 # asked again while one GPU has no UUID
     assert any("Not Available" in w for w in first.warnings) and again.warnings == first.warnings
-    assert again.unparsed == first.unparsed
+    generator.recover_gpu(host, 6)                         # same table GPUs, state Available again
+    recovered = discover(host, topology=False, known_ids=known)
+    assert all(g.uuid for g in recovered.gpus) and not any("Not Available" in w for w in recovered.warnings)
+    discover(host, topology=False, known_ids=known)
+    assert known.runs == 3                                 # kept from there on
+
+
+def test_a_gpu_that_turns_unavailable_in_the_table_reads_the_list_again(make_node):
+    host = make_node("8xC500")
+    known = KnownIds()
+    discover(host, topology=False, known_ids=known)
+    generator.fail_gpu(host, 6, mode="smi")
+    failed = discover(host, topology=False, known_ids=known)
+    assert known.runs == 2 and next(g for g in failed.gpus if g.index == 6).uuid is None
 
 
 def test_the_list_is_read_again_after_max_age(make_node):
