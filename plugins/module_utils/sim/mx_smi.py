@@ -44,7 +44,7 @@ try:
     # imported only by ``-j``, which prints JSON.
     from _json import make_scanner as _make_scanner
 except ImportError:     # another Python: the json module does the same job
-    _make_scanner = None
+    _make_scanner = None  # type: ignore[misc,assignment]  # (a typing import would cost the run's time)
 
 # the legend of 2.2.9 (samples/mx-smi/topo-m-2.2.9-8xC500.txt), in its order
 LEGEND = [
