@@ -28,9 +28,9 @@ description:
     waits for the scheduler to be healthy again and fails, saying what it saw and where the backup is.
   - With O(wait=true) and the running scheduler visible, a changed manifest is taken out of the static
     pod directory until the kubelet has stopped the old pod, and written after that, because the kubelet
-    starts a static pod whose predecessor is still terminating only 10-15 s later. An error or a SIGTERM/SIGHUP in between
-    still ends with a manifest written (the new one, else the previous one); the backup holds it in case
-    of a SIGKILL or power loss.
+    starts a static pod whose predecessor is still terminating only 10-15 s later. An error or a
+    SIGTERM/SIGHUP in between still ends with a manifest written (the new one, else the previous one);
+    the backup holds it in case of a SIGKILL or power loss.
   - After a C(kubeadm upgrade), which rewrites the manifest without the patch, check mode reports
     C(drift=true) and a run puts the patch back.
 author:

@@ -352,6 +352,9 @@ class SchedulerExtender:
             current = self._ours(outcome)
             stale = [p[0] for p in current if p[0] in old_pids or not self._started_from(p[1], expected)]
             new = [p[0] for p in current if p[0] not in stale]
+            # their pod cgroups: a roll back waits for that pod to stop, even when a crash loop
+            # leaves no process of it to see by then
+            self._new_pods.update(pod for pod in map(self.pod_of, new) if pod)
             if stale:
                 return "the previous kube-scheduler (pid %s) still runs" % ", ".join(str(p) for p in stale)
             if not new:
@@ -364,15 +367,6 @@ class SchedulerExtender:
             return ("the extender %s is not reachable from the scheduler's network and ignorable is false: "
                     "pods asking for %s would not schedule" % (extender_url, RESOURCE_NAME))
         return None
-
-    def _note_new_pods(self, outcome: Outcome, expected: str, old_pids: Sequence[int]) -> None:
-        """Keep the pod cgroups of schedulers started from ``expected``: a roll back waits for that pod to
-        stop, even when a crash loop leaves no process of it to see."""
-        for pid, argv in self._ours(outcome):
-            if pid not in old_pids and self._started_from(argv, expected):
-                pod = self.pod_of(pid)
-                if pod:
-                    self._new_pods.add(pod)
 
     def _wait(self, req: Request, outcome: Outcome, expected: str, old_pids: Sequence[int],
               check_process: bool, check_health: bool, extender_url: Optional[str]) -> Optional[str]:
@@ -396,8 +390,6 @@ class SchedulerExtender:
             else:
                 good = 0
                 seen = problem
-                if check_process:
-                    self._note_new_pods(outcome, expected, old_pids)
             if self.clock() >= deadline:
                 return seen
             self.sleep(1.0)

@@ -133,17 +133,17 @@ class StaticPodRestart:
                 warnings: List[str], backup: str) -> None:
         """Manifest ``text`` in place of ``previous`` once the pod of ``old`` (cgroups ``pods``) has stopped."""
         self.write(None)
+        signalled: Optional[_Signalled] = None
         try:
             with signals_unwind():
                 stopped = self._stopped(old, pods, limit)
         except _Signalled as exc:
+            stopped, signalled = True, exc
+        finally:
             self._put_back(text, previous, backup)
+        if signalled is not None:
             raise RestartInterrupted("%s while the previous kube-scheduler stopped; the new manifest was written "
-                                     "(backup: %s)" % (exc, backup)) from None
-        except BaseException:
-            self._put_back(text, previous, backup)
-            raise
-        self._put_back(text, previous, backup)
+                                     "(backup: %s)" % (signalled, backup))
         if not stopped:
             warnings.append("the previous kube-scheduler's pod had not stopped %ds after its manifest was taken "
                             "out; the new manifest was written anyway" % int(limit))
