@@ -81,6 +81,8 @@ def pod_cgroup(pid: int, proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup
                 continue
             base = os.path.join(cgroup_root, hierarchy.replace("name=", ""))
         parts = [part for part in fields[2].split("/") if part]
+        if ".." in parts:       # a cgroup namespace shows the kubelet's cgroups as "/../..": not ours to see
+            continue
         for end, part in enumerate(parts):
             if _POD_CGROUP.search(part):
                 path = os.path.join(base, *parts[:end + 1])

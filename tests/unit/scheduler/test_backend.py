@@ -270,6 +270,11 @@ def test_pod_cgroup_finds_the_pod_of_a_process(tmp_path):
         "0::/kubepods/besteffort/pod12345678-1234-1234-1234-123456789abc/cri-containerd-abc.scope\n"
         "5:pids:/kubepods/besteffort/pod12345678-1234-1234-1234-123456789abc/cri-containerd-abc.scope\n")
     assert restart.pod_cgroup(14, proc, str(tmp_path / "cg1")) == str(v1)
+    # in a cgroup namespace of its own the path climbs out: never followed outside the cgroup root
+    os.makedirs(str(tmp_path / ("pod%s" % uid)))
+    (tmp_path / "proc/15").mkdir()
+    (tmp_path / "proc/15/cgroup").write_text("0::/../pod%s/cri-containerd-abc.scope\n" % uid)
+    assert restart.pod_cgroup(15, proc, str(tmp_path / "cg2")) is None
 
 
 def test_rejected_configuration_is_rolled_back(root):
