@@ -59,13 +59,12 @@ import scale_common  # noqa: E402  (first: puts the collection and tests/ on sys
 import urllib3  # noqa: E402
 import yaml  # noqa: E402
 from controlplane import ControlPlane, lib_dir  # noqa: E402
-from kubernetes import watch as k8s_watch  # noqa: E402
+from kubernetes import client as k8s_client, watch as k8s_watch  # noqa: E402
 from localcluster import fakenodes  # noqa: E402
 from scale.agent_output import preset_profiles  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N  # noqa: E402
-from ansible_collections.metax.gpu.plugins.module_utils.kube.client import (  # noqa: E402
-    api_client, coordination_v1, core_v1)
+from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXTENSIONS = os.path.join(scale_common.REPO, "files", "charts", "metax-gpu-extensions")
@@ -110,7 +109,8 @@ class Watcher:
     (the most alive at once), in threads of this process."""
 
     def __init__(self, api: Any, size: int) -> None:
-        self.core, self.coord = core_v1(api), coordination_v1(api)
+        # the harness's own watch, with the client's typed models (the agents' is kube/watch.py)
+        self.core, self.coord = k8s_client.CoreV1Api(api), k8s_client.CoordinationV1Api(api)
         self.size = size
         self.stop = threading.Event()
         self.states: Dict[str, str] = {}
@@ -185,7 +185,7 @@ def measure(size: int, max_parallel: int, collections: str, timeout: float, own_
     names = ["%s%05d" % (fakenodes.NAME_PREFIX, i) for i in range(size)]
     try:
         admin = api_client(cp.kubeconfig)
-        core = core_v1(admin)
+        core = k8s_client.CoreV1Api(admin)
         core.create_namespace({"metadata": {"name": NS}})
         create_nodes(core, names)
         objects = driver_objects(cp, names, max_parallel)

@@ -161,7 +161,8 @@ def operator_node_reads(kubeconfig: str, rounds: int = 3) -> Dict[str, Any]:
     cluster = Cluster(api, "metax-gpu-operator")
 
     def models() -> List[Dict[str, Any]]:
-        return [api.sanitize_for_serialization(n) for n in cluster.core.list_node().items]
+        from kubernetes import client as k8s_client  # the typed API, for this comparison alone
+        return [api.sanitize_for_serialization(n) for n in k8s_client.CoreV1Api(api).list_node().items]
 
     out: Dict[str, Any] = {}
     for name, read in (("models", models), ("pages", cluster.nodes)):

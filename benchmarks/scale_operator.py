@@ -46,7 +46,7 @@ from polling import wait_until  # noqa: E402
 from test_operator_controller_apiserver import CHAIN_OFF, CHART, GPU_LABELS, NS, Env  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N  # noqa: E402
-from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client, core_v1  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client  # noqa: E402
 
 WRITES = scale_common.WRITES
 RSS_TARGET_MIB = 150
@@ -78,7 +78,8 @@ def rss_mib(pid: int) -> Dict[str, float]:
 
 
 def create_nodes(cp: ControlPlane, count: int) -> None:
-    core = core_v1(api_client(cp.kubeconfig))
+    from kubernetes import client as k8s_client  # the harness creates nodes with the typed API
+    core = k8s_client.CoreV1Api(api_client(cp.kubeconfig))
 
     def one(index: int) -> None:
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {

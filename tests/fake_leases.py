@@ -5,9 +5,9 @@ feeds a Slots' view the way driver-manager's watch of the pool does: the list, t
 event, delivered at once to every watcher."""
 from __future__ import annotations
 
+import copy
 import itertools
 import threading
-from types import SimpleNamespace
 
 from ansible_collections.metax.gpu.plugins.module_utils.kube.client import ApiException
 
@@ -20,7 +20,7 @@ def _error(status, reason):
 
 class FakeLeaseApi:
     def __init__(self):
-        self.leases = {}                 # (namespace, name) -> the V1Lease-like object
+        self.leases = {}                 # (namespace, name) -> the Lease's JSON, as the API server keeps it
         self.calls = []                  # (verb, name)
         self._versions = itertools.count(100)
         self.watchers = []               # Slots fed by watch()
@@ -36,18 +36,15 @@ class FakeLeaseApi:
             slots.seen(kind, obj)
 
     def _object(self, body):
-        meta, spec = body["metadata"], body["spec"]
-        return SimpleNamespace(
-            metadata=SimpleNamespace(name=meta["name"], namespace=meta["namespace"], labels=dict(meta.get("labels") or {}),
-                                     resource_version=str(next(self._versions))),
-            spec=SimpleNamespace(holder_identity=spec["holderIdentity"], renew_time=spec["renewTime"],
-                                 acquire_time=spec["acquireTime"], lease_duration_seconds=spec["leaseDurationSeconds"]))
+        obj = copy.deepcopy(body)
+        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        return obj
 
     def list_namespaced_lease(self, namespace, label_selector):
         self.calls.append(("list", label_selector))
         key, value = label_selector.split("=", 1)
-        return SimpleNamespace(items=[o for (ns, _n), o in sorted(self.leases.items())
-                                      if ns == namespace and o.metadata.labels.get(key) == value])
+        return {"items": [o for (ns, _n), o in sorted(self.leases.items())
+                          if ns == namespace and (o["metadata"].get("labels") or {}).get(key) == value]}
 
     def create_namespaced_lease(self, namespace, body):
         with self.lock:
@@ -65,7 +62,7 @@ class FakeLeaseApi:
             have = self.leases.get((namespace, name))
             if have is None:
                 raise _error(404, "NotFound")
-            if body["metadata"].get("resourceVersion") != have.metadata.resource_version:
+            if body["metadata"].get("resourceVersion") != have["metadata"]["resourceVersion"]:
                 raise _error(409, "Conflict")
             self.leases[(namespace, name)] = self._object(body)
             self._event("MODIFIED", self.leases[(namespace, name)])
@@ -78,6 +75,6 @@ class FakeLeaseApi:
             if have is None:
                 raise _error(404, "NotFound")
             wanted = ((body or {}).get("preconditions") or {}).get("resourceVersion")
-            if wanted and wanted != have.metadata.resource_version:
+            if wanted and wanted != have["metadata"]["resourceVersion"]:
                 raise _error(409, "Conflict")
             self._event("DELETED", self.leases.pop((namespace, name)))

@@ -177,7 +177,7 @@ def service_account_users(namespace: str, accounts: Collection[str]) -> Tuple[st
 
 
 def kube_pod_node(core: Any, timeout: float = 5.0) -> PodNode:
-    """A :data:`PodNode` over a kubernetes ``CoreV1Api`` (GET of the pod by name; 404 -> None)."""
+    """A :data:`PodNode` over kube/client.core_v1 (GET of the pod by name; 404 -> None)."""
 
     def pod_node(namespace: str, name: str) -> Optional[str]:
         try:

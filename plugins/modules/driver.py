@@ -263,7 +263,7 @@ def _node_pods(module, node_name):
     client, auth = module_client(module)
     with reaching(client, auth):
         pods = core_v1(client).list_pod_for_all_namespaces(field_selector="spec.nodeName=%s" % node_name)
-    return [client.sanitize_for_serialization(pod) for pod in pods.items]
+    return list(pods.get("items") or [])
 
 
 def main():

@@ -279,8 +279,8 @@ class Kube(RemediationKube):
                 self.config_version = None
                 return {}
             raise
-        self.config_version = found.metadata.resource_version
-        return found.data or {}
+        self.config_version = (found.get("metadata") or {}).get("resourceVersion")
+        return found.get("data") or {}
 
     def watch_config(self, wake: threading.Event, stop: threading.Event) -> None:
         """Until ``stop``: set ``wake`` whenever the ConfigMap differs from what the last round read."""
@@ -313,11 +313,11 @@ class Kube(RemediationKube):
     def restart_gpu_device(self, selector: str = GPU_DEVICE_SELECTOR) -> List[str]:
         """Delete this node's gpu-device pod, or the pods ``selector`` picks (their DaemonSets
         recreate them); the names deleted."""
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector,
-                                             field_selector="spec.nodeName=" + self.node).items
-        for pod in pods:
-            self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=1)
-        return [p.metadata.name for p in pods]
+        pods = [pod["metadata"]["name"] for pod in self.core.list_namespaced_pod(
+            self.namespace, label_selector=selector, field_selector="spec.nodeName=" + self.node).get("items") or []]
+        for name in pods:
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=1)
+        return pods
 
     def gpu_pods(self) -> List[str]:
         """``namespace/name`` of the pods holding this node's GPUs (the ones evict_gpu_pods evicts)."""

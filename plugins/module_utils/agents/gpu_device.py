@@ -446,8 +446,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return log_mode(choose_mode(args.cdi_mode, host, runtime_version), runtime_version)
 
     def connect() -> ApiSide:
-        # after the first registration (GpuDeviceAgent.run): CoreV1Api alone imports seconds of
-        # kubernetes models on a loaded node, and the Node read may wait for the apiserver
+        # after the first registration (GpuDeviceAgent.run): the Node read may wait for the apiserver
         return ApiSide(kube_node_patcher(client, args.node_name), kube_node_annotations(client, args.node_name),
                        decide if mode is None else None,
                        NodeHealthWriter(core_v1(client), args.node_name, args.namespace, time.time))

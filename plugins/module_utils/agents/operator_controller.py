@@ -43,10 +43,9 @@ from .operator_handlers import register
 
 try:
     import kopf
-    from kubernetes import client as k8s_client
     HAS_KOPF = True
 except ImportError:
-    kopf = k8s_client = None  # type: ignore[assignment]
+    kopf = None  # type: ignore[assignment]
     HAS_KOPF = False
 
 COMPONENT = "operator-controller"
@@ -218,7 +217,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run_cleanup(operator)
     if args.migrate:
         return migrate.run(cluster, args.crd, args.migrate_timeout, args.migrate_phase)
-    elector = LeaderElector(k8s_client.CoordinationV1Api(cluster.api), args.namespace, args.lease,
+    elector = LeaderElector(cluster.core, args.namespace, args.lease,
                             leader_identity(os.environ.get("POD_NAME"), socket.gethostname(), os.getpid()),
                             lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
                             retry_period=args.retry_period)
@@ -228,7 +227,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.metrics_port:
         serve_metrics(args.metrics_port, health)
     if args.eviction_webhook_port:  # every replica, leader or not: the API server calls any (docs/security.md)
-        eviction_webhook.serve_from_flags(k8s_client.CoreV1Api(cluster.api), args)
+        eviction_webhook.serve_from_flags(cluster.core, args)
     # One flag stops everything: SIGTERM before kopf runs (kopf handles the signals once it
     # does), a lost Lease, kopf's end. kopf gets it as its stop flag.
     stop = threading.Event()

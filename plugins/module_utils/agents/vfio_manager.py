@@ -123,7 +123,7 @@ class Kube:
             if exc.status == 404:
                 return {}
             raise
-        return found.data or {}
+        return found.get("data") or {}
 
     def annotate(self, annotations: Mapping[str, Optional[str]]) -> None:
         patch_metadata(self.core, self.node, annotations=annotations)

@@ -15,7 +15,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequ
 
 from .. import names
 from ..errors import MetaxGpuError
-from ..kube.client import HAS_KUBERNETES, ApiException, KubeClientError
+from ..kube.client import HAS_KUBERNETES, ApiException, KubeClientError, json_api
 from ..kube.node import patch_metadata, strip_changes
 from ..kube.pages import raw_list
 from .apis import (DEVICE_CLASS, OPTIONAL_KINDS, PROMETHEUS_RULE, SERVICE_MONITOR, Kind, ServedKinds, delete_policy,
@@ -24,11 +24,10 @@ from .contract import Component
 from .driver_rollout import RolloutPlan, driver_rollout, handback_patches
 
 try:
-    from kubernetes import client as k8s_client
     from kubernetes.dynamic import DynamicClient
     from kubernetes.dynamic.exceptions import ResourceNotFoundError
 except ImportError:
-    k8s_client = DynamicClient = None  # type: ignore[assignment,misc]
+    DynamicClient = None  # type: ignore[assignment,misc]
     ResourceNotFoundError = LookupError  # type: ignore[assignment,misc]
 
 # What a component may own: (apiVersion, kind), cluster-scoped last so that
@@ -51,7 +50,7 @@ LIST_PAGE = 500
 
 
 def _raw_pages(call: Any, *args: Any, **params: Any) -> List[Dict[str, Any]]:
-    """Every item of a ``CoreV1Api.list_*`` call, LIST_PAGE per request, decoded from the raw JSON
+    """Every item of a ``list_*`` call of kube/rest.JsonApi, LIST_PAGE per request, decoded from the raw JSON
     (kube/pages.raw_list).
 
     The status round reads every node and each DaemonSet's pods (one per GPU node) every
@@ -93,8 +92,7 @@ class Cluster:
         self.api = api_client
         self.namespace = namespace
         self.dynamic = DynamicClient(api_client)
-        self.core = k8s_client.CoreV1Api(api_client)
-        self.apps = k8s_client.AppsV1Api(api_client)
+        self.core = self.apps = json_api(api_client)
         self.served = ServedKinds(self.served_kinds)
 
     def served_kinds(self) -> FrozenSet[Kind]:
@@ -151,12 +149,12 @@ class Cluster:
         event = event_for(owner, event_type, reason, message, now)
         name, namespace = event["metadata"]["name"], event["metadata"]["namespace"]
         try:
-            self.core.create_namespaced_event(namespace, event)  # type: ignore[arg-type]  # a dict serializes as is
+            self.core.create_namespaced_event(namespace, event)
             return
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        old = self.api.sanitize_for_serialization(self.core.read_namespaced_event(name, namespace))
+        old = self.core.read_namespaced_event(name, namespace)
         self.core.patch_namespaced_event(name, namespace, {"count": int(old.get("count") or 1) + 1,
                                                            "lastTimestamp": now})
 
@@ -252,7 +250,7 @@ class Cluster:
         read = self.apps.read_namespaced_daemon_set if component.kind == "DaemonSet" \
             else self.apps.read_namespaced_deployment
         try:
-            return self.api.sanitize_for_serialization(read(component.name, self.namespace))
+            return read(component.name, self.namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None

@@ -3,7 +3,7 @@
 # Apache License 2.0 (see LICENSE)
 """gpu-dra and the API server: its ResourceSlices, the claims it prepares, its node's mode.
 
-Objects travel as dicts (CustomObjectsApi of kube/client): the typed models of
+Objects travel as dicts (kube/rest.JsonApi): the typed models of
 a Python client older than the cluster would drop fields such as a device's
 ``taints``. :class:`SliceApi` is the whole API surface gpu-dra uses; tests
 give :func:`publish` a stand-in with the same four methods.

@@ -76,7 +76,7 @@ class RemediationKube:
             if exc.status == 404:
                 return None
             raise
-        return (found.data or {}).get(POLICY_KEY)
+        return (found.get("data") or {}).get(POLICY_KEY)
 
     def health_slots(self, size: int) -> Slots:
         """The remediation budget: ``size`` Leases metax-health-slot-<i> in the namespace."""

@@ -4,7 +4,7 @@
 """The one place the collection builds a Kubernetes client, and turns its failures into one line.
 
 Everything that talks to the API server gets its client here (the ApiClient,
-and the API groups over it: :func:`core_v1`, :func:`coordination_v1`). Two
+and the API calls over it: :func:`json_api`, also named :func:`core_v1`... at the call sites). Two
 factories:
 
 * :func:`api_client` for the in-cluster agents (``agents/common.kube_api_client``:
@@ -54,7 +54,8 @@ except ImportError:
         reason = ""
 
 __all__ = ["ApiException", "Auth", "HAS_KUBERNETES", "KubeClientError", "KubeApiError", "KubeConnectionError", "api_client",
-           "api_client_for", "auth_from_params", "coordination_v1", "core_v1", "custom_objects", "module_client", "reaching"]
+           "api_client_for", "auth_from_params", "coordination_v1", "core_v1", "custom_objects", "json_api", "module_client",
+           "reaching"]
 
 MISSING = "the 'kubernetes' Python package is required (requirements/agents.txt)"
 
@@ -427,23 +428,14 @@ def _connection_error(client: Any, kubeconfig: Union[str, Auth, None], exc: Base
                                % (_host(client), _source(kubeconfig), one_line(reason)))
 
 
-def core_v1(client: Any) -> Any:
-    """CoreV1Api over an ApiClient from :func:`api_client`."""
+def json_api(client: Any) -> Any:
+    """The collection's API calls over an ApiClient from :func:`api_client`, as JSON (:class:`.rest.JsonApi`:
+    no typed API class, whose model imports cost a second of CPU per process)."""
     if not HAS_KUBERNETES:
         raise KubeClientError(MISSING)
-    return k8s_client.CoreV1Api(client)
+    from .rest import JsonApi  # pylint: disable=import-outside-toplevel  # rest imports this module
+    return JsonApi(client)
 
 
-def coordination_v1(client: Any) -> Any:
-    """CoordinationV1Api (Leases) over an ApiClient from :func:`api_client`."""
-    if not HAS_KUBERNETES:
-        raise KubeClientError(MISSING)
-    return k8s_client.CoordinationV1Api(client)
-
-
-def custom_objects(client: Any) -> Any:
-    """CustomObjectsApi over an ApiClient: any group's objects as dicts (gpu-dra's resource.k8s.io/v1,
-    whose fields the typed models of an older client would drop)."""
-    if not HAS_KUBERNETES:
-        raise KubeClientError(MISSING)
-    return k8s_client.CustomObjectsApi(client)
+# the groups' names at the call sites; one object serves them all
+core_v1 = coordination_v1 = custom_objects = json_api

@@ -131,7 +131,7 @@ def record_of(lease: Optional[Dict[str, Any]]) -> Optional[Record]:
 
 
 class LeaderElector:
-    """One candidate for the Lease ``namespace/name`` (``api``: a CoordinationV1Api)."""
+    """One candidate for the Lease ``namespace/name`` (``api``: kube/client.coordination_v1)."""
 
     def __init__(self, api: Any, namespace: str, name: str, identity: str,
                  lease_duration: int = LEASE_DURATION, renew_deadline: float = RENEW_DEADLINE,

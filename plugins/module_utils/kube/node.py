@@ -73,7 +73,7 @@ def _discard(resp: Any) -> None:
 
 def patch_metadata(core: Any, name: str, labels: Optional[Mapping[str, Optional[str]]] = None,
                    annotations: Optional[Mapping[str, Optional[str]]] = None, **request: Any) -> bool:
-    """Merge-patch node ``name``'s labels and annotations through ``core`` (a CoreV1Api); False, and no
+    """Merge-patch node ``name``'s labels and annotations through ``core`` (kube/client.core_v1); False, and no
     request, when there is nothing to write. ``request``: the client's own options (``_request_timeout``)."""
     body = merge_patch(labels, annotations)
     if not body:
@@ -106,7 +106,7 @@ def merge_patch_node(core: Any, name: str, body: Mapping[str, Any]) -> None:
 
 
 class OwnNode:
-    """Our keys on the node this agent runs on, through ``core`` (a CoreV1Api; RBAC: get and patch on nodes)."""
+    """Our keys on the node this agent runs on, through ``core`` (kube/client.core_v1; RBAC: get and patch on nodes)."""
 
     def __init__(self, core: Any, name: str, timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
         self.core = core

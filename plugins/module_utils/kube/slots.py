@@ -135,34 +135,26 @@ def micro_time(when: float) -> str:
 
 
 def _epoch(value: Any) -> float:
-    """renewTime as the client returns it (datetime) or as JSON (str) -> seconds since the epoch."""
+    """renewTime as JSON (a MicroTime string) -> seconds since the epoch."""
     if value is None:
         return 0.0
-    if isinstance(value, datetime.datetime):
-        return value.replace(tzinfo=value.tzinfo or datetime.timezone.utc).timestamp()
     text = str(value).rstrip("Z")
     head, _dot, frac = text.partition(".")
     base = datetime.datetime.strptime(head[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
     return base.timestamp() + (float("0." + frac) if frac.isdigit() else 0.0)
 
 
-def lease_state(lease: Any) -> LeaseState:
-    """A Lease -> LeaseState: a V1Lease from the client, or the API server's JSON (a watch's, kube/watch.py)."""
-    if isinstance(lease, Mapping):
-        meta, spec = lease.get("metadata") or {}, lease.get("spec") or {}
-        return LeaseState(name=str(meta.get("name") or ""), holder=spec.get("holderIdentity") or "",
-                          renewed=_epoch(spec.get("renewTime") or spec.get("acquireTime")),
-                          duration=int(spec.get("leaseDurationSeconds") or DEFAULT_DURATION),
-                          version=str(meta.get("resourceVersion") or ""))
-    spec = lease.spec
-    return LeaseState(name=lease.metadata.name, holder=getattr(spec, "holder_identity", None) or "",
-                      renewed=_epoch(getattr(spec, "renew_time", None) or getattr(spec, "acquire_time", None)),
-                      duration=int(getattr(spec, "lease_duration_seconds", None) or DEFAULT_DURATION),
-                      version=lease.metadata.resource_version or "")
+def lease_state(lease: Mapping[str, Any]) -> LeaseState:
+    """A Lease, as the API server's JSON (a read's or a watch's), -> LeaseState."""
+    meta, spec = lease.get("metadata") or {}, lease.get("spec") or {}
+    return LeaseState(name=str(meta.get("name") or ""), holder=spec.get("holderIdentity") or "",
+                      renewed=_epoch(spec.get("renewTime") or spec.get("acquireTime")),
+                      duration=int(spec.get("leaseDurationSeconds") or DEFAULT_DURATION),
+                      version=str(meta.get("resourceVersion") or ""))
 
 
 class Slots:
-    """A pool of ``size`` slots in ``namespace`` over a CoordinationV1Api ``api``."""
+    """A pool of ``size`` slots in ``namespace`` over ``api`` (kube/client.coordination_v1)."""
 
     def __init__(self, api: Any, namespace: str, prefix: str, size: int, holder: str,
                  duration: int = DEFAULT_DURATION, clock: Callable[[], float] = time.time) -> None:
@@ -200,18 +192,18 @@ class Slots:
             found = self.api.list_namespaced_lease(self.namespace, label_selector="%s=%s" % (POOL_LABEL, self.prefix))
         except ApiException as exc:
             raise SlotError("listing the %s leases: %s %s" % (self.prefix, exc.status, exc.reason))
-        return [lease_state(item) for item in found.items or []]
+        return [lease_state(item) for item in found.get("items") or []]
 
     # -- the watched view -----------------------------------------------------------
     def relisted(self, items: Iterable[Any]) -> None:
-        """A watch (re)opened with this list of the pool's Leases (V1Lease or JSON): the view is that list."""
+        """A watch (re)opened with this list of the pool's Leases (JSON): the view is that list."""
         with self._seen:
             self.view = {lease.name: lease for lease in (lease_state(item) for item in items)}
             self._seen.notify_all()
 
     def seen(self, kind: str, item: Any) -> None:
-        """A watch event (``ADDED``/``MODIFIED``/``DELETED``, V1Lease or JSON) into the view."""
-        if item is None or (item.get("metadata") if isinstance(item, Mapping) else getattr(item, "metadata", None)) is None:
+        """A watch event (``ADDED``/``MODIFIED``/``DELETED``, the Lease's JSON) into the view."""
+        if not isinstance(item, Mapping) or item.get("metadata") is None:
             return
         state = lease_state(item)
         with self._seen:
@@ -316,7 +308,7 @@ class Slots:
                 self._lost(choice.name)
                 return None
             raise SlotError("taking %s: %s %s" % (choice.name, exc.status, exc.reason))
-        self.held, self.version = choice.name, written.metadata.resource_version
+        self.held, self.version = choice.name, written["metadata"]["resourceVersion"]
         if choice.action == "take_over":
             LOG.info("slot %s taken over from a holder that stopped renewing it", choice.name)
         self._start_renewing()
@@ -336,7 +328,7 @@ class Slots:
                     self.held = self.version = None
                     return False
                 raise SlotError("renewing %s: %s %s" % (self.held, exc.status, exc.reason))
-            self.version = written.metadata.resource_version
+            self.version = written["metadata"]["resourceVersion"]
             return True
 
     def release(self) -> None:

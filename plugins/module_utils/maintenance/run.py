@@ -66,7 +66,7 @@ class MaintenanceApi(Protocol):
 
 
 class KubeMaintenanceApi:
-    """:class:`MaintenanceApi` over a kubernetes ``CoreV1Api`` (kube/client.core_v1)."""
+    """:class:`MaintenanceApi` over kube/client.core_v1."""
 
     def __init__(self, core: Any, namespace: str = N.NAMESPACE, agent_selector: str = N.NODE_AGENT_POD_SELECTOR,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -88,9 +88,9 @@ class KubeMaintenanceApi:
             raise
 
     def agent_pods(self, node: str) -> List[str]:
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.agent_selector,
-                                             field_selector="spec.nodeName=" + node).items
-        return sorted("%s/%s" % (p.metadata.namespace, p.metadata.name) for p in pods)
+        found = self.core.list_namespaced_pod(self.namespace, label_selector=self.agent_selector,
+                                              field_selector="spec.nodeName=" + node)
+        return sorted("%s/%s" % (p["metadata"]["namespace"], p["metadata"]["name"]) for p in found.get("items") or [])
 
     def evict(self, node: str, request: Eviction, check_mode: bool) -> Dict[str, List[str]]:
         return kube_evict.evict(self.core, node, drain=request.drain, timeout=request.timeout, force=request.force,

@@ -87,7 +87,7 @@ class Recorder(NodeApi):
         return Slots(self.leases, "metax-operator", dm.VFNUM_SLOT_PREFIX, size, self.node)
 
     def slot_holders(self):
-        return sorted(lease.spec.holder_identity for lease in self.leases.leases.values())
+        return sorted(lease["spec"]["holderIdentity"] for lease in self.leases.leases.values())
 
     def restart_gpu_device(self, selector=GPU_DEVICE_SELECTOR):
         self.restarts += 1
@@ -629,7 +629,7 @@ def test_the_slot_watch_keeps_the_view_of_its_slots_and_never_wakes_a_round_itse
     assert other.take()
     mine = Slots(leases, "metax-operator", dm.VFNUM_SLOT_PREFIX, 1, "n1")
     watched = dm.SlotsWatched(mine)
-    listed = leases.list_namespaced_lease("metax-operator", "%s=%s" % (dm.POOL_LABEL, dm.VFNUM_SLOT_PREFIX)).items
+    listed = leases.list_namespaced_lease("metax-operator", "%s=%s" % (dm.POOL_LABEL, dm.VFNUM_SLOT_PREFIX))["items"]
     assert not watched.opened(listed) and mine.free() == []          # the view: held by n2
     held = leases.leases[("metax-operator", other.held)]
     other.release()

@@ -3,7 +3,6 @@ stand-in of the client's CoreV1Api: what is sent, and how the answers the ladder
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -55,7 +54,7 @@ class Core:
         self.calls.append(("configmap", name, namespace))
         if self.policy is None:
             raise _error(404)
-        return SimpleNamespace(data={"policy.json": self.policy})
+        return {"data": {"policy.json": self.policy}}
 
 
 def kube(core):

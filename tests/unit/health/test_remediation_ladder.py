@@ -204,7 +204,7 @@ class World:
         return self.ladders[name].round(self.apis[name].read_node())
 
     def holders(self):
-        return sorted(lease.spec.holder_identity for lease in self.leases.leases.values())
+        return sorted(lease["spec"]["holderIdentity"] for lease in self.leases.leases.values())
 
 
 @pytest.fixture

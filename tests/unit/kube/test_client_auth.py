@@ -194,7 +194,7 @@ def _no_cluster_of_this_machine(monkeypatch, tmp_path):
 def _nodes(auth: Auth) -> List[str]:
     client = kube.api_client_for(auth)
     with kube.reaching(client, auth):
-        return [n.metadata.name for n in kube.core_v1(client).list_node().items]
+        return [n["metadata"]["name"] for n in kube.core_v1(client).list_node()["items"]]
 
 
 def test_host_and_api_key_send_the_bearer_token_and_the_impersonation_headers(server):
@@ -235,7 +235,7 @@ def test_api_key_overrides_the_kubeconfig_token_and_host_its_server(server, tmp_
         auth = auth_from_params({"kubeconfig": str(path), "host": other.url, "ca_cert": str(path)}, {})
         client = kube.api_client_for(auth)
         for _request in range(3):      # the loader's token hook runs before each request: the options stay laid over it
-            assert [n.metadata.name for n in kube.core_v1(client).list_node().items] == ["node-1"]
+            assert [n["metadata"]["name"] for n in kube.core_v1(client).list_node()["items"]] == ["node-1"]
         assert [r["authorization"] for r in other.seen] == ["Bearer file-token"] * 3
         assert client.configuration.ssl_ca_cert == str(path) and len(server.seen) == 2
     finally:

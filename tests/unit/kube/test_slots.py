@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 from fake_leases import FakeLeaseApi
@@ -52,7 +51,7 @@ def test_at_most_size_holders_and_a_released_slot_is_taken_by_the_next():
     assert a.take() == PREFIX + "-0" and b.take() == PREFIX + "-1"
     assert c.take() is None and list(c.holders) == ["vm", "vm-2"]
     body = api.leases[(NS, PREFIX + "-0")]
-    assert body.spec.holder_identity == "vm" and body.metadata.labels == {sl.POOL_LABEL: PREFIX}
+    assert body["spec"]["holderIdentity"] == "vm" and body["metadata"]["labels"] == {sl.POOL_LABEL: PREFIX}
     a.release()
     assert c.take() == PREFIX + "-0"
     b.release()
@@ -75,10 +74,10 @@ def test_a_slot_whose_holder_stopped_renewing_is_taken_over_and_the_old_holder_c
     now[0] += 31
     assert heir.take() == PREFIX + "-0"
     assert ("replace", PREFIX + "-0") in api.calls
-    assert api.leases[(NS, PREFIX + "-0")].spec.holder_identity == "vm-2"
+    assert api.leases[(NS, PREFIX + "-0")]["spec"]["holderIdentity"] == "vm-2"
     assert not dead.renew() and dead.held is None     # the old holder learns it lost the slot
     dead.release()
-    assert api.leases[(NS, PREFIX + "-0")].spec.holder_identity == "vm-2"
+    assert api.leases[(NS, PREFIX + "-0")]["spec"]["holderIdentity"] == "vm-2"
     heir.release()
     assert api.leases == {}
 
@@ -103,17 +102,17 @@ def test_renew_moves_renew_time_and_a_restarted_holder_keeps_its_slot():
     renewed = sl.lease_state(api.leases[(NS, PREFIX + "-0")])
     assert renewed.renewed == pytest.approx(NOW + 10) and renewed.holder == "vm"
     again = pool(api, "vm", size=1, clock=lambda: now[0])   # the same node after a restart
-    assert again.take() == PREFIX + "-0" and again.version == api.leases[(NS, PREFIX + "-0")].metadata.resource_version
+    assert again.take() == PREFIX + "-0" and again.version == api.leases[(NS, PREFIX + "-0")]["metadata"]["resourceVersion"]
     again.release()
     first._stop.set()
     assert api.leases == {}
 
 
-def test_lease_times_as_the_client_returns_them():
+def test_lease_times_as_the_api_server_writes_them():
     stamp = datetime.datetime(2026, 11, 27, 10, 0, 0, 250000, tzinfo=datetime.timezone.utc)
-    item = SimpleNamespace(metadata=SimpleNamespace(name="x", resource_version="7"),
-                           spec=SimpleNamespace(holder_identity="vm", renew_time=stamp, acquire_time=None,
-                                                lease_duration_seconds=15))
+    item = {"metadata": {"name": "x", "resourceVersion": "7"},
+            "spec": {"holderIdentity": "vm", "renewTime": "2026-11-27T10:00:00.250000Z", "acquireTime": None,
+                     "leaseDurationSeconds": 15}}
     assert sl.lease_state(item) == sl.LeaseState("x", "vm", stamp.timestamp(), 15, "7")
     assert sl._epoch(sl.micro_time(stamp.timestamp())) == pytest.approx(stamp.timestamp())
 

@@ -39,14 +39,8 @@ def _merge(have: Dict[str, Any], patch: Dict[str, Any]) -> None:
             have[key] = value
 
 
-class _Items:
-    def __init__(self, items):
-        self.items = items
-
-
-class _Pod:
-    def __init__(self, namespace, name):
-        self.metadata = type("M", (), {"namespace": namespace, "name": name})()
+def _pods(namespace, *names):
+    return {"items": [{"metadata": {"namespace": namespace, "name": name}} for name in names]}
 
 
 def _raw(obj):
@@ -101,8 +95,8 @@ class FakeCore:
         if paused and self.agents_for > 0:
             self.agents_for -= 1
         if paused and self.agents_for == 0:
-            return _Items([])
-        return _Items([_Pod(namespace, "metax-gpu-device-x"), _Pod(namespace, "metax-gpu-label-y")])
+            return _pods(namespace)
+        return _pods(namespace, "metax-gpu-device-x", "metax-gpu-label-y")
 
     def list_pod_for_all_namespaces(self, field_selector, **kwargs):
         # the raw answer kube/pages.py reads (the JSON, not client models)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 
 import pytest
@@ -288,6 +289,25 @@ def test_floor_node_metadata_goes_through_kube_node():
     """Reads and patches of a Node outside kube/ go through kube/node.py (OwnNode, patch_metadata, strip)."""
     offenders = sorted((rel, line) for rel, path in PLUGIN_FILES for line in _node_api_calls(_tree(path))
                        if not rel.startswith(KUBE) and rel not in NODE_CALLS_ALLOWED)
+    assert offenders == []
+
+
+# the client's typed API classes: CoreV1Api, AppsV1Api, CoordinationV1Api, ResourceV1beta2Api, CustomObjectsApi...
+TYPED_API = re.compile(r"^(?:[A-Z][A-Za-z]*V\d+(?:(?:alpha|beta)\d+)?|CustomObjects)Api$")
+
+
+def _typed_api_uses(tree):
+    """Lines naming one of the client's typed API classes (``CoreV1Api``, ``CustomObjectsApi``...)."""
+    for node in ast.walk(tree):
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+        if name is not None and TYPED_API.match(name):
+            yield node.lineno
+
+
+def test_floor_no_typed_api_class():
+    """Every API call goes through kube/rest.JsonApi: a typed API class imports a model class per kind it
+    names (kubernetes 37: over a second of CPU for CoreV1Api in every process that builds one)."""
+    offenders = sorted((rel, line) for rel, path in PLUGIN_FILES for line in _typed_api_uses(_tree(path)))
     assert offenders == []
 
 
