@@ -39,6 +39,7 @@ from ansible_collections.metax.gpu.plugins.module_utils import maintenance, name
 from ansible_collections.metax.gpu.plugins.module_utils.cdi.spec import claim_device_name, qualified_name  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.dra import switch as S  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.dra import switch_run as R  # noqa: E402
+from ansible_collections.metax.gpu.plugins.module_utils.kube.client import core_v1  # noqa: E402
 from ansible_collections.metax.gpu.plugins.module_utils.sim import generator  # noqa: E402
 
 DEVICE = "gpu-device"
@@ -115,7 +116,7 @@ class SwitchAgents(DraAgents):
                    self.placed(AGENT, dra_args, dra_volumes))
 
     def switch_api(self):
-        return R.KubeSwitchApi(self.api.api_client, self.api, NS)
+        return R.KubeSwitchApi(self.api.api_client, core_v1(self.api.api_client), NS)
 
     def switch(self, mode, evict=None):
         return R.switch(self.switch_api(), self.node, mode, evict=evict, timeout=300, poll=1)

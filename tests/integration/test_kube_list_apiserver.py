@@ -36,6 +36,7 @@ import sys
 
 import pytest
 from controlplane import ControlPlane
+from kubernetes import client as k8s_client
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N
 from ansible_collections.metax.gpu.plugins.module_utils.kube.client import api_client, core_v1
@@ -44,6 +45,11 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.path.dirname(sys.executable)
 COUNT = 120
 NAMESPACE = "ml"
+
+
+def typed(kubeconfig):
+    """The client's typed CoreV1Api, for what the tests create and change (the collection's calls: core_v1)."""
+    return k8s_client.CoreV1Api(api_client(kubeconfig))
 
 
 def gpu_pod(index, node):
@@ -158,8 +164,8 @@ def test_node_metadata_removes_our_keys_from_every_node_and_nothing_else(cp):
         done = module(cp, "metax.gpu.node_metadata", {"prefix": "metax-tech.com/", "page_size": 40})
         assert done["changed"] is True and [n["name"] for n in done["nodes"]] == expected
         assert carrying_ours() == []
-        node = core.read_node(marked[0]).metadata
-        assert {k: node.labels[k] for k in foreign} == foreign and node.annotations["example.com/note"] == "keep"
+        node = core.read_node(marked[0])["metadata"]
+        assert {k: node["labels"][k] for k in foreign} == foreign and node["annotations"]["example.com/note"] == "keep"
         again = module(cp, "metax.gpu.node_metadata", {"prefix": "metax-tech.com/"})
         assert again["changed"] is False and again["nodes"] == [] and again["examined"] == COUNT
     finally:   # the fixture's labels back, for whatever runs after
@@ -176,7 +182,7 @@ def test_verify_reads_every_node_in_pages_and_names_each_problem(cp, tmp_path):
     from localcluster import fakenodes          # pylint: disable=import-outside-toplevel
     from scale.agent_output import profiles     # pylint: disable=import-outside-toplevel
 
-    core = core_v1(api_client(cp.kubeconfig))
+    core = typed(cp.kubeconfig)
     good = fakenodes.plan(6, profiles(), prefix="gpu-ok-")        # the three presets, free and in use
     daemonsets = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": "metax-gpu"},
                    "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
@@ -224,7 +230,8 @@ def test_driver_manager_watch_is_resumed_from_its_version_not_listed_again(cp, m
     monkeypatch.setattr(dm, "WATCH_SECONDS", 1)
     api = api_client(cp.kubeconfig)
     core = core_v1(api)
-    core.create_namespaced_config_map(NAMESPACE, {"metadata": {"name": "driver-config"}, "data": {"moduleParams": ""}})
+    admin = typed(cp.kubeconfig)
+    admin.create_namespaced_config_map(NAMESPACE, {"metadata": {"name": "driver-config"}, "data": {"moduleParams": ""}})
     kube = dm.Kube(api, "node-000", NAMESPACE, "driver-config")
     kube.config()                                   # what the node's last round read
     calls = []
@@ -243,7 +250,7 @@ def test_driver_manager_watch_is_resumed_from_its_version_not_listed_again(cp, m
         while sum(1 for c in calls if c.get("watch")) < 4 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not wake.is_set()                    # nothing changed since the round read it
-        core.patch_namespaced_config_map("driver-config", NAMESPACE, {"data": {"moduleParams": "x=1"}})
+        admin.patch_namespaced_config_map("driver-config", NAMESPACE, {"data": {"moduleParams": "x=1"}})
         assert wake.wait(10), "the edit did not wake a round"
     finally:
         stop.set()
@@ -281,10 +288,10 @@ def test_gpu_aware_node_cache_lists_in_pages_and_follows_the_watch(cp):
     watch = list_watch("nodes", RawSource(core.list_node, page_size=50), cache, metrics, log, watch_seconds=2).start()
     try:
         assert _until(lambda: len(cache) >= COUNT), len(cache)
-        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-watched"}})
+        typed(cp.kubeconfig).create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-watched"}})
         assert _until(lambda: cache.get("node-watched") is not None), "the created node was not seen"
         assert _until(lambda: watch.state.version is not None and watch.lists == 1 and metrics.value("gpu_aware_relists_total", resource="nodes") == 1)
-        core.delete_node("node-watched")
+        typed(cp.kubeconfig).delete_node("node-watched")
         assert _until(lambda: cache.get("node-watched") is None), "the deleted node is still cached"
         assert watch.lists == 1 and watch.restarts == 0
     finally:

@@ -104,11 +104,14 @@ def query(label_selectors: Optional[List[str]] = None, field_selectors: Optional
     return params
 
 
-def raw_json(resp: Any, lenient: bool = False) -> Dict[str, Any]:
+def raw_json(resp: Any, lenient: bool = False, empty_ok: bool = False) -> Dict[str, Any]:
     """A raw answer (``_preload_content=False``) read to its end and decoded, its connection given back
-    to the pool. A body that is not a JSON object raises NotJson, or is {} when ``lenient``."""
+    to the pool. A body that is not a JSON object raises NotJson, or is {} when ``lenient`` (and, with
+    ``empty_ok``, when the body is empty)."""
     try:
         body = resp.data
+        if not body and empty_ok:
+            return {}
         document = json.loads(body) if body else None
     except (TypeError, ValueError):
         document = None

@@ -123,6 +123,12 @@ class JsonApi:  # pylint: disable=too-many-public-methods  # one thin method per
         for setting in configuration.auth_settings().values():
             if setting.get("in") == "header" and setting.get("value"):
                 headers[setting["key"]] = setting["value"]
+        if "authorization" not in headers:
+            # kubernetes 36.0.0 keeps the token under "authorization" and its auth settings read only
+            # "BearerToken" (so its own calls send none): the key every other version writes
+            token = configuration.get_api_key_with_prefix("authorization")
+            if token:
+                headers["authorization"] = token
         data = None
         if body is not None:
             if method == "PATCH":
@@ -134,8 +140,9 @@ class JsonApi:  # pylint: disable=too-many-public-methods  # one thin method per
             method, url, body=data, headers=headers, timeout=_timeout(_request_timeout), preload_content=False)
         if not 200 <= resp.status <= 299:
             raise _error(resp)
-        # lenient: the client's own decoding gives None for an empty answer, and raises nothing either
-        return resp if not _preload_content else raw_json(resp, lenient=True)
+        # an empty answer is no object (as the client decodes it); anything else not JSON is an error, not
+        # an empty list: a proxy's error page must not read as "no pods on the node"
+        return resp if not _preload_content else raw_json(resp, empty_ok=True)
 
     # -- core/v1 -------------------------------------------------------------------------------
     def list_node(self, **kw: Any) -> Any:
