@@ -162,7 +162,7 @@ FAKE_BUILDER = """#!%s
 import json, os, sys
 with open(os.environ["FAKE_IMAGES"]) as handle:
     images = json.load(handle)
-with open(os.environ["FAKE_IMAGES"] + ".calls", "a") as handle:
+with open(os.environ["FAKE_CALLS"], "a") as handle:
     handle.write(json.dumps(sys.argv[1:]) + "\\n")
 if sys.argv[-1] not in images:
     sys.stderr.write("Error: %%s: image not known\\n" %% sys.argv[-1])
@@ -212,18 +212,18 @@ def test_the_role_reads_every_image_in_one_run_and_calls_them_current_only_when_
             os.chmod(str(fake / tool), 0o755)
         state = tmp_path / ("%s-%s.json" % (tool, case))
         state.write_text(json.dumps({ref % names[i]: out for i, out in before_images.items()}))
-        after_images = {**before_images, **built}
+        # the build: the images the builder knows after it (a task environment, not a task that writes them)
+        built_state = tmp_path / ("%s-%s-built.json" % (tool, case))
+        built_state.write_text(json.dumps({ref % names[i]: out for i, out in {**before_images, **built}.items()}))
+        environment = {"PATH": "%s:%s" % (fake, os.environ["PATH"]), "FAKE_CALLS": "%s.calls" % state}
         plays.append({
             "name": case, "hosts": "localhost", "gather_facts": False,
-            "environment": {"PATH": "%s:%s" % (fake, os.environ["PATH"]), "FAKE_IMAGES": str(state)},
+            "environment": dict(environment, FAKE_IMAGES=str(state)),
             "vars": {"agent_images_names": names, "agent_images_tool": tool, "agent_images_registry": registry,
                      "agent_images_effective_tag": tag, "agent_images_content": {"stdout": HASH + "\n"},
                      "agent_images_commands": commands},
             "tasks": tasks + [
-                {"name": "the build", "ansible.builtin.copy": {
-                    "dest": str(state), "content": json.dumps({ref % names[i]: out for i, out in after_images.items()}),
-                    "mode": "0644"}},
-                after,
+                dict(after, environment=dict(environment, FAKE_IMAGES=str(built_state))),
                 {"ansible.builtin.debug": {"msg": "CASE %s-%s {{ agent_images_current }} {{ agent_images_after.results"
                                                   " | select('changed') | map(attribute='item') | join(',') }}"
                                                   % (tool, case)}}]})
