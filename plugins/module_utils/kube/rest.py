@@ -114,8 +114,6 @@ class JsonApi:  # pylint: disable=too-many-public-methods  # one thin method per
                 _request_timeout: Any = None, _content_type: Optional[str] = None, **params: Any) -> Any:
         """One request; ``params``: the client's query arguments (``label_selector``, ``_continue``...)."""
         configuration = self.api_client.configuration
-        query: List[Tuple[str, str]] = [(query_name(k), _query_value(v)) for k, v in params.items() if v is not None]
-        url = configuration.host.rstrip("/") + path + ("?" + urlencode(query) if query else "")
         headers: Dict[str, Any] = {"Accept": JSON}
         headers.update(self.api_client.default_headers)
         # as the client's own calls: its auth settings (the token under the key each client version
@@ -129,6 +127,9 @@ class JsonApi:  # pylint: disable=too-many-public-methods  # one thin method per
             token = configuration.get_api_key_with_prefix("authorization")
             if token:
                 headers["authorization"] = token
+        # after the hook, which may write the kubeconfig's server back (kube/client._keep_overrides)
+        query: List[Tuple[str, str]] = [(query_name(k), _query_value(v)) for k, v in params.items() if v is not None]
+        url = configuration.host.rstrip("/") + path + ("?" + urlencode(query) if query else "")
         data = None
         if body is not None:
             if method == "PATCH":
