@@ -282,16 +282,16 @@ def test_gpu_aware_node_cache_lists_in_pages_and_follows_the_watch(cp):
     from ansible_collections.metax.gpu.plugins.module_utils.extender.nodeinfo import StateCache
     from ansible_collections.metax.gpu.plugins.module_utils.kube.watch import RawSource
 
-    core = core_v1(api_client(cp.kubeconfig))
+    core, admin = core_v1(api_client(cp.kubeconfig)), typed(cp.kubeconfig)
     metrics, log = ExtenderMetrics(), logging.getLogger("test")
     cache = NodeCache(StateCache(), metrics, log)
     watch = list_watch("nodes", RawSource(core.list_node, page_size=50), cache, metrics, log, watch_seconds=2).start()
     try:
         assert _until(lambda: len(cache) >= COUNT), len(cache)
-        typed(cp.kubeconfig).create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-watched"}})
+        admin.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-watched"}})
         assert _until(lambda: cache.get("node-watched") is not None), "the created node was not seen"
         assert _until(lambda: watch.state.version is not None and watch.lists == 1 and metrics.value("gpu_aware_relists_total", resource="nodes") == 1)
-        typed(cp.kubeconfig).delete_node("node-watched")
+        admin.delete_node("node-watched")
         assert _until(lambda: cache.get("node-watched") is None), "the deleted node is still cached"
         assert watch.lists == 1 and watch.restarts == 0
     finally:
