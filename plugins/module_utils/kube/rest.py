@@ -29,7 +29,7 @@ import json
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import quote, urlencode
 
-from .client import ApiException, urllib3
+from .client import ApiException, KubeClientError, urllib3
 from .pages import raw_json
 
 __all__ = ["JsonApi", "query_name"]
@@ -75,14 +75,23 @@ def _timeout(value: Any) -> Any:
     return urllib3.Timeout(total=value)
 
 
+def _segment(value: str) -> str:
+    """A name or namespace as one path segment. "." and ".." would be dot segments, which urllib3 resolves
+    (a DELETE of pod ".." would reach the namespace); "" would address the collection. The API server
+    allows none of them as a name."""
+    if value in ("", ".", ".."):
+        raise KubeClientError("%r is not a Kubernetes object name" % value)
+    return quote(value, safe="")
+
+
 def _path(base: str, plural: str, namespace: Optional[str] = None, name: Optional[str] = None,
           subresource: Optional[str] = None) -> str:
     parts: List[str] = [base]
     if namespace is not None:
-        parts += ["namespaces", quote(namespace, safe="")]
+        parts += ["namespaces", _segment(namespace)]
     parts.append(plural)
     if name is not None:
-        parts.append(quote(name, safe=""))
+        parts.append(_segment(name))
     if subresource:
         parts.append(subresource)
     return "/".join(parts)

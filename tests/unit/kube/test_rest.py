@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client as k8s_client
 
 from ansible_collections.metax.gpu.plugins.module_utils.kube import client as kube
-from ansible_collections.metax.gpu.plugins.module_utils.kube.client import ApiException
+from ansible_collections.metax.gpu.plugins.module_utils.kube.client import ApiException, KubeClientError
 from ansible_collections.metax.gpu.plugins.module_utils.kube.pages import NotJson
 
 
@@ -149,3 +149,18 @@ def test_the_token_goes_under_either_key_the_client_versions_keep_it(server):
     _api(server, BearerToken="Bearer new-key").list_node()
     _api(server, authorization="Bearer old-key").list_node()      # kubernetes <= 36's key
     assert [r["headers"]["authorization"] for r in server.seen] == ["Bearer new-key", "Bearer old-key"]
+
+
+@pytest.mark.parametrize("name", ["..", ".", ""])
+def test_a_dot_segment_or_empty_name_is_refused_before_any_request(server, name):
+    api = _api(server)
+    with pytest.raises(KubeClientError):
+        api.delete_namespaced_pod(name, "ns")          # urllib3 would resolve "..": the namespace itself
+    with pytest.raises(KubeClientError):
+        api.read_namespaced_pod("p", name)
+    assert server.seen == []
+
+
+def test_a_name_with_a_slash_stays_one_segment(server):
+    _api(server).read_namespaced_pod("../secrets", "ns")
+    assert server.seen[0]["path"] == "/api/v1/namespaces/ns/pods/..%2Fsecrets"
