@@ -20,6 +20,12 @@ VENV=${VENV:-$ROOT/.venv}
 export PATH="$VENV/bin:$PATH"
 export PYTHONPATH="$ROOT/.build/collections${PYTHONPATH:+:$PYTHONPATH}"
 export ANSIBLE_COLLECTIONS_PATH="$ROOT/.build/collections"
+# Bytecode cached, in .build/ (out of the tree), for every phase: the tests start Python processes
+# by the thousand (ansible-playbook and its plugins, the simulator's package tools and mx-smi,
+# agents, the module finder), and under PYTHONDONTWRITEBYTECODE (which some shells set) every one
+# of them, and each xdist worker's collection, compiled the collection's modules again.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="$ROOT/.build/pycache"
 OUT="$ROOT/tests/output"
 mkdir -p "$OUT"
 rm -f "$OUT/cluster-skipped.txt"   # each run says afresh whether the cluster tests ran
@@ -52,15 +58,7 @@ pytest_phase() {   # junit name, pytest args...
 }
 
 unit_phase() {   # the unit tests on every core (pytest-xdist), a module's tests together on one worker
-  # Bytecode cached, in .build/ (out of the tree): the tests start Python processes by the
-  # hundred (the simulator's package tools and mx-smi, agents, ansible-playbook, the module
-  # finder), and under PYTHONDONTWRITEBYTECODE (which some shells set) every one of them, and each
-  # xdist worker's collection, compiled the collection's modules again.
-  (
-    unset PYTHONDONTWRITEBYTECODE
-    export PYTHONPYCACHEPREFIX="$ROOT/.build/pycache"
-    pytest_phase unit -n "${METAX_UNIT_WORKERS:-2}" --dist loadfile tests/unit
-  )
+  pytest_phase unit -n "${METAX_UNIT_WORKERS:-2}" --dist loadfile tests/unit
 }
 
 beside_phase() {   # name, log, command...: a phase of a background chain; its output to a log, its record to a file
