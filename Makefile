@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 # Debian's python3.11 where there is one (requirements/system.txt installs its venv module): built
 # with profile-guided optimisation and a static libpython, it runs a no-op site playbook with 22 %
-# less CPU than a Python that pyenv built (docs/development.md, "CI"). Any python3.11 otherwise.
+# less CPU than a Python that pyenv built (docs/development.md, the venv phase). Any python3.11 otherwise.
 PYTHON ?= $(or $(wildcard /usr/bin/python3.11),python3.11)
 VENV ?= .venv
 BIN := $(VENV)/bin
