@@ -276,13 +276,13 @@ def test_a_four_gpu_claim_gets_one_whole_group_and_five_stay_pending(dra):
 
 
 def test_an_old_pod_asking_for_metax_gpu_runs_through_the_mapped_class(dra):
-    # the scheduler serves an extended resource through DRA only on a node whose status does not list
-    # it (KEP-5004): a gpu-device that ran here before leaves it until the kubelet drops a gone plugin's
-    # resource (its grace period, minutes)
-    def unlisted():
-        status = dra.node_obj().status
-        return names.RESOURCE_NAME not in (status.capacity or {}) or None
-    wait_for(unlisted, 420, "the device plugin's %s gone from node %s" % (names.RESOURCE_NAME, dra.node), interval=5)
+    # the scheduler serves an extended resource through DRA on a node whose allocatable has none of it
+    # (KEP-5004; Kubernetes 1.36 noderesources shouldDelegateResourceToDRA): absent, or the 0 that the
+    # kubelet keeps, for good, for a device plugin that ran here before (gpu-device, in an earlier module)
+    def no_device_plugin_gpus():
+        allocatable = dra.node_obj().status.allocatable or {}
+        return allocatable.get(names.RESOURCE_NAME, "0") == "0" or None
+    wait_for(no_device_plugin_gpus, 60, "no allocatable %s on node %s" % (names.RESOURCE_NAME, dra.node), interval=1)
     name = claim_pod(dra, extended=2)
     running(dra, name)
     res = dra.cluster.kubectl("-n", NS, "get", "pod", name, "-o", "json")

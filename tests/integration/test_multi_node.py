@@ -177,17 +177,22 @@ def namespace(cluster, nodes):
 
 def _pinned_pod(cluster, namespace, name, node, args, host_network=False):
     port = cluster.registry.rsplit(":", 1)[1]
+    container = {"name": "main", "image": cluster.info["METAX_REGISTRY_BASE_IMAGE"],
+                 "command": ["python3", "-c", POD_SCRIPT, port] + list(args)}
+    if not host_network:
+        # the script serves port 8080 only after its own checks: Running comes a second or two before that
+        container["readinessProbe"] = {"tcpSocket": {"port": 8080}, "periodSeconds": 1}
     _kubectl_apply(cluster, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
         "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 0,
-                 "hostNetwork": host_network,
-                 "containers": [{"name": "main", "image": cluster.info["METAX_REGISTRY_BASE_IMAGE"],
-                                 "command": ["python3", "-c", POD_SCRIPT, port] + list(args)}]}})
+                 "hostNetwork": host_network, "containers": [container]}})
 
 
-def _running_ip(core, namespace, name):
+def _ready_ip(core, namespace, name):
+    # Ready, not only Running: a serving pod is Ready once its port answers (its readiness probe)
     pod = core.read_namespaced_pod(name, namespace)
-    return pod.status.pod_ip if pod.status.phase == "Running" and pod.status.pod_ip else None
+    ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+    return pod.status.pod_ip if pod.status.phase == "Running" and ready and pod.status.pod_ip else None
 
 
 def test_pinned_pod_runs_on_every_node_and_pods_reach_each_other_and_services(cluster, nodes, namespace):
@@ -197,7 +202,7 @@ def test_pinned_pod_runs_on_every_node_and_pods_reach_each_other_and_services(cl
         _pinned_pod(cluster, namespace, pod, node["name"], [])
     ips = {}
     for pod, node in zip(first, nodes):
-        ips[pod] = wait_for(lambda p=pod: _running_ip(core, namespace, p), 120, "pod %s Running" % pod, interval=1)
+        ips[pod] = wait_for(lambda p=pod: _ready_ip(core, namespace, p), 120, "pod %s Ready" % pod, interval=1)
         got = core.read_namespaced_pod(pod, namespace)
         assert got.spec.node_name == node["name"]
         assert _in(ips[pod], node), (ips[pod], node["pod_cidr"])
@@ -224,7 +229,7 @@ def test_pinned_pod_runs_on_every_node_and_pods_reach_each_other_and_services(cl
         _pinned_pod(cluster, namespace, pod, node["name"], targets)
         _pinned_pod(cluster, namespace, host_pod, node["name"], targets + ["--no-serve"], host_network=True)
     for pod in second + third:
-        wait_for(lambda p=pod: _running_ip(core, namespace, p), 120, "pod %s Running" % pod, interval=1)
+        wait_for(lambda p=pod: _ready_ip(core, namespace, p), 120, "pod %s Ready" % pod, interval=1)
         log = wait_for(lambda p=pod: core.read_namespaced_pod_log(p, namespace).strip(), 60, "%s output" % pod)
         report = json.loads(log.splitlines()[0])
         assert report["apiserver"] is True and report["registry"] == 200, (pod, report)

@@ -51,8 +51,8 @@ def mode_of(node: Mapping[str, Any]) -> str:
 
 
 def plugin_allocatable(node: Mapping[str, Any]) -> int:
-    """``metax-tech.com/gpu`` in the Node's allocatable (0: absent, or a gone plugin's resource the kubelet
-    keeps at 0 for its grace period)."""
+    """``metax-tech.com/gpu`` in the Node's allocatable (0: absent, or a gone plugin's resource, which the
+    kubelet keeps at 0)."""
     value = ((node.get("status") or {}).get("allocatable") or {}).get(RESOURCE_NAME)
     try:
         return int(str(value)) if value is not None else 0

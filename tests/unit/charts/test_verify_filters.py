@@ -108,7 +108,7 @@ def test_a_node_in_dra_mode_expects_no_device_plugin_capacity_and_flags_both_ser
     labels = dict(labels_8xc500, **{N.LABEL_DEVICE_MODE: N.DEVICE_MODE_DRA})
     node = {"metadata": {"name": "n1", "labels": labels}, "status": {"capacity": {}, "allocatable": {}}}
     assert gpu_node_problems(node) == []
-    # a gone device plugin's resource the kubelet keeps at 0 for its grace period is fine
+    # a gone device plugin's resource, which the kubelet keeps at 0, is fine
     assert gpu_node_problems(node_from(labels, 8, 0)) == []
     problems = gpu_node_problems(node_from(labels, 8, 8))
     assert problems == ["%s=dra but the device plugin serves allocatable %s=8 too" % (N.LABEL_DEVICE_MODE,
