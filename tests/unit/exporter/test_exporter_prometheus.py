@@ -84,11 +84,12 @@ def mx_smi_utilization(host, bdf):
 
 def test_every_device_and_its_labels(scraped):
     _host, prom, dev = scraped
-    health = prom.query("metax_gpu_healthy")
+    # the latest scrape may have timed out under load (stale series, up 0): wait for one that answered
+    health = wait(lambda: prom.query("metax_gpu_healthy") if values(prom.query('up{job="gpu-exporter"}')) == {"": 1.0}
+                  else None, 60, "a scrape of gpu-exporter that answered")
     assert values(health) == {b: 1.0 for b in dev["pfs"] + dev["vfs"]}
     assert {r["metric"]["node"] for r in health} == {NODE}
     assert {r["metric"]["job"] for r in health} == {"gpu-exporter"}
-    assert values(prom.query('up{job="gpu-exporter"}')) == {"": 1.0}
 
 
 def test_a_pods_devices_by_pod_label_with_the_simulators_utilisation(scraped):
@@ -102,9 +103,13 @@ def test_a_pods_devices_by_pod_label_with_the_simulators_utilisation(scraped):
             [(device, "team-a", "trainer")]
         # the wave moves over minutes: Prometheus holds what mx-smi says now
         assert abs(float(found[0]["value"][1]) - mx_smi_utilization(host, device)) <= 0.05
-        idle = values(prom.query('metax_gpu_utilization_ratio{pod="infer-1"}'))
+        # a scrape that timed out under load leaves the series stale (empty) until the next one answers:
+        # each query waits for an answer of its own (as the dashboard's below)
+        idle = wait(lambda: values(prom.query('metax_gpu_utilization_ratio{pod="infer-1"}')), 60,
+                    "infer-1's device in Prometheus")
         assert idle == {dev["pfs"][1]: 0.0}
-        by_pod = prom.query("sum by (namespace, pod) (metax_gpu_allocated{pod!=\"\"})")
+        by_pod = wait(lambda: prom.query("sum by (namespace, pod) (metax_gpu_allocated{pod!=\"\"})"), 60,
+                      "the devices allocated by pod in Prometheus")
         assert {(r["metric"]["namespace"], r["metric"]["pod"]) for r in by_pod} == \
             {("team-a", "train-0"), ("team-b", "infer-1")}
     finally:
