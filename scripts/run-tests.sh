@@ -67,57 +67,20 @@ beside_phase() {   # name, log, command...: a phase of a background chain; its o
   printf '%s %s %s\n' "$name" $((SECONDS - start)) "$rc" >>"$OUT/beside-phases.txt"
 }
 
-# The phases beside the cluster stream get the CPU it leaves, in a cpu cgroup of low weight.
-# Without one they competed as equals with the cluster's own work (the agents, the control
-# plane, the tests' kubectl and ansible runs), and the cluster modules of the first 25 min
-# ran 1.3-1.5 times slower than alone, while the last 22 min, the playbook modules alone,
-# left 0.7-1 core idle (benchmarks/results/ci-history.md, session 20). METAX_BESIDE_CPU_SHARES:
-# the weight against 1,024 for each of the cluster's processes and pods (cgroup v1
-# cpu.shares; cgroup v2 cpu.weight is a tenth of it); 0: no cgroup.
-BESIDE_CGROUP_NAME=metax-gpu-beside-$$
-BESIDE_SHARES=${METAX_BESIDE_CPU_SHARES:-256}
-
-beside_cgroup() {   # the cgroup.procs file of a new low-weight cpu cgroup; nothing where there is none
-  local dir
-  [ "$BESIDE_SHARES" -gt 0 ] 2>/dev/null || return 0
-  if [ -w /sys/fs/cgroup/cpu/cgroup.procs ]; then                  # v1, the cpu controller's own tree
-    dir=/sys/fs/cgroup/cpu/$BESIDE_CGROUP_NAME
-    mkdir -p "$dir" 2>/dev/null && echo "$BESIDE_SHARES" >"$dir/cpu.shares" 2>/dev/null || return 0
-  elif grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then   # v2, unified
-    dir=/sys/fs/cgroup/$BESIDE_CGROUP_NAME
-    grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control || echo +cpu >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
-    mkdir -p "$dir" 2>/dev/null && echo $(( (BESIDE_SHARES + 9) / 10 )) >"$dir/cpu.weight" 2>/dev/null || return 0
-  else
-    return 0
-  fi
-  echo "$dir/cgroup.procs"
-}
-
 beside_the_cluster() {   # test paths...
   # The cluster stream is the long pole, and it waits on timers (back-offs, rollouts,
-  # pod starts) a third of the time: every other phase runs beside it, in two chains,
-  # both in the low-weight cgroup above. The integration tests outside the cluster
-  # (private control planes with their own deadlines, Molecule on podman) at normal
-  # priority within it; unit, sanity and lint one after another at nice 10. Measured
-  # against one chain (the host stream, then the rest): with two, the cluster stream was
-  # 2.5 min further at the same point (benchmarks/results/ci-history.md, session 13).
+  # pod starts) a third of the time: every other phase runs beside it, in two chains.
+  # The integration tests outside the cluster (private control planes with their own
+  # deadlines, Molecule on podman) at normal priority; unit, sanity and lint one after
+  # another at nice 10, on the CPU the cluster stream leaves idle. Measured against one
+  # chain (the host stream, then the rest): with two, the cluster stream was 2.5 min
+  # further at the same point (benchmarks/results/ci-history.md, session 13).
   # Their output goes to logs printed when all are done; their timings join the table.
   rm -f "$OUT/beside-phases.txt"
-  local procs
-  procs=$(beside_cgroup)
-  if [ -n "$procs" ]; then
-    echo "=== the phases beside the cluster stream: cpu cgroup ${procs%/cgroup.procs}, weight $BESIDE_SHARES of 1,024"
-  else
-    echo "=== the phases beside the cluster stream: no cpu cgroup (not root, none mounted, or METAX_BESIDE_CPU_SHARES=0)"
-  fi
-  (
-    [ -z "$procs" ] || echo "$BASHPID" >"$procs"
-    beside_phase integration-host "$OUT/integration-host.log" \
-      pytest_phase integration-host -m "not cluster" "$@"
-  ) &
+  beside_phase integration-host "$OUT/integration-host.log" \
+    pytest_phase integration-host -m "not cluster" "$@" &
   local host_pid=$!
   (
-    [ -z "$procs" ] || echo "$BASHPID" >"$procs"
     renice -n 10 -p "$BASHPID" >/dev/null
     beside_phase unit "$OUT/unit.log" unit_phase
     beside_phase sanity "$OUT/sanity.log" sanity_phase
@@ -126,8 +89,6 @@ beside_the_cluster() {   # test paths...
   local quiet_pid=$!
   run_phase integration pytest_phase integration -m cluster "$@"
   wait "$host_pid" "$quiet_pid"
-  # empty once both chains are done (a process they left behind keeps it: rmdir then fails, harmlessly)
-  [ -z "$procs" ] || rmdir "${procs%/cgroup.procs}" 2>/dev/null
   local name seconds rc beside=(integration-host unit sanity lint)
   for name in "${beside[@]}"; do
     echo "=== phase: $name (ran beside the cluster tests; log: $OUT/$name.log)"
