@@ -189,10 +189,10 @@ def _pinned_pod(cluster, namespace, name, node, args, host_network=False):
 
 
 def _ready_ip(core, namespace, name):
-    # Ready, not only Running: a serving pod is Ready once its port answers (its readiness probe)
+    # Ready, not only Running (Ready implies it): a serving pod is Ready once its port answers (its readiness probe)
     pod = core.read_namespaced_pod(name, namespace)
     ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-    return pod.status.pod_ip if pod.status.phase == "Running" and ready and pod.status.pod_ip else None
+    return pod.status.pod_ip if ready else None
 
 
 def test_pinned_pod_runs_on_every_node_and_pods_reach_each_other_and_services(cluster, nodes, namespace):
