@@ -351,6 +351,10 @@ def test_driver_config_vfnum_0_to_4_reaches_capacity_8_recreating_only_that_node
          interval=0.2)
     seconds = time.monotonic() - start
     print("\nvfnum 0 -> 4 on %s: capacity 8 after %.1f s (target 15 s)" % (SRIOV_NODE, seconds))
+    # The old pod may still be terminating when capacity reaches 8; the DaemonSet creates the new one only
+    # after it is gone, so wait for the replacement before reading pods (the assertions below stay as they were).
+    wait(cluster, lambda: gpu_device_pods(cluster).get(SRIOV_NODE) not in (None, pods_before[SRIOV_NODE]), 60,
+         "a new gpu-device pod on %s" % SRIOV_NODE)
     timeline = vfnum_timeline(cluster, SRIOV_NODE, edit_wall, pods_before[SRIOV_NODE])
     print("\n".join("  %+7.2f s  %s" % step for step in timeline))
     assert labels(cluster)[SRIOV_NODE].get(N.LABEL_VFNUM_STATE) == "success"
