@@ -8,8 +8,8 @@ device plugin that registers metax-tech.com/gpu on every GPU node; two of them
 on one node fight over the resource, so installing one scheme where the other
 is found is refused. Pure functions over what the playbooks read from the
 cluster: `helm list -A -o json`, the ClusterOperator objects and the
-DaemonSets (kubernetes.core.k8s_info); the roles call them as filters
-(plugins/filter/scheme.py).
+DaemonSets (module metax.gpu.installed_scheme reads the last two in one run);
+the roles also call them as filters (plugins/filter/scheme.py).
 """
 
 from __future__ import annotations

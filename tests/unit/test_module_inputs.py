@@ -335,6 +335,9 @@ def token_api():
         "/api/v1": resources,
         "/api/v1/nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}, "items": [node]},
         "/api/v1/pods": {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}, "items": []},
+        # installed_scheme: the DaemonSets (no ClusterOperator CRD here: its 404 means none)
+        "/apis/apps/v1/daemonsets": {"kind": "DaemonSetList", "apiVersion": "apps/v1",
+                                     "metadata": {"resourceVersion": "9"}, "items": []},
         "/api/v1/nodes/node-1": dict(node, kind="Node", apiVersion="v1"),      # node_metadata's patch answer
         # node_maintenance waits for the paused agents' pods to go from the agents' namespace
         "/api/v1/namespaces/metax-gpu/pods": {"kind": "PodList", "apiVersion": "v1",
@@ -385,8 +388,10 @@ def test_host_and_api_key_alone_reach_the_api_server(env, name, token_api):
     failed, result = _run(module, args, check_mode=True)
     assert seen and all(auth == "Bearer " + TOKEN for _path, auth in seen), seen
     paths = {path for path, _auth in seen}
-    assert paths & {"/api/v1/nodes", "/api/v1/pods", "/api/v1/nodes/node-1"}, paths
-    if name == "kube_list":
+    assert paths & {"/api/v1/nodes", "/api/v1/pods", "/api/v1/nodes/node-1", "/apis/apps/v1/daemonsets"}, paths
+    if name == "installed_scheme":
+        assert not failed and result["found"] == {"extensions": [], "operator": []} and result["refusal"] == "", result
+    elif name == "kube_list":
         assert not failed and [n["metadata"]["name"] for n in result["resources"]] == ["node-1"], result
     elif name == "node_metadata":
         assert not failed and result["changed"] and result["nodes"][0]["name"] == "node-1", result

@@ -214,6 +214,9 @@ class JsonApi:  # pylint: disable=too-many-public-methods  # one thin method per
         return self.request("DELETE", _path(COORDINATION, "leases", namespace, name), body, **kw)
 
     # -- apps/v1 ---------------------------------------------------------------------------------
+    def list_daemon_set_for_all_namespaces(self, **kw: Any) -> Any:
+        return self.request("GET", _path(APPS, "daemonsets"), **kw)
+
     def read_namespaced_daemon_set(self, name: str, namespace: str, **kw: Any) -> Any:
         return self.request("GET", _path(APPS, "daemonsets", namespace, name), **kw)
 
