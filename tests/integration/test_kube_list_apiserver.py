@@ -24,7 +24,9 @@ second one) and a GPU pod bound to every fourth node. Then:
   the server's JSON read in pages and followed through watches;
 - driver-manager's driver-config watch, run against it with the server
   ending each watch after 1 s: listed once, then resumed from the last
-  version seen each time, and woken by an edit.
+  version seen each time, and woken by an edit;
+- metax.gpu.installed_scheme reads the DaemonSets and the ClusterOperator
+  objects a page at a time, before and after the ClusterOperator CRD exists.
 """
 
 from __future__ import annotations
@@ -326,3 +328,49 @@ def test_driver_manager_slot_watch_keeps_the_view_from_the_servers_json(cp, monk
     finally:
         stop.set()
         thread.join(10)
+
+
+def _daemonset(name, namespace, labels=None):
+    match = {"app": name}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+            "spec": {"selector": {"matchLabels": match}, "template": {
+                "metadata": {"labels": match},
+                "spec": {"containers": [{"name": "c", "image": "registry.invalid/agent:1"}]}}}}
+
+
+def test_installed_scheme_reads_the_daemonsets_and_the_cluster_operators_in_pages(cp):
+    """The scheme_check role's one read (metax.gpu.installed_scheme): DaemonSets of every namespace and the
+    ClusterOperator objects, 1 a page; no CRD is no ClusterOperator, not an error."""
+    ours = "scheme-check"      # a namespace of this test's own (the scheme does not depend on it)
+    before = module(cp, "metax.gpu.installed_scheme", {})["found"]    # the other tests' DaemonSets
+    assert before["operator"] == []
+    assert cp.kubectl("create", "namespace", ours).returncode == 0
+    sets = [_daemonset(N.DAEMONSET_GPU_DEVICE, ours), _daemonset("node-exporter", NAMESPACE),
+            _daemonset("kube-proxy", NAMESPACE)]
+    res = cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": sets}))
+    assert res.returncode == 0, res.stderr
+    out = module(cp, "metax.gpu.installed_scheme", {"wanted": "operator", "page_size": 1})
+    assert out["found"]["operator"] == [] and len(out["found"]["extensions"]) == len(before["extensions"]) + 1
+    assert set(out["found"]["extensions"]) == set(before["extensions"]) | {
+        "DaemonSet %s/%s" % (ours, N.DAEMONSET_GPU_DEVICE)}
+    assert "Refusing to install the GPU Operator scheme" in out["refusal"] and out["changed"] is False
+    assert module(cp, "metax.gpu.installed_scheme", {"wanted": "extensions"})["refusal"] == ""
+
+    crd = os.path.join(ROOT, "files", "charts", "metax-operator", "crds", "clusteroperator.yaml")
+    assert cp.kubectl("apply", "-f", crd).returncode == 0
+    assert cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                      "crd/%s.%s" % (N.OPERATOR_PLURAL, N.OPERATOR_GROUP)).returncode == 0
+    operators = [{"apiVersion": "%s/%s" % (N.OPERATOR_GROUP, N.OPERATOR_VERSION), "kind": N.OPERATOR_KIND,
+                  "metadata": {"name": name}, "spec": {}} for name in ("cluster-operator", "second")]
+    res = cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": operators}))
+    assert res.returncode == 0, res.stderr
+    releases = [{"name": "metax-operator-1", "namespace": N.OPERATOR_NAMESPACE, "chart": "metax-operator-0.1.0",
+                 "status": "deployed", "app_version": "0.1.0"}]
+    out = module(cp, "metax.gpu.installed_scheme", {"wanted": "extensions", "page_size": 1, "releases": releases})
+    assert out["found"]["operator"] == [
+        "helm release %s/metax-operator-1 (chart metax-operator, deployed)" % N.OPERATOR_NAMESPACE,
+        "%s /cluster-operator" % N.OPERATOR_KIND, "%s /second" % N.OPERATOR_KIND]
+    assert "Refusing to install the GPU Extensions scheme" in out["refusal"]
+    assert "Refusing" in module(cp, "metax.gpu.installed_scheme", {"wanted": "operator"})["refusal"]  # both found
+    assert module(cp, "metax.gpu.installed_scheme", {})["refusal"] == ""
