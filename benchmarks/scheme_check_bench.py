@@ -25,7 +25,6 @@ Prints the median of each and their ratio.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import statistics
@@ -36,7 +35,7 @@ from typing import Dict, List
 
 import scale_common  # noqa: F401  # pylint: disable=unused-import  # first: the collection and tests/ on sys.path
 
-from controlplane import ControlPlane  # noqa: E402
+from controlplane import ControlPlane, lib_dir  # noqa: E402
 
 from ansible_collections.metax.gpu.plugins.module_utils import names as N  # noqa: E402
 
@@ -83,14 +82,6 @@ STEPS = """
 """
 
 
-def find_helm() -> str:
-    cache = os.environ.get("METAX_CACHE_DIR", os.path.expanduser("~/.cache/metax-gpu"))
-    found = sorted(glob.glob(os.path.join(cache, "helm", "*", "bin", "helm")))
-    if not found:
-        sys.exit("no helm in %s (scripts/deps.sh builds it)" % cache)
-    return found[-1]
-
-
 def seed(plane: ControlPlane) -> None:
     crd = os.path.join(REPO, "files", "charts", "metax-operator", "crds", "clusteroperator.yaml")
     for args in (("apply", "-f", crd),
@@ -116,7 +107,7 @@ def seed(plane: ControlPlane) -> None:
 
 
 def run(plane: ControlPlane, runs: int, work: str) -> Dict[str, List[float]]:
-    helm = find_helm()
+    helm = os.path.join(lib_dir("helm_bin_dir"), "helm")     # the pinned helm the deps phase builds
     steps = os.path.join(work, "steps.yml")
     with open(steps, "w") as handle:
         handle.write(STEPS.format(baseline=BASELINE))
