@@ -94,3 +94,15 @@ def test_releases_of_a_scheme_in_a_namespace():
 
 def test_filters_are_exposed():
     assert set(FilterModule().filters()) == {"installed_schemes", "scheme_refusal", "scheme_releases"}
+
+
+def test_release_rows_of_any_shape_are_read_as_text_and_only_our_charts_count():
+    """metax.gpu.installed_scheme takes the rows in its ``releases`` option: whatever a caller passes (keys
+    missing, numbers, nulls, a path-looking chart, an oversized name) is text in a message, never a traceback."""
+    rows = [{}, {"name": None, "chart": 7}, {"chart": "../../etc/passwd-1.0"}, {"chart": "--set=x-1.0"},
+            {"name": "x" * 5000, "namespace": "a\nb", "chart": "metax-operator-0.1.0", "status": None},
+            dict(OTHER_RELEASE, chart="metax-gpu-extensions-evil-1.0")]
+    found = installed_schemes(rows, [], [])
+    assert found[EXTENSIONS] == []
+    assert found[OPERATOR] == ["helm release a\nb/%s (chart metax-operator, None)" % ("x" * 5000)]
+    assert scheme_refusal(found, EXTENSIONS).startswith("Refusing to install the GPU Extensions scheme")
