@@ -14,7 +14,7 @@ export PYTHONPATH := $(CURDIR)/$(COLLECTIONS)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/$(COLLECTIONS)
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: FORCE help deps venv test unit sanity lint demo clean-room cluster-up cluster-status cluster-down clean \
+.PHONY: help deps venv test unit sanity lint demo clean-room cluster-up cluster-status cluster-down clean \
 	bench-scale scale-up scale-down
 
 help:
@@ -30,25 +30,14 @@ help:
 	@echo "make bench-scale     the scale benchmarks (kwok fake GPU nodes, SCALE_SIZES=500,1000,2000) on the running cluster"
 	@echo "make scale-up SCALE_NODES=N | scale-down   the scale profile alone (docs/scale.md)"
 
-# The interpreter the venv is made from, as a file whose content changes with it: a venv made from
-# another Python is made again, from this one.
-VENV_BASE := .build/venv-python
-
-$(VENV_BASE): FORCE
-	@mkdir -p $(dir $@); [ "$$(cat $@ 2>/dev/null)" = "$(PYTHON)" ] || echo "$(PYTHON)" > $@
-
-$(BIN)/.installed: requirements/agents.txt requirements/controller.txt requirements/node.txt requirements/test.txt \
-		$(VENV_BASE)
-	$(PYTHON) -m venv --clear $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements/test.txt
-	touch $@
-
 $(COLLECTION_LINK):
 	mkdir -p $(dir $@)
 	ln -sfn ../../../.. $@
 
-venv: $(BIN)/.installed $(COLLECTION_LINK)
+# .venv links to a venv in the build cache, kept by interpreter, requirements and week
+# (scripts/venv.sh): a fresh clone reuses what this machine made before.
+venv: $(COLLECTION_LINK)
+	PYTHON=$(PYTHON) VENV=$(VENV) scripts/venv.sh
 
 # Everything outside the venv, first (python3-venv included, so before venv).
 deps:
