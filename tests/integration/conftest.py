@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -41,7 +42,8 @@ TEST_NODES = os.environ.get("METAX_TEST_NODES", "8xC500 4xN100 2xC550-sriov")
 # what cluster.sh up logs when it takes down a cluster it may not reuse
 REPLACED = "replacing the running cluster:"
 
-_STATE = {"wanted": False, "tried": False, "ran_up": False, "error": None, "info": None, "was_up": False, "up_seconds": None}
+_STATE = {"wanted": False, "tried": False, "ran_up": False, "error": None, "info": None, "was_up": False, "up_seconds": None,
+          "needs_images": False, "early_build": None}
 
 
 def in_ci():
@@ -172,6 +174,7 @@ def _bring_up(config):
     if not os.path.exists(CLUSTER_SH):
         _STATE["error"] = "%s is missing" % CLUSTER_SH
         return
+    _start_image_build()
     status = subprocess.run(["bash", CLUSTER_SH, "status"], stdin=subprocess.DEVNULL, capture_output=True,
                             text=True, cwd=REPO, timeout=120, check=False)
     _STATE["was_up"] = status.returncode == 0
@@ -241,6 +244,7 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_collection_finish(session):
     wanted = any(item.get_closest_marker("cluster") is not None for item in session.items)
     _STATE["wanted"] = wanted
+    _STATE["needs_images"] = any("agent_images" in getattr(item, "fixturenames", ()) for item in session.items)
     if wanted:
         # only a session with cluster tests says afresh whether they ran: the
         # one that runs the other integration tests beside it (run-tests.sh)
@@ -272,6 +276,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _finish_image_build(stop=True)
     if not _STATE["tried"]:
         return
     _drop_lease()
@@ -428,9 +433,43 @@ def cluster(request):
 AGENT_BUILD = os.path.join(REPO, "files", "images", "agent", "build.sh")
 
 
+EARLY_BUILD_LOG = os.path.join(LOG_DIR, "agent-images-early.log")
+
+
+def _start_image_build():
+    """Build the agent images (``--no-push``) beside the cluster's start and the modules that need none.
+
+    Every CI run builds them (its tree changed under plugins/), and the build held the first module
+    that needed them for about 60 s. ``agent_images`` below still runs build.sh, which waits for this
+    one on its lock, finds the images built and only pushes them; a failed early build is built
+    again there, and reported there."""
+    if not _STATE["needs_images"] or _STATE["early_build"] is not None:
+        return
+    os.makedirs(LOG_DIR, exist_ok=True)
+    with open(EARLY_BUILD_LOG, "w") as log:
+        # its own process group: a session that ends first stops podman too, not only build.sh
+        _STATE["early_build"] = subprocess.Popen([AGENT_BUILD, "--no-push"], stdin=subprocess.DEVNULL, stdout=log,
+                                                 stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+
+
+def _finish_image_build(stop=False):
+    """Wait for the early build (``stop``: a session that ends before needing it does not wait for it)."""
+    proc = _STATE["early_build"]
+    if proc is None or proc.poll() is not None:
+        return
+    if stop:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60 if stop else 1800)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
 def agent_images(cluster):
     """Build (if its content changed) and push the agent images; NAME -> reference."""
+    _finish_image_build()
     result = subprocess.run([AGENT_BUILD], env=cluster.env, capture_output=True, text=True, timeout=1800,
                             stdin=subprocess.DEVNULL, check=False)
     assert result.returncode == 0, "agent image build failed:\n%s%s" % (result.stdout, result.stderr[-3000:])
