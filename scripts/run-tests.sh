@@ -48,10 +48,12 @@ run_phase() {   # name, command...
   record_phase "$name" $((SECONDS - start)) "$rc"
 }
 
+PYTEST_WRAP=()   # what pytest_phase runs pytest under (the second cluster stream: its sandbox)
+
 pytest_phase() {   # junit name, pytest args...
   local junit=$1; shift
   # a module that fails to import (or, under CI, is skipped at import) fails its tests, not the whole phase
-  python -m pytest -p no:cacheprovider --continue-on-collection-errors --junitxml="$OUT/$junit.xml" "$@"
+  "${PYTEST_WRAP[@]}" python -m pytest -p no:cacheprovider --continue-on-collection-errors --junitxml="$OUT/$junit.xml" "$@"
   local rc=$?
   # exit 5 = nothing collected: not a failure of this phase (the total is checked at the end)
   if [ "$rc" -eq 5 ]; then echo "(no tests collected in this phase)"; return 0; fi
@@ -78,6 +80,23 @@ beside_the_cluster() {   # test paths...
   # further at the same point (benchmarks/results/ci-history.md, session 13).
   # Their output goes to logs printed when all are done; their timings join the table.
   rm -f "$OUT/beside-phases.txt"
+  local beside=(integration-host unit sanity lint) second_pid='' modules=all
+  if two_cluster_streams; then
+    # The cluster modules in two streams, each on a cluster of its own (tests/integration/conftest.py
+    # SECOND_CLUSTER): one cluster stream, every module one after another, waited on timers and
+    # rollouts for about 2,700 s. The second cluster lives in scripts/cluster/sandbox.sh's
+    # namespaces, which have no route out: the agent images are built here first, and the
+    # sandbox's build.sh finds them and only pushes them.
+    beside=(integration-second "${beside[@]}")
+    (
+      "$ROOT/files/images/agent/build.sh" --no-push >"$OUT/agent-images-second.log" 2>&1
+      PYTEST_WRAP=("$ROOT/scripts/cluster/sandbox.sh" second env METAX_CLUSTER_MODULES=second)
+      beside_phase integration-second "$OUT/integration-second.log" \
+        pytest_phase integration-second -m cluster "$@"
+    ) &
+    second_pid=$!
+    modules=first
+  fi
   beside_phase integration-host "$OUT/integration-host.log" \
     pytest_phase integration-host -m "not cluster" "$@" &
   local host_pid=$!
@@ -88,9 +107,10 @@ beside_the_cluster() {   # test paths...
     beside_phase lint "$OUT/lint.log" lint_phase
   ) &
   local quiet_pid=$!
-  run_phase integration pytest_phase integration -m cluster "$@"
-  wait "$host_pid" "$quiet_pid"
-  local name seconds rc beside=(integration-host unit sanity lint)
+  METAX_CLUSTER_MODULES=$modules run_phase integration pytest_phase integration -m cluster "$@"
+  # shellcheck disable=SC2086  # no second stream: no PID
+  wait "$host_pid" "$quiet_pid" $second_pid
+  local name seconds rc
   for name in "${beside[@]}"; do
     echo "=== phase: $name (ran beside the cluster tests; log: $OUT/$name.log)"
     cat "$OUT/$name.log" 2>/dev/null
@@ -101,6 +121,10 @@ beside_the_cluster() {   # test paths...
   # a chain that died before recording its phases fails the run
   [ "$(wc -l <"$OUT/beside-phases.txt")" -eq "${#beside[@]}" ] || {
     echo "a phase beside the cluster did not finish" >&2; failed=1; }
+}
+
+two_cluster_streams() {   # a second cluster beside the first: root (its namespaces), unless turned off
+  [ "${METAX_CLUSTER_STREAMS:-2}" != 1 ] && [ "$(id -u)" -eq 0 ]
 }
 
 sanity_phase() {
@@ -205,7 +229,8 @@ summary() {
   done
   printf '  %-25s %6ss\n' "wall clock (every phase)" "$SECONDS"
   # skips (with reasons), slow modules and the closing count, from the junit files
-  python3 "$ROOT/scripts/lib/test_summary.py" "$OUT" unit.xml integration.xml integration-host.xml > "$OUT/summary.txt"
+  python3 "$ROOT/scripts/lib/test_summary.py" "$OUT" unit.xml integration.xml integration-second.xml \
+    integration-host.xml > "$OUT/summary.txt"
   local rc=$?
   head -n -1 "$OUT/summary.txt"
   read -r npassed nfailed nskipped < <(tail -n1 "$OUT/summary.txt")
@@ -223,7 +248,7 @@ summary() {
   fi
 }
 
-rm -f "$OUT/unit.xml" "$OUT/integration.xml" "$OUT/integration-host.xml"
+rm -f "$OUT/unit.xml" "$OUT/integration.xml" "$OUT/integration-second.xml" "$OUT/integration-host.xml"
 case "$what" in
   unit)
     deps_phases

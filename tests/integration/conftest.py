@@ -39,6 +39,10 @@ UP_TIMEOUT = int(os.environ.get("METAX_CLUSTER_UP_TIMEOUT", "3600"))
 # checkout with these cluster scripts.
 TEST_NODES = os.environ.get("METAX_TEST_NODES", "8xC500 4xN100 2xC550-sriov")
 
+# The cluster this session uses: "" for the machine's own, NAME inside scripts/cluster/sandbox.sh NAME
+# (a second cluster beside it, in namespaces of its own). Each keeps its own logs and leases.
+SANDBOX = os.environ.get("METAX_SANDBOX", "")
+
 # what cluster.sh up logs when it takes down a cluster it may not reuse
 REPLACED = "replacing the running cluster:"
 
@@ -60,6 +64,14 @@ def must_run():
 
 
 SKIP_NOTE = os.path.join(LOG_DIR, "cluster-skipped.txt")
+
+
+def _log_name(base):
+    """cluster-up.log, or cluster-up-NAME.log for the sandbox NAME's cluster."""
+    if not SANDBOX:
+        return base
+    stem, ext = os.path.splitext(base)
+    return "%s-%s%s" % (stem, SANDBOX, ext)
 
 
 def _note_skip(reason):
@@ -120,7 +132,9 @@ def _load_info():
 def _lease_dir():
     cache = os.environ.get("METAX_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "metax-gpu")
-    return os.path.join(cache, "cluster-leases")
+    # per cluster: a sandbox's sessions see only their own PID namespace, so another cluster's
+    # leases would look dead to them (and be removed)
+    return os.path.join(cache, "cluster-leases" + ("-" + SANDBOX if SANDBOX else ""))
 
 
 def _other_live_leases():
@@ -181,12 +195,12 @@ def _bring_up(config):
     if _STATE["was_up"]:
         _write(config, "local cluster: already up; cluster.sh up checks whether this checkout may reuse it")
     else:
-        _write(config, "local cluster: bringing it up (scripts/cluster/cluster.sh up; log: "
-                       "tests/output/cluster-up.log; a cold run installs packages and builds Kubernetes first)")
+        _write(config, "local cluster: bringing it up (scripts/cluster/cluster.sh up; log: tests/output/%s; "
+                       "a cold run installs packages and builds Kubernetes first)" % _log_name("cluster-up.log"))
     # cluster.sh up reuses a running cluster only when this checkout started
     # it, with these scripts and TEST_NODES; otherwise it replaces it and says
     # why (scripts/cluster/identity.py)
-    rc, text, path, secs = _run_cluster("up", "cluster-up.log", UP_TIMEOUT, echo=lambda l: _write(config, l),
+    rc, text, path, secs = _run_cluster("up", _log_name("cluster-up.log"), UP_TIMEOUT, echo=lambda l: _write(config, l),
                                         nodes=TEST_NODES)
     _STATE["ran_up"] = True
     _STATE["up_seconds"] = secs
@@ -226,6 +240,29 @@ COMPUTING_LAST = (
 )
 
 
+# Two cluster streams at once (run-tests.sh `all`, as root): one pytest on the machine's cluster
+# (METAX_CLUSTER_MODULES=first), one on a second cluster inside scripts/cluster/sandbox.sh
+# (METAX_CLUSTER_MODULES=second) running the modules below; each keeps the order above. One stream
+# of every cluster module waited on timers and rollouts for about 2,700 s (ci-history, session 22);
+# the split gives each stream about half of the time, waiting modules first and computing ones last
+# in both. Unset (or "all"): every cluster module, on one cluster. A module here runs nothing of
+# podman's (no route out of the sandbox, and its containers belong to the machine's stream).
+SECOND_CLUSTER = (
+    "test_scheduler_extender_cluster.py", "test_gpu_health_cluster.py", "test_vfio_cluster.py",
+    "test_health_ladder_cluster.py", "test_driver_manager_cluster.py", "test_driver_upgrade_cluster.py",
+    "test_set_vfnum_cluster.py",
+)
+CLUSTER_MODULES = os.environ.get("METAX_CLUSTER_MODULES", "all")
+
+
+def _in_this_stream(item):
+    """Whether this session runs ITEM: every test not marked cluster, and the cluster modules of its stream."""
+    if CLUSTER_MODULES in ("", "all") or item.get_closest_marker("cluster") is None:
+        return True
+    second = os.path.basename(str(item.fspath)) in SECOND_CLUSTER
+    return second if CLUSTER_MODULES == "second" else not second
+
+
 def _module_rank(item):
     name = os.path.basename(str(item.fspath))
     if name in WAITING_FIRST:
@@ -236,7 +273,14 @@ def _module_rank(item):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Cluster modules in the order above; a stable sort keeps each module's tests together and in order."""
+    """This stream's cluster modules, in the order above; a stable sort keeps each module's tests together
+    and in order."""
+    if CLUSTER_MODULES not in ("", "all", "first", "second"):
+        raise pytest.UsageError("METAX_CLUSTER_MODULES must be all, first or second, not %r" % CLUSTER_MODULES)
+    other = [item for item in items if not _in_this_stream(item)]
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = [item for item in items if _in_this_stream(item)]
     if any(item.get_closest_marker("cluster") is not None for item in items):
         items.sort(key=_module_rank)
 
@@ -296,7 +340,7 @@ def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("METAX_KEEP_CLUSTER", "") not in ("", "0"):
         _write(session.config, "local cluster: left running (METAX_KEEP_CLUSTER); stop it with 'make cluster-down'")
         return
-    rc, text, path, secs = _run_cluster("down", "cluster-down.log", 600)
+    rc, text, path, secs = _run_cluster("down", _log_name("cluster-down.log"), 600)
     if rc != 0:
         _write(session.config, "local cluster: 'cluster.sh down' FAILED (%s); see %s:\n%s" % (rc, path, _tail(text)))
         if must_run():
@@ -433,7 +477,7 @@ def cluster(request):
 AGENT_BUILD = os.path.join(REPO, "files", "images", "agent", "build.sh")
 
 
-EARLY_BUILD_LOG = os.path.join(LOG_DIR, "agent-images-early.log")
+EARLY_BUILD_LOG = os.path.join(LOG_DIR, _log_name("agent-images-early.log"))
 
 
 def _start_image_build():
@@ -443,7 +487,9 @@ def _start_image_build():
     that needed them for about 60 s. ``agent_images`` below still runs build.sh, which waits for this
     one on its lock, finds the images built and only pushes them; a failed early build is built
     again there, and reported there."""
-    if not _STATE["needs_images"] or _STATE["early_build"] is not None:
+    if not _STATE["needs_images"] or _STATE["early_build"] is not None or SANDBOX:
+        # in a sandbox (no route out for the build's cached pip layer to miss): run-tests.sh built
+        # them on the machine before this stream started
         return
     os.makedirs(LOG_DIR, exist_ok=True)
     with open(EARLY_BUILD_LOG, "w") as log:
