@@ -383,8 +383,9 @@ def test_failed_gpu_leaves_allocatable_and_recovers(device_agent, cluster):
         assert plugin_seconds <= budget
         if status_delay <= 1:
             assert node_seconds <= budget
-        devices = devices_annotation(agents)
-        assert [d["health"] for d in devices].count("Unhealthy") == 1
+        # the annotation is patched after the plugin's own view changes: under load, later than allocatable
+        wait_for(lambda: [d["health"] for d in devices_annotation(agents)].count("Unhealthy") == 1, budget + 10,
+                 "one Unhealthy device in the annotation")
     finally:
         generator.recover_gpu(agents.sim(), 3)
     wait_for(lambda: agents.gpu_resources() == (8, 8), budget + status_delay + 2, "allocatable back to 8")

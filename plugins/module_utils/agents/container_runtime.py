@@ -46,7 +46,7 @@ from ..cdi.mode import parse_runtime
 from ..cdi.runtime_config import Plan, plan
 from ..cdi.runtime_state import STATE_FILE, apply, config_files, revert
 from ..cdi.writer import MACA_ROOT, refresh
-from ..host import HostRoot
+from ..host import HostRoot, replace_file
 from ..names import CDI_SPEC_DIR, RUNTIME_HANDLER
 from .common import (UsageError, add_common_flags, checked_host_root, kube_api_client, node_runtime_version,
                      positive_float, run_main, setup_logging, stop_event)
@@ -161,8 +161,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     may_restart = args.restart == "auto" and not simulated
     the_plan, reads_cdi = enable(host, runtime_version, args.state_file, may_restart)
     if reads_cdi:
-        with open(args.ready_file, "w") as handle:
-            handle.write(the_plan.reason + "\n")
+        # whole or not there: the probe and the tests read it the moment it appears
+        replace_file(args.ready_file, (the_plan.reason + "\n").encode("utf-8"))
     else:
         LOG.warning("not ready: the runtime reads CDI only after the restart above")
     try:

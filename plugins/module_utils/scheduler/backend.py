@@ -115,6 +115,37 @@ def scheduler_processes(proc: str = "/proc") -> List[Process]:
     return sorted(found)
 
 
+def _kubeconfig_flag(argv: Sequence[str]) -> Optional[str]:
+    """The value of --kubeconfig in a command line (either form), if any."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--kubeconfig="):
+            return arg.split("=", 1)[1]
+        if arg == "--kubeconfig" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def reads_node_kubeconfig(pid: int, argv: Sequence[str], host: HostRoot, proc: str = "/proc") -> bool:
+    """Whether process ``pid`` sees its --kubeconfig as the same file as the node (``host``) does.
+
+    A static pod's scheduler reads the node's kubeconfig through a hostPath
+    mount, so both name one file. A scheduler of another cluster on the same
+    machine (a nested one, or one in namespaces of its own) can run the very
+    same command line and manifest with files of its own: it is not this
+    node's, and must be neither waited for nor stopped. Unknown (no such flag,
+    the process gone, a file unreadable) counts as the node's, as before.
+    """
+    path = _kubeconfig_flag(argv)
+    if not path or not os.path.isabs(path):
+        return True
+    try:
+        theirs = os.stat("%s/%d/root%s" % (proc, pid, path))
+        ours = os.stat(host.join(path))
+    except OSError:
+        return True
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+
+
 _CLONE_NEWNET = 0x40000000
 
 
@@ -233,9 +264,11 @@ class SchedulerExtender:
     def __init__(self, host: HostRoot, processes: Processes = scheduler_processes, health: Probe = http_healthy,
                  reachable: Probe = extender_reachable, kill: Signal = terminate,
                  pod_of: restart.PodOf = restart.pod_cgroup,
-                 clock: Clock = time.monotonic, sleep: Sleep = time.sleep, stamp: Optional[str] = None) -> None:
+                 clock: Clock = time.monotonic, sleep: Sleep = time.sleep, stamp: Optional[str] = None,
+                 of_this_node: Optional[Callable[[int, Sequence[str]], bool]] = None) -> None:
         self.host = host
         self.processes = processes
+        self.of_this_node = of_this_node or (lambda pid, argv: reads_node_kubeconfig(pid, argv, host))
         self.health = health
         self.reachable = reachable
         self.kill = kill
@@ -339,10 +372,12 @@ class SchedulerExtender:
         """The static pod's scheduler: processes started from the old or the new manifest.
 
         Another kube-scheduler on the node (a second scheduler deployed as a pod,
-        a test's own) runs other flags and is neither waited for nor stopped.
+        a test's own) runs other flags, and one of another cluster on the machine
+        reads another kubeconfig: neither is waited for nor stopped.
         """
         return [p for p in self.processes()
-                if self._started_from(p[1], outcome.manifest_before) or self._started_from(p[1], outcome.manifest_after)]
+                if (self._started_from(p[1], outcome.manifest_before) or self._started_from(p[1], outcome.manifest_after))
+                and self.of_this_node(p[0], p[1])]
 
     def _look(self, outcome: Outcome, expected: str, old_pids: Sequence[int], check_process: bool,
               check_health: bool, extender_url: Optional[str]) -> Optional[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
 import pytest
 
@@ -26,8 +27,10 @@ MANIFEST = "/etc/kubernetes/manifests/kube-scheduler.yaml"
 
 
 class FakeKubelet:
-    def __init__(self, root, healthy_with_config=True, extender_up=True, stop_after=1.0, crash_with_config=False):
+    def __init__(self, root, healthy_with_config=True, extender_up=True, stop_after=1.0, crash_with_config=False,
+                 foreign=False):
         self.root = root
+        self.foreign = foreign      # another cluster's scheduler on the machine runs the same command
         self.crash_with_config = crash_with_config  # that process exits after 1 s, and starts again 10 s later
         self.started_at = 0.0
         self.healthy_with_config = healthy_with_config
@@ -84,7 +87,12 @@ class FakeKubelet:
             if self.now - self.started_at >= 1.0:
                 return others
         command = mf.inspect(self.running).command
+        if self.foreign:
+            others.append((7, ["/usr/local/bin/" + command[0]] + list(command[1:])))
         return others + [(self.pid, ["/usr/local/bin/" + command[0]] + list(command[1:]))]
+
+    def of_this_node(self, pid, argv):
+        return pid != 7
 
     def health(self, url, pid):
         self._sync()
@@ -121,7 +129,8 @@ def root(tmp_path):
 def _backend(root, kubelet):
     return be.SchedulerExtender(HostRoot(root), processes=kubelet.processes, health=kubelet.health,
                                 reachable=kubelet.reachable, kill=kubelet.kill, pod_of=kubelet.pod_of,
-                                clock=kubelet.clock, sleep=kubelet.sleep, stamp="20261123T090000")
+                                clock=kubelet.clock, sleep=kubelet.sleep, stamp="20261123T090000",
+                                of_this_node=kubelet.of_this_node)
 
 
 def _request(state="present", **extra):
@@ -144,6 +153,41 @@ def test_enable_waits_for_a_new_healthy_process(root):
     assert outcome.waited and not outcome.warnings
     assert "--config=" + CONFIG_PATH in kubelet.processes()[1][1]
     assert os.listdir(os.path.join(root, "etc/kubernetes/manifests")) == ["kube-scheduler.yaml"]
+
+
+def test_another_clusters_scheduler_with_the_same_command_is_neither_waited_for_nor_stopped(root):
+    kubelet = FakeKubelet(root, foreign=True)
+    backend = _backend(root, kubelet)
+    req = _request()
+    outcome = backend.apply(req, backend.plan(req))
+    assert outcome.waited and not outcome.warnings
+    assert 7 not in kubelet.killed
+
+
+def test_a_scheduler_that_reads_another_file_at_the_kubeconfig_path_is_not_the_nodes(tmp_path):
+    """The real check: a process in a mount namespace of its own, with another file bound at the path."""
+    if os.geteuid() != 0:
+        pytest.skip("a mount namespace needs root")
+    ours, theirs = tmp_path / "scheduler.conf", tmp_path / "theirs.conf"
+    ours.write_text("ours")
+    theirs.write_text("theirs")
+    argv = ["kube-scheduler", "--kubeconfig=%s" % ours]
+    node = HostRoot("/")
+    assert be.reads_node_kubeconfig(os.getpid(), argv, node)
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             'mount --bind "$1" "$2" && echo bound && exec sleep 60', "sh", str(theirs), str(ours)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "bound"
+        assert not be.reads_node_kubeconfig(proc.pid, argv, node)
+        assert not be.reads_node_kubeconfig(proc.pid, ["kube-scheduler", "--kubeconfig", str(ours)], node)
+        # unknown counts as the node's, as before: no flag, a relative path, a process gone
+        assert be.reads_node_kubeconfig(proc.pid, ["kube-scheduler"], node)
+        assert be.reads_node_kubeconfig(proc.pid, ["kube-scheduler", "--kubeconfig=scheduler.conf"], node)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert be.reads_node_kubeconfig(proc.pid, argv, node)
 
 
 def test_a_changed_manifest_is_written_once_the_old_pod_has_stopped(root):
