@@ -240,7 +240,8 @@ COMPUTING_LAST = (
 )
 
 
-# Two cluster streams at once (run-tests.sh `all`, as root): one pytest on the machine's cluster
+# Two cluster streams at once (run-tests.sh `all` with METAX_CLUSTER_STREAMS=2, as root; off by default,
+# since on 2 cores the second cluster's CPU cost what the overlap gained): one pytest on the machine's cluster
 # (METAX_CLUSTER_MODULES=first), one on a second cluster inside scripts/cluster/sandbox.sh
 # (METAX_CLUSTER_MODULES=second) running the modules below; each keeps the order above. One stream
 # of every cluster module waited on timers and rollouts for about 2,700 s (ci-history, session 22);

@@ -61,7 +61,7 @@ def test_sandbox_keeps_its_writes_and_processes_from_the_machine(tmp_path):
     assert result.returncode == 7, result.stdout + result.stderr
     seen = {}
     for line in result.stdout.splitlines():
-        key, _, value = line.partition(" ")
+        key, value = line.split(" ", 1) if " " in line else (line, "")
         seen.setdefault(key, []).append(value)
     # PID 1 of its own PID namespace is the reaping bash, and the only link is its own loopback
     assert seen["pid1"] == ["bash"]
