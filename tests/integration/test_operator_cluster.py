@@ -505,7 +505,8 @@ def host_pid(pod_name):
 def test_killed_active_controller_mid_reconcile(cluster, installed):
     """The active replica is frozen (SIGSTOP) right after the reconcile of a CR change applied gpu-label and
     before gpu-device, its pod force-deleted and the process SIGKILLed: the other replica takes over
-    (the 8 s lease, then the reconcile; the time is printed, and only its arrival asserted), and the result is what a render of the CR gives, with no object and no pod duplicated."""
+    (the 8 s lease, then the reconcile; the time is printed, and only its arrival asserted), and the result
+    is what a render of the CR gives, with no object and no pod duplicated."""
     from kubernetes import client, watch as kwatch
 
     wait_until(lambda: cr_ready(cluster), 240, "ClusterOperator Ready")
