@@ -25,10 +25,14 @@
 # Needs root. A second command for the same NAME waits for the first.
 set -euo pipefail
 
-# the overlaid trees, and the paths in them that start empty (the cluster's: tests/localcluster/settings.py)
+# the overlaid trees; in them, the cluster's own paths start empty: those `up` creates and `down` removes,
+# and its state, as tests/localcluster/settings.py defines them (standard library: the machine's python3)
 OVERLAYS=(/etc /var/lib /var/log /run)
-FRESH=(/etc/kubernetes /etc/cdi /var/lib/kubelet /var/lib/cni /var/lib/metax-sim /var/lib/metax-gpu-cluster
-  /var/log/pods /var/log/containers /run/netns /run/containerd /run/cdi /run/metax-gpu-cluster)
+mapfile -t FRESH < <(PYTHONPATH="$(cd "$(dirname "$0")/../.." && pwd)/tests" python3 -c 'import os
+from localcluster.settings import from_env
+s = from_env(os.environ)
+print("\n".join(s.tracked_paths() + (s.state_dir,)))')
+((${#FRESH[@]})) || { echo "sandbox.sh: tests/localcluster/settings.py named no path" >&2; exit 2; }
 # podman's storage and run state: the machine's own, not copies
 SHARED=(/var/lib/containers /run/containers /run/libpod)
 
@@ -43,11 +47,14 @@ inside() {   # NAME DIR COMMAND...: in the new namespaces (private propagation: 
     mkdir -p "${dir}/hold${path}"
     mount --rbind "${path}" "${dir}/hold${path}"
   done
-  local opaque=()
-  for tree in "${OVERLAYS[@]}"; do
-    for path in "${FRESH[@]}"; do
-      [[ ${path} == "${tree}"/* ]] && opaque+=("${dir}/layers${tree}/upper${path#"${tree}"}")
+  local opaque=() under
+  for path in "${FRESH[@]}"; do
+    under=
+    for tree in "${OVERLAYS[@]}"; do
+      [[ ${path} == "${tree}"/* ]] && under=${tree} && opaque+=("${dir}/layers${tree}/upper${path#"${tree}"}")
     done
+    # a path outside the overlays would be bound over the machine's own directory
+    [ -n "${under}" ] || die "${path} is not under ${OVERLAYS[*]}: the sandbox cannot keep it private"
   done
   mkdir -p "${opaque[@]}"
   # an opaque directory in an upper layer hides whatever the machine has there

@@ -278,10 +278,12 @@ def pytest_collection_modifyitems(session, config, items):
     and in order."""
     if CLUSTER_MODULES not in ("", "all", "first", "second"):
         raise pytest.UsageError("METAX_CLUSTER_MODULES must be all, first or second, not %r" % CLUSTER_MODULES)
-    other = [item for item in items if not _in_this_stream(item)]
+    kept, other = [], []
+    for item in items:
+        (kept if _in_this_stream(item) else other).append(item)
     if other:
         config.hook.pytest_deselected(items=other)
-        items[:] = [item for item in items if _in_this_stream(item)]
+        items[:] = kept
     if any(item.get_closest_marker("cluster") is not None for item in items):
         items.sort(key=_module_rank)
 
