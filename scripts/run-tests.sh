@@ -81,22 +81,6 @@ beside_the_cluster() {   # test paths...
   # Their output goes to logs printed when all are done; their timings join the table.
   rm -f "$OUT/beside-phases.txt"
   local beside=(integration-host unit sanity lint) second_pid='' modules=all
-  if two_cluster_streams; then
-    # The cluster modules in two streams, each on a cluster of its own (tests/integration/conftest.py
-    # SECOND_CLUSTER): one cluster stream, every module one after another, waited on timers and
-    # rollouts for about 2,700 s. The second cluster lives in scripts/cluster/sandbox.sh's
-    # namespaces, which have no route out: the agent images are built here first, and the
-    # sandbox's build.sh finds them and only pushes them.
-    beside=(integration-second "${beside[@]}")
-    (
-      "$ROOT/files/images/agent/build.sh" --no-push >"$OUT/agent-images-second.log" 2>&1
-      PYTEST_WRAP=("$ROOT/scripts/cluster/sandbox.sh" second env METAX_CLUSTER_MODULES=second)
-      beside_phase integration-second "$OUT/integration-second.log" \
-        pytest_phase integration-second -m cluster "$@"
-    ) &
-    second_pid=$!
-    modules=first
-  fi
   beside_phase integration-host "$OUT/integration-host.log" \
     pytest_phase integration-host -m "not cluster" "$@" &
   local host_pid=$!
@@ -107,6 +91,26 @@ beside_the_cluster() {   # test paths...
     beside_phase lint "$OUT/lint.log" lint_phase
   ) &
   local quiet_pid=$!
+  if two_cluster_streams; then
+    # The playbook modules at the end of the cluster stream (tests/integration/conftest.py
+    # COMPUTING_LAST) are bound by latency at about one core, once the phases beside it are done:
+    # a second cluster takes some of them (SECOND_CLUSTER) and runs them on the other core. It
+    # starts when both chains beside the cluster are done, not before: from the start, two
+    # clusters and every other phase made the whole run CPU-bound (ci-history, session 23). It
+    # lives in scripts/cluster/sandbox.sh's namespaces, which have no route out: the agent images
+    # are built here first (by then the first stream has built them), and the sandbox's build.sh
+    # finds them and only pushes them.
+    beside=(integration-second "${beside[@]}")
+    (
+      while kill -0 "$host_pid" 2>/dev/null || kill -0 "$quiet_pid" 2>/dev/null; do sleep 5; done
+      "$ROOT/files/images/agent/build.sh" --no-push >"$OUT/agent-images-second.log" 2>&1
+      PYTEST_WRAP=("$ROOT/scripts/cluster/sandbox.sh" second env METAX_CLUSTER_MODULES=second)
+      beside_phase integration-second "$OUT/integration-second.log" \
+        pytest_phase integration-second -m cluster "$@"
+    ) &
+    second_pid=$!
+    modules=first
+  fi
   METAX_CLUSTER_MODULES=$modules run_phase integration pytest_phase integration -m cluster "$@"
   # shellcheck disable=SC2086  # no second stream: no PID
   wait "$host_pid" "$quiet_pid" $second_pid

@@ -240,19 +240,15 @@ COMPUTING_LAST = (
 )
 
 
-# Two cluster streams at once (run-tests.sh `all` with METAX_CLUSTER_STREAMS=2, as root; off by default,
-# since on 2 cores the second cluster's CPU cost what the overlap gained): one pytest on the machine's cluster
-# (METAX_CLUSTER_MODULES=first), one on a second cluster inside scripts/cluster/sandbox.sh
-# (METAX_CLUSTER_MODULES=second) running the modules below; each keeps the order above. One stream
-# of every cluster module waited on timers and rollouts for about 2,700 s (ci-history, session 22);
-# the split gives each stream about half of the time, waiting modules first and computing ones last
-# in both. Unset (or "all"): every cluster module, on one cluster. A module here runs nothing of
-# podman's (no route out of the sandbox, and its containers belong to the machine's stream).
-SECOND_CLUSTER = (
-    "test_scheduler_extender_cluster.py", "test_gpu_health_cluster.py", "test_vfio_cluster.py",
-    "test_health_ladder_cluster.py", "test_driver_manager_cluster.py", "test_driver_upgrade_cluster.py",
-    "test_set_vfnum_cluster.py",
-)
+# Two cluster streams (run-tests.sh `all` with METAX_CLUSTER_STREAMS=2, as root): one pytest on the
+# machine's cluster (METAX_CLUSTER_MODULES=first), and, once the phases beside the cluster stream are done,
+# one on a second cluster inside scripts/cluster/sandbox.sh (METAX_CLUSTER_MODULES=second) running the
+# modules below. They are playbook modules of COMPUTING_LAST, bound by latency at about one core: on the
+# second cluster they run on the core the first stream's tail leaves idle. Two streams from the start
+# made the whole run CPU-bound on 2 cores (ci-history, session 23). Unset (or "all"): every cluster
+# module, on one cluster. A module here runs nothing of podman's (no route out of the sandbox, and its
+# containers belong to the machine's stream).
+SECOND_CLUSTER = ("test_driver_manager_cluster.py", "test_driver_upgrade_cluster.py")
 CLUSTER_MODULES = os.environ.get("METAX_CLUSTER_MODULES", "all")
 
 
