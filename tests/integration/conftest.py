@@ -240,15 +240,19 @@ COMPUTING_LAST = (
 )
 
 
-# Two cluster streams (run-tests.sh `all` with METAX_CLUSTER_STREAMS=2, as root): one pytest on the
+# Two cluster streams (run-tests.sh `all` as root, unless METAX_CLUSTER_STREAMS=1): one pytest on the
 # machine's cluster (METAX_CLUSTER_MODULES=first), and, once the phases beside the cluster stream are done,
 # one on a second cluster inside scripts/cluster/sandbox.sh (METAX_CLUSTER_MODULES=second) running the
-# modules below. They are playbook modules of COMPUTING_LAST, bound by latency at about one core: on the
-# second cluster they run on the core the first stream's tail leaves idle. Two streams from the start
-# made the whole run CPU-bound on 2 cores (ci-history, session 23). Unset (or "all"): every cluster
-# module, on one cluster. A module here runs nothing of podman's (no route out of the sandbox, and its
-# containers belong to the machine's stream).
-SECOND_CLUSTER = ("test_driver_manager_cluster.py", "test_driver_upgrade_cluster.py")
+# modules below, about a third of the cluster stream's time: the playbook modules of COMPUTING_LAST that
+# use no podman, bound by latency at about one core, and vfio, which waits. Two streams from the start made
+# the whole run CPU-bound on 2 cores (ci-history, session 23); started late, the second takes the core the
+# first stream's tail leaves idle (session 24). Unset (or "all"): every cluster module, on one cluster. A
+# module here runs nothing of podman's (no route out of the sandbox, and its containers belong to the
+# machine's stream).
+SECOND_CLUSTER = (
+    "test_vfio_cluster.py", "test_driver_manager_cluster.py", "test_driver_upgrade_cluster.py",
+    "test_set_vfnum_cluster.py",
+)
 CLUSTER_MODULES = os.environ.get("METAX_CLUSTER_MODULES", "all")
 
 
