@@ -80,7 +80,7 @@ beside_the_cluster() {   # test paths...
   # further at the same point (benchmarks/results/ci-history.md, session 13).
   # Their output goes to logs printed when all are done; their timings join the table.
   rm -f "$OUT/beside-phases.txt"
-  local beside=(integration-host unit sanity lint) second_pid='' modules=all
+  local beside=(integration-host unit sanity lint) second_pid='' modules=all claims=''
   beside_phase integration-host "$OUT/integration-host.log" \
     pytest_phase integration-host -m "not cluster" "$@" &
   local host_pid=$!
@@ -92,26 +92,30 @@ beside_the_cluster() {   # test paths...
   ) &
   local quiet_pid=$!
   if two_cluster_streams; then
-    # The playbook modules at the end of the cluster stream (tests/integration/conftest.py
-    # COMPUTING_LAST) are bound by latency at about one core, once the phases beside it are done:
-    # a second cluster takes some of them (SECOND_CLUSTER) and runs them on the other core. It
-    # starts when both chains beside the cluster are done, not before: from the start, two
-    # clusters and every other phase made the whole run CPU-bound (ci-history, session 23). It
-    # lives in scripts/cluster/sandbox.sh's namespaces, which have no route out: the agent images
-    # are built here first (by then the first stream has built them), and the sandbox's build.sh
-    # finds them and only pushes them.
+    # The cluster stream's tail, playbook modules bound by latency at about one core, runs once the
+    # chains beside it are done: a second cluster then takes modules of EITHER_CLUSTER
+    # (tests/integration/conftest.py) from the back while the first stream works from the front, each
+    # module claimed once in $claims, and runs them on the other core. It starts when both chains are
+    # done, not before: from the start, two clusters and every other phase made the whole run
+    # CPU-bound (ci-history, session 23). It lives in scripts/cluster/sandbox.sh's namespaces, which
+    # have no route out: the agent images are built here first (by then the first stream has built
+    # them), and the sandbox's build.sh finds them and only pushes them.
+    claims="$OUT/cluster-claims"
+    rm -rf "$claims"; mkdir -p "$claims"
     beside=(integration-second "${beside[@]}")
     (
       while kill -0 "$host_pid" 2>/dev/null || kill -0 "$quiet_pid" 2>/dev/null; do sleep 5; done
       "$ROOT/files/images/agent/build.sh" --no-push >"$OUT/agent-images-second.log" 2>&1
-      PYTEST_WRAP=("$ROOT/scripts/cluster/sandbox.sh" second env METAX_CLUSTER_MODULES=second)
+      PYTEST_WRAP=("$ROOT/scripts/cluster/sandbox.sh" second
+                   env METAX_CLUSTER_MODULES=second METAX_CLUSTER_CLAIMS="$claims")
       beside_phase integration-second "$OUT/integration-second.log" \
         pytest_phase integration-second -m cluster "$@"
     ) &
     second_pid=$!
     modules=first
   fi
-  METAX_CLUSTER_MODULES=$modules run_phase integration pytest_phase integration -m cluster "$@"
+  METAX_CLUSTER_MODULES=$modules METAX_CLUSTER_CLAIMS=${claims:-} \
+    run_phase integration pytest_phase integration -m cluster "$@"
   # shellcheck disable=SC2086  # no second stream: no PID
   wait "$host_pid" "$quiet_pid" $second_pid
   local name seconds rc

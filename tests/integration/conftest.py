@@ -29,6 +29,8 @@ import time
 
 import pytest
 
+from module_claims import ModuleClaims, claimed_run, module_groups  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLUSTER_SH = os.path.join(REPO, "scripts", "cluster", "cluster.sh")
 LOG_DIR = os.path.join(REPO, "tests", "output")
@@ -241,31 +243,44 @@ COMPUTING_LAST = (
 
 
 # Two cluster streams (run-tests.sh `all` as root, unless METAX_CLUSTER_STREAMS=1): one pytest on the
-# machine's cluster (METAX_CLUSTER_MODULES=first), and, once the phases beside the cluster stream are done,
-# one on a second cluster inside scripts/cluster/sandbox.sh (METAX_CLUSTER_MODULES=second) running the
-# modules below, about a third of the cluster stream's time: the playbook modules of COMPUTING_LAST that
-# use no podman, bound by latency at about one core, and vfio, which waits. Two streams from the start made
-# the whole run CPU-bound on 2 cores (ci-history, session 23); started late, the second takes the core the
-# first stream's tail leaves idle (session 24). Unset (or "all"): every cluster module, on one cluster. A
-# module here runs nothing of podman's (no route out of the sandbox, and its containers belong to the
-# machine's stream).
-SECOND_CLUSTER = (
-    "test_vfio_cluster.py", "test_driver_manager_cluster.py", "test_driver_upgrade_cluster.py",
-    "test_set_vfnum_cluster.py",
+# machine's cluster (METAX_CLUSTER_MODULES=first) runs every cluster module; once the phases beside the
+# cluster stream are done, one on a second cluster inside scripts/cluster/sandbox.sh
+# (METAX_CLUSTER_MODULES=second) runs modules of EITHER_CLUSTER. Each of those runs once, in the stream
+# that claims it first (module_claims.py, in METAX_CLUSTER_CLAIMS): the first stream takes them last,
+# in the order below, the second from the back, so the two end together on a fast machine and a slow
+# one alike. They wait (vfio, the health ladder) or are playbook modules of COMPUTING_LAST bound by
+# latency at about one core: the second cluster runs them on the core that the first stream's tail
+# leaves idle. Two streams from the start made the whole run CPU-bound on 2 cores (ci-history, session
+# 23). Unset (or "all"): every cluster module, on one cluster, in the order above. A module here runs
+# nothing of podman's (no route out of the sandbox, and its containers belong to the machine's stream).
+EITHER_CLUSTER = (
+    "test_health_ladder_cluster.py", "test_vfio_cluster.py", "test_driver_manager_cluster.py",
+    "test_driver_upgrade_cluster.py", "test_set_vfnum_cluster.py",
 )
 CLUSTER_MODULES = os.environ.get("METAX_CLUSTER_MODULES", "all")
+STREAMS = ("first", "second")
+
+
+def _module_name(item):
+    return os.path.basename(str(item.fspath))
 
 
 def _in_this_stream(item):
-    """Whether this session runs ITEM: every test not marked cluster, and the cluster modules of its stream."""
-    if CLUSTER_MODULES in ("", "all") or item.get_closest_marker("cluster") is None:
+    """Whether this session may run ITEM: every test not marked cluster; the second stream's cluster
+    modules are those of EITHER_CLUSTER."""
+    if CLUSTER_MODULES != "second" or item.get_closest_marker("cluster") is None:
         return True
-    second = os.path.basename(str(item.fspath)) in SECOND_CLUSTER
-    return second if CLUSTER_MODULES == "second" else not second
+    return _module_name(item) in EITHER_CLUSTER
 
 
 def _module_rank(item):
-    name = os.path.basename(str(item.fspath))
+    name = _module_name(item)
+    if CLUSTER_MODULES in STREAMS and name in EITHER_CLUSTER:
+        # shared: the first stream takes them after its own, the second from the back
+        index = EITHER_CLUSTER.index(name)
+        return (3, -index if CLUSTER_MODULES == "second" else index)
+    if name == "test_zz_cluster_down.py":
+        return (4, 0)
     if name in WAITING_FIRST:
         return (0, WAITING_FIRST.index(name))
     if name in COMPUTING_LAST:
@@ -276,8 +291,11 @@ def _module_rank(item):
 def pytest_collection_modifyitems(session, config, items):
     """This stream's cluster modules, in the order above; a stable sort keeps each module's tests together
     and in order."""
-    if CLUSTER_MODULES not in ("", "all", "first", "second"):
+    if CLUSTER_MODULES not in ("", "all") + STREAMS:
         raise pytest.UsageError("METAX_CLUSTER_MODULES must be all, first or second, not %r" % CLUSTER_MODULES)
+    if CLUSTER_MODULES in STREAMS and not os.environ.get("METAX_CLUSTER_CLAIMS"):
+        raise pytest.UsageError("METAX_CLUSTER_MODULES=%s needs METAX_CLUSTER_CLAIMS, the directory both streams "
+                                "claim modules in" % CLUSTER_MODULES)
     kept, other = [], []
     for item in items:
         (kept if _in_this_stream(item) else other).append(item)
@@ -286,6 +304,24 @@ def pytest_collection_modifyitems(session, config, items):
         items[:] = kept
     if any(item.get_closest_marker("cluster") is not None for item in items):
         items.sort(key=_module_rank)
+
+
+def pytest_runtestloop(session):
+    """In two streams, each module of EITHER_CLUSTER runs in the stream that claims it first; otherwise
+    pytest's own loop."""
+    if CLUSTER_MODULES not in STREAMS or session.config.option.collectonly:
+        return None
+    if session.testsfailed and not session.config.option.continue_on_collection_errors:
+        raise session.Interrupted("%d error(s) during collection" % session.testsfailed)
+    claims = ModuleClaims(os.environ["METAX_CLUSTER_CLAIMS"])
+    groups = module_groups(session.items, _module_name)
+    for item, nextitem in claimed_run(groups, _module_name, EITHER_CLUSTER, claims.claim):
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
+    return True
 
 
 def pytest_collection_finish(session):

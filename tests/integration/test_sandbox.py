@@ -15,7 +15,8 @@ import subprocess
 
 import pytest
 
-from conftest import COMPUTING_LAST, SECOND_CLUSTER, WAITING_FIRST, must_run  # noqa: E402
+from conftest import COMPUTING_LAST, EITHER_CLUSTER, WAITING_FIRST, must_run  # noqa: E402
+from module_claims import ModuleClaims, claimed_run, module_groups  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SANDBOX_SH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "cluster", "sandbox.sh")
@@ -94,8 +95,8 @@ def test_sandbox_refuses_a_bad_name_before_making_anything(tmp_path):
 
 
 def test_second_stream_modules_exist_are_ordered_and_run_nothing_of_podman():
-    assert SECOND_CLUSTER, "the second stream has no module"
-    for name in SECOND_CLUSTER:
+    assert EITHER_CLUSTER, "the second stream has no module"
+    for name in EITHER_CLUSTER:
         path = os.path.join(HERE, name)
         assert os.path.isfile(path), name
         # ordered like the first stream: waiting modules first, computing ones last
@@ -106,4 +107,45 @@ def test_second_stream_modules_exist_are_ordered_and_run_nothing_of_podman():
         assert "podman" not in source and "molecule" not in source.lower(), name
         assert "pytest.mark.cluster" in source, name
     # the module that takes its cluster down and up again checks the machine's: it stays there
-    assert "test_zz_cluster_down.py" not in SECOND_CLUSTER
+    assert "test_zz_cluster_down.py" not in EITHER_CLUSTER
+
+
+def _module(item):
+    return item[0]
+
+
+def _drain(run, until=None):
+    """(item, nextitem) pairs from RUN, up to and including the first whose item is UNTIL."""
+    taken = []
+    for pair in run:
+        taken.append(pair)
+        if pair[0] == until:
+            break
+    return taken
+
+
+def test_each_shared_module_runs_once_in_the_stream_that_claims_it_first(tmp_path):
+    """The first stream takes the shared modules front to back after its own, the second from the back;
+    where they meet, no module runs twice or not at all, and each nextitem is the test that runs next."""
+    claims = ModuleClaims(str(tmp_path))
+    own = [("a", 1), ("a", 2), ("b", 1)]
+    shared = ("s1", "s2", "s3", "s4")
+    tests = [("s1", 1), ("s1", 2), ("s2", 1), ("s3", 1), ("s3", 2), ("s4", 1)]
+    first = claimed_run(module_groups(own + tests, _module), _module, shared, claims.claim)
+    second = claimed_run(module_groups(tests[::-1], _module), _module, shared, claims.claim)
+    # the first stream is in its own modules when the second starts; as b's last test starts it claims s1
+    ran_first = _drain(first, until=("b", 1))
+    assert os.listdir(str(tmp_path)) == ["s1"]
+    # the second takes s4, then s3, and as s3's last test starts it claims s2
+    ran_second = _drain(second, until=("s3", 1))
+    assert sorted(os.listdir(str(tmp_path))) == ["s1", "s2", "s3", "s4"]
+    ran_first += list(first)          # s1; every other shared module is the second's
+    ran_second += list(second)        # s2; s1 is taken: the second stream ends
+    firsts = [item for item, _ in ran_first]
+    seconds = [item for item, _ in ran_second]
+    assert firsts == own + [("s1", 1), ("s1", 2)]
+    assert seconds == [("s4", 1), ("s3", 2), ("s3", 1), ("s2", 1)]
+    assert sorted(firsts + seconds) == sorted(own + tests)
+    for ran in (ran_first, ran_second):
+        assert [nxt for _, nxt in ran] == [item for item, _ in ran][1:] + [None]
+    assert not claims.claim("s3") and claims.claim("s5")
