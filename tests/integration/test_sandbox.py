@@ -141,11 +141,11 @@ def test_each_shared_module_runs_once_in_the_stream_that_claims_it_first(tmp_pat
     assert sorted(os.listdir(str(tmp_path))) == ["s1", "s2", "s3", "s4"]
     ran_first += list(first)          # s1; every other shared module is the second's
     ran_second += list(second)        # s2; s1 is taken: the second stream ends
-    firsts = [item for item, _ in ran_first]
-    seconds = [item for item, _ in ran_second]
+    firsts = [pair[0] for pair in ran_first]
+    seconds = [pair[0] for pair in ran_second]
     assert firsts == own + [("s1", 1), ("s1", 2)]
     assert seconds == [("s4", 1), ("s3", 2), ("s3", 1), ("s2", 1)]
     assert sorted(firsts + seconds) == sorted(own + tests)
     for ran in (ran_first, ran_second):
-        assert [nxt for _, nxt in ran] == [item for item, _ in ran][1:] + [None]
+        assert [pair[1] for pair in ran] == [pair[0] for pair in ran][1:] + [None]
     assert not claims.claim("s3") and claims.claim("s5")
