@@ -3,7 +3,8 @@
 # Apache License 2.0 (see LICENSE)
 """scripts/cluster/sandbox.sh: the second cluster's namespaces keep it and the machine apart.
 
-Runs real namespaces (root; under CI a run that is not root fails here, as the cluster tests do), in
+Runs real namespaces (root; under CI a run that is not root fails here, as the cluster tests do; marked
+cluster, so it runs with the cluster modules on the machine, not in the clean room's container), in
 a sandbox of its own name and directory, so it runs beside both cluster streams. Also checks the
 split of the cluster modules between the two streams (tests/integration/conftest.py).
 """
@@ -46,6 +47,10 @@ def _root_or_fail():
         pytest.skip("sandbox.sh needs root (namespaces)")
 
 
+# With the cluster modules: the sandbox is where the second cluster runs, and like a cluster it needs the
+# machine. In the clean room's container, whose root is itself an overlay, the sandbox's overlays cannot
+# mount (their upper layers would sit on an overlay).
+@pytest.mark.cluster
 def test_sandbox_keeps_its_writes_and_processes_from_the_machine(tmp_path):
     _root_or_fail()
     # a directory of the machine's that the command removes inside (named for this test, removed after it)
