@@ -365,6 +365,15 @@ def test_copy_files_copies_only_regular_files_and_never_writes_through_a_link(tm
         A.copy_files(str(src), str(dest), A.Budget(A.Limits(max_member_size=4)))
 
 
+def _with_size_minus_one(tar_bytes, header):
+    """TAR_BYTES with the size of the member whose header starts at HEADER set to -1 (base-256)."""
+    raw = bytearray(tar_bytes)
+    raw[header + 124:header + 136] = b"\xff" * 12
+    raw[header + 148:header + 156] = b"        "
+    raw[header + 148:header + 155] = b"%06o\x00" % sum(raw[header:header + 512])   # the header checksum again
+    return bytes(raw)
+
+
 def test_a_negative_size_of_a_later_member_is_refused_not_taken_for_the_end(tmp_path):
     """Pythons with the fix for negative offsets (Debian's 3.11.2-6+deb12u8) end the archive quietly at
     such a header; the members after it would be lost without a word."""
@@ -372,12 +381,8 @@ def test_a_negative_size_of_a_later_member_is_refused_not_taken_for_the_end(tmp_
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for name in ("f", "g", "h"):
             tar.addfile(*entry(name, data=b"x" * 600))
-    raw = bytearray(buf.getvalue())
-    start = 3 * 512                          # g's header: after f's header and its two data blocks
-    raw[start + 124:start + 136] = b"\xff" * 12
-    raw[start + 148:start + 156] = b"        "
-    raw[start + 148:start + 155] = b"%06o\x00" % sum(raw[start:start + 512])
-    (tmp_path / "neg.tar").write_bytes(bytes(raw))
+    # g's header: after f's header and its two data blocks
+    (tmp_path / "neg.tar").write_bytes(_with_size_minus_one(buf.getvalue(), 3 * 512))
     for opener in (A.open_seekable, A.open_stream):
         with pytest.raises(A.ArchiveError, match="member g: a negative size"):
             with open(str(tmp_path / "neg.tar"), "rb") as handle, opener(handle) as tar:
@@ -390,11 +395,8 @@ def test_a_negative_size_is_refused_not_looped_on(tmp_path):
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         tar.addfile(info, data)
         tar.addfile(*entry("g", data=b"y"))
-    raw = bytearray(buf.getvalue())
-    raw[124:136] = b"\xff" * 12            # base-256: -1 (seeks back to this header for ever)
-    raw[148:156] = b"        "
-    raw[148:155] = b"%06o\x00" % sum(raw[:512])   # the header checksum again
-    (tmp_path / "neg.tar").write_bytes(bytes(raw))
+    # -1 seeks back to this header for ever
+    (tmp_path / "neg.tar").write_bytes(_with_size_minus_one(buf.getvalue(), 0))
     # refused as tarfile reads the first header, in open_seekable
     with pytest.raises(A.ArchiveError, match="member f: a negative size"):
         with open(str(tmp_path / "neg.tar"), "rb") as handle, A.open_seekable(handle) as tar:

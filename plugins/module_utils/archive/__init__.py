@@ -72,9 +72,10 @@ def _bounded_info(limits: Limits) -> Any:
 
     class BoundedInfo(tarfile.TarInfo):
         def _proc_member(self, tar):  # pylint: disable=arguments-renamed  # tarfile's hook for each header
-            # Before tarfile's own check: Pythons with the fix for negative offsets (CPython gh-130577,
-            # Debian's 3.11.2-6+deb12u8) raise ReadError for a first member and end the archive quietly
-            # at a later one; the others seek backwards, or loop on a seekable file.
+            # Base-256 sizes can be negative. Refused here, before tarfile's own check: Pythons with the
+            # fix for negative offsets (CPython gh-130577, Debian's 3.11.2-6+deb12u8) raise ReadError for
+            # a first member and end the archive quietly at a later one; the others seek backwards, or
+            # loop on a seekable file.
             if self.size < 0:
                 raise ArchiveError("member %s: a negative size (%d); refused" % (self.name, self.size))
             if self.type in _EXTENDED:

@@ -82,8 +82,8 @@ class Budget:
         """One more member read; ``container``: of an archive whose members are archives (not written
         themselves), so their sizes count as what the archive expands to."""
         self.members += 1
-        if info.size < 0:  # base-256 sizes can be negative: tarfile would seek backwards, or loop on a seekable file
-            raise ArchiveError("%s: a negative size (%d); refused" % (self._where(info.name), info.size))
+        # a negative size (base-256) is refused where tarfile reads the header (archive._bounded_info):
+        # here would be too late on Pythons whose tarfile ends the archive at such a header
         if self.members > self.limits.max_members:
             raise ArchiveError("%s: more than %d members (max_members); refused"
                                % (self._where(info.name), self.limits.max_members))
